@@ -1,0 +1,86 @@
+"""The ``hvdscale`` command line: one subcommand per pipeline step.
+
+Every subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported only when their command runs, because the
+two environments differ: the workflow env has pandas/pandera/matplotlib but no
+TensorFlow, the train env has TensorFlow/Horovod but no pandas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hvdscale import __version__
+
+# name -> (module, one-line help). The order is the pipeline order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check-config": ("hvdscale.commands.check_config", "validate a config file and print its run table"),
+    "write-config": ("hvdscale.commands.write_config", "write the validated config (or its data section) as JSON"),
+    "generate-shard": ("hvdscale.data.generate", "generate one shard of synthetic stress-strain curves"),
+    "validate-shard": ("hvdscale.data.validate", "validate a generated shard with pandera (every sample)"),
+    "split-dataset": ("hvdscale.data.split", "split validated shards 75/25 into HDF5 shards + manifest.json"),
+    "check-data": ("hvdscale.data.check", "check a data directory against its manifest (files, datasets, checksums)"),
+    "launch": ("hvdscale.launch", "start one training run as N ranks (horovodrun, mpirun or srun)"),
+    "train": ("hvdscale.train", "train one run (one rank; started by 'launch' or a launcher)"),
+    "measure-allreduce": ("hvdscale.allreduce", "time Horovod allreduce over a range of message sizes"),
+    "aggregate": ("hvdscale.analysis.aggregate", "aggregate run records into runs.csv and summary.csv"),
+    "fit-costmodel": ("hvdscale.analysis.costmodel", "fit the ring-allreduce cost model and predict scaling"),
+    "plot": ("hvdscale.analysis.plots", "draw the scaling figures (PDF and PNG)"),
+    "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
+}
+
+
+class CLIError(Exception):
+    """An error for the user: printed as one clear message, exit status 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hvdscale",
+        description="Reproducible Horovod scaling studies. Each command is one pipeline step; "
+        "Snakemake rules call these commands, and you can run them by hand.",
+    )
+    parser.add_argument("--version", action="version", version=f"hvdscale {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0] not in COMMANDS:
+        args = parser.parse_args(argv)  # prints help/usage or errors for unknown commands
+        parser.print_help()
+        return 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"hvdscale {name}", description=module.__doc__ or help_text,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(sub)
+    args = sub.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"hvdscale {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # user-facing errors carry their own clear message
+        from hvdscale.errors import UserError
+
+        if isinstance(exc, (UserError, CLIError)):
+            print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
+            return 2
+        from hvdscale.config import ConfigError
+
+        if isinstance(exc, ConfigError):
+            print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Configuration: schema validation with defaults, readable errors, the run table.
+
+The JSON Schema in ``workflow/schemas/config.schema.yaml`` is the single source of
+truth for keys, defaults and allowed values. This module is used both by the
+Snakefile (after ``snakemake.utils.validate``) and by the CLI, so the same checks
+run inside and outside Snakemake.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
+CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
+RUN_SCHEMA = SCHEMA_DIR / "run.schema.json"
+
+# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}_r{repeat}
+RUN_ID_PATTERN = (
+    r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
+    r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)_r(?P<repeat>[0-9]+)"
+)
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key, the value and what is allowed."""
+
+
+def load_schema(path: Path = CONFIG_SCHEMA) -> dict:
+    with open(path) as fh:
+        return yaml.safe_load(fh)
+
+
+def _with_defaults(validator_class):
+    """A jsonschema validator that fills in ``default`` values while validating."""
+    from jsonschema import validators
+
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, subschema in properties.items():
+                if "default" in subschema and prop not in instance:
+                    instance[prop] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _describe_error(err) -> str:
+    key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        where = key if key != "(top level)" else "the top level"
+        return (
+            f"config key {where}: unknown key(s) {', '.join(map(repr, extra)) or err.message}; "
+            f"allowed: {', '.join(allowed) if allowed else 'none'}"
+        )
+    allowed = ""
+    if err.validator == "enum":
+        allowed = f"one of {', '.join(map(repr, err.validator_value))}"
+    elif err.validator == "pattern":
+        allowed = f"a string matching {err.validator_value!r} (letters, digits and a few safe characters; no shell syntax)"
+    elif err.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        ops = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+        allowed = f"a number {ops[err.validator]} {err.validator_value}"
+    elif err.validator == "type":
+        allowed = f"type {err.validator_value}"
+    elif err.validator == "required":
+        return f"config key {key}: {err.message}"
+    elif err.validator == "not":
+        allowed = "a relative path inside the project (no leading '/', no '..')"
+    else:
+        allowed = err.message
+    desc = schema.get("description", "")
+    desc = f" ({desc.strip()})" if desc and len(desc) < 160 else ""
+    return f"config key {key}: got {err.instance!r}; expected {allowed}{desc}"
+
+
+def validate_config(config: dict, schema: dict | None = None) -> dict:
+    """Validate ``config`` and return a deep copy with every default filled in.
+
+    Raises ConfigError listing every problem, each naming the key, the bad value and
+    what is allowed.
+    """
+    from jsonschema import Draft202012Validator
+
+    schema = schema or load_schema()
+    cfg = copy.deepcopy(config) if config is not None else {}
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config: expected a mapping at the top level, got {type(cfg).__name__}")
+    validator = _with_defaults(Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe_error(e) for e in errors))
+    _fill_partition_defaults(cfg, schema)
+    _check_semantics(cfg)
+    return cfg
+
+
+def _fill_partition_defaults(cfg: dict, schema: dict) -> None:
+    part_schema = schema["properties"]["scaling"]["properties"]["partitions"]["additionalProperties"]
+    for part in cfg["scaling"]["partitions"].values():
+        for key, sub in part_schema["properties"].items():
+            if "default" in sub and key not in part:
+                part[key] = copy.deepcopy(sub["default"])
+    for sweep in cfg["scaling"]["sweeps"]:
+        sweep.setdefault("name", "sweep")
+
+
+def _check_semantics(cfg: dict) -> None:
+    problems = []
+    labels = cfg["data"]["labels"]
+    for name, spec in labels.items():
+        if spec["min"] >= spec["max"]:
+            problems.append(
+                f"config key data.labels.{name}: min {spec['min']!r} must be below max {spec['max']!r}"
+            )
+    if cfg["training"]["warmup_epochs"] >= cfg["training"]["epochs"]:
+        problems.append(
+            f"config key training.warmup_epochs: got {cfg['training']['warmup_epochs']!r}; "
+            f"expected fewer than training.epochs ({cfg['training']['epochs']})"
+        )
+    parts = cfg["scaling"]["partitions"]
+    for i, sweep in enumerate(cfg["scaling"]["sweeps"]):
+        for p in sweep["partitions"]:
+            if p not in parts:
+                problems.append(
+                    f"config key scaling.sweeps.{i}.partitions: got {p!r}; expected one of "
+                    f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
+                )
+                continue
+            if "nccl" in sweep["backends"] and parts[p]["gpus_per_node"] == 0:
+                problems.append(
+                    f"config key scaling.sweeps.{i}.backends: 'nccl' needs GPUs but partition "
+                    f"{p!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
+                )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML config file, validate it and fill defaults."""
+    path = Path(path)
+    try:
+        with open(path) as fh:
+            raw = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    try:
+        return validate_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
+def config_hash(cfg: dict) -> str:
+    """sha256 of the canonical JSON form of a (validated) config."""
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def data_section(cfg: dict) -> dict:
+    """The part of the config the data stage depends on (so training edits don't regenerate data)."""
+    return {"seed": cfg["seed"], "data": cfg["data"]}
+
+
+# --------------------------------------------------------------------------- run table
+
+
+@dataclass(frozen=True)
+class Run:
+    partition: str
+    backend: str
+    nodes: int
+    workers: int
+    batch: int
+    lr_rule: str
+    repeat: int
+    workers_per_node: int
+    gpus_per_node: int
+
+    @property
+    def run_id(self) -> str:
+        return (
+            f"{self.partition}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
+            f"_lr{self.lr_rule}_r{self.repeat}"
+        )
+
+    @property
+    def global_batch(self) -> int:
+        return self.workers * self.batch
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["run_id"] = self.run_id
+        d["global_batch"] = self.global_batch
+        return d
+
+
+def slots_per_node(partition: dict) -> int:
+    """Workers that fit on one node: its GPUs, or workers_per_node on CPU partitions."""
+    return partition["gpus_per_node"] if partition["gpus_per_node"] > 0 else partition["workers_per_node"]
+
+
+def nodes_for(workers: int, partition: dict) -> int:
+    """Sequential distribution: fill every slot of a node before using the next one."""
+    return math.ceil(workers / slots_per_node(partition))
+
+
+def run_table(cfg: dict) -> list[Run]:
+    """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates."""
+    runs: dict[str, Run] = {}
+    parts = cfg["scaling"]["partitions"]
+    for sweep in cfg["scaling"]["sweeps"]:
+        for p, w, be, b, lr in itertools.product(
+            sweep["partitions"], sweep["workers"], sweep["backends"], sweep["batch_sizes"], sweep["lr_rules"]
+        ):
+            part = parts[p]
+            for r in range(cfg["training"]["repeats"]):
+                run = Run(
+                    partition=p,
+                    backend=be,
+                    nodes=nodes_for(w, part),
+                    workers=w,
+                    batch=b,
+                    lr_rule=lr,
+                    repeat=r,
+                    workers_per_node=min(w, slots_per_node(part)),
+                    gpus_per_node=part["gpus_per_node"],
+                )
+                runs[run.run_id] = run
+    return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
+
+
+def _run_sort_key(runs: dict[str, Run]):
+    def key(run_id: str):
+        r = runs[run_id]
+        return (r.partition, r.backend, r.batch, r.lr_rule, r.workers, r.repeat)
+
+    return key
+
+
+def parse_run_id(run_id: str) -> dict:
+    import re
+
+    m = re.fullmatch(RUN_ID_PATTERN, run_id)
+    if not m:
+        raise ConfigError(
+            f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}_b{{batch}}"
+            "_lr{none|linear|sqrt}_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0"
+        )
+    d = m.groupdict()
+    for k in ("nodes", "workers", "batch", "repeat"):
+        d[k] = int(d[k])
+    return d
+
+
+def find_run(cfg: dict, run_id: str) -> Run:
+    for run in run_table(cfg):
+        if run.run_id == run_id:
+            return run
+    parse_run_id(run_id)  # raises a clear error for a malformed id
+    raise ConfigError(f"run_id {run_id!r}: not in the scaling matrix of this config")
+
+
+def learning_rate_for(base: float, rule: str, workers: int) -> float:
+    if rule == "none":
+        return base
+    if rule == "linear":
+        return base * workers
+    if rule == "sqrt":
+        return base * math.sqrt(workers)
+    raise ConfigError(f"lr_rule {rule!r}: expected none, linear or sqrt")
+
+
+def iter_run_ids(cfg: dict) -> Iterable[str]:
+    return (r.run_id for r in run_table(cfg))

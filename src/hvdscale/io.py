@@ -1,0 +1,47 @@
+"""Atomic file writes: write to a temporary file beside the target, fsync, rename."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str = ""):
+    """Yield a temporary path in the target's directory; rename onto ``path`` on success.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
+    with atomic_path(path, ".json") as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh, indent=indent, sort_keys=False, allow_nan=False)
+            fh.write("\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
