@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -29,6 +30,10 @@ RUN_ID_PATTERN = (
     r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
     r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)_r(?P<repeat>[0-9]+)"
 )
+
+
+# the same without named groups (Snakemake wildcard constraints)
+RUN_ID_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", RUN_ID_PATTERN)
 
 
 class ConfigError(ValueError):
@@ -253,8 +258,6 @@ def _run_sort_key(runs: dict[str, Run]):
 
 
 def parse_run_id(run_id: str) -> dict:
-    import re
-
     m = re.fullmatch(RUN_ID_PATTERN, run_id)
     if not m:
         raise ConfigError(
@@ -267,10 +270,13 @@ def parse_run_id(run_id: str) -> dict:
     return d
 
 
-def find_run(cfg: dict, run_id: str) -> Run:
-    for run in run_table(cfg):
-        if run.run_id == run_id:
-            return run
+def find_run(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> Run:
+    """The run ``run_id`` of the config's matrix (pass ``runs``, a run_id -> Run dict, to
+    avoid expanding the matrix again on every call)."""
+    if runs is None:
+        runs = {r.run_id: r for r in run_table(cfg)}
+    if run_id in runs:
+        return runs[run_id]
     parse_run_id(run_id)  # raises a clear error for a malformed id
     raise ConfigError(f"run_id {run_id!r}: not in the scaling matrix of this config")
 
@@ -287,3 +293,49 @@ def learning_rate_for(base: float, rule: str, workers: int) -> float:
 
 def iter_run_ids(cfg: dict) -> Iterable[str]:
     return (r.run_id for r in run_table(cfg))
+
+
+def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> dict:
+    """The part of the config one training run depends on.
+
+    It is itself a valid config (one partition, one single-point sweep), so the training
+    code reads it with validate_config/find_run. Editing another sweep, another
+    partition or the report settings leaves it, and so the completed run, untouched.
+    """
+    run = find_run(cfg, run_id, runs)
+    sub = {k: copy.deepcopy(cfg[k]) for k in ("seed", "results_dir", "data", "model", "training", "environment")}
+    sub["scaling"] = {
+        "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
+        "sweeps": [
+            {
+                "name": "run",
+                "partitions": [run.partition],
+                "workers": [run.workers],
+                "backends": [run.backend],
+                "batch_sizes": [run.batch],
+                "lr_rules": [run.lr_rule],
+            }
+        ],
+    }
+    # the repeat index must stay reachable: keep the repeat count
+    sub["training"]["repeats"] = cfg["training"]["repeats"]
+    return sub
+
+
+def allreduce_jobs(cfg: dict) -> list[dict]:
+    """One allreduce size sweep per (partition, backend, nodes, workers >= 2) of the run table."""
+    seen = {}
+    for r in run_table(cfg):
+        if r.workers < 2:
+            continue
+        key = f"{r.partition}_{r.backend}_n{r.nodes}_w{r.workers}"
+        seen.setdefault(key, {"id": key, "partition": r.partition, "backend": r.backend,
+                              "nodes": r.nodes, "workers": r.workers,
+                              "workers_per_node": r.workers_per_node, "gpus_per_node": r.gpus_per_node})
+    return [seen[k] for k in sorted(seen)]
+
+
+def count_parameters(cfg: dict) -> int:
+    """Trainable parameters of the configured Dense network (no TensorFlow needed)."""
+    sizes = [cfg["data"]["n_points"] * 3, *cfg["model"]["hidden_units"], 2]
+    return sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))

@@ -1,0 +1,63 @@
+# hvdscale: the two commands for a fresh machine are `make run` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+SNAKEMAKE := $(VENV)/bin/snakemake
+PYTEST := $(VENV)/bin/python -m pytest
+CONFIG ?= config/config.yaml
+
+.PHONY: help setup run report-partial test test-quick test-slurm lint dry-run dry-run-thesis \
+        bench bench-data bench-train bench-dag bench-report bench-scaling clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+setup:  ## install Debian packages (as root), .venv and .venv-train (Horovod wheel cached)
+	bash scripts/setup.sh
+
+run: setup  ## the main job: whole pipeline on $(CONFIG) with the local profile -> results/report.pdf
+	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) \
+	  || { echo "make run: some jobs failed; completed runs are kept. Building the report from what exists:"; \
+	       $(MAKE) --no-print-directory report-partial; exit 1; }
+	@echo "make run: done -> $$(ls -1 results/report.pdf)"
+
+report-partial:  ## build the report from the runs that exist (missing/failed runs are listed)
+	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) \
+	  --config 'report={"allow_partial": true}' -- results/report.pdf
+
+test: setup  ## the full test suite (CI): unit, Horovod, integration and real-SLURM tests
+	$(PYTEST) -m "" tests
+
+test-quick:  ## fast tests for iteration (no slow, no SLURM)
+	$(PYTEST) -m "not slow and not slurm" -x -q tests
+
+test-slurm: setup  ## only the tests on the local SLURM cluster (root)
+	$(PYTEST) -m slurm tests
+
+lint:  ## snakemake --lint
+	$(SNAKEMAKE) --lint
+
+dry-run:  ## plan the default config without running anything
+	$(SNAKEMAKE) -n --configfile $(CONFIG)
+
+dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
+	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
+
+bench: bench-data bench-train bench-dag bench-report bench-scaling  ## every benchmark (prints figures)
+
+bench-data:  ## data stage at 1,000,000 curves vs dd
+	$(VENV)/bin/python benchmarks/bench_data.py
+
+bench-train:  ## hvdscale train vs plain Keras model.fit, 1 rank
+	.venv-train/bin/python benchmarks/bench_train_overhead.py
+
+bench-dag:  ## time to plan the thesis DAG
+	$(VENV)/bin/python benchmarks/bench_dag.py
+
+bench-report:  ## aggregation + report for 1,000 synthetic run records
+	$(VENV)/bin/python benchmarks/bench_report.py
+
+bench-scaling:  ## 1 vs 2 workers: naive Horovod, hvdscale, MultiWorkerMirroredStrategy
+	$(VENV)/bin/python benchmarks/bench_scaling.py
+
+clean:  ## remove results and Snakemake state (keeps the envs)
+	rm -rf results .snakemake

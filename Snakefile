@@ -1,0 +1,27 @@
+# hvdscale: a reproducible Horovod scaling study, from synthetic stress-strain curves
+# to a typeset report. See README.md; every config key: config/README.md.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+# snakemake's own schema validation (fills defaults); common.smk already checked the
+# config with readable messages and cross-key checks.
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{RESULTS}/report.pdf",

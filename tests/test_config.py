@@ -1,0 +1,179 @@
+"""Config schema: defaults, rejection of malformed configs with readable messages,
+shell-injection patterns, the run table and the per-run config subset."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hvdscale.config import (
+    ConfigError,
+    count_parameters,
+    find_run,
+    learning_rate_for,
+    load_config,
+    parse_run_id,
+    run_config,
+    run_table,
+    validate_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_config_fills_every_default():
+    cfg = load_config(ROOT / "config/config.yaml")
+    assert cfg["data"]["physics"]["youngs_modulus"] == 210000.0
+    assert cfg["training"]["horovod"]["compression"] == "none"
+    assert cfg["scaling"]["partitions"]["local"]["gpus_per_node"] == 0
+    assert cfg["report"]["allow_partial"] is False
+
+
+def test_empty_config_is_valid_and_complete():
+    cfg = validate_config({})
+    assert cfg["data"]["n_samples"] == 40000
+    assert [r.run_id for r in run_table(cfg)] == [
+        "local_gloo_n1_w1_b75_lrnone_r0",
+        "local_gloo_n1_w2_b75_lrnone_r0",
+        "local_mpi_n1_w1_b75_lrnone_r0",
+        "local_mpi_n1_w2_b75_lrnone_r0",
+    ]
+
+
+def test_thesis_config_matches_reference_study():
+    cfg = load_config(ROOT / "config/thesis.yaml")
+    assert cfg["data"]["n_samples"] == 1_000_000
+    assert cfg["data"]["train_fraction"] == 0.75
+    assert cfg["training"]["learning_rate"] == pytest.approx(4.7331e-4)
+    assert count_parameters(cfg) == 153441
+    assert count_parameters(cfg) * 4 / 1e6 == pytest.approx(0.61, abs=0.005)
+    parts = cfg["scaling"]["partitions"]
+    assert parts["alpha"]["gpus_per_node"] == 8 and parts["gpu2"]["gpus_per_node"] == 4
+    runs = run_table(cfg)
+    batches = {r.batch for r in runs}
+    assert min(batches) == 75 and max(batches) == 5000
+    assert {r.lr_rule for r in runs} == {"none", "linear", "sqrt"}
+    assert {r.backend for r in runs} == {"nccl", "mpi", "gloo"}
+    # sequential distribution: 16 workers on 8-GPU nodes -> 2 full nodes
+    r = find_run(cfg, "alpha_nccl_n2_w16_b75_lrnone_r0")
+    assert (r.nodes, r.workers_per_node) == (2, 8)
+    r = find_run(cfg, "gpu2_mpi_n2_w8_b75_lrnone_r1")
+    assert (r.nodes, r.workers_per_node) == (2, 4)
+    assert find_run(cfg, "hpdlf_gloo_n11_w32_b75_lrsqrt_r2").nodes == 11
+
+
+BAD_CONFIGS = [
+    ({"bogus": 1}, ["unknown key", "'bogus'", "allowed"]),
+    ({"data": {"n_samples": "many"}}, ["data.n_samples", "'many'", "type integer"]),
+    ({"data": {"n_samples": 5}}, ["data.n_samples", "5", ">= 16"]),
+    ({"data": {"train_fraction": 1.5}}, ["data.train_fraction", "1.5", "< 1"]),
+    ({"training": {"launcher": "ssh"}}, ["training.launcher", "'ssh'", "'horovodrun'", "'srun'"]),
+    ({"training": {"epochs": 2, "warmup_epochs": 2}}, ["training.warmup_epochs", "fewer than training.epochs"]),
+    ({"data": {"labels": {"yield_stress": {"min": 700, "max": 600}}}}, ["data.labels.yield_stress", "below max"]),
+    ({"model": {"hidden_units": []}}, ["model.hidden_units"]),
+    ({"results_dir": "/etc"}, ["results_dir", "'/etc'", "relative path"]),
+    ({"results_dir": "../outside"}, ["results_dir", "relative path"]),
+    (
+        {"scaling": {"sweeps": [{"partitions": ["nowhere"], "workers": [1], "backends": ["mpi"],
+                                 "batch_sizes": [75], "lr_rules": ["none"]}]}},
+        ["scaling.sweeps.0.partitions", "'nowhere'", "'local'"],
+    ),
+    (
+        {"scaling": {"sweeps": [{"partitions": ["local"], "workers": [1], "backends": ["nccl"],
+                                 "batch_sizes": [75], "lr_rules": ["none"]}]}},
+        ["nccl", "gpus_per_node 0"],
+    ),
+    ({"scaling": {"sweeps": [{"partitions": ["local"]}]}}, ["scaling.sweeps.0", "'workers' is a required property"]),
+]
+
+
+@pytest.mark.parametrize("bad,expected", BAD_CONFIGS, ids=[str(i) for i in range(len(BAD_CONFIGS))])
+def test_malformed_configs_rejected_with_readable_message(bad, expected):
+    with pytest.raises(ConfigError) as info:
+        validate_config(bad)
+    msg = str(info.value)
+    for fragment in expected:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+
+
+INJECTIONS = [
+    ("scaling.partitions", {"scaling": {"partitions": {"gpu;rm -rf /": {"cores_per_node": 1, "mem_mb_per_node": 1}}}}),
+    ("account", {"scaling": {"partitions": {"local": {"cores_per_node": 2, "mem_mb_per_node": 1, "account": "p$(id)"}}}}),
+    ("constraint", {"scaling": {"partitions": {"local": {"cores_per_node": 2, "mem_mb_per_node": 1, "constraint": "a`b`"}}}}),
+    ("environment.modules", {"environment": {"modules": ["TensorFlow/2.15; curl x"]}}),
+    ("environment.venv", {"environment": {"venv": ".venv train && ls"}}),
+    ("environment.conda_env", {"environment": {"conda_env": "envs/x.yaml|sh"}}),
+    ("sweeps.0.partitions", {"scaling": {"sweeps": [{"partitions": ["local && x"], "workers": [1],
+                                                     "backends": ["mpi"], "batch_sizes": [75], "lr_rules": ["none"]}]}}),
+]
+
+
+@pytest.mark.parametrize("key,bad", INJECTIONS, ids=[k for k, _ in INJECTIONS])
+def test_values_reaching_a_shell_are_pattern_constrained(key, bad):
+    with pytest.raises(ConfigError) as info:
+        validate_config(bad)
+    assert "pattern" in str(info.value) or "matching" in str(info.value)
+
+
+def test_load_config_names_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  epochs: zero\n")
+    with pytest.raises(ConfigError, match=str(path)):
+        load_config(path)
+    path.write_text("training: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_run_id_roundtrip_and_errors():
+    cfg = load_config(ROOT / "config/thesis.yaml")
+    for run in run_table(cfg)[:50]:
+        d = parse_run_id(run.run_id)
+        assert (d["partition"], d["workers"], d["batch"], d["repeat"]) == (run.partition, run.workers, run.batch, run.repeat)
+    with pytest.raises(ConfigError, match="expected"):
+        parse_run_id("alpha-w8")
+    with pytest.raises(ConfigError, match="not in the scaling matrix"):
+        find_run(cfg, "alpha_nccl_n1_w3_b75_lrnone_r0")
+
+
+def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
+    cfg = load_config(ROOT / "config/thesis.yaml")
+    run_id = "gpu2_gloo_n2_w8_b75_lrlinear_r1"
+    sub = run_config(cfg, run_id)
+    assert find_run(validate_config(sub), run_id).workers == 8
+    other = copy.deepcopy(cfg)
+    other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
+    other["report"]["title"] = "another title"
+    assert run_config(other, run_id) == sub
+    other["training"]["epochs"] = 99
+    assert run_config(other, run_id) != sub
+
+
+@pytest.mark.parametrize("rule,workers,expected", [("none", 8, 1.0), ("linear", 8, 8.0), ("sqrt", 16, 4.0)])
+def test_learning_rate_rules(rule, workers, expected):
+    assert learning_rate_for(1.0, rule, workers) == pytest.approx(expected)
+
+
+def test_check_config_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hvdscale.cli", "check-config", "--quiet", str(ROOT / "config/thesis.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "576 training runs" in out.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"training": {"launcher": "ssh"}}))
+    out = subprocess.run([sys.executable, "-m", "hvdscale.cli", "check-config", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "training.launcher" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_config_readme_documents_every_key():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/gen_config_docs.py"), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    text = (ROOT / "config/README.md").read_text()
+    for key in ("data.physics.noise_std", "training.horovod.cycle_time_ms", "scaling.partitions.<name>.gpus_per_node",
+                "environment.modules", "report.allow_partial"):
+        assert f"`{key}`" in text

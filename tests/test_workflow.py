@@ -1,0 +1,49 @@
+"""The Snakemake workflow: lint clean, dry runs plan the expected jobs, bad configs
+stop Snakemake with a readable message."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def snakemake(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_lint_is_clean():
+    out = snakemake("--lint")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations" in out.stdout + out.stderr
+
+
+def test_dry_run_default_config(tmp_path):
+    out = snakemake("-n", "--config", "results_dir=results-dryrun-test")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    for rule, count in [("generate_shard", 4), ("validate_shard", 4), ("split_dataset", 1), ("train_run", 4),
+                        ("aggregate_runs", 1), ("build_report", 1)]:
+        assert any(line.split()[:2] == [rule, str(count)] for line in text.splitlines()), (rule, text)
+
+
+def test_dry_run_thesis_config_plans_every_run():
+    out = snakemake("-n", "--configfile", "config/thesis.yaml")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert any(line.split()[:2] == ["train_run", "576"] for line in text.splitlines())
+    assert any(line.split()[:2] == ["generate_shard", "16"] for line in text.splitlines())
+
+
+def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  launcher: ssh\n")
+    out = snakemake("-n", "--configfile", str(bad))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "training.launcher" in text and "'ssh'" in text

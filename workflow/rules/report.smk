@@ -1,0 +1,104 @@
+# Aggregation, allreduce cost model, plots and the PDF report (workflow env).
+
+rule aggregate_runs:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        records=run_records,
+    output:
+        runs=report(
+            f"{RESULTS}/scaling/runs.csv",
+            caption="../report/runs.rst",
+            category="Tables",
+        ),
+        summary=report(
+            f"{RESULTS}/scaling/summary.csv",
+            caption="../report/summary.rst",
+            category="Tables",
+        ),
+        status=f"{RESULTS}/scaling/status.csv",
+    params:
+        hvd=HVD,
+        runsdir=runs_dir_of_input_config,
+    log:
+        f"{RESULTS}/logs/aggregate_runs.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/aggregate_runs.tsv"
+    conda:
+        "../../envs/workflow.conda.yaml"
+    shell:
+        "{params.hvd} aggregate --runs-dir {params.runsdir} --config {input.config}"
+        " --out-runs {output.runs} --out-summary {output.summary}"
+        " --out-status {output.status} > {log} 2>&1"
+
+
+rule fit_costmodel:
+    input:
+        allreduce=allreduce_tables,
+        runs=f"{RESULTS}/scaling/runs.csv",
+        summary=f"{RESULTS}/scaling/summary.csv",
+    output:
+        f"{RESULTS}/scaling/costmodel.json",
+    params:
+        hvd=HVD,
+        model_bytes=model_bytes,
+        max_workers=CFG["report"]["max_extrapolation_workers"],
+    log:
+        f"{RESULTS}/logs/fit_costmodel.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    shell:
+        "{params.hvd} fit-costmodel --allreduce {input.allreduce} --runs {input.runs}"
+        " --summary {input.summary} --model-bytes {params.model_bytes}"
+        " --max-workers {params.max_workers} --out {output} > {log} 2>&1"
+
+
+rule plot_scaling:
+    input:
+        runs=f"{RESULTS}/scaling/runs.csv",
+        summary=f"{RESULTS}/scaling/summary.csv",
+        costmodel=f"{RESULTS}/scaling/costmodel.json",
+    output:
+        pdf=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
+        png=[
+            report(f"{RESULTS}/plots/{name}.png", caption=f"../report/{name}.rst", category="Figures")
+            for name in PLOTS
+        ],
+    params:
+        hvd=HVD,
+        outdir=dir_of_output_pdf,
+    log:
+        f"{RESULTS}/logs/plot_scaling.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/plot_scaling.tsv"
+    conda:
+        "../../envs/workflow.conda.yaml"
+    shell:
+        "{params.hvd} plot --runs {input.runs} --summary {input.summary}"
+        " --costmodel {input.costmodel} --outdir {params.outdir} > {log} 2>&1"
+
+
+rule build_report:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        runs=f"{RESULTS}/scaling/runs.csv",
+        summary=f"{RESULTS}/scaling/summary.csv",
+        status=f"{RESULTS}/scaling/status.csv",
+        costmodel=f"{RESULTS}/scaling/costmodel.json",
+        plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
+    output:
+        f"{RESULTS}/report.pdf",
+    params:
+        hvd=HVD,
+        plotsdir=dir_of_input_plots,
+        configfiles=" ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+    log:
+        f"{RESULTS}/logs/build_report.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/build_report.tsv"
+    conda:
+        "../../envs/workflow.conda.yaml"
+    shell:
+        "{params.hvd} report --config-file {params.configfiles:q} --config {input.config}"
+        " --runs {input.runs} --summary {input.summary} --status {input.status}"
+        " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
+        " --out {output} > {log} 2>&1"
