@@ -16,6 +16,7 @@ rule aggregate_runs:
             category="Tables",
         ),
         status=f"{RESULTS}/scaling/status.csv",
+        epochs=f"{RESULTS}/scaling/epochs.csv",
     params:
         hvd=HVD,
         runsdir=runs_dir_of_input_config,
@@ -28,7 +29,7 @@ rule aggregate_runs:
     shell:
         "{params.hvd} aggregate --runs-dir {params.runsdir} --config {input.config}"
         " --out-runs {output.runs} --out-summary {output.summary}"
-        " --out-status {output.status} > {log} 2>&1"
+        " --out-status {output.status} --out-epochs {output.epochs} > {log} 2>&1"
 
 
 rule fit_costmodel:
@@ -56,6 +57,7 @@ rule plot_scaling:
     input:
         runs=f"{RESULTS}/scaling/runs.csv",
         summary=f"{RESULTS}/scaling/summary.csv",
+        epochs=f"{RESULTS}/scaling/epochs.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
     output:
         pdf=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
@@ -73,7 +75,7 @@ rule plot_scaling:
     conda:
         "../../envs/workflow.conda.yaml"
     shell:
-        "{params.hvd} plot --runs {input.runs} --summary {input.summary}"
+        "{params.hvd} plot --runs {input.runs} --summary {input.summary} --epochs {input.epochs}"
         " --costmodel {input.costmodel} --outdir {params.outdir} > {log} 2>&1"
 
 
@@ -85,6 +87,7 @@ rule build_report:
         status=f"{RESULTS}/scaling/status.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
+        pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
         f"{RESULTS}/report.pdf",
     params:

@@ -1,0 +1,197 @@
+"""pandera schemas of the analysis tables (runs.csv, summary.csv, status.csv, epochs.csv)
+and of the allreduce sweep input (results/allreduce/*.csv).
+
+The run records are validated against ``workflow/schemas/run.schema.json`` first (one
+record at a time); these schemas then check the derived rows of all records at once
+(one ``validate`` call on the combined frame), so a record that is valid JSON-Schema-wise
+but inconsistent (run_id against its config, global batch, shares) is still caught and
+reported by path and field.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pandera.pandas as pa
+from pandera.pandas import Check, Column
+
+from hvdscale.config import RUN_ID_PATTERN, parse_run_id
+
+GROUP_KEYS = ["partition", "backend", "batch_per_worker", "lr_rule"]
+CONFIG_KEYS = GROUP_KEYS + ["workers"]
+BACKENDS = ["nccl", "mpi", "gloo"]
+LR_RULES = ["none", "linear", "sqrt"]
+RECORD_STATUSES = ["completed", "nan_loss", "failed"]
+STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed"]
+SHARE_TOL = 1e-6
+
+
+def _num(check=None, nullable=True, **kw):
+    checks = [check] if check is not None else []
+    return Column(float, checks, nullable=nullable, coerce=True, **kw)
+
+
+def _int(minimum=None, nullable=False):
+    checks = [Check.ge(minimum)] if minimum is not None else []
+    return Column("Int64" if nullable else int, checks, nullable=nullable, coerce=True)
+
+
+def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
+    """run_id encodes partition, backend, nodes, workers, batch, LR rule and repeat."""
+    ok = []
+    for rid, part, be, nodes, w, b, lr, rep in zip(df["run_id"], df["partition"], df["backend"], df["nodes"],
+                                                   df["workers"], df["batch_per_worker"], df["lr_rule"],
+                                                   df["repeat"]):
+        try:
+            p = parse_run_id(rid)
+        except Exception:
+            ok.append(False)
+            continue
+        ok.append((p["partition"], p["backend"], p["nodes"], p["workers"], p["batch"], p["lr_rule"], p["repeat"])
+                  == (part, be, nodes, w, b, lr, rep))
+    return pd.Series(ok, index=df.index)
+
+
+def _completed_has_timing(df: pd.DataFrame) -> pd.Series:
+    return (df["status"] != "completed") | (df["epoch_time_s"].notna() & df["throughput"].notna())
+
+
+def _shares_sum(df: pd.DataFrame) -> pd.Series:
+    s = df[["data_share", "compute_share", "sync_share", "update_share"]].sum(axis=1, min_count=1)
+    return s.isna() | ((s - 1.0).abs() <= 1e-6)
+
+
+RUNS_SCHEMA = pa.DataFrameSchema(
+    {
+        "run_id": Column(str, Check.str_matches(f"^{RUN_ID_PATTERN}$")),
+        "partition": Column(str),
+        "backend": Column(str, Check.isin(BACKENDS)),
+        "nodes": _int(1),
+        "workers": _int(1),
+        "workers_per_node": _int(1),
+        "batch_per_worker": _int(1),
+        "global_batch": _int(1),
+        "lr_rule": Column(str, Check.isin(LR_RULES)),
+        "repeat": _int(0),
+        "learning_rate": _num(Check.gt(0), nullable=False),
+        "status": Column(str, Check.isin(RECORD_STATUSES)),
+        "exit_status": _int(),
+        "epochs_completed": _int(0),
+        "epochs_timed": _int(0),
+        "steps_per_epoch": _num(Check.gt(0)),
+        "epoch_time_s": _num(Check.gt(0)),
+        "throughput": _num(Check.gt(0)),
+        "step_time_s": _num(Check.gt(0)),
+        "data_step_s": _num(Check.ge(0)),
+        "compute_step_s": _num(Check.ge(0)),
+        "sync_step_s": _num(Check.ge(0)),
+        "update_step_s": _num(Check.ge(0)),
+        "other_step_s": _num(),
+        "data_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "compute_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "sync_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "update_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "other_share": _num(),
+        "utilisation": _num(Check.in_range(0, 100 * 64)),  # percent; summed over devices allowed
+        "final_test_loss": _num(Check.ge(0)),
+        "best_test_loss": _num(Check.ge(0)),
+        "final_train_loss": _num(Check.ge(0)),
+        "time_to_target_s": _num(Check.ge(0)),
+        "train_time_s": _num(Check.ge(0)),
+        "model_bytes": _int(1),
+    },
+    checks=[
+        Check(lambda df: df["global_batch"] == df["workers"] * df["batch_per_worker"],
+              name="global_batch equals workers x batch_per_worker"),
+        Check(lambda df: df["nodes"] <= df["workers"], name="nodes not above workers"),
+        Check(_run_id_consistent, name="run_id matches the record's config"),
+        Check(_completed_has_timing, name="completed run has timed (non-warm-up) epochs"),
+        Check(_shares_sum, name="phase shares sum to 1"),
+        Check(lambda df: df["best_test_loss"].isna() | df["final_test_loss"].isna()
+              | (df["best_test_loss"] <= df["final_test_loss"] + 1e-12), name="best test loss <= final test loss"),
+    ],
+    strict=False,
+    name="runs",
+)
+
+STATUS_SCHEMA = pa.DataFrameSchema(
+    {
+        "run_id": Column(str),
+        "status": Column(str, Check.isin(STATUSES)),
+        "in_config": Column(bool, coerce=True),
+        "workers": _int(1, nullable=True),
+        "repeat": _int(0, nullable=True),
+    },
+    strict=False,
+    name="status",
+)
+
+SUMMARY_SCHEMA = pa.DataFrameSchema(
+    {
+        "partition": Column(str),
+        "backend": Column(str, Check.isin(BACKENDS)),
+        "batch_per_worker": _int(1),
+        "lr_rule": Column(str, Check.isin(LR_RULES)),
+        "workers": _int(1),
+        "n_completed": _int(0),
+        "epoch_time_s": _num(Check.gt(0)),
+        "throughput": _num(Check.gt(0)),
+        "speedup": _num(Check.gt(0)),
+        "efficiency": _num(Check.gt(0)),
+        "speedup_ttt": _num(Check.gt(0)),
+        "has_baseline": Column(bool, coerce=True),
+        "baseline_status": Column(str, Check.isin(["ok", "missing", "failed", "not_in_sweep"])),
+        "speedup_per_gpu": _num(),
+        "sync_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "data_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "final_test_loss": _num(Check.ge(0)),
+    },
+    checks=[Check(lambda df: ~df.duplicated(CONFIG_KEYS), name="one row per configuration")],
+    strict=False,
+    name="summary",
+)
+
+ALLREDUCE_COLUMNS = ["partition", "backend", "workers", "nodes", "bytes", "time_s"]  # required
+ALLREDUCE_OPTIONAL = ["p10_s", "p90_s", "algbw_Bps", "busbw_Bps"]
+# the names hvdscale measure-allreduce writes -> the names used here
+ALLREDUCE_ALIASES = {"p10": "p10_s", "p90": "p90_s", "algbw": "algbw_Bps", "busbw": "busbw_Bps"}
+
+ALLREDUCE_SCHEMA = pa.DataFrameSchema(
+    {
+        "partition": Column(str),
+        "backend": Column(str, Check.isin(BACKENDS)),
+        "workers": _int(1),
+        "nodes": _int(1),
+        "bytes": _num(Check.gt(0), nullable=False),
+        "time_s": _num(Check.gt(0), nullable=False),
+        "p10_s": _num(Check.ge(0), required=False),
+        "p90_s": _num(Check.ge(0), required=False),
+        "algbw_Bps": _num(required=False),
+        "busbw_Bps": _num(required=False),
+    },
+    strict=False,
+    name="allreduce",
+)
+
+
+def describe_failures(err: "pa.errors.SchemaErrors") -> dict:
+    """Map row index -> list of 'field: problem' strings from a lazy validation error.
+
+    Failures without a row index (a missing column, a wrong dtype) are returned under
+    the key None.
+    """
+    fc = err.failure_cases
+    out: dict = {}
+    seen = set()
+    for row in fc.itertuples(index=False):
+        idx = row.index
+        key = None if idx is None or (isinstance(idx, float) and idx != idx) else int(idx)
+        if row.schema_context == "DataFrameSchema" and row.check not in ("column_in_dataframe",):
+            field = f"check '{row.check}'"
+            if (key, field) in seen:
+                continue
+            seen.add((key, field))
+            msg = f"{field} failed"
+        else:
+            msg = f"{row.column}: failed {row.check} (value {row.failure_case!r})"
+        out.setdefault(key, []).append(msg)
+    return out

@@ -1,0 +1,139 @@
+"""Provenance for the report: git commit, config file and hash, package versions of
+the workflow env (importlib.metadata) and of the train env (run records, optional
+provenance JSON), hosts and hardware, dates."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from hvdscale.config import PROJECT_ROOT, config_hash
+
+WORKFLOW_PACKAGES = ["hvdscale", "snakemake", "snakemake-executor-plugin-slurm", "pandas", "pandera", "numpy",
+                     "matplotlib", "reportlab", "jsonschema", "h5py", "PyYAML"]
+TRAIN_COLUMNS = ["python", "tensorflow", "horovod", "mpi", "numpy"]
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> str:
+    """HEAD commit of the project, '+dirty' if tracked files differ; 'unknown' without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=20).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def file_sha256(path: str | Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def workflow_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in WORKFLOW_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _counted(values: pd.Series) -> str:
+    vc = values.dropna().astype(str).value_counts()
+    if vc.empty:
+        return "-"
+    if len(vc) == 1:
+        return vc.index[0]
+    return "; ".join(f"{v} ({n} runs)" for v, n in vc.items())
+
+
+def train_versions(runs: pd.DataFrame) -> dict[str, str]:
+    if runs is None or runs.empty:
+        return {}
+    return {c: _counted(runs[c]) for c in TRAIN_COLUMNS if c in runs}
+
+
+def flatten(d, prefix: str = "", depth: int = 3) -> dict[str, str]:
+    """Nested provenance JSON -> {'a.b': 'value'} for a two-column table."""
+    out: dict[str, str] = {}
+    if isinstance(d, dict) and depth > 0:
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}.", depth - 1))
+        return out
+    key = prefix.rstrip(".") or "value"
+    if isinstance(d, (dict, list)):
+        text = json.dumps(d, sort_keys=True)
+    else:
+        text = str(d)
+    out[key] = text if len(text) <= 300 else text[:297] + "..."
+    return out
+
+
+def load_provenance(path) -> dict | None:
+    if not path:
+        return None
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        from hvdscale.errors import UserError
+
+        raise UserError(f"provenance {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+
+
+def compress_hosts(hosts: list[str], limit: int = 24) -> str:
+    hosts = sorted(set(hosts))
+    if len(hosts) <= limit:
+        return ", ".join(hosts)
+    return ", ".join(hosts[:limit]) + f", ... ({len(hosts)} hosts)"
+
+
+def collect(*, config_file, cfg: dict | None, runs: pd.DataFrame | None, provenance: dict | None) -> dict:
+    """Everything the provenance section shows."""
+    hosts, devices, cpus, commits, hashes, started = [], [], [], [], [], []
+    if runs is not None and not runs.empty:
+        for h in runs["hosts"].dropna():
+            hosts.extend(str(h).split(","))
+        for d in runs["devices"].dropna():
+            devices.extend(str(d).split(";"))
+        cpus = sorted(set(runs["cpu_model"].dropna().astype(str)))
+        commits = sorted(set(runs["git_commit"].dropna().astype(str)))
+        hashes = sorted(set(runs["config_hash"].dropna().astype(str)))
+        started = sorted(runs["started_utc"].dropna().astype(str))
+    hardware = []
+    if cfg is not None:
+        for name, p in cfg["scaling"]["partitions"].items():
+            gpus = f"{p['gpus_per_node']} x {p.get('gpu_model') or 'GPU'}" if p["gpus_per_node"] else "no GPU"
+            hardware.append(f"{name}: {gpus}, {p['cores_per_node']} cores, {p['mem_mb_per_node'] // 1000} GB per node")
+    return {
+        "report_date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git_commit": git_commit(),
+        "config_file": str(config_file) if config_file else "-",
+        "config_file_sha256": file_sha256(config_file) if config_file else None,
+        "config_hash": config_hash(cfg) if cfg is not None else None,
+        "run_git_commits": commits,
+        "run_config_hashes": hashes,
+        "workflow_env": workflow_versions(),
+        "train_env": train_versions(runs),
+        "provenance_json": flatten(provenance) if provenance else {},
+        "hosts": compress_hosts(hosts) if hosts else "-",
+        "n_hosts": len(set(hosts)),
+        "devices": ", ".join(sorted(set(devices))) or "-",
+        "cpu_models": ", ".join(cpus) or "-",
+        "hardware": hardware,
+        "runs_started": f"{started[0]} to {started[-1]}" if started else "-",
+    }

@@ -1,0 +1,184 @@
+"""The report pipeline (aggregate -> fit-costmodel -> plot -> report) on synthetic run
+records: a complete set, a partial set (missing, failed, nan_loss) and an empty one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fixtures_runs as F
+from hvdscale.analysis.aggregate import aggregate, read_summary
+from hvdscale.analysis.plots import FIGURES
+from hvdscale.cli import main
+from hvdscale.config import PROJECT_ROOT, run_table
+from hvdscale.report import fmt
+from hvdscale.report.pdf import reference_rows
+
+needs_poppler = pytest.mark.skipif(shutil.which("pdftotext") is None, reason="poppler-utils not installed")
+CONFIG_FILE = PROJECT_ROOT / "config" / "config.yaml"
+
+
+def pipeline(root: Path, cfg: dict, runs_dir: Path, allreduce: list[Path], provenance: dict | None = None
+             ) -> dict[str, Path]:
+    """Run the four analysis commands as the Snakemake rules do; return the outputs."""
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    full = root / "config" / "full.json"
+    full.write_text(json.dumps(cfg))
+    s = root / "scaling"
+    out = {"runs": s / "runs.csv", "summary": s / "summary.csv", "status": s / "status.csv",
+           "costmodel": s / "costmodel.json", "plots": root / "plots", "report": root / "report.pdf"}
+    assert main(["aggregate", "--runs-dir", str(runs_dir), "--config", str(full), "--out-runs", str(out["runs"]),
+                 "--out-summary", str(out["summary"]), "--out-status", str(out["status"]), "--quiet"]) == 0
+    assert main(["fit-costmodel", "--allreduce", *map(str, allreduce), "--summary", str(out["summary"]),
+                 "--runs", str(out["runs"]), "--out", str(out["costmodel"])]) == 0
+    assert main(["plot", "--runs", str(out["runs"]), "--summary", str(out["summary"]), "--costmodel",
+                 str(out["costmodel"]), "--outdir", str(out["plots"])]) == 0
+    extra = []
+    if provenance is not None:
+        (root / "provenance.json").write_text(json.dumps(provenance))
+        extra = ["--provenance", str(root / "provenance.json")]
+    assert main(["report", "--config-file", str(CONFIG_FILE), "--config", str(full), "--runs", str(out["runs"]),
+                 "--summary", str(out["summary"]), "--status", str(out["status"]), "--costmodel",
+                 str(out["costmodel"]), "--plots-dir", str(out["plots"]), "--out", str(out["report"]),
+                 *extra]) == 0
+    return out
+
+
+def pdf_text(path: Path) -> str:
+    return subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory):
+    root = tmp_path_factory.mktemp("complete")
+    cfg = F.load_test_config("config.yaml", repeats=2)
+    F.write_study(root / "runs", cfg)
+    ar = F.study_allreduce(root / "allreduce", cfg)
+    prov = {"train_env": {"tensorflow": "2.15.1", "horovod": "0.28.1+nccl-test"}, "gpu_driver": "535.104"}
+    return cfg, pipeline(root, cfg, root / "runs", ar, provenance=prov)
+
+
+@pytest.fixture(scope="module")
+def partial(tmp_path_factory):
+    root = tmp_path_factory.mktemp("partial")
+    cfg = F.load_test_config("config.yaml", repeats=2)
+    ids = [r.run_id for r in run_table(cfg)]
+    # ids: gloo w1 r0, r1, gloo w2 r0, r1, mpi w1 r0, r1, mpi w2 r0, r1
+    special = {"missing": ids[4], "failed": ids[5], "nan_loss": ids[3]}
+    F.write_study(root / "runs", cfg, missing={special["missing"], ids[0]}, failed={special["failed"]},
+                  nan_loss={special["nan_loss"]})
+    ar = F.study_allreduce(root / "allreduce", cfg)
+    return cfg, special, pipeline(root, cfg, root / "runs", ar)
+
+
+def check_plots(plots: Path):
+    for name in FIGURES:
+        for ext, magic in (("pdf", b"%PDF"), ("png", b"\x89PNG")):
+            p = plots / f"{name}.{ext}"
+            assert p.exists() and p.stat().st_size > 1000, p
+            assert p.read_bytes()[:4] == magic
+    assert not [p for p in plots.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+@needs_poppler
+def test_complete_report_has_key_numbers(complete):
+    cfg, out = complete
+    check_plots(out["plots"])
+    text = pdf_text(out["report"])
+    summary = read_summary(out["summary"])
+    r = summary[(summary.workers == 2) & (summary.backend == "gloo")].iloc[0]
+    assert fmt.speedup(r.speedup) in text                     # as formatted in the tables
+    assert fmt.loss(r.final_test_loss) in text                # the test loss it reached
+    assert fmt.slope(r.speedup_per_gpu) in text
+    for needle in ("Horovod scaling study", "Provenance", "How the times were measured", "warm-up",
+                   str(CONFIG_FILE), "Comparison with the reference study", "not measured", "0.53", "28 %",
+                   "Allreduce cost model", "Prediction error", "All 8 runs of the run table completed"):
+        assert needle in text, needle
+    for i in range(1, 8):
+        assert f"Figure {i}." in text
+    sha = __import__("hashlib").sha256(CONFIG_FILE.read_bytes()).hexdigest()
+    assert sha in text.replace("\n", "")
+    cm = json.loads(out["costmodel"].read_text())
+    assert fmt.micros(cm["fits"][0]["alpha_s"]) in text
+    assert "page 1 of" in text
+    assert "train_env.horovod" in text and "0.28.1+nccl-test" in text and "535.104" in text   # provenance JSON
+    assert "tensorflow 2.15.1" in text                                                   # run records
+    assert [p.name for p in out["report"].parent.iterdir() if p.name.startswith(".report")] == []
+
+
+@needs_poppler
+def test_partial_report_lists_missing_and_failed_runs(partial):
+    cfg, special, out = partial
+    check_plots(out["plots"])
+    status = pd.read_csv(out["status"]).set_index("run_id")
+    for st, rid in special.items():
+        assert status.loc[rid, "status"] == st
+    text = pdf_text(out["report"])
+    assert "Missing and failed runs" in text and "did not complete" in text
+    for rid in special.values():
+        assert rid in text
+    assert "srun: error: node failure" in text                # the failure.json error
+    summary = read_summary(out["summary"])
+    nob = summary[~summary.has_baseline]
+    assert set(nob.backend) == {"mpi"} and set(nob.baseline_status) == {"failed"}
+    assert "baseline failed" in text and "missing" in text
+
+
+@needs_poppler
+def test_report_from_no_runs(tmp_path, capsys):
+    cfg = F.load_test_config("config.yaml")
+    (tmp_path / "runs").mkdir()
+    out = pipeline(tmp_path, cfg, tmp_path / "runs", [])
+    check_plots(out["plots"])
+    text = pdf_text(out["report"])
+    assert "No run has completed yet" in text and "no data for this figure" not in text  # note is in the PNG
+    assert "not fitted" in text
+    err = capsys.readouterr().err
+    assert "speedup_efficiency: no data" in err
+
+
+@needs_poppler
+def test_first_pages_render(complete):
+    _, out = complete
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("pdftoppm missing")
+    subprocess.run(["pdftoppm", "-r", "30", "-png", "-f", "1", "-l", "2", str(out["report"]),
+                    str(out["report"].with_name("page"))], check=True)
+    pages = sorted(out["report"].parent.glob("page-*.png"))
+    assert len(pages) == 2 and all(p.stat().st_size > 1000 for p in pages)
+
+
+def test_reference_rows_against_a_thesis_like_study(tmp_path):
+    raw = {
+        "training": {"epochs": 4, "warmup_epochs": 1, "repeats": 1},
+        "scaling": {
+            "partitions": {"alpha": {"gpus_per_node": 8, "gpu_model": "A100", "cores_per_node": 48,
+                                     "mem_mb_per_node": 900000},
+                           "hpdlf": {"gpus_per_node": 3, "cores_per_node": 12, "mem_mb_per_node": 80000}},
+            "sweeps": [{"partitions": ["alpha", "hpdlf"], "workers": [1, 2, 4], "backends": ["nccl", "mpi"],
+                        "batch_sizes": [75], "lr_rules": ["none"]},
+                       {"partitions": ["alpha"], "workers": [1], "backends": ["nccl"], "batch_sizes": [75, 1000],
+                        "lr_rules": ["none"]}],
+        },
+    }
+    from hvdscale.config import validate_config
+
+    cfg = validate_config(raw)
+    F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
+    summary = aggregate(tmp_path / "runs", cfg).summary
+    rows = {r["quantity"]: r for r in reference_rows(summary)}
+    alpha = rows["Speedup per GPU, Alpha (A100)"]
+    g = summary[(summary.partition == "alpha") & (summary.backend == "nccl") & (summary.batch_per_worker == 75)]
+    assert alpha["ours"] == fmt.slope(g.speedup_per_gpu.iloc[0]) and "nccl" in alpha["config"]
+    assert "at 4 workers" in alpha["loss"]
+    assert rows["Speedup per GPU, GPU2 (K80)"]["ours"] == "not measured"
+    batch = rows["Epoch speedup from batch 75 to 1000"]
+    b = summary[(summary.partition == "alpha") & (summary.backend == "nccl") & (summary.workers == 1)]
+    t = b.set_index("batch_per_worker").epoch_time_s
+    assert batch["ours"] == f"{t[75] / t[1000]:.1f}x" and "batch 1000" in batch["loss"]
+    assert rows["Share of epoch time in gradient synchronisation"]["ours"].endswith(")")
