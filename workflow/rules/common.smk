@@ -149,16 +149,19 @@ def _partition(wildcards):
     return CFG["scaling"]["partitions"][_job(wildcards)["partition"]]
 
 
+# A callable returning None leaves the resource unset (no sbatch flag).
+
+
 def res_partition(wildcards):
     return _job(wildcards)["partition"]
 
 
 def res_account(wildcards):
-    return _partition(wildcards)["account"]
+    return _partition(wildcards)["account"] or None
 
 
 def res_constraint(wildcards):
-    return _partition(wildcards)["constraint"]
+    return _partition(wildcards)["constraint"] or None
 
 
 def res_nodes(wildcards):
@@ -167,10 +170,6 @@ def res_nodes(wildcards):
 
 def res_tasks(wildcards):
     return _job(wildcards)["workers"]
-
-
-def res_tasks_per_node(wildcards):
-    return _job(wildcards)["workers_per_node"]
 
 
 def res_cpus_per_task(wildcards):
@@ -187,18 +186,26 @@ def res_runtime(wildcards):
     return _partition(wildcards)["runtime_min"]
 
 
-def res_gpus_per_node(wildcards):
-    job = _job(wildcards)
-    return min(job["gpus_per_node"], job["workers_per_node"]) if job["gpus_per_node"] else 0
-
-
 def res_gres(wildcards):
-    gpus = res_gpus_per_node(wildcards)
-    return f"gpu:{gpus}" if gpus else ""
+    job = _job(wildcards)
+    gpus = min(job["gpus_per_node"], job["workers_per_node"]) if job["gpus_per_node"] else 0
+    return f"gpu:{gpus}" if gpus else None
+
+
+def res_tasks_per_gpu(wildcards):
+    # plugin 2.8 turns `tasks` into --ntasks-per-gpu on GPU jobs unless this is 0
+    return 0 if _job(wildcards)["gpus_per_node"] else None
+
+
+def res_mpi(wildcards):
+    # the plugin refuses mpi jobs with one task; a 1-worker run is a plain job whose
+    # launcher starts its single rank with `srun --overlap`
+    return "srun" if _job(wildcards)["workers"] > 1 else None
 
 
 def res_slurm_extra(wildcards):
-    return "--exclusive --distribution=block:block"
+    # --ntasks-per-node here: the plugin's tasks_per_node cannot be combined with tasks
+    return f"--ntasks-per-node={_job(wildcards)['workers_per_node']} --exclusive"
 
 
 def local_threads(wildcards):

@@ -47,13 +47,13 @@ rule train_run:
         constraint=res_constraint,
         nodes=res_nodes,
         tasks=res_tasks,
-        tasks_per_node=res_tasks_per_node,
+        tasks_per_gpu=res_tasks_per_gpu,
         cpus_per_task=res_cpus_per_task,
         mem_mb=res_mem_mb,
         runtime=res_runtime,
         gres=res_gres,
         slurm_extra=res_slurm_extra,
-        mpi="srun",
+        mpi=res_mpi,
     envmodules:
         *TRAIN_MODULES,
     conda:
@@ -84,13 +84,13 @@ rule measure_allreduce:
         constraint=res_constraint,
         nodes=res_nodes,
         tasks=res_tasks,
-        tasks_per_node=res_tasks_per_node,
+        tasks_per_gpu=res_tasks_per_gpu,
         cpus_per_task=res_cpus_per_task,
         mem_mb=res_mem_mb,
         runtime=res_runtime,
         gres=res_gres,
         slurm_extra=res_slurm_extra,
-        mpi="srun",
+        mpi=res_mpi,
     envmodules:
         *TRAIN_MODULES,
     conda:

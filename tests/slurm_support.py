@@ -1,0 +1,223 @@
+"""Helpers and fixtures for tests against the local SLURM cluster.
+
+The cluster is started by ``scripts/slurm-cluster.sh`` (Debian's slurm-wlm + munge, as
+root, everything under ``.slurm-local/`` or ``$HVD_SLURM_DIR``). Use it from a test
+module with::
+
+    from slurm_support import slurm_cluster  # noqa: F401  (pytest fixture)
+
+    @pytest.mark.slurm
+    def test_something(slurm_cluster):
+        subprocess.run(["sbatch", "--wait", ...], env=slurm_cluster, check=True)
+
+``slurm_cluster`` is session-scoped: the first test that needs it runs ``up`` (one
+node); at the end of the session the cluster is put back the way it was found (left
+up if it was up before, otherwise ``down``). Tests skip with a clear reason when
+not run as root or when SLURM/munge are not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_SCRIPT = PROJECT_ROOT / "scripts" / "slurm-cluster.sh"
+TRAIN_PYTHON = PROJECT_ROOT / ".venv-train" / "bin" / "python"
+PARTITION = os.environ.get("HVD_SLURM_PARTITION", "local")
+#: first three octets of the private /24 of two-node mode (see slurm-cluster.sh)
+TWO_NODE_SUBNET = os.environ.get("HVD_SLURM_SUBNET", "10.213.0")
+
+# command -> Debian package that provides it
+_REQUIRED = {
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "srun": "slurm-client",
+    "squeue": "slurm-client",
+    "scontrol": "slurm-client",
+    "munged": "munge",
+}
+_REQUIRED_TWO_NODES = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux"}
+
+#: a tiny Horovod program: every rank contributes rank+1; with 2 ranks the sum is 3
+HOROVOD_ALLREDUCE = """\
+import os, socket
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+hvd.init()
+total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+print(f"HVD rank={hvd.rank()} size={hvd.size()} local_size={hvd.local_size()} "
+      f"host={socket.gethostname()} sum={float(total):g}", flush=True)
+"""
+
+
+def cluster_dir() -> Path:
+    return Path(os.environ.get("HVD_SLURM_DIR", PROJECT_ROOT / ".slurm-local"))
+
+
+def slurm_skip_reason(nodes: int = 1) -> str | None:
+    """Why the local cluster cannot run here, or None when it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "local SLURM cluster needs root (slurmd, munged, network namespaces)"
+    required = dict(_REQUIRED)
+    if nodes == 2:
+        required.update(_REQUIRED_TWO_NODES)
+    missing = sorted({pkg for cmd, pkg in required.items() if shutil.which(cmd) is None})
+    if missing:
+        return f"SLURM/munge not installed (missing {', '.join(missing)}): apt-get install -y slurm-wlm munge"
+    if not CLUSTER_SCRIPT.exists():
+        return f"{CLUSTER_SCRIPT} not found"
+    return None
+
+
+def horovod_skip_reason() -> str | None:
+    """Why the train env cannot run Horovod programs, or None when it can."""
+    if not TRAIN_PYTHON.exists():
+        return f"train env missing ({TRAIN_PYTHON}); run scripts/setup.sh"
+    probe = subprocess.run(
+        [str(TRAIN_PYTHON), "-c", "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)"],
+        capture_output=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        return "Horovod is not installed in .venv-train yet (scripts/setup.sh builds it)"
+    return None
+
+
+def run_cluster_script(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    """Run scripts/slurm-cluster.sh with ``args``; output captured as text."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"slurm-cluster.sh {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def cluster_mode() -> str:
+    """'1', '2' or 'down', as reported by ``slurm-cluster.sh status``."""
+    proc = run_cluster_script("status", timeout=60)
+    m = re.search(r"^mode:\s+(\S+)", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or not m:
+        return "down"
+    return m.group(1)
+
+
+def cluster_env() -> dict[str, str]:
+    """os.environ plus the cluster's variables (SLURM_CONF, ...), without job variables."""
+    proc = run_cluster_script("env", timeout=30, check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    for line in proc.stdout.splitlines():
+        m = re.fullmatch(r"export (\w+)=(.*)", line.strip())
+        if m:
+            env[m.group(1)] = m.group(2).strip("'\"")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def bring_up(nodes: int = 1) -> dict[str, str]:
+    run_cluster_script("up", "--nodes", str(nodes), check=True)
+    return cluster_env()
+
+
+def restore(mode: str) -> None:
+    """Put the cluster back into ``mode`` ('1', '2' or 'down')."""
+    if mode in ("1", "2"):
+        run_cluster_script("up", "--nodes", mode, check=True)
+    else:
+        run_cluster_script("down", check=True)
+
+
+def our_processes() -> list[tuple[int, str]]:
+    """(pid, command) of live processes started by this cluster (they carry
+    HVD_SLURM_MARK=<cluster dir> in their environment)."""
+    mark = f"HVD_SLURM_MARK={cluster_dir()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            found.append((int(entry.name), cmd))
+    return found
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a SLURM client command; on failure the assertion shows its output."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed (exit {proc.returncode}):\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    """A running one-node local SLURM cluster; yields the environment for its clients."""
+    reason = slurm_skip_reason(1)
+    if reason:
+        pytest.skip(reason)
+    before = cluster_mode()
+    try:
+        env = bring_up(1)
+    except AssertionError as exc:
+        pytest.fail(str(exc))
+    yield env
+    restore("1" if before == "1" else "down")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_two_nodes() -> Iterator[dict[str, str]]:
+    """The local cluster in two-node mode (node1/node2 in their own network
+    namespaces); afterwards it is put back into the mode it had before."""
+    reason = slurm_skip_reason(2)
+    if reason:
+        pytest.skip(reason)
+    before = cluster_mode()
+    try:
+        env = bring_up(2)
+    except AssertionError as exc:
+        pytest.fail(str(exc))
+    yield env
+    restore(before)
+
+
+__all__ = [
+    "HOROVOD_ALLREDUCE",
+    "PARTITION",
+    "PROJECT_ROOT",
+    "TRAIN_PYTHON",
+    "TWO_NODE_SUBNET",
+    "bring_up",
+    "cluster_dir",
+    "cluster_env",
+    "cluster_mode",
+    "horovod_skip_reason",
+    "our_processes",
+    "restore",
+    "run",
+    "run_cluster_script",
+    "slurm_cluster",
+    "slurm_cluster_two_nodes",
+    "slurm_skip_reason",
+]
+
+if __name__ == "__main__":  # pragma: no cover - manual check
+    print(slurm_skip_reason() or "local SLURM cluster can run here", file=sys.stderr)
