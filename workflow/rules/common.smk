@@ -2,6 +2,7 @@
 # constraints, and the resource callables the SLURM profile maps to sbatch flags.
 import json
 import os
+import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -126,6 +127,11 @@ def allreduce_tables(wildcards):
     if CFG["report"]["allow_partial"]:
         return [p for p in paths if os.path.exists(p)]
     return paths
+
+
+def config_files(wildcards):
+    """The config files of this invocation, in merge order (for the report's provenance)."""
+    return " ".join(shlex.quote(os.path.relpath(str(p), workflow.basedir)) for p in workflow.configfiles)
 
 
 def model_bytes(wildcards):

@@ -93,7 +93,7 @@ rule build_report:
     params:
         hvd=HVD,
         plotsdir=dir_of_input_plots,
-        configfiles=" ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+        configfiles=config_files,
     log:
         f"{RESULTS}/logs/build_report.log",
     benchmark:
@@ -101,7 +101,7 @@ rule build_report:
     conda:
         "../../envs/workflow.conda.yaml"
     shell:
-        "{params.hvd} report --config-file {params.configfiles:q} --config {input.config}"
+        "{params.hvd} report --config-file {params.configfiles} --config {input.config}"
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --out {output} > {log} 2>&1"

@@ -607,8 +607,9 @@ def build_report(out, *, config_file, cfg, runs, summary, status, cm, plots_dir,
 
 
 def add_arguments(p):
-    p.add_argument("--config-file", required=True, help="the YAML config file the study was run with "
-                   "(its path and sha256 go into the provenance)")
+    p.add_argument("--config-file", required=True, nargs="+",
+                   help="the YAML config file(s) the study was run with, in the order Snakemake merged "
+                   "them (paths and sha256 go into the provenance)")
     p.add_argument("--config", required=True, help="the validated config JSON (results/config/full.json)")
     p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
     p.add_argument("--summary", default="results/scaling/summary.csv", help="(default: %(default)s)")
@@ -632,9 +633,10 @@ def run(args) -> int:
     if args.costmodel and cm is None:
         print(f"hvdscale report: warning: cost model {args.costmodel} not found; section left empty",
               file=sys.stderr)
-    if not Path(args.config_file).exists():
-        print(f"hvdscale report: warning: config file {args.config_file} not found; no hash in the provenance",
-              file=sys.stderr)
+    for path in args.config_file:
+        if not Path(path).exists():
+            print(f"hvdscale report: warning: config file {path} not found; no hash in the provenance",
+                  file=sys.stderr)
     plots_dir = Path(args.plots_dir)
     prov = load_provenance(args.provenance)
     build_report(args.out, config_file=args.config_file, cfg=cfg, runs=runs, summary=summary, status=status,

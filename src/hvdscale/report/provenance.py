@@ -104,6 +104,7 @@ def compress_hosts(hosts: list[str], limit: int = 24) -> str:
 
 def collect(*, config_file, cfg: dict | None, runs: pd.DataFrame | None, provenance: dict | None) -> dict:
     """Everything the provenance section shows."""
+    files = [config_file] if isinstance(config_file, (str, Path)) else list(config_file or [])
     hosts, devices, cpus, commits, hashes, started = [], [], [], [], [], []
     if runs is not None and not runs.empty:
         for h in runs["hosts"].dropna():
@@ -122,8 +123,8 @@ def collect(*, config_file, cfg: dict | None, runs: pd.DataFrame | None, provena
     return {
         "report_date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git_commit": git_commit(),
-        "config_file": str(config_file) if config_file else "-",
-        "config_file_sha256": file_sha256(config_file) if config_file else None,
+        "config_file": " + ".join(map(str, files)) if files else "-",
+        "config_file_sha256": "; ".join(f"{Path(f).name}: {file_sha256(f) or 'not found'}" for f in files) or None,
         "config_hash": config_hash(cfg) if cfg is not None else None,
         "run_git_commits": commits,
         "run_config_hashes": hashes,
