@@ -1,0 +1,223 @@
+"""The run record: ``metrics.json`` (validated against workflow/schemas/run.schema.json
+before it is written, atomically), ``history.csv`` (one row per epoch) beside it, and
+``failure.json`` for runs that ended without a record.
+
+No TensorFlow or Horovod here: the workflow env imports this module too (tests,
+aggregation), and the launcher writes failure.json with it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hvdscale.config import PROJECT_ROOT, RUN_SCHEMA
+from hvdscale.io import write_json_atomic, write_text_atomic
+from hvdscale.timing import PHASES, median
+
+SCHEMA_VERSION = 1
+HISTORY_COLUMNS = [
+    "epoch", "warmup", "wall_s", "steps", "samples", "throughput",
+    "time_data_s", "time_compute_s", "time_sync_s", "time_update_s", "time_other_s",
+    "time_dispatch_s", "time_train_s", "time_eval_s", "train_loss", "test_loss",
+    "elapsed_s", "utilisation_mean", "learning_rate", "attempt",
+]
+
+
+class RecordError(ValueError):
+    """The record does not satisfy the run schema (a bug in the producer)."""
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def finite_or_none(x):
+    """JSON has no NaN/inf: non-finite numbers become null."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def mpi_version() -> str:
+    """First line of ``mpirun --version``, or "none"."""
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "none"
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    return lines[0] if out.returncode == 0 and lines else "none"
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> str:
+    """``git rev-parse HEAD`` of the project, "unknown" if it is not a checkout."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def environment_block(*, config_hash: str, hostnames: list[str], devices: list[str],
+                      tensorflow: str, horovod: str, started_utc: str) -> dict:
+    import numpy
+
+    return {
+        "hostnames": list(hostnames),
+        "python": platform.python_version(),
+        "tensorflow": tensorflow,
+        "horovod": horovod,
+        "mpi": mpi_version(),
+        "numpy": numpy.__version__,
+        "git_commit": git_commit(),
+        "config_hash": config_hash,
+        "started_utc": started_utc,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        "devices": list(devices),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+    }
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def time_to_target(epochs: list[dict], target: float) -> float | None:
+    """Elapsed training time at the end of the first epoch with test loss <= target."""
+    for ep in epochs:
+        tl = ep.get("test_loss")
+        if tl is not None and tl <= target:
+            return ep["elapsed_s"]
+    return None
+
+
+def summarise(epochs: list[dict], target: float) -> dict:
+    """Medians over the non-warm-up epochs (all epochs when every epoch is warm-up)."""
+    timed = [e for e in epochs if not e["warmup"]] or list(epochs)
+    split_total = sum(sum(e[f"time_{p}_s"] for p in PHASES) for e in timed)
+
+    def share(phase):
+        if not timed or split_total <= 0:
+            return None
+        return round(sum(e[f"time_{phase}_s"] for e in timed) / split_total, 6)
+
+    test_losses = [e["test_loss"] for e in epochs if e.get("test_loss") is not None]
+    return {
+        "epoch_time_median_s": median([e["wall_s"] for e in timed]),
+        "throughput_median": median([e["throughput"] for e in timed]),
+        "sync_share": share("sync"),
+        "data_share": share("data"),
+        "compute_share": share("compute"),
+        "update_share": share("update"),
+        "final_test_loss": epochs[-1]["test_loss"] if epochs else None,
+        "best_test_loss": min(test_losses) if test_losses else None,
+        "time_to_target_s": time_to_target(epochs, target),
+        "epochs_completed": len(epochs),
+    }
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def load_run_schema() -> dict:
+    with open(RUN_SCHEMA) as fh:
+        return json.load(fh)
+
+
+def validate_record(record: dict) -> None:
+    """Raise RecordError naming every field that violates the run schema."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(load_run_schema())
+    errors = sorted(validator.iter_errors(record), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+                 for e in errors[:20]]
+        raise RecordError("run record does not match run.schema.json:\n  " + "\n  ".join(lines))
+
+
+def history_csv(epochs: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for ep in epochs:
+        row = {k: ep.get(k) for k in HISTORY_COLUMNS}
+        for k, v in row.items():
+            if v is None:
+                row[k] = ""
+            elif isinstance(v, bool):
+                row[k] = int(v)
+        writer.writerow(row)
+    return buf.getvalue()
+
+
+def write_run_outputs(out_dir: str | Path, record: dict) -> Path:
+    """Validate, then write history.csv and metrics.json (atomically, metrics.json last)."""
+    validate_record(record)
+    out_dir = Path(out_dir)
+    write_text_atomic(out_dir / "history.csv", history_csv(record["epochs"]))
+    path = out_dir / "metrics.json"
+    write_json_atomic(path, record)
+    return path
+
+
+def read_record(path: str | Path) -> dict | None:
+    """A valid record from ``path``, or None (missing, unreadable or invalid)."""
+    try:
+        with open(path) as fh:
+            rec = json.load(fh)
+        validate_record(rec)
+        return rec
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- failure
+
+
+def write_failure(path: str | Path, *, run_id: str, exit_status: int, error_tail: str,
+                  launcher: str, command: list[str] | None = None, program: str = "train",
+                  message: str | None = None) -> Path:
+    """``OUT_DIR/failure.json`` for a run that ended without a usable record: run_id,
+    status "failed", the exit status, a one-line message naming the failed rank(s) where
+    known, the tail of the launcher's output and the time."""
+    path = Path(path)
+    write_json_atomic(path, {
+        "run_id": run_id,
+        "status": "failed",
+        "program": program,
+        "exit_status": int(exit_status),
+        "message": message,
+        "launcher": launcher,
+        "command": command,
+        "error_tail": error_tail[-8000:],
+        "time_utc": utc_now(),
+        "hostname": platform.node(),
+        "python": sys.executable,
+    })
+    return path
