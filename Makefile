@@ -21,8 +21,7 @@ run: setup  ## the main job: whole pipeline on $(CONFIG) with the local profile 
 	@echo "make run: done -> $$(ls -1 results/report.pdf)"
 
 report-partial:  ## build the report from the runs that exist (missing/failed runs are listed)
-	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) \
-	  --config 'report={"allow_partial": true}' -- results/report.pdf
+	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) config/partial.yaml -- results/report.pdf
 
 test: setup  ## the full test suite (CI): unit, Horovod, integration and real-SLURM tests
 	$(PYTEST) -m "" tests

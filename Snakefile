@@ -25,3 +25,15 @@ rule all:
     default_target: True
     input:
         f"{RESULTS}/report.pdf",
+
+
+# Light steps run in the Snakemake process itself, also under the SLURM profile.
+localrules:
+    all,
+    write_data_config,
+    write_full_config,
+    write_run_config,
+    aggregate_runs,
+    fit_costmodel,
+    plot_scaling,
+    build_report,

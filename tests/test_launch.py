@@ -67,11 +67,19 @@ def test_mpirun_multi_node_hosts():
 
 
 def test_srun_mpi():
+    # every count explicit: the Snakemake SLURM job step strips SLURM_NTASKS & co.
     s = spec("srun", "mpi", workers=2)
-    assert s.argv[:5] == ["srun", "--mpi=pmix", "-n", "2", "--kill-on-bad-exit=1"]
-    assert s.argv[5:] == PROG
+    assert s.argv[:8] == ["srun", "--mpi=pmix", "-n", "2", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1"]
+    assert "--kill-on-bad-exit=1" in s.argv and "--overlap" not in s.argv
+    assert s.argv[-len(PROG):] == PROG
     s = spec("srun", "mpi", workers=8, nodes=2, wpn=4)
-    assert s.argv[5:8] == ["-N", "2", "--ntasks-per-node=4"]
+    assert s.argv[4:7] == ["-N", "2", "--ntasks-per-node=4"]
+
+
+def test_srun_single_worker_overlaps_the_job_step():
+    # a 1-worker run is a plain plugin job whose job step holds the CPUs
+    s = spec("srun", "mpi", workers=1)
+    assert s.argv[:4] == ["srun", "--mpi=pmix", "-n", "1"] and "--overlap" in s.argv
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "srun"])

@@ -71,6 +71,7 @@ class Job:
     workers: int
     workers_per_node: int
     gpus_per_node: int = 0
+    cpus_per_task: int = 1  # cores per node / slots per node (the SLURM allocation's)
 
 
 @dataclass
@@ -212,9 +213,15 @@ def build_launch(*, launcher: str, job: Job, program_argv: list[str], training: 
                 continue
             argv += ["-x", k]
     else:  # srun inside an allocation; the environment is exported by default
-        argv = [srun, "--mpi=pmix", "-n", str(N), "--kill-on-bad-exit=1"]
-        if job.nodes > 1:
-            argv += ["-N", str(job.nodes), f"--ntasks-per-node={job.workers_per_node}"]
+        # Everything explicit: the Snakemake SLURM job step strips SLURM_NTASKS and
+        # friends, so srun cannot take them from the allocation.
+        argv = [srun, "--mpi=pmix", "-n", str(N), "-N", str(job.nodes),
+                f"--ntasks-per-node={job.workers_per_node}", f"--cpus-per-task={job.cpus_per_task}",
+                "--kill-on-bad-exit=1"]
+        if N == 1:
+            # a 1-worker run is a plain (non-MPI) plugin job whose own job step holds
+            # the CPUs: without --overlap this srun would wait for them forever
+            argv.append("--overlap")
         if job.gpus_per_node:
             notes.append("GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)")
     return LaunchSpec(argv=argv + list(program_argv), env=env, controller=controller, launcher=launcher,
@@ -386,7 +393,9 @@ def job_for(cfg: dict, program: str, run_id: str | None, allreduce_id: str | Non
         if not run_id:
             raise UserError("--run-id is required")
         r = find_run(cfg, run_id)
-        return Job(r.partition, r.backend, r.nodes, r.workers, r.workers_per_node, r.gpus_per_node), r.run_id
+        part = cfg["scaling"]["partitions"][r.partition]
+        return Job(r.partition, r.backend, r.nodes, r.workers, r.workers_per_node, r.gpus_per_node,
+                   max(1, part["cores_per_node"] // slots_per_node(part))), r.run_id
     if not allreduce_id:
         raise UserError("measure-allreduce needs --allreduce-id (or --run-id)")
     m = ALLREDUCE_ID.fullmatch(allreduce_id)
@@ -403,7 +412,8 @@ def job_for(cfg: dict, program: str, run_id: str | None, allreduce_id: str | Non
     if nodes != nodes_for(workers, part):
         raise UserError(f"--allreduce-id {allreduce_id!r}: {workers} workers need {nodes_for(workers, part)} node(s) "
                         f"on partition {part_name!r}")
-    return Job(part_name, backend, nodes, workers, min(workers, slots_per_node(part)), part["gpus_per_node"]), allreduce_id
+    return Job(part_name, backend, nodes, workers, min(workers, slots_per_node(part)), part["gpus_per_node"],
+               max(1, part["cores_per_node"] // slots_per_node(part))), allreduce_id
 
 
 def run(args) -> int:

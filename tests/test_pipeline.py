@@ -1,0 +1,216 @@
+"""The whole pipeline end to end: data -> Horovod training runs -> aggregation ->
+plots -> PDF report, with the local profile and through a real SLURM cluster
+(scripts/slurm-cluster.sh) with the official executor plugin. No mocks: real
+Snakemake, real horovodrun/mpirun/srun, real sbatch/squeue/scancel.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture used by name)
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.horovod]
+
+
+@pytest.fixture(autouse=True)
+def _needs_horovod():
+    reason = horovod_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def results_dir(request):
+    """A results directory inside the project (results_dir must be relative), removed afterwards."""
+    name = f"results-test-{request.node.name.replace('[', '-').replace(']', '')}"
+    path = ROOT / name
+    shutil.rmtree(path, ignore_errors=True)
+    yield name
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_config(tmp_path: Path, overrides: dict) -> Path:
+    path = tmp_path / "override.yaml"
+    path.write_text(yaml.safe_dump(overrides))
+    return path
+
+
+def snakemake(args: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def read_status(results: str) -> dict[str, str]:
+    with open(ROOT / results / "scaling" / "status.csv") as fh:
+        return {row["run_id"]: row["status"] for row in csv.DictReader(fh)}
+
+
+def records(results: str) -> dict[str, dict]:
+    out = {}
+    for path in sorted((ROOT / results / "runs").glob("*/metrics.json")):
+        out[path.parent.name] = json.loads(path.read_text())
+    return out
+
+
+def pdftext(path: Path) -> str:
+    return subprocess.run(["pdftotext", "-layout", str(path), "-"], capture_output=True, text=True, check=True).stdout
+
+
+RUN_IDS = ["local_gloo_n1_w1_b75_lrnone_r0", "local_gloo_n1_w2_b75_lrnone_r0",
+           "local_mpi_n1_w1_b75_lrnone_r0", "local_mpi_n1_w2_b75_lrnone_r0"]
+
+
+# --------------------------------------------------------------------------- local profile
+
+
+def test_local_pipeline_end_to_end_then_partial_report(results_dir):
+    out = snakemake(["--profile", "profiles/local", "--configfile", "config/test.yaml",
+                     "--config", f"results_dir={results_dir}"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = ROOT / results_dir
+    # data stage
+    manifest = json.loads((res / "data" / "manifest.json").read_text())
+    assert manifest["counts"]["total"] == 3000 == manifest["counts"]["train"] + manifest["counts"]["test"]
+    # every run completed, with a valid record
+    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
+    recs = records(results_dir)
+    assert sorted(recs) == RUN_IDS
+    for rec in recs.values():
+        assert rec["status"] == "completed" and rec["summary"]["epochs_completed"] == 3
+        assert rec["config"]["launcher"] == "horovodrun"
+    # summary has the speedups against the 1-worker baseline of each backend
+    with open(res / "scaling" / "summary.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["workers"] == "2"]
+    assert {r["backend"] for r in rows} == {"gloo", "mpi"}
+    for r in rows:
+        assert float(r["speedup"]) > 0 and r["has_baseline"] in ("True", "true", "1")
+    # plots and the report from real records
+    for name in ("speedup_efficiency", "sync_time", "epoch_time_batch", "loss_vs_time", "time_breakdown",
+                 "utilisation", "costmodel"):
+        for ext in ("pdf", "png"):
+            assert (res / "plots" / f"{name}.{ext}").stat().st_size > 1000
+    text = pdftext(res / "report.pdf")
+    assert "local_mpi_n1_w2_b75_lrnone_r0" in text or "mpi" in text
+    assert "0.53" in text and "0.74" in text  # the side-by-side with the reference study
+
+    # partial results: one run's record is gone, the report is built from the others
+    # and names the missing run
+    missing = "local_gloo_n1_w2_b75_lrnone_r0"
+    (res / "runs" / missing / "metrics.json").unlink()
+    out = snakemake(["--profile", "profiles/local", "--configfile", "config/test.yaml", "config/partial.yaml",
+                     "--config", f"results_dir={results_dir}", "--", f"{results_dir}/report.pdf"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert read_status(results_dir)[missing] == "missing"
+    text = pdftext(res / "report.pdf")
+    assert missing in text
+    assert "missing" in text.lower()
+
+
+# --------------------------------------------------------------------------- real SLURM
+
+
+def squeue_jobs(env: dict) -> list[dict]:
+    out = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%k|%j"], capture_output=True,
+                         text=True, env=env)
+    jobs = []
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4:
+            jobs.append({"id": parts[0], "state": parts[1], "comment": parts[2], "name": parts[3]})
+    return jobs
+
+
+@pytest.mark.slurm
+def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir, tmp_path):  # noqa: F811
+    env = dict(slurm_cluster)
+    override = write_config(tmp_path, {"training": {"launcher": "srun"}})
+    before = {j["id"] for j in squeue_jobs(env)}
+    proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
+                             str(override), "--config", f"results_dir={results_dir}"],
+                            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen_running: dict[str, str] = {}
+    deadline = time.time() + 900
+    while proc.poll() is None and time.time() < deadline:
+        for job in squeue_jobs(env):
+            if job["state"] == "RUNNING" and "train_run" in job["comment"]:
+                seen_running[job["id"]] = job["comment"]
+        time.sleep(0.5)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output[-4000:]
+    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
+    recs = records(results_dir)
+    job_ids = {run_id: rec["environment"]["slurm_job_id"] for run_id, rec in recs.items()}
+    assert all(job_ids.values()), job_ids
+    assert len(set(job_ids.values())) == 4, "every run is its own SLURM job"
+    for run_id, job_id in job_ids.items():
+        assert job_id not in before
+        # the job is known to the controller, ran on partition local, and belongs to this run
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env)
+        assert show.returncode == 0, show.stderr
+        assert "JobState=COMPLETED" in show.stdout and "Partition=local" in show.stdout
+        assert run_id in show.stdout  # the plugin's comment names the rule's wildcards
+    # squeue showed the training jobs while they were running
+    assert set(job_ids.values()) & set(seen_running), (job_ids, seen_running)
+    # the MPI runs' ranks were started by srun --mpi=pmix inside the job
+    for run_id in ("local_mpi_n1_w1_b75_lrnone_r0", "local_mpi_n1_w2_b75_lrnone_r0"):
+        assert recs[run_id]["config"]["launcher"] == "srun"
+        log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
+        assert "srun --mpi=pmix" in log
+    assert (ROOT / results_dir / "report.pdf").stat().st_size > 10000
+
+
+@pytest.mark.slurm
+def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_cluster, results_dir,  # noqa: F811
+                                                                           tmp_path):
+    env = dict(slurm_cluster)
+    victim = "local_mpi_n1_w2_b75_lrnone_r0"
+    override = write_config(tmp_path, {
+        "data": {"n_samples": 8000},
+        "training": {"launcher": "srun", "epochs": 30, "warmup_epochs": 1},
+        "scaling": {"sweeps": [{"name": "cancel", "partitions": ["local"], "workers": [1, 2],
+                                "backends": ["mpi"], "batch_sizes": [75], "lr_rules": ["none"]}]},
+    })
+    proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
+                             str(override), "--config", f"results_dir={results_dir}", "--jobs", "1"],
+                            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    latest = ROOT / results_dir / "runs" / victim / "checkpoint" / "LATEST"
+    cancelled = None
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline and cancelled is None:
+        if latest.exists():
+            for job in squeue_jobs(env):
+                if job["state"] == "RUNNING" and victim in job["comment"]:
+                    subprocess.run(["scancel", job["id"]], env=env, check=True)
+                    cancelled = job["id"]
+        time.sleep(0.2)
+    assert cancelled, "the training job of the victim run was never seen running with a checkpoint"
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-4000:]
+    show = subprocess.run(["scontrol", "show", "job", cancelled], capture_output=True, text=True, env=env)
+    assert "JobState=CANCELLED" in show.stdout
+    status = read_status(results_dir)
+    assert status == {"local_mpi_n1_w1_b75_lrnone_r0": "completed", victim: "completed"}
+    rec = records(results_dir)[victim]
+    assert rec["resume"]["resumed"] is True
+    attempts = rec["resume"]["attempts"]
+    assert attempts[0]["slurm_job_id"] == cancelled
+    assert attempts[-1]["slurm_job_id"] != cancelled
+    assert attempts[-1]["start_epoch"] >= 1, "the retry resumed from the checkpoint, not from epoch 0"
+    assert rec["summary"]["epochs_completed"] == 30 and len(rec["epochs"]) == 30
