@@ -1,0 +1,171 @@
+"""Benchmark the data stage (generate -> validate -> split) at the thesis size.
+
+Runs the real command line (``python -m hvdscale.cli ...``) the way Snakemake would with
+``--cores W``: W generation processes at a time, then W validation processes, then the
+split (one job writing its output shards with W worker processes). Prints the wall time of each phase and in total, the peak RSS (largest single
+process), the bytes written, and the ratio to writing as many bytes with
+``dd if=/dev/zero bs=16M conv=fdatasync`` on the same file system. The temporary data
+are deleted afterwards (unless --keep).
+
+Usage:
+  .venv/bin/python benchmarks/bench_data.py                  # 1,000,000 curves, config/thesis.yaml
+  .venv/bin/python benchmarks/bench_data.py --n-samples 100000 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT / "src"))
+
+from hvdscale.config import data_section, load_config  # noqa: E402
+
+
+def run_pool(cmds: list[list[str]], workers: int, log_dir: Path, tag: str) -> tuple[float, int]:
+    """Run commands, ``workers`` at a time; returns (wall seconds, max RSS in bytes over processes)."""
+    t0 = time.perf_counter()
+    pending = list(enumerate(cmds))
+    running: dict[int, tuple[int, object]] = {}
+    max_rss = 0
+    failed = []
+    while pending or running:
+        while pending and len(running) < workers:
+            i, cmd = pending.pop(0)
+            log = open(log_dir / f"{tag}-{i:04d}.log", "w")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            running[proc.pid] = (i, log, proc)
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        i, log, proc = running.pop(pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.close()
+        max_rss = max(max_rss, usage.ru_maxrss * 1024)
+        if proc.returncode != 0:
+            failed.append((i, proc.returncode))
+    if failed:
+        i, rc = failed[0]
+        text = (log_dir / f"{tag}-{i:04d}.log").read_text()
+        raise SystemExit(f"{tag} job {i} failed with exit code {rc}:\n{text[-3000:]}")
+    return time.perf_counter() - t0, max_rss
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def dd_seconds(target_dir: Path, nbytes: int) -> float:
+    count = max(1, math.ceil(nbytes / (16 << 20)))
+    out = target_dir / "dd.bin"
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=16M", f"count={count}", "conv=fdatasync"],
+                   check=True, capture_output=True)
+    dt = time.perf_counter() - t0
+    out.unlink()
+    return dt
+
+
+def wait_quiet(max_load: float, tries: int, pause: float) -> float:
+    load = os.getloadavg()[0]
+    for _ in range(tries):
+        if load < max_load:
+            break
+        print(f"load average {load:.2f} >= {max_load}; waiting {pause:.0f} s", file=sys.stderr)
+        time.sleep(pause)
+        load = os.getloadavg()[0]
+    return load
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(PROJECT_ROOT / "config" / "thesis.yaml"),
+                    help="config whose data section is benchmarked (default: config/thesis.yaml)")
+    ap.add_argument("--n-samples", type=int, default=None, help="override data.n_samples (default: the config's)")
+    ap.add_argument("--n-shards", type=int, default=None, help="override data.n_shards (generation jobs)")
+    ap.add_argument("--workers", type=int, default=2, help="parallel processes for generate/validate (default 2)")
+    ap.add_argument("--tmpdir", default=None, help="parent directory of the temporary data (default: system tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--max-load", type=float, default=1.0, help="wait until the 1-min load average is below this")
+    ap.add_argument("--wait-tries", type=int, default=0, help="how often to wait 60 s for a quiet machine")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+
+    cfg = data_section(load_config(args.config))
+    if args.n_samples:
+        cfg["data"]["n_samples"] = args.n_samples
+    if args.n_shards:
+        cfg["data"]["n_shards"] = args.n_shards
+    d = cfg["data"]
+    load = wait_quiet(args.max_load, args.wait_tries, 60.0)
+
+    work = Path(tempfile.mkdtemp(prefix="hvdscale-bench-data.", dir=args.tmpdir))
+    try:
+        cfg_file = work / "data.json"
+        cfg_file.write_text(json.dumps(cfg, indent=2))
+        raw, out, logs = work / "raw", work / "data", work / "logs"
+        logs.mkdir()
+        py = [sys.executable, "-m", "hvdscale.cli"]
+        S = d["n_shards"]
+        shards = [raw / f"shard-{k:04d}.h5" for k in range(S)]
+        vals = [raw / f"shard-{k:04d}.validation.json" for k in range(S)]
+        print(f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, {S} generation shards, "
+              f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, {args.workers} workers, "
+              f"{os.cpu_count()} cores, load {load:.2f}, in {work}", flush=True)
+
+        t_gen, rss_gen = run_pool([py + ["generate-shard", "--config", str(cfg_file), "--shard", str(k),
+                                         "--out", str(shards[k])] for k in range(S)], args.workers, logs, "generate")
+        print(f"  generate  {t_gen:7.2f} s", flush=True)
+        t_val, rss_val = run_pool([py + ["validate-shard", "--config", str(cfg_file), "--shard", str(shards[k]),
+                                         "--out", str(vals[k])] for k in range(S)], args.workers, logs, "validate")
+        print(f"  validate  {t_val:7.2f} s", flush=True)
+        t_split, rss_split = run_pool([py + ["split-dataset", "--config", str(cfg_file), "--shards", *map(str, shards),
+                                             "--validations", *map(str, vals), "--outdir", str(out),
+                                             "--workers", str(args.workers)]],
+                                      1, logs, "split")
+        print(f"  split     {t_split:7.2f} s", flush=True)
+        total = t_gen + t_val + t_split
+        nbytes = dir_bytes(raw) + dir_bytes(out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        if not args.keep:
+            shutil.rmtree(raw)  # free the space before dd
+        t_dd = dd_seconds(work, nbytes)
+        res = {
+            "n_samples": d["n_samples"], "n_points": d["n_points"], "n_shards": S, "workers": args.workers,
+            "cores": os.cpu_count(), "load_before": round(load, 2),
+            "seconds": {"generate": round(t_gen, 2), "validate": round(t_val, 2), "split": round(t_split, 2),
+                        "total": round(total, 2)},
+            "peak_rss_mb": {"generate": round(rss_gen / 2**20), "validate": round(rss_val / 2**20),
+                            "split": round(rss_split / 2**20), "max": round(max(rss_gen, rss_val, rss_split) / 2**20)},
+            "bytes_written": nbytes,
+            "dd_seconds_same_bytes": round(t_dd, 2),
+            "ratio_to_dd": round(total / t_dd, 2),
+            "write_rate_mb_s": round(nbytes / total / 1e6, 1),
+            "counts": manifest["counts"],
+        }
+        print(f"  total     {total:7.2f} s   ({d['n_samples'] / total:,.0f} curves/s)")
+        print(f"  peak RSS  {res['peak_rss_mb']['max']} MiB (generate {res['peak_rss_mb']['generate']}, "
+              f"validate {res['peak_rss_mb']['validate']}, split {res['peak_rss_mb']['split']})")
+        print(f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; ratio total/dd {total / t_dd:.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res))
+    finally:
+        if args.keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
