@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/python -m pytest
 CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial test test-quick test-slurm lint dry-run dry-run-thesis \
-        bench bench-data bench-train bench-dag bench-report bench-scaling clean
+        bench bench-data bench-train bench-dag bench-report bench-scaling bench-slurm clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -41,7 +41,7 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-data bench-train bench-dag bench-report bench-scaling  ## every benchmark (prints figures)
+bench: bench-data bench-train bench-dag bench-report bench-scaling bench-slurm  ## every benchmark (prints figures)
 
 bench-data:  ## data stage at 1,000,000 curves vs dd
 	$(VENV)/bin/python benchmarks/bench_data.py
@@ -57,6 +57,9 @@ bench-report:  ## aggregation + report for 1,000 synthetic run records
 
 bench-scaling:  ## 1 vs 2 workers: naive Horovod, hvdscale, MultiWorkerMirroredStrategy
 	$(VENV)/bin/python benchmarks/bench_scaling.py
+
+bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin (root)
+	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py
 
 clean:  ## remove results and Snakemake state (keeps the envs)
 	rm -rf results .snakemake

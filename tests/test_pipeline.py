@@ -140,9 +140,10 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
     env = dict(slurm_cluster)
     override = write_config(tmp_path, {"training": {"launcher": "srun"}})
     before = {j["id"] for j in squeue_jobs(env)}
+    log = tmp_path / "snakemake.log"
     proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
                              str(override), "--config", f"results_dir={results_dir}"],
-                            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            cwd=ROOT, env={**os.environ, **env}, stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, text=True)
     seen_running: dict[str, str] = {}
     deadline = time.time() + 900
@@ -151,7 +152,8 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
             if job["state"] == "RUNNING" and "train_run" in job["comment"]:
                 seen_running[job["id"]] = job["comment"]
         time.sleep(0.5)
-    output = proc.communicate(timeout=60)[0]
+    proc.wait(timeout=60)
+    output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
     assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
     recs = records(results_dir)
@@ -186,9 +188,10 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_
         "scaling": {"sweeps": [{"name": "cancel", "partitions": ["local"], "workers": [1, 2],
                                 "backends": ["mpi"], "batch_sizes": [75], "lr_rules": ["none"]}]},
     })
+    log = tmp_path / "snakemake.log"
     proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
                              str(override), "--config", f"results_dir={results_dir}", "--jobs", "1"],
-                            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            cwd=ROOT, env={**os.environ, **env}, stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, text=True)
     latest = ROOT / results_dir / "runs" / victim / "checkpoint" / "LATEST"
     cancelled = None
@@ -201,7 +204,8 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_
                     cancelled = job["id"]
         time.sleep(0.2)
     assert cancelled, "the training job of the victim run was never seen running with a checkpoint"
-    output = proc.communicate(timeout=900)[0]
+    proc.wait(timeout=900)
+    output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
     show = subprocess.run(["scontrol", "show", "job", cancelled], capture_output=True, text=True, env=env)
     assert "JobState=CANCELLED" in show.stdout

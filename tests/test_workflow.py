@@ -47,3 +47,21 @@ def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "training.launcher" in text and "'ssh'" in text
+
+
+@pytest.mark.parametrize("override", [
+    "scaling:\n  partitions:\n    'x;touch PWNED':\n      cores_per_node: 2\n      mem_mb_per_node: 100\n",
+    "scaling:\n  partitions:\n    local:\n      cores_per_node: 2\n      mem_mb_per_node: 100\n      account: \"$(touch PWNED)\"\n",
+    "environment:\n  deployment: env-modules\n  modules: [\"TensorFlow/2.15.1 && touch PWNED\"]\n",
+])
+def test_crafted_values_never_reach_sbatch_or_srun(tmp_path, override):
+    """A crafted partition, account or module name stops the workflow at validation,
+    before any job (sbatch, srun, module load) could see it."""
+    bad = tmp_path / "crafted.yaml"
+    bad.write_text(override)
+    out = snakemake("-n", "--profile", "profiles/slurm", "--configfile", str(bad), cwd=ROOT)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "pattern" in text or "matching" in text
+    assert "sbatch" not in text.lower() or "Job stats" not in text
+    assert not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Scheduler overhead on the local SLURM cluster: wall time of the same 2-worker
+training run (a) launched directly with mpirun, (b) submitted with `sbatch --wait`
+and started inside the job with `srun --mpi=pmix`, (c) through Snakemake and the
+SLURM executor plugin (profiles/test-slurm), in one script run, interleaved.
+
+Needs root (it starts scripts/slurm-cluster.sh if the cluster is not up and stops it
+again afterwards). Prints a table; --repeats sets the number of rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "benchmarks/out/slurm-overhead"
+RUN_ID = "local_mpi_n1_w2_b75_lrnone_r0"
+PY = sys.executable
+HVD = [PY, "-m", "hvdscale.cli"]
+
+
+def sh(cmd, env=None, check=True, **kw):
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, text=True, capture_output=True,
+                          check=check, **kw)
+
+
+def cluster_env() -> dict:
+    out = sh(["bash", "scripts/slurm-cluster.sh", "env"]).stdout
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export "):].partition("=")
+            env[k] = v.strip("'\"")
+    return env
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of (direct, sbatch, snakemake) (default 3)")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs of the training run (default 4)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench_slurm_overhead: needs root (it runs the local SLURM cluster)", file=sys.stderr)
+        return 1
+    was_up = sh(["bash", "scripts/slurm-cluster.sh", "status"], check=False).returncode == 0
+    if not was_up:
+        print("starting the local SLURM cluster ...", flush=True)
+        sh(["bash", "scripts/slurm-cluster.sh", "up"])
+    env = cluster_env()
+    res = ROOT / RESULTS
+    try:
+        override = res / "override.yaml"
+        res.mkdir(parents=True, exist_ok=True)
+        override.write_text(json.dumps({"results_dir": RESULTS, "training": {"launcher": "srun", "epochs": args.epochs},
+                                        "scaling": {"sweeps": [{"partitions": ["local"], "workers": [2],
+                                                                "backends": ["mpi"], "batch_sizes": [75],
+                                                                "lr_rules": ["none"]}]}}))
+        target = f"{RESULTS}/runs/{RUN_ID}/metrics.json"
+        smk = [PY, "-m", "snakemake", "--configfile", "config/test.yaml", str(override)]
+        print("preparing the data (local profile) ...", flush=True)
+        sh([*smk, "--profile", "profiles/local", f"{RESULTS}/runs/{RUN_ID}/config.json", f"{RESULTS}/data/manifest.json"])
+        cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
+        times = {"direct (mpirun)": [], "sbatch --wait + srun": [], "snakemake + SLURM plugin": []}
+        for i in range(args.repeats):
+            out = res / "direct"
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.perf_counter()
+            sh([*HVD, "launch", "--config", cfg, "--run-id", RUN_ID, "--data-dir", f"{RESULTS}/data",
+                "--out-dir", str(out), "--launcher", "mpirun"])
+            times["direct (mpirun)"].append(time.perf_counter() - t0)
+
+            out = res / "sbatch"
+            shutil.rmtree(out, ignore_errors=True)
+            wrap = " ".join([*HVD, "launch", "--config", cfg, "--run-id", RUN_ID, "--data-dir", f"{RESULTS}/data",
+                             "--out-dir", str(out), "--launcher", "srun"])
+            t0 = time.perf_counter()
+            sh(["sbatch", "--wait", "-p", "local", "-N", "1", "-n", "2", "--cpus-per-task=1", "--exclusive",
+                "-o", str(res / "sbatch-%j.log"), "--wrap", wrap], env=env)
+            times["sbatch --wait + srun"].append(time.perf_counter() - t0)
+
+            shutil.rmtree(res / "runs" / RUN_ID / "checkpoint", ignore_errors=True)
+            t0 = time.perf_counter()
+            sh([*smk, "--profile", "profiles/test-slurm", "--forcerun", "train_run", "--", target], env=env)
+            times["snakemake + SLURM plugin"].append(time.perf_counter() - t0)
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
+        direct = statistics.median(times["direct (mpirun)"])
+        print(f"\n2-worker run {RUN_ID}, {args.epochs} epochs, median of {args.repeats} rounds:")
+        print(f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s}")
+        for k, v in times.items():
+            med = statistics.median(v)
+            print(f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}")
+    finally:
+        if not was_up:
+            sh(["bash", "scripts/slurm-cluster.sh", "down"], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
