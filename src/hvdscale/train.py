@@ -158,6 +158,57 @@ def start_orphan_watchdog(interval_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
 
 
+def local_rank_and_size() -> tuple[int, int]:
+    """This process's local rank and the number of ranks on its node, from the launcher's
+    environment (before hvd.init(); 0, 1 when started directly)."""
+    env = os.environ
+    for rk, sk in (("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                   ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                   ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")):
+        if rk in env and sk in env:
+            try:
+                return int(env[rk]), int(env[sk].split("(")[0].split(",")[0])
+            except ValueError:
+                continue
+    return 0, 1
+
+
+def bind_cpus(policy: str, local_rank: int | None = None, local_size: int | None = None) -> list[int] | None:
+    """Pin this rank (and every thread it starts later: TensorFlow's pools, Horovod's
+    background thread, the MPI/Gloo progress threads) to its own share of the node's cores.
+
+    ``core``: the cores this process may use are cut into ``local_size`` equal consecutive
+    groups and the rank takes group ``local_rank`` (with more ranks than cores, core
+    local_rank mod cores). A rank that the launcher already bound (its allowed cores are
+    fewer than the node's) is left as it is. ``none``: leave placement to the OS. ``auto``: ``core`` when
+    the node runs more than one rank and at least one core per rank, else ``none``.
+    Must run before hvd.init() and before any TensorFlow op (threads inherit the mask).
+    Returns the cores bound to, or None when not bound.
+    """
+    if policy not in ("auto", "none", "core"):
+        raise UserError(f"config key training.cpu_binding: got {policy!r}; expected auto, none or core")
+    if policy == "none" or not hasattr(os, "sched_setaffinity"):
+        return None
+    lr, ls = local_rank_and_size()
+    lr = lr if local_rank is None else local_rank
+    ls = ls if local_size is None else local_size
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < (os.cpu_count() or len(cores)):
+        return None  # the launcher already bound this rank (srun --cpu-bind, mpirun --bind-to): keep it
+    if policy == "auto" and not (1 < ls <= len(cores)):
+        return None
+    if ls <= len(cores):
+        k = len(cores) // max(ls, 1)
+        mine = cores[lr * k:(lr + 1) * k]
+    else:
+        mine = [cores[lr % len(cores)]]
+    if not mine:
+        return None
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
     """One device per local rank; thread pools sized before any TensorFlow op runs.
 
@@ -559,7 +610,8 @@ def _train(args, out_dir: Path) -> int:
     tcfg = cfg["training"]
     started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    # ------------------------------------------------------------ Horovod + device
+    # ------------------------------------------------------------ CPU binding, Horovod, device
+    bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists (see docs/performance.md)
     worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
     device, device_desc = pin_device(worker, tcfg["threads_per_worker"])  # HVD: one device per local rank
     if worker.size != run_.workers:
@@ -574,7 +626,8 @@ def _train(args, out_dir: Path) -> int:
 
     hvd = worker.hvd
     log = (lambda msg: print(f"[hvdscale train] {msg}", flush=True)) if worker.is_root else (lambda msg: None)
-    log(f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}")
+    log(f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}"
+        + (f", bound to cores {bound}" if bound else ""))
 
     # ------------------------------------------------------------ data (checked before training)
     error = None
@@ -770,6 +823,7 @@ def _train(args, out_dir: Path) -> int:
             "lr_rule": run_.lr_rule, "learning_rate_base": lr_base, "learning_rate": lr,
             "lr_warmup": tcfg["lr_warmup"], "epochs": epochs_total, "warmup_epochs": tcfg["warmup_epochs"],
             "threads_per_worker": tcfg["threads_per_worker"], "launcher": detect_launcher(),
+            "cpu_binding": tcfg.get("cpu_binding", "auto"),
             "controller": worker.controller, "repeat": run_.repeat, "seed": cfg["seed"],
             "data_in_device_memory": tcfg["data_in_device_memory"],
             "target_test_loss": tcfg["target_test_loss"], "model_parameters": n_params,
