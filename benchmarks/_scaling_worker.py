@@ -39,18 +39,29 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=0, help="mwms: this worker's index")
     ap.add_argument("--workers", type=int, default=1, help="mwms: number of workers")
     ap.add_argument("--port", type=int, default=23456, help="mwms: first port of the workers")
-    ap.add_argument("--impl", choices=["ring", "auto"], default="ring", help="mwms: CPU collective implementation")
+    ap.add_argument(
+        "--impl",
+        choices=["ring", "auto"],
+        default="ring",
+        help="mwms: CPU collective implementation",
+    )
     ap.add_argument("--spe", type=int, default=64, help="mwms: steps_per_execution")
-    ap.add_argument("--lr-scale", type=float, default=1.0, help="learning rate = config's x this (LR rule)")
+    ap.add_argument(
+        "--lr-scale", type=float, default=1.0, help="learning rate = config's x this (LR rule)"
+    )
     a = ap.parse_args()
 
     if a.mode == "mwms" and a.workers > 1:
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"127.0.0.1:{a.port + i}" for i in range(a.workers)]},
-            "task": {"type": "worker", "index": a.rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{a.port + i}" for i in range(a.workers)]},
+                "task": {"type": "worker", "index": a.rank},
+            }
+        )
     hvd = None
     if a.mode == "naive":
         import horovod.tensorflow.keras as hvd  # HVD: Horovod's Keras binding, library defaults
+
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     else:
@@ -72,10 +83,14 @@ def main() -> int:
     x, y, xt, yt, _info = prepare_data(Path(a.data_dir), cfg, worker, a.batch)
     B = a.batch
     # same number of steps on every rank (as hvdscale: the smallest rank's full batches)
-    counts = [int(e["n_samples"]) for e in
-              json.loads((Path(a.data_dir) / "manifest.json").read_text())["shards"]["train"]]
-    n_min = min(sum(hi - lo for _, lo, hi in plan_rows(counts, size, r, cfg["training"]["shard_policy"]))
-                for r in range(size))
+    counts = [
+        int(e["n_samples"])
+        for e in json.loads((Path(a.data_dir) / "manifest.json").read_text())["shards"]["train"]
+    ]
+    n_min = min(
+        sum(hi - lo for _, lo, hi in plan_rows(counts, size, r, cfg["training"]["shard_policy"]))
+        for r in range(size)
+    )
     steps = min(len(x), n_min) // B
     x, y = x[: steps * B], y[: steps * B]
     lr = cfg["training"]["learning_rate"] * a.lr_scale
@@ -97,10 +112,16 @@ def main() -> int:
         cbs = [EpochClock(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # HVD:
         model.fit(x, y, batch_size=B, epochs=a.epochs, shuffle=True, verbose=0, callbacks=cbs)
     else:
-        impl = (tf.distribute.experimental.CommunicationImplementation.RING if a.impl == "ring"
-                else tf.distribute.experimental.CommunicationImplementation.AUTO)
+        impl = (
+            tf.distribute.experimental.CommunicationImplementation.RING
+            if a.impl == "ring"
+            else tf.distribute.experimental.CommunicationImplementation.AUTO
+        )
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=impl
+            )
+        )
         n = len(x)
 
         def dataset_fn(ctx):
@@ -109,16 +130,29 @@ def main() -> int:
 
         with strategy.scope():
             model = build_model(cfg)
-            model.compile(loss="mse", optimizer=tf.keras.optimizers.Adam(lr), steps_per_execution=a.spe)
+            model.compile(
+                loss="mse", optimizer=tf.keras.optimizers.Adam(lr), steps_per_execution=a.spe
+            )
         dist = strategy.distribute_datasets_from_function(dataset_fn)
         model.fit(dist, epochs=a.epochs, steps_per_epoch=steps, verbose=0, callbacks=[EpochClock()])
 
     # the rank's own test rows, outside any strategy (model.predict under MWMS shards its input)
-    pred = np.concatenate([model(xt[i:i + 4096], training=False).numpy() for i in range(0, len(xt), 4096)])
+    pred = np.concatenate(
+        [model(xt[i : i + 4096], training=False).numpy() for i in range(0, len(xt), 4096)]
+    )
     sse = float(np.sum((pred.astype(np.float64) - yt) ** 2))
-    out = {"mode": a.mode, "rank": rank, "workers": size, "batch": B, "steps": steps,
-           "samples_per_epoch": steps * B * size, "epoch_times": times, "test_sse": sse,
-           "test_values": int(yt.size), "impl": a.impl if a.mode == "mwms" else None}
+    out = {
+        "mode": a.mode,
+        "rank": rank,
+        "workers": size,
+        "batch": B,
+        "steps": steps,
+        "samples_per_epoch": steps * B * size,
+        "epoch_times": times,
+        "test_sse": sse,
+        "test_values": int(yt.size),
+        "impl": a.impl if a.mode == "mwms" else None,
+    }
     Path(f"{a.out}.rank{rank}.json").write_text(json.dumps(out))
     return 0
 

@@ -20,7 +20,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="dry runs to time (default 3)")
     ap.add_argument("--configfile", default="config/thesis.yaml", help="config to plan")
     args = ap.parse_args()
-    cmd = [sys.executable, "-m", "snakemake", "-n", "--quiet", "all", "--configfile", args.configfile]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "--quiet",
+        "all",
+        "--configfile",
+        args.configfile,
+    ]
     if (ROOT / "profiles/slurm/config.yaml").exists():
         cmd[3:3] = ["--profile", "profiles/slurm"]
     times = []
@@ -32,12 +41,18 @@ def main() -> int:
             print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
             return 1
         print(f"run {i + 1}: {times[-1]:.2f} s")
-    jobs = subprocess.run([sys.executable, "-m", "hvdscale.cli", "check-config", "--quiet", args.configfile],
-                          cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    jobs = subprocess.run(
+        [sys.executable, "-m", "hvdscale.cli", "check-config", "--quiet", args.configfile],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     med = statistics.median(times)
     print(f"{jobs}")
-    print(f"snakemake -n ({' '.join(cmd[3:])}): median {med:.2f} s over {args.repeats} runs "
-          f"(target < 5 s: {'met' if med < 5 else 'NOT met'})")
+    print(
+        f"snakemake -n ({' '.join(cmd[3:])}): median {med:.2f} s over {args.repeats} runs "
+        f"(target < 5 s: {'met' if med < 5 else 'NOT met'})"
+    )
     return 0
 
 

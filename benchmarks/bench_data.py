@@ -68,8 +68,11 @@ def dd_seconds(target_dir: Path, nbytes: int) -> float:
     count = max(1, math.ceil(nbytes / (16 << 20)))
     out = target_dir / "dd.bin"
     t0 = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=16M", f"count={count}", "conv=fdatasync"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={out}", "bs=16M", f"count={count}", "conv=fdatasync"],
+        check=True,
+        capture_output=True,
+    )
     dt = time.perf_counter() - t0
     out.unlink()
     return dt
@@ -87,16 +90,44 @@ def wait_quiet(max_load: float, tries: int, pause: float) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(PROJECT_ROOT / "config" / "thesis.yaml"),
-                    help="config whose data section is benchmarked (default: config/thesis.yaml)")
-    ap.add_argument("--n-samples", type=int, default=None, help="override data.n_samples (default: the config's)")
-    ap.add_argument("--n-shards", type=int, default=None, help="override data.n_shards (generation jobs)")
-    ap.add_argument("--workers", type=int, default=2, help="parallel processes for generate/validate (default 2)")
-    ap.add_argument("--tmpdir", default=None, help="parent directory of the temporary data (default: system tmp)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--config",
+        default=str(PROJECT_ROOT / "config" / "thesis.yaml"),
+        help="config whose data section is benchmarked (default: config/thesis.yaml)",
+    )
+    ap.add_argument(
+        "--n-samples",
+        type=int,
+        default=None,
+        help="override data.n_samples (default: the config's)",
+    )
+    ap.add_argument(
+        "--n-shards", type=int, default=None, help="override data.n_shards (generation jobs)"
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="parallel processes for generate/validate (default 2)",
+    )
+    ap.add_argument(
+        "--tmpdir",
+        default=None,
+        help="parent directory of the temporary data (default: system tmp)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
-    ap.add_argument("--max-load", type=float, default=1.0, help="wait until the 1-min load average is below this")
-    ap.add_argument("--wait-tries", type=int, default=0, help="how often to wait 60 s for a quiet machine")
+    ap.add_argument(
+        "--max-load",
+        type=float,
+        default=1.0,
+        help="wait until the 1-min load average is below this",
+    )
+    ap.add_argument(
+        "--wait-tries", type=int, default=0, help="how often to wait 60 s for a quiet machine"
+    )
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
 
@@ -118,20 +149,72 @@ def main(argv=None) -> int:
         S = d["n_shards"]
         shards = [raw / f"shard-{k:04d}.h5" for k in range(S)]
         vals = [raw / f"shard-{k:04d}.validation.json" for k in range(S)]
-        print(f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, {S} generation shards, "
-              f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, {args.workers} workers, "
-              f"{os.cpu_count()} cores, load {load:.2f}, in {work}", flush=True)
+        print(
+            f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, {S} generation shards, "
+            f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, {args.workers} workers, "
+            f"{os.cpu_count()} cores, load {load:.2f}, in {work}",
+            flush=True,
+        )
 
-        t_gen, rss_gen = run_pool([py + ["generate-shard", "--config", str(cfg_file), "--shard", str(k),
-                                         "--out", str(shards[k])] for k in range(S)], args.workers, logs, "generate")
+        t_gen, rss_gen = run_pool(
+            [
+                py
+                + [
+                    "generate-shard",
+                    "--config",
+                    str(cfg_file),
+                    "--shard",
+                    str(k),
+                    "--out",
+                    str(shards[k]),
+                ]
+                for k in range(S)
+            ],
+            args.workers,
+            logs,
+            "generate",
+        )
         print(f"  generate  {t_gen:7.2f} s", flush=True)
-        t_val, rss_val = run_pool([py + ["validate-shard", "--config", str(cfg_file), "--shard", str(shards[k]),
-                                         "--out", str(vals[k])] for k in range(S)], args.workers, logs, "validate")
+        t_val, rss_val = run_pool(
+            [
+                py
+                + [
+                    "validate-shard",
+                    "--config",
+                    str(cfg_file),
+                    "--shard",
+                    str(shards[k]),
+                    "--out",
+                    str(vals[k]),
+                ]
+                for k in range(S)
+            ],
+            args.workers,
+            logs,
+            "validate",
+        )
         print(f"  validate  {t_val:7.2f} s", flush=True)
-        t_split, rss_split = run_pool([py + ["split-dataset", "--config", str(cfg_file), "--shards", *map(str, shards),
-                                             "--validations", *map(str, vals), "--outdir", str(out),
-                                             "--workers", str(args.workers)]],
-                                      1, logs, "split")
+        t_split, rss_split = run_pool(
+            [
+                py
+                + [
+                    "split-dataset",
+                    "--config",
+                    str(cfg_file),
+                    "--shards",
+                    *map(str, shards),
+                    "--validations",
+                    *map(str, vals),
+                    "--outdir",
+                    str(out),
+                    "--workers",
+                    str(args.workers),
+                ]
+            ],
+            1,
+            logs,
+            "split",
+        )
         print(f"  split     {t_split:7.2f} s", flush=True)
         total = t_gen + t_val + t_split
         nbytes = dir_bytes(raw) + dir_bytes(out)
@@ -140,12 +223,24 @@ def main(argv=None) -> int:
             shutil.rmtree(raw)  # free the space before dd
         t_dd = dd_seconds(work, nbytes)
         res = {
-            "n_samples": d["n_samples"], "n_points": d["n_points"], "n_shards": S, "workers": args.workers,
-            "cores": os.cpu_count(), "load_before": round(load, 2),
-            "seconds": {"generate": round(t_gen, 2), "validate": round(t_val, 2), "split": round(t_split, 2),
-                        "total": round(total, 2)},
-            "peak_rss_mb": {"generate": round(rss_gen / 2**20), "validate": round(rss_val / 2**20),
-                            "split": round(rss_split / 2**20), "max": round(max(rss_gen, rss_val, rss_split) / 2**20)},
+            "n_samples": d["n_samples"],
+            "n_points": d["n_points"],
+            "n_shards": S,
+            "workers": args.workers,
+            "cores": os.cpu_count(),
+            "load_before": round(load, 2),
+            "seconds": {
+                "generate": round(t_gen, 2),
+                "validate": round(t_val, 2),
+                "split": round(t_split, 2),
+                "total": round(total, 2),
+            },
+            "peak_rss_mb": {
+                "generate": round(rss_gen / 2**20),
+                "validate": round(rss_val / 2**20),
+                "split": round(rss_split / 2**20),
+                "max": round(max(rss_gen, rss_val, rss_split) / 2**20),
+            },
             "bytes_written": nbytes,
             "dd_seconds_same_bytes": round(t_dd, 2),
             "ratio_to_dd": round(total / t_dd, 2),
@@ -153,9 +248,13 @@ def main(argv=None) -> int:
             "counts": manifest["counts"],
         }
         print(f"  total     {total:7.2f} s   ({d['n_samples'] / total:,.0f} curves/s)")
-        print(f"  peak RSS  {res['peak_rss_mb']['max']} MiB (generate {res['peak_rss_mb']['generate']}, "
-              f"validate {res['peak_rss_mb']['validate']}, split {res['peak_rss_mb']['split']})")
-        print(f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; ratio total/dd {total / t_dd:.2f}")
+        print(
+            f"  peak RSS  {res['peak_rss_mb']['max']} MiB (generate {res['peak_rss_mb']['generate']}, "
+            f"validate {res['peak_rss_mb']['validate']}, split {res['peak_rss_mb']['split']})"
+        )
+        print(
+            f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; ratio total/dd {total / t_dd:.2f}"
+        )
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
         print(json.dumps(res))

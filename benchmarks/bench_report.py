@@ -28,8 +28,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=1000, help="run records to generate (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--runs", type=int, default=1000, help="run records to generate (default: %(default)s)"
+    )
     ap.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     ap.add_argument("--subprocess", action="store_true", help="one hvdscale process per step")
     args = ap.parse_args(argv)
@@ -46,36 +50,82 @@ def main(argv=None) -> int:
         (root / "config").mkdir(exist_ok=True)
         (root / "config" / "full.json").write_text(json.dumps(cfg))
         t_gen = time.perf_counter() - t0
-        print(f"generate  {len(written)} run records ({cfg['training']['epochs']} epochs each) and "
-              f"{len(allreduce)} allreduce sweeps: {t_gen:6.2f} s (not part of the total)")
+        print(
+            f"generate  {len(written)} run records ({cfg['training']['epochs']} epochs each) and "
+            f"{len(allreduce)} allreduce sweeps: {t_gen:6.2f} s (not part of the total)"
+        )
 
         s = root / "scaling"
         steps = {
-            "aggregate": ["aggregate", "--runs-dir", str(root / "runs"), "--config", str(root / "config/full.json"),
-                          "--out-runs", str(s / "runs.csv"), "--out-summary", str(s / "summary.csv"),
-                          "--out-status", str(s / "status.csv"), "--quiet"],
-            "fit-costmodel": ["fit-costmodel", "--allreduce", *map(str, allreduce), "--summary",
-                              str(s / "summary.csv"), "--runs", str(s / "runs.csv"), "--out",
-                              str(s / "costmodel.json")],
-            "plot": ["plot", "--runs", str(s / "runs.csv"), "--summary", str(s / "summary.csv"), "--costmodel",
-                     str(s / "costmodel.json"), "--outdir", str(root / "plots")],
-            "report": ["report", "--config-file", str(ROOT / "config/thesis.yaml"), "--config",
-                       str(root / "config/full.json"), "--runs", str(s / "runs.csv"), "--summary",
-                       str(s / "summary.csv"), "--status", str(s / "status.csv"), "--costmodel",
-                       str(s / "costmodel.json"), "--plots-dir", str(root / "plots"), "--out",
-                       str(root / "report.pdf")],
+            "aggregate": [
+                "aggregate",
+                "--runs-dir",
+                str(root / "runs"),
+                "--config",
+                str(root / "config/full.json"),
+                "--out-runs",
+                str(s / "runs.csv"),
+                "--out-summary",
+                str(s / "summary.csv"),
+                "--out-status",
+                str(s / "status.csv"),
+                "--quiet",
+            ],
+            "fit-costmodel": [
+                "fit-costmodel",
+                "--allreduce",
+                *map(str, allreduce),
+                "--summary",
+                str(s / "summary.csv"),
+                "--runs",
+                str(s / "runs.csv"),
+                "--out",
+                str(s / "costmodel.json"),
+            ],
+            "plot": [
+                "plot",
+                "--runs",
+                str(s / "runs.csv"),
+                "--summary",
+                str(s / "summary.csv"),
+                "--costmodel",
+                str(s / "costmodel.json"),
+                "--outdir",
+                str(root / "plots"),
+            ],
+            "report": [
+                "report",
+                "--config-file",
+                str(ROOT / "config/thesis.yaml"),
+                "--config",
+                str(root / "config/full.json"),
+                "--runs",
+                str(s / "runs.csv"),
+                "--summary",
+                str(s / "summary.csv"),
+                "--status",
+                str(s / "status.csv"),
+                "--costmodel",
+                str(s / "costmodel.json"),
+                "--plots-dir",
+                str(root / "plots"),
+                "--out",
+                str(root / "report.pdf"),
+            ],
         }
         times = {}
         for name, cmd in steps.items():
             t = time.perf_counter()
             if args.subprocess:
-                rc = subprocess.run([str(Path(sys.executable).with_name("hvdscale")), *cmd],
-                                    stdout=subprocess.DEVNULL).returncode
+                rc = subprocess.run(
+                    [str(Path(sys.executable).with_name("hvdscale")), *cmd],
+                    stdout=subprocess.DEVNULL,
+                ).returncode
             else:
-                from hvdscale.cli import main as cli_main
-
                 import contextlib
                 import io
+
+                from hvdscale.cli import main as cli_main
 
                 with contextlib.redirect_stdout(io.StringIO()):
                     rc = cli_main(cmd)
@@ -87,12 +137,16 @@ def main(argv=None) -> int:
         total = sum(times.values())
         pages = "?"
         try:
-            info = subprocess.run(["pdfinfo", str(root / "report.pdf")], capture_output=True, text=True).stdout
+            info = subprocess.run(
+                ["pdfinfo", str(root / "report.pdf")], capture_output=True, text=True
+            ).stdout
             pages = next(ln.split()[-1] for ln in info.splitlines() if ln.startswith("Pages:"))
         except (OSError, StopIteration):
             pass
-        print(f"{'total':<13} {total:6.2f} s  ({len(written)} runs, report {pages} pages, "
-              f"{'one process per step' if args.subprocess else 'in-process'})")
+        print(
+            f"{'total':<13} {total:6.2f} s  ({len(written)} runs, report {pages} pages, "
+            f"{'one process per step' if args.subprocess else 'in-process'})"
+        )
     return 0
 
 

@@ -28,8 +28,15 @@ HVD = [PY, "-m", "hvdscale.cli"]
 
 
 def sh(cmd, env=None, check=True, **kw):
-    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, text=True, capture_output=True,
-                          check=check, **kw)
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        text=True,
+        capture_output=True,
+        check=check,
+        **kw,
+    )
 
 
 def cluster_env() -> dict:
@@ -37,14 +44,18 @@ def cluster_env() -> dict:
     env = {}
     for line in out.splitlines():
         if line.startswith("export "):
-            k, _, v = line[len("export "):].partition("=")
+            k, _, v = line[len("export ") :].partition("=")
             env[k] = v.strip("'\"")
     return env
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3, help="rounds of (direct, sbatch, snakemake) (default 3)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="rounds of (direct, sbatch, snakemake) (default 3)"
+    )
     ap.add_argument("--epochs", type=int, default=4, help="epochs of the training run (default 4)")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -59,38 +70,112 @@ def main() -> int:
     try:
         override = res / "override.yaml"
         res.mkdir(parents=True, exist_ok=True)
-        override.write_text(json.dumps({"results_dir": RESULTS, "training": {"launcher": "srun", "epochs": args.epochs},
-                                        "scaling": {"sweeps": [{"partitions": ["local"], "workers": [2],
-                                                                "backends": ["mpi"], "batch_sizes": [75],
-                                                                "lr_rules": ["none"]}]}}))
+        override.write_text(
+            json.dumps(
+                {
+                    "results_dir": RESULTS,
+                    "training": {"launcher": "srun", "epochs": args.epochs},
+                    "scaling": {
+                        "sweeps": [
+                            {
+                                "partitions": ["local"],
+                                "workers": [2],
+                                "backends": ["mpi"],
+                                "batch_sizes": [75],
+                                "lr_rules": ["none"],
+                            }
+                        ]
+                    },
+                }
+            )
+        )
         target = f"{RESULTS}/runs/{RUN_ID}/metrics.json"
         smk = [PY, "-m", "snakemake", "--configfile", "config/test.yaml", str(override)]
         print("preparing the data (local profile) ...", flush=True)
-        sh([*smk, "--profile", "profiles/local", f"{RESULTS}/runs/{RUN_ID}/config.json", f"{RESULTS}/data/manifest.json"])
+        sh(
+            [
+                *smk,
+                "--profile",
+                "profiles/local",
+                f"{RESULTS}/runs/{RUN_ID}/config.json",
+                f"{RESULTS}/data/manifest.json",
+            ]
+        )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
         times = {"direct (mpirun)": [], "sbatch --wait + srun": [], "snakemake + SLURM plugin": []}
         for i in range(args.repeats):
             out = res / "direct"
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
-            sh([*HVD, "launch", "--config", cfg, "--run-id", RUN_ID, "--data-dir", f"{RESULTS}/data",
-                "--out-dir", str(out), "--launcher", "mpirun"])
+            sh(
+                [
+                    *HVD,
+                    "launch",
+                    "--config",
+                    cfg,
+                    "--run-id",
+                    RUN_ID,
+                    "--data-dir",
+                    f"{RESULTS}/data",
+                    "--out-dir",
+                    str(out),
+                    "--launcher",
+                    "mpirun",
+                ]
+            )
             times["direct (mpirun)"].append(time.perf_counter() - t0)
 
             out = res / "sbatch"
             shutil.rmtree(out, ignore_errors=True)
-            wrap = " ".join([*HVD, "launch", "--config", cfg, "--run-id", RUN_ID, "--data-dir", f"{RESULTS}/data",
-                             "--out-dir", str(out), "--launcher", "srun"])
+            wrap = " ".join(
+                [
+                    *HVD,
+                    "launch",
+                    "--config",
+                    cfg,
+                    "--run-id",
+                    RUN_ID,
+                    "--data-dir",
+                    f"{RESULTS}/data",
+                    "--out-dir",
+                    str(out),
+                    "--launcher",
+                    "srun",
+                ]
+            )
             t0 = time.perf_counter()
-            sh(["sbatch", "--wait", "-p", "local", "-N", "1", "-n", "2", "--cpus-per-task=1", "--exclusive",
-                "-o", str(res / "sbatch-%j.log"), "--wrap", wrap], env=env)
+            sh(
+                [
+                    "sbatch",
+                    "--wait",
+                    "-p",
+                    "local",
+                    "-N",
+                    "1",
+                    "-n",
+                    "2",
+                    "--cpus-per-task=1",
+                    "--exclusive",
+                    "-o",
+                    str(res / "sbatch-%j.log"),
+                    "--wrap",
+                    wrap,
+                ],
+                env=env,
+            )
             times["sbatch --wait + srun"].append(time.perf_counter() - t0)
 
             shutil.rmtree(res / "runs" / RUN_ID / "checkpoint", ignore_errors=True)
             t0 = time.perf_counter()
-            sh([*smk, "--profile", "profiles/test-slurm", "--forcerun", "train_run", "--", target], env=env)
+            sh(
+                [*smk, "--profile", "profiles/test-slurm", "--forcerun", "train_run", "--", target],
+                env=env,
+            )
             times["snakemake + SLURM plugin"].append(time.perf_counter() - t0)
-            print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
+            print(
+                f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
+                flush=True,
+            )
         direct = statistics.median(times["direct (mpirun)"])
         print(f"\n2-worker run {RUN_ID}, {args.epochs} epochs, median of {args.repeats} rounds:")
         print(f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s}")

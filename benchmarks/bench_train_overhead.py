@@ -28,16 +28,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=30000, help="training samples (default 30000: the default "
-                    "config's train split)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=30000,
+        help="training samples (default 30000: the default config's train split)",
+    )
     ap.add_argument("--batch", type=int, default=75)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variants", default="default,plain,host,spe1",
-                    help="hvdscale variants besides Keras: default (config defaults), plain (no timed calls), "
-                         "host (batches from host arrays), spe1 (steps_per_execution 1)")
-    ap.add_argument("--keras-spe", type=int, default=64,
-                    help="also time model.fit compiled with this steps_per_execution (information only; 1: skip)")
+    ap.add_argument(
+        "--variants",
+        default="default,plain,host,spe1",
+        help="hvdscale variants besides Keras: default (config defaults), plain (no timed calls), "
+        "host (batches from host arrays), spe1 (steps_per_execution 1)",
+    )
+    ap.add_argument(
+        "--keras-spe",
+        type=int,
+        default=64,
+        help="also time model.fit compiled with this steps_per_execution (information only; 1: skip)",
+    )
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()[0]
@@ -67,13 +80,28 @@ def main(argv=None) -> int:
         model = build_model(cfg)
         opt = tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"])
         opt.build(model.trainable_variables)
-        prog = StepProgram(model=model, optimizer=opt, worker=worker, x_train=x, y_train=y, x_test=x_test,
-                           y_test=y_test, batch=B, device=device, in_device_memory=in_device_memory,
-                           compression="none", backward_passes_per_step=1)
+        prog = StepProgram(
+            model=model,
+            optimizer=opt,
+            worker=worker,
+            x_train=x,
+            y_train=y,
+            x_test=x_test,
+            y_test=y_test,
+            batch=B,
+            device=device,
+            in_device_memory=in_device_memory,
+            compression="none",
+            backward_passes_per_step=1,
+        )
         return prog
 
     variants = {
-        "default": dict(dev=tcfg["data_in_device_memory"], spe=tcfg["steps_per_execution"], k=tcfg["instrument_every"]),
+        "default": dict(
+            dev=tcfg["data_in_device_memory"],
+            spe=tcfg["steps_per_execution"],
+            k=tcfg["instrument_every"],
+        ),
         "plain": dict(dev=tcfg["data_in_device_memory"], spe=tcfg["steps_per_execution"], k=0),
         "host": dict(dev=False, spe=tcfg["steps_per_execution"], k=tcfg["instrument_every"]),
         "spe1": dict(dev=tcfg["data_in_device_memory"], spe=1, k=tcfg["instrument_every"]),
@@ -88,7 +116,9 @@ def main(argv=None) -> int:
     def hvd_epoch(v, epoch):
         p, o = progs[v], variants[v]
         perm = np.random.default_rng([1, epoch]).permutation(n)
-        timer, (loss_sum, phases, dispatch, t_train) = run_epoch_steps(p, perm, steps, o["spe"], o["k"])
+        timer, (loss_sum, phases, dispatch, t_train) = run_epoch_steps(
+            p, perm, steps, o["spe"], o["k"]
+        )
         timer.phase_sums = list(phases)
         timer.dispatch_sum = dispatch
         timer.train_wall = t_train
@@ -98,7 +128,9 @@ def main(argv=None) -> int:
 
     tf.keras.utils.set_random_seed(1)
     kmodel = build_model(cfg)
-    kmodel.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]), loss="mse")
+    kmodel.compile(
+        optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]), loss="mse"
+    )
 
     def keras_epoch(m=None):
         t0 = time.perf_counter()
@@ -109,8 +141,11 @@ def main(argv=None) -> int:
     if args.keras_spe > 1:  # for information: Keras with the same steps per call
         tf.keras.utils.set_random_seed(1)
         kmodel_spe = build_model(cfg)
-        kmodel_spe.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]), loss="mse",
-                           steps_per_execution=args.keras_spe)
+        kmodel_spe.compile(
+            optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]),
+            loss="mse",
+            steps_per_execution=args.keras_spe,
+        )
 
     # warm-up (not counted)
     keras_epoch()
@@ -134,24 +169,44 @@ def main(argv=None) -> int:
             split[v].append(err)
     load = os.getloadavg()[0]  # includes this benchmark's own thread
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"device {desc}; {n} samples, batch {B}, {args.repeats} repeats (median); load average {load0:.2f} "
-          f"before, {load:.2f} after")
+    print(
+        f"device {desc}; {n} samples, batch {B}, {args.repeats} repeats (median); load average {load0:.2f} "
+        f"before, {load:.2f} after"
+    )
     print(f"{'keras model.fit':28s} {med['keras']:9.0f} samples/s  (reference)")
     if kmodel_spe is not None:
-        print(f"{'keras fit, ' + str(args.keras_spe) + ' steps/call':28s} {med['keras_spe']:9.0f} samples/s  "
-              f"ratio {med['keras_spe'] / med['keras']:.3f}  (information only)")
+        print(
+            f"{'keras fit, ' + str(args.keras_spe) + ' steps/call':28s} {med['keras_spe']:9.0f} samples/s  "
+            f"ratio {med['keras_spe'] / med['keras']:.3f}  (information only)"
+        )
     for v in chosen:
         o = variants[v]
         errs = [e for e in split[v] if e is not None]
         serr = f"split adds up within {max(errs):.1%}" if errs else "no timed steps"
-        print(f"{'hvdscale ' + v:28s} {med[v]:9.0f} samples/s  ratio {med[v] / med['keras']:.3f}  "
-              f"(device memory {o['dev']}, steps/call {o['spe']}, instrument_every {o['k'] or 'off'}; "
-              f"{serr})")
-    out = {"keras_samples_per_s": med["keras"], "keras_spe_samples_per_s": med.get("keras_spe"), "load_average_before": load0, "load_average_after": load, "samples": n, "batch": B,
-           "repeats": args.repeats, "runs": res,
-           "variants": {v: {"samples_per_s": med[v], "ratio": med[v] / med["keras"], **variants[v],
-                            "split_error_max": max([e for e in split[v] if e is not None], default=None)}
-                        for v in chosen}}
+        print(
+            f"{'hvdscale ' + v:28s} {med[v]:9.0f} samples/s  ratio {med[v] / med['keras']:.3f}  "
+            f"(device memory {o['dev']}, steps/call {o['spe']}, instrument_every {o['k'] or 'off'}; "
+            f"{serr})"
+        )
+    out = {
+        "keras_samples_per_s": med["keras"],
+        "keras_spe_samples_per_s": med.get("keras_spe"),
+        "load_average_before": load0,
+        "load_average_after": load,
+        "samples": n,
+        "batch": B,
+        "repeats": args.repeats,
+        "runs": res,
+        "variants": {
+            v: {
+                "samples_per_s": med[v],
+                "ratio": med[v] / med["keras"],
+                **variants[v],
+                "split_error_max": max([e for e in split[v] if e is not None], default=None),
+            }
+            for v in chosen
+        },
+    }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2))

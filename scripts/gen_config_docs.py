@@ -50,7 +50,12 @@ def allowed(node, defs) -> str:
         parts.append(", ".join(f"`{v}`" for v in node["enum"]))
     if "pattern" in node:
         parts.append(f"pattern `{node['pattern']}`")
-    for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
+    for k, op in (
+        ("minimum", ">="),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "<="),
+        ("exclusiveMaximum", "<"),
+    ):
         if k in node:
             parts.append(f"{op} {node[k]}")
     if node.get("type") == "array" and "items" in node:
@@ -91,7 +96,9 @@ def render() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 if config/README.md is out of date")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if config/README.md is out of date"
+    )
     args = ap.parse_args()
     text = render()
     if args.check:

@@ -10,7 +10,6 @@ import pytest
 from hvdscale.config import data_section, validate_config
 
 
-
 def make_data_config(**data) -> dict:
     """A validated data-section config ``{"seed", "data"}``; ``data`` overrides the defaults.
 
@@ -18,7 +17,12 @@ def make_data_config(**data) -> dict:
     split into 2 train and 1 test shard, HDF5 chunks of 256 samples.
     """
     seed = data.pop("seed", 20240601)
-    base = {"n_samples": 2000, "n_shards": 2, "split_shards": {"train": 2, "test": 1}, "chunk_samples": 256}
+    base = {
+        "n_samples": 2000,
+        "n_shards": 2,
+        "split_shards": {"train": 2, "test": 1},
+        "chunk_samples": 256,
+    }
     base.update(data)
     return data_section(validate_config({"seed": seed, "data": base}))
 
@@ -50,8 +54,15 @@ def build_dataset(workdir: Path, cfg: dict) -> dict:
         validations.append(vpath)
     data_dir = workdir / "data"
     manifest = split_dataset(cfg, shards, validations, data_dir)
-    return {"config": cfg, "config_file": write_data_config(workdir / "data.json", cfg), "raw_dir": raw,
-            "shards": shards, "validations": validations, "data_dir": data_dir, "manifest": manifest}
+    return {
+        "config": cfg,
+        "config_file": write_data_config(workdir / "data.json", cfg),
+        "raw_dir": raw,
+        "shards": shards,
+        "validations": validations,
+        "data_dir": data_dir,
+        "manifest": manifest,
+    }
 
 
 @pytest.fixture

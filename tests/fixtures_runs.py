@@ -33,14 +33,50 @@ MODEL_BYTES = MODEL_PARAMETERS * 4
 
 # per partition: step time = c0 + c1 * batch (compute), d0 + d1 * batch (data), update u
 PERF = {
-    "alpha": dict(c0=2.0e-3, c1=0.6e-6, d0=0.05e-3, d1=0.25e-6, u=0.30e-3, kind="gpu", gpu="A100",
-                  host="taurusi8{:03d}", cpu="AMD EPYC 7352 24-Core Processor"),
-    "hpdlf": dict(c0=2.6e-3, c1=1.4e-6, d0=0.06e-3, d1=0.35e-6, u=0.40e-3, kind="gpu", gpu="RTX2080Ti",
-                  host="taurusml{:03d}", cpu="Intel Xeon E5-2603 v4"),
-    "gpu2": dict(c0=4.5e-3, c1=5.0e-6, d0=0.10e-3, d1=0.60e-6, u=0.70e-3, kind="gpu", gpu="K80",
-                 host="taurusi2{:03d}", cpu="Intel Xeon E5-2680 v3"),
-    "local": dict(c0=0.8e-3, c1=35e-6, d0=0.05e-3, d1=1.0e-6, u=0.25e-3, kind="cpu", gpu="",
-                  host="localhost{:0d}", cpu="Generic x86-64"),
+    "alpha": dict(
+        c0=2.0e-3,
+        c1=0.6e-6,
+        d0=0.05e-3,
+        d1=0.25e-6,
+        u=0.30e-3,
+        kind="gpu",
+        gpu="A100",
+        host="taurusi8{:03d}",
+        cpu="AMD EPYC 7352 24-Core Processor",
+    ),
+    "hpdlf": dict(
+        c0=2.6e-3,
+        c1=1.4e-6,
+        d0=0.06e-3,
+        d1=0.35e-6,
+        u=0.40e-3,
+        kind="gpu",
+        gpu="RTX2080Ti",
+        host="taurusml{:03d}",
+        cpu="Intel Xeon E5-2603 v4",
+    ),
+    "gpu2": dict(
+        c0=4.5e-3,
+        c1=5.0e-6,
+        d0=0.10e-3,
+        d1=0.60e-6,
+        u=0.70e-3,
+        kind="gpu",
+        gpu="K80",
+        host="taurusi2{:03d}",
+        cpu="Intel Xeon E5-2680 v3",
+    ),
+    "local": dict(
+        c0=0.8e-3,
+        c1=35e-6,
+        d0=0.05e-3,
+        d1=1.0e-6,
+        u=0.25e-3,
+        kind="cpu",
+        gpu="",
+        host="localhost{:0d}",
+        cpu="Generic x86-64",
+    ),
 }
 # (alpha latency s, beta bandwidth B/s) inside a node and across nodes
 NET = {
@@ -76,17 +112,28 @@ def _perf(partition: str) -> dict:
     return PERF.get(partition, PERF["local"])
 
 
-def _base_record(run_id: str, *, workers_per_node: int | None = None, epochs: int = 10,
-                 warmup_epochs: int = 1, learning_rate_base: float = 4.7331e-4,
-                 target_test_loss: float = 0.05, launcher: str = "srun", seed: int = 20240601,
-                 config_hash: str = "0" * 64, git_commit: str = "a" * 40,
-                 slurm_job_id: str | None = "1000") -> dict:
+def _base_record(
+    run_id: str,
+    *,
+    workers_per_node: int | None = None,
+    epochs: int = 10,
+    warmup_epochs: int = 1,
+    learning_rate_base: float = 4.7331e-4,
+    target_test_loss: float = 0.05,
+    launcher: str = "srun",
+    seed: int = 20240601,
+    config_hash: str = "0" * 64,
+    git_commit: str = "a" * 40,
+    slurm_job_id: str | None = "1000",
+) -> dict:
     p = parse_run_id(run_id)
     perf = _perf(p["partition"])
     w, nodes = p["workers"], p["nodes"]
     wpn = workers_per_node or max(1, math.ceil(w / nodes))
     hosts = [perf["host"].format(1 + rank // wpn) for rank in range(w)]
-    devices = [f"GPU:{rank % wpn} ({perf['gpu']})" if perf["kind"] == "gpu" else "CPU" for rank in range(w)]
+    devices = [
+        f"GPU:{rank % wpn} ({perf['gpu']})" if perf["kind"] == "gpu" else "CPU" for rank in range(w)
+    ]
     controller = "gloo" if p["backend"] == "gloo" else "mpi"
     return {
         "schema_version": 1,
@@ -95,31 +142,65 @@ def _base_record(run_id: str, *, workers_per_node: int | None = None, epochs: in
         "exit_status": 0,
         "error": None,
         "config": {
-            "partition": p["partition"], "backend": p["backend"], "nodes": nodes, "workers": w,
-            "workers_per_node": wpn, "batch_per_worker": p["batch"], "global_batch": w * p["batch"],
-            "lr_rule": p["lr_rule"], "learning_rate_base": learning_rate_base,
+            "partition": p["partition"],
+            "backend": p["backend"],
+            "nodes": nodes,
+            "workers": w,
+            "workers_per_node": wpn,
+            "batch_per_worker": p["batch"],
+            "global_batch": w * p["batch"],
+            "lr_rule": p["lr_rule"],
+            "learning_rate_base": learning_rate_base,
             "learning_rate": learning_rate_for(learning_rate_base, p["lr_rule"], w),
-            "lr_warmup": True, "epochs": epochs, "warmup_epochs": warmup_epochs,
-            "threads_per_worker": 1, "launcher": launcher, "controller": controller,
-            "repeat": p["repeat"], "seed": seed, "data_in_device_memory": False,
-            "target_test_loss": target_test_loss, "model_parameters": MODEL_PARAMETERS,
-            "model_bytes": MODEL_BYTES, "horovod_env": {"HOROVOD_GPU_OPERATIONS": p["backend"].upper()}
-            if p["backend"] == "nccl" else {},
-            "steps_per_execution": 1, "backward_passes_per_step": 1, "compression": "none",
+            "lr_warmup": True,
+            "epochs": epochs,
+            "warmup_epochs": warmup_epochs,
+            "threads_per_worker": 1,
+            "launcher": launcher,
+            "controller": controller,
+            "repeat": p["repeat"],
+            "seed": seed,
+            "data_in_device_memory": False,
+            "target_test_loss": target_test_loss,
+            "model_parameters": MODEL_PARAMETERS,
+            "model_bytes": MODEL_BYTES,
+            "horovod_env": {"HOROVOD_GPU_OPERATIONS": p["backend"].upper()}
+            if p["backend"] == "nccl"
+            else {},
+            "steps_per_execution": 1,
+            "backward_passes_per_step": 1,
+            "compression": "none",
         },
         "environment": {
-            "hostnames": hosts, "python": "3.11.9", "tensorflow": "2.15.1", "horovod": "0.28.1",
-            "mpi": "Open MPI 4.1.4", "numpy": "1.26.4", "git_commit": git_commit,
-            "config_hash": config_hash, "started_utc": "2024-06-01T12:00:00Z",
-            "slurm_job_id": slurm_job_id, "slurm_nodelist": ",".join(dict.fromkeys(hosts)),
-            "devices": devices, "cpu_model": perf["cpu"],
+            "hostnames": hosts,
+            "python": "3.11.9",
+            "tensorflow": "2.15.1",
+            "horovod": "0.28.1",
+            "mpi": "Open MPI 4.1.4",
+            "numpy": "1.26.4",
+            "git_commit": git_commit,
+            "config_hash": config_hash,
+            "started_utc": "2024-06-01T12:00:00Z",
+            "slurm_job_id": slurm_job_id,
+            "slurm_nodelist": ",".join(dict.fromkeys(hosts)),
+            "devices": devices,
+            "cpu_model": perf["cpu"],
         },
-        "resume": {"resumed": False, "attempts": [{"started_utc": "2024-06-01T12:00:00Z", "start_epoch": 0,
-                                                   "slurm_job_id": slurm_job_id}]},
+        "resume": {
+            "resumed": False,
+            "attempts": [
+                {
+                    "started_utc": "2024-06-01T12:00:00Z",
+                    "start_epoch": 0,
+                    "slurm_job_id": slurm_job_id,
+                }
+            ],
+        },
         "epochs": [],
         "summary": {},
         "utilisation": {"kind": perf["kind"], "interval_s": 2.0, "samples": []},
-        "timing_method": "epoch wall time on rank 0 (time.perf_counter); phases from instrumented steps",
+        "timing_method": "epoch wall time on rank 0 (time.perf_counter); "
+        "phases from instrumented steps",
         "timeline": None,
     }
 
@@ -131,8 +212,13 @@ def _finish(rec: dict, utilisation: float | None = 80.0, interval_s: float = 2.0
     timed = [e for e in eps if not e["warmup"]] or eps
     walls = [e["wall_s"] for e in timed]
     tot = sum(walls) or 1.0
-    losses = [e["test_loss"] for e in eps if e["test_loss"] is not None and math.isfinite(e["test_loss"])]
-    ttt = next((e["elapsed_s"] for e in eps if e["test_loss"] is not None and e["test_loss"] <= target), None)
+    losses = [
+        e["test_loss"] for e in eps if e["test_loss"] is not None and math.isfinite(e["test_loss"])
+    ]
+    ttt = next(
+        (e["elapsed_s"] for e in eps if e["test_loss"] is not None and e["test_loss"] <= target),
+        None,
+    )
     rec["summary"] = {
         "epoch_time_median_s": float(np.median(walls)) if walls else None,
         "throughput_median": float(np.median([e["throughput"] for e in timed])) if timed else None,
@@ -148,39 +234,73 @@ def _finish(rec: dict, utilisation: float | None = 80.0, interval_s: float = 2.0
     total = eps[-1]["elapsed_s"] if eps else 0.0
     n = int(total // interval_s)
     if utilisation is not None and n:
-        rec["utilisation"]["samples"] = [[round(i * interval_s, 3), round(utilisation + 3.0 * math.sin(i), 2)]
-                                         for i in range(1, n + 1)]
+        rec["utilisation"]["samples"] = [
+            [round(i * interval_s, 3), round(utilisation + 3.0 * math.sin(i), 2)]
+            for i in range(1, n + 1)
+        ]
     rec["utilisation"]["interval_s"] = interval_s
     return rec
 
 
-def record_from_epochs(run_id: str, wall_s: list[float], *, test_loss: list[float | None] | None = None,
-                       train_loss: list[float | None] | None = None,
-                       shares: tuple[float, float, float, float] = (0.02, 0.70, 0.20, 0.05),
-                       steps: int | None = None, samples: int = 30000, warmup_epochs: int = 1,
-                       epochs: int | None = None, status: str = "completed", utilisation: float | None = 80.0,
-                       target_test_loss: float = 0.05, **kw) -> dict:
+def record_from_epochs(
+    run_id: str,
+    wall_s: list[float],
+    *,
+    test_loss: list[float | None] | None = None,
+    train_loss: list[float | None] | None = None,
+    shares: tuple[float, float, float, float] = (0.02, 0.70, 0.20, 0.05),
+    steps: int | None = None,
+    samples: int = 30000,
+    warmup_epochs: int = 1,
+    epochs: int | None = None,
+    status: str = "completed",
+    utilisation: float | None = 80.0,
+    target_test_loss: float = 0.05,
+    **kw,
+) -> dict:
     """A record with exactly these epoch wall times (first ``warmup_epochs`` marked warm-up).
 
     ``shares`` = (data, compute, sync, update) fractions of each epoch's wall time; the
     rest is ``time_other_s``. Throughput = samples / wall_s.
     """
-    rec = _base_record(run_id, epochs=epochs or len(wall_s), warmup_epochs=warmup_epochs,
-                       target_test_loss=target_test_loss, **kw)
+    rec = _base_record(
+        run_id,
+        epochs=epochs or len(wall_s),
+        warmup_epochs=warmup_epochs,
+        target_test_loss=target_test_loss,
+        **kw,
+    )
     p = parse_run_id(run_id)
     steps = steps or max(1, samples // (p["workers"] * p["batch"]))
     test_loss = test_loss if test_loss is not None else [0.5 / (i + 1) for i in range(len(wall_s))]
-    train_loss = train_loss if train_loss is not None else [x * 0.9 if x is not None else None for x in test_loss]
+    train_loss = (
+        train_loss
+        if train_loss is not None
+        else [x * 0.9 if x is not None else None for x in test_loss]
+    )
     elapsed = 0.0
     for i, w in enumerate(wall_s):
         elapsed += w
         d, c, s, u = (w * f for f in shares)
-        rec["epochs"].append({
-            "epoch": i, "warmup": i < warmup_epochs, "wall_s": w, "steps": steps, "samples": samples,
-            "throughput": samples / w, "time_data_s": d, "time_compute_s": c, "time_sync_s": s,
-            "time_update_s": u, "time_other_s": w - (d + c + s + u), "train_loss": train_loss[i],
-            "test_loss": test_loss[i], "elapsed_s": elapsed, "utilisation_mean": utilisation,
-        })
+        rec["epochs"].append(
+            {
+                "epoch": i,
+                "warmup": i < warmup_epochs,
+                "wall_s": w,
+                "steps": steps,
+                "samples": samples,
+                "throughput": samples / w,
+                "time_data_s": d,
+                "time_compute_s": c,
+                "time_sync_s": s,
+                "time_update_s": u,
+                "time_other_s": w - (d + c + s + u),
+                "train_loss": train_loss[i],
+                "test_loss": test_loss[i],
+                "elapsed_s": elapsed,
+                "utilisation_mean": utilisation,
+            }
+        )
     rec["status"] = status
     if status == "failed":
         rec["exit_status"], rec["error"] = 1, "RuntimeError: simulated failure"
@@ -189,9 +309,18 @@ def record_from_epochs(run_id: str, wall_s: list[float], *, test_loss: list[floa
     return _finish(rec, utilisation)
 
 
-def simulate_record(run_id: str, *, epochs: int = 10, warmup_epochs: int = 1, train_samples: int = 750_000,
-                    status: str = "completed", stop_epoch: int | None = None, target_test_loss: float = 0.05,
-                    seed: int = 0, **kw) -> dict:
+def simulate_record(
+    run_id: str,
+    *,
+    epochs: int = 10,
+    warmup_epochs: int = 1,
+    train_samples: int = 750_000,
+    status: str = "completed",
+    stop_epoch: int | None = None,
+    target_test_loss: float = 0.05,
+    seed: int = 0,
+    **kw,
+) -> dict:
     """A realistic record from the performance and loss model above.
 
     ``status`` "nan_loss" or "failed" stops the run after ``stop_epoch`` epochs
@@ -201,8 +330,14 @@ def simulate_record(run_id: str, *, epochs: int = 10, warmup_epochs: int = 1, tr
     w, b, nodes, part = p["workers"], p["batch"], p["nodes"], p["partition"]
     rng = np.random.default_rng(zlib.crc32(f"{run_id}/{seed}".encode()))
     perf = _perf(part)
-    rec = _base_record(run_id, epochs=epochs, warmup_epochs=warmup_epochs,
-                       target_test_loss=target_test_loss, slurm_job_id=str(4_000_000 + rng.integers(0, 999_999)), **kw)
+    rec = _base_record(
+        run_id,
+        epochs=epochs,
+        warmup_epochs=warmup_epochs,
+        target_test_loss=target_test_loss,
+        slurm_job_id=str(4_000_000 + rng.integers(0, 999_999)),
+        **kw,
+    )
     (a_in, b_in), (a_out, b_out) = NET[p["backend"]]
     alpha, beta = (a_out, b_out) if nodes > 1 else (a_in, b_in)
     steps = math.ceil(train_samples / (w * b))
@@ -210,7 +345,9 @@ def simulate_record(run_id: str, *, epochs: int = 10, warmup_epochs: int = 1, tr
     t_compute = perf["c0"] + perf["c1"] * b
     t_data = perf["d0"] + perf["d1"] * b
     t_update = perf["u"]
-    t_sync = ring_time(w, MODEL_BYTES, alpha, beta) * (1.0 + 0.15 * (w > 1)) + (30e-6 if w > 1 else 5e-6)
+    t_sync = ring_time(w, MODEL_BYTES, alpha, beta) * (1.0 + 0.15 * (w > 1)) + (
+        30e-6 if w > 1 else 5e-6
+    )
     t_other = 0.02 * t_compute
     run_factor = float(rng.lognormal(0.0, 0.03))
     # loss model: progress ~ optimizer steps x effective LR, saturating for large LR
@@ -218,9 +355,17 @@ def simulate_record(run_id: str, *, epochs: int = 10, warmup_epochs: int = 1, tr
     step_gain = min(lr_scale, 8.0) * (b / 75.0) ** 0.5
     progress_per_epoch = steps * step_gain / (train_samples / 75.0)
     floor = 0.02 + 0.004 * max(0.0, math.log2(lr_scale * b / 75.0))
-    n_epochs = epochs if status == "completed" else (stop_epoch if stop_epoch is not None else max(1, epochs // 2))
+    n_epochs = (
+        epochs
+        if status == "completed"
+        else (stop_epoch if stop_epoch is not None else max(1, epochs // 2))
+    )
     elapsed, progress = 0.0, 0.0
-    util = (88.0 if perf["kind"] == "gpu" else 97.0) * t_compute / (t_compute + t_data + t_sync + t_update)
+    util = (
+        (88.0 if perf["kind"] == "gpu" else 97.0)
+        * t_compute
+        / (t_compute + t_data + t_sync + t_update)
+    )
     for e in range(n_epochs):
         f = run_factor * float(rng.lognormal(0.0, 0.02)) * (1.35 if e < warmup_epochs else 1.0)
         d, c, s, u, o = (steps * t * f for t in (t_data, t_compute, t_sync, t_update, t_other))
@@ -231,15 +376,31 @@ def simulate_record(run_id: str, *, epochs: int = 10, warmup_epochs: int = 1, tr
         train = test * 0.92
         if status == "nan_loss" and e == n_epochs - 1:
             test = train = None
-        rec["epochs"].append({
-            "epoch": e, "warmup": e < warmup_epochs, "wall_s": wall, "steps": steps, "samples": samples,
-            "throughput": samples / wall, "time_data_s": d, "time_compute_s": c, "time_sync_s": s,
-            "time_update_s": u, "time_other_s": o, "train_loss": train, "test_loss": test,
-            "elapsed_s": elapsed, "utilisation_mean": round(util * float(rng.uniform(0.97, 1.03)), 2),
-        })
+        rec["epochs"].append(
+            {
+                "epoch": e,
+                "warmup": e < warmup_epochs,
+                "wall_s": wall,
+                "steps": steps,
+                "samples": samples,
+                "throughput": samples / wall,
+                "time_data_s": d,
+                "time_compute_s": c,
+                "time_sync_s": s,
+                "time_update_s": u,
+                "time_other_s": o,
+                "train_loss": train,
+                "test_loss": test,
+                "elapsed_s": elapsed,
+                "utilisation_mean": round(util * float(rng.uniform(0.97, 1.03)), 2),
+            }
+        )
     rec["status"] = status
     if status == "failed":
-        rec["exit_status"], rec["error"] = 1, "horovod.common.exceptions.HorovodInternalError: ring broken"
+        rec["exit_status"], rec["error"] = (
+            1,
+            "horovod.common.exceptions.HorovodInternalError: ring broken",
+        )
     elif status == "nan_loss":
         rec["exit_status"], rec["error"] = 3, f"non-finite loss in epoch {n_epochs - 1}"
     interval = max(2.0, elapsed / 150)
@@ -256,28 +417,56 @@ def write_record(runs_dir: str | Path, rec: dict, run_id: str | None = None) -> 
     return path
 
 
-def write_failure(runs_dir: str | Path, run_id: str, exit_status: int = 137,
-                  error: str = "srun: error: node failure; job step killed (OOM)", style: str = "short") -> Path:
+def write_failure(
+    runs_dir: str | Path,
+    run_id: str,
+    exit_status: int = 137,
+    error: str = "srun: error: node failure; job step killed (OOM)",
+    style: str = "short",
+) -> Path:
     """failure.json: ``short`` = {run_id, status, exit_status, error, time}; ``launcher`` =
     the fields hvdscale.runrecord.write_failure writes (message, error_tail, time_utc, ...)."""
     path = Path(runs_dir) / run_id / "failure.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     if style == "short":
-        data = {"run_id": run_id, "status": "failed", "exit_status": exit_status, "error": error,
-                "time": "2024-06-01T13:00:00Z"}
+        data = {
+            "run_id": run_id,
+            "status": "failed",
+            "exit_status": exit_status,
+            "error": error,
+            "time": "2024-06-01T13:00:00Z",
+        }
     else:
-        data = {"run_id": run_id, "status": "failed", "program": "train", "exit_status": exit_status,
-                "message": None, "launcher": "srun", "command": ["srun", "hvdscale", "train"],
-                "error_tail": f"epoch 0: 12.0 s\n{error}\n", "time_utc": "2024-06-01T13:00:00Z",
-                "hostname": "login1", "python": "/usr/bin/python3"}
+        data = {
+            "run_id": run_id,
+            "status": "failed",
+            "program": "train",
+            "exit_status": exit_status,
+            "message": None,
+            "launcher": "srun",
+            "command": ["srun", "hvdscale", "train"],
+            "error_tail": f"epoch 0: 12.0 s\n{error}\n",
+            "time_utc": "2024-06-01T13:00:00Z",
+            "hostname": "login1",
+            "python": "/usr/bin/python3",
+        }
     path.write_text(json.dumps(data))
     return path
 
 
-def write_study(runs_dir: str | Path, cfg: dict, *, epochs: int | None = None, train_samples: int | None = None,
-                missing: set[str] = frozenset(), failed: set[str] = frozenset(), nan_loss: set[str] = frozenset(),
-                failed_record: set[str] = frozenset(), limit: int | None = None, config_hash: str | None = None
-                ) -> list[str]:
+def write_study(
+    runs_dir: str | Path,
+    cfg: dict,
+    *,
+    epochs: int | None = None,
+    train_samples: int | None = None,
+    missing: set[str] = frozenset(),
+    failed: set[str] = frozenset(),
+    nan_loss: set[str] = frozenset(),
+    failed_record: set[str] = frozenset(),
+    limit: int | None = None,
+    config_hash: str | None = None,
+) -> list[str]:
     """Write simulated records for the config's run table; returns the run_ids written.
 
     ``missing``: no files; ``failed``: only failure.json (the job died); ``failed_record``:
@@ -299,12 +488,20 @@ def write_study(runs_dir: str | Path, cfg: dict, *, epochs: int | None = None, t
             write_failure(runs_dir, rid)
             written.append(rid)
             continue
-        status = "nan_loss" if rid in nan_loss else "failed" if rid in failed_record else "completed"
-        rec = simulate_record(rid, epochs=epochs, warmup_epochs=cfg["training"]["warmup_epochs"],
-                              train_samples=train_samples, status=status,
-                              target_test_loss=cfg["training"]["target_test_loss"],
-                              workers_per_node=run.workers_per_node, config_hash=h,
-                              launcher=cfg["training"]["launcher"])
+        status = (
+            "nan_loss" if rid in nan_loss else "failed" if rid in failed_record else "completed"
+        )
+        rec = simulate_record(
+            rid,
+            epochs=epochs,
+            warmup_epochs=cfg["training"]["warmup_epochs"],
+            train_samples=train_samples,
+            status=status,
+            target_test_loss=cfg["training"]["target_test_loss"],
+            workers_per_node=run.workers_per_node,
+            config_hash=h,
+            launcher=cfg["training"]["launcher"],
+        )
         write_record(runs_dir, rec)
         written.append(rid)
     return written
@@ -321,9 +518,18 @@ def bigger_thesis_config(min_runs: int = 1000) -> dict:
 # ----------------------------------------------------------------------------- allreduce
 
 
-def allreduce_rows(partition: str, backend: str, alpha: float, beta: float, *,
-                   workers=(2, 4, 8, 16, 32), sizes=None, noise: float = 0.02, slots_per_node: int = 8,
-                   seed: int = 0) -> list[dict]:
+def allreduce_rows(
+    partition: str,
+    backend: str,
+    alpha: float,
+    beta: float,
+    *,
+    workers=(2, 4, 8, 16, 32),
+    sizes=None,
+    noise: float = 0.02,
+    slots_per_node: int = 8,
+    seed: int = 0,
+) -> list[dict]:
     """An allreduce size sweep (rows of results/allreduce/*.csv) from known alpha/beta."""
     rng = np.random.default_rng(seed)
     sizes = sizes if sizes is not None else [4 * 2**k for k in range(0, 25, 2)]  # 4 B .. 64 MiB
@@ -332,12 +538,20 @@ def allreduce_rows(partition: str, backend: str, alpha: float, beta: float, *,
         for n in sizes:
             t = ring_time(p, n, alpha, beta) if p > 1 else 2e-6 + n / 50e9  # one rank: a local copy
             t *= float(rng.lognormal(0.0, noise))
-            rows.append({
-                "partition": partition, "backend": backend, "workers": p,
-                "nodes": math.ceil(p / slots_per_node), "bytes": n, "time_s": t,
-                "p10_s": t * 0.95, "p90_s": t * 1.08, "algbw_Bps": n / t,
-                "busbw_Bps": n / t * 2 * (p - 1) / p,
-            })
+            rows.append(
+                {
+                    "partition": partition,
+                    "backend": backend,
+                    "workers": p,
+                    "nodes": math.ceil(p / slots_per_node),
+                    "bytes": n,
+                    "time_s": t,
+                    "p10_s": t * 0.95,
+                    "p90_s": t * 1.08,
+                    "algbw_Bps": n / t,
+                    "busbw_Bps": n / t * 2 * (p - 1) / p,
+                }
+            )
     return rows
 
 
@@ -356,15 +570,24 @@ def write_allreduce_csv(path: str | Path, rows: list[dict]) -> Path:
 def study_allreduce(outdir: str | Path, cfg: dict, seed: int = 0) -> list[Path]:
     """One allreduce CSV per partition/backend of the config, from the NET model (inter-node)."""
     paths = []
-    combos = sorted({(r.partition, r.backend, r.gpus_per_node or r.workers_per_node) for r in run_table(cfg)})
+    combos = sorted(
+        {(r.partition, r.backend, r.gpus_per_node or r.workers_per_node) for r in run_table(cfg)}
+    )
     seen = set()
     for part, be, slots in combos:
         if (part, be) in seen:
             continue
         seen.add((part, be))
         (a, b), _ = NET[be]
-        rows = allreduce_rows(part, be, a, b, slots_per_node=max(1, slots), seed=seed,
-                              workers=(2, 4, 8, 16, 32) if part != "local" else (2,))
+        rows = allreduce_rows(
+            part,
+            be,
+            a,
+            b,
+            slots_per_node=max(1, slots),
+            seed=seed,
+            workers=(2, 4, 8, 16, 32) if part != "local" else (2,),
+        )
         paths.append(write_allreduce_csv(Path(outdir) / f"{part}_{be}.csv", rows))
     return paths
 

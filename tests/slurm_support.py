@@ -23,8 +23,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -85,7 +85,11 @@ def horovod_skip_reason() -> str | None:
     if not TRAIN_PYTHON.exists():
         return f"train env missing ({TRAIN_PYTHON}); run scripts/setup.sh"
     probe = subprocess.run(
-        [str(TRAIN_PYTHON), "-c", "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)"],
+        [
+            str(TRAIN_PYTHON),
+            "-c",
+            "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)",
+        ],
         capture_output=True,
         timeout=60,
     )
@@ -94,11 +98,17 @@ def horovod_skip_reason() -> str | None:
     return None
 
 
-def run_cluster_script(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+def run_cluster_script(
+    *args: str, timeout: float = 300, check: bool = False
+) -> subprocess.CompletedProcess:
     """Run scripts/slurm-cluster.sh with ``args``; output captured as text."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
+        ["bash", str(CLUSTER_SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -151,7 +161,13 @@ def our_processes() -> list[tuple[int, str]]:
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmd = (
+                (entry / "cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+                .strip()
+            )
         except OSError:
             continue
         if mark in environ.split(b"\0"):
@@ -159,7 +175,9 @@ def our_processes() -> list[tuple[int, str]]:
     return found
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a SLURM client command; on failure the assertion shows its output."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, (

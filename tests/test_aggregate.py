@@ -7,10 +7,10 @@ import json
 import math
 from statistics import median
 
+import fixtures_runs as F
 import pandas as pd
 import pytest
 
-import fixtures_runs as F
 from hvdscale.analysis.aggregate import (
     RUNS_COLUMNS,
     STATUS_COLUMNS,
@@ -31,33 +31,67 @@ def hand_config() -> dict:
     gloo/75/none workers 1,2,4 (complete); mpi/75/none workers 1,2 (1-worker runs failed or
     nan_loss); gloo/75/sqrt workers 1,2 (1-worker runs missing); mpi/150/none workers 2 only
     (no 1-worker run in the sweep)."""
-    return validate_config({
-        "training": {"epochs": 3, "warmup_epochs": 1, "repeats": 2, "target_test_loss": 0.05},
-        "scaling": {
-            "partitions": {"local": {"gpus_per_node": 0, "cores_per_node": 4, "mem_mb_per_node": 8000,
-                                     "workers_per_node": 4}},
-            "sweeps": [
-                {"partitions": ["local"], "workers": [1, 2, 4], "backends": ["gloo"], "batch_sizes": [75],
-                 "lr_rules": ["none"]},
-                {"partitions": ["local"], "workers": [1, 2], "backends": ["mpi"], "batch_sizes": [75],
-                 "lr_rules": ["none"]},
-                {"partitions": ["local"], "workers": [1, 2], "backends": ["gloo"], "batch_sizes": [75],
-                 "lr_rules": ["sqrt"]},
-                {"partitions": ["local"], "workers": [2], "backends": ["mpi"], "batch_sizes": [150],
-                 "lr_rules": ["none"]},
-            ],
-        },
-    })
+    return validate_config(
+        {
+            "training": {"epochs": 3, "warmup_epochs": 1, "repeats": 2, "target_test_loss": 0.05},
+            "scaling": {
+                "partitions": {
+                    "local": {
+                        "gpus_per_node": 0,
+                        "cores_per_node": 4,
+                        "mem_mb_per_node": 8000,
+                        "workers_per_node": 4,
+                    }
+                },
+                "sweeps": [
+                    {
+                        "partitions": ["local"],
+                        "workers": [1, 2, 4],
+                        "backends": ["gloo"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    },
+                    {
+                        "partitions": ["local"],
+                        "workers": [1, 2],
+                        "backends": ["mpi"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    },
+                    {
+                        "partitions": ["local"],
+                        "workers": [1, 2],
+                        "backends": ["gloo"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["sqrt"],
+                    },
+                    {
+                        "partitions": ["local"],
+                        "workers": [2],
+                        "backends": ["mpi"],
+                        "batch_sizes": [150],
+                        "lr_rules": ["none"],
+                    },
+                ],
+            },
+        }
+    )
 
 
 # run_id -> (wall times incl. one warm-up epoch, test losses)
 HAND = {
-    "local_gloo_n1_w1_b75_lrnone_r0": ([10.0, 3.0, 5.0], [0.5, 0.04, 0.03]),   # timed median 4, TTT 13
-    "local_gloo_n1_w1_b75_lrnone_r1": ([12.0, 5.0, 7.0], [0.5, 0.2, 0.045]),   # timed median 6, TTT 24
-    "local_gloo_n1_w2_b75_lrnone_r0": ([5.0, 2.5, 2.5], [0.3, 0.04, 0.03]),    # 2.5, TTT 7.5
-    "local_gloo_n1_w2_b75_lrnone_r1": ([5.0, 2.0, 3.0], [0.3, 0.04, 0.03]),    # 2.5, TTT 7.0
-    "local_gloo_n1_w4_b75_lrnone_r0": ([3.0, 2.0, 2.0], [0.3, 0.2, 0.1]),      # 2.0, target not reached
-    "local_gloo_n1_w4_b75_lrnone_r1": ([3.0, 1.5, 2.5], [0.3, 0.2, 0.1]),      # 2.0
+    "local_gloo_n1_w1_b75_lrnone_r0": (
+        [10.0, 3.0, 5.0],
+        [0.5, 0.04, 0.03],
+    ),  # timed median 4, TTT 13
+    "local_gloo_n1_w1_b75_lrnone_r1": (
+        [12.0, 5.0, 7.0],
+        [0.5, 0.2, 0.045],
+    ),  # timed median 6, TTT 24
+    "local_gloo_n1_w2_b75_lrnone_r0": ([5.0, 2.5, 2.5], [0.3, 0.04, 0.03]),  # 2.5, TTT 7.5
+    "local_gloo_n1_w2_b75_lrnone_r1": ([5.0, 2.0, 3.0], [0.3, 0.04, 0.03]),  # 2.5, TTT 7.0
+    "local_gloo_n1_w4_b75_lrnone_r0": ([3.0, 2.0, 2.0], [0.3, 0.2, 0.1]),  # 2.0, target not reached
+    "local_gloo_n1_w4_b75_lrnone_r1": ([3.0, 1.5, 2.5], [0.3, 0.2, 0.1]),  # 2.0
     "local_mpi_n1_w2_b75_lrnone_r0": ([4.0, 2.0, 2.0], [0.3, 0.1, 0.06]),
     "local_mpi_n1_w2_b75_lrnone_r1": ([4.0, 2.0, 2.0], [0.3, 0.1, 0.06]),
     "local_gloo_n1_w2_b75_lrsqrt_r0": ([4.0, 2.0, 2.0], [0.3, 0.1, 0.04]),
@@ -72,18 +106,34 @@ def hand_study(tmp_path_factory):
     runs_dir = root / "runs"
     cfg = hand_config()
     for rid, (walls, losses) in HAND.items():
-        F.write_record(runs_dir, F.record_from_epochs(rid, walls, test_loss=losses, samples=SAMPLES))
+        F.write_record(
+            runs_dir, F.record_from_epochs(rid, walls, test_loss=losses, samples=SAMPLES)
+        )
     # mpi/75/none baseline: one nan_loss record, one job that died (failure.json only)
-    F.write_record(runs_dir, F.record_from_epochs("local_mpi_n1_w1_b75_lrnone_r0", [4.0, 3.0],
-                                                  test_loss=[0.3, None], status="nan_loss", epochs=3))
-    F.write_failure(runs_dir, "local_mpi_n1_w1_b75_lrnone_r1", exit_status=137, error="killed: out of memory")
+    F.write_record(
+        runs_dir,
+        F.record_from_epochs(
+            "local_mpi_n1_w1_b75_lrnone_r0",
+            [4.0, 3.0],
+            test_loss=[0.3, None],
+            status="nan_loss",
+            epochs=3,
+        ),
+    )
+    F.write_failure(
+        runs_dir, "local_mpi_n1_w1_b75_lrnone_r1", exit_status=137, error="killed: out of memory"
+    )
     # the second repeat of mpi/150 is missing; gloo/sqrt 1-worker runs are missing
     return cfg, runs_dir, aggregate(runs_dir, cfg)
 
 
 def row(summary, backend, batch, lr, workers):
-    s = summary[(summary.backend == backend) & (summary.batch_per_worker == batch) & (summary.lr_rule == lr)
-                & (summary.workers == workers)]
+    s = summary[
+        (summary.backend == backend)
+        & (summary.batch_per_worker == batch)
+        & (summary.lr_rule == lr)
+        & (summary.workers == workers)
+    ]
     assert len(s) == 1
     return s.iloc[0]
 
@@ -93,11 +143,13 @@ def test_runs_table_per_record(hand_study):
     runs = agg.runs.set_index("run_id")
     assert list(agg.runs.columns) == RUNS_COLUMNS
     r = runs.loc["local_gloo_n1_w1_b75_lrnone_r0"]
-    assert r.epoch_time_s == pytest.approx(4.0)            # warm-up epoch (10 s) excluded
+    assert r.epoch_time_s == pytest.approx(4.0)  # warm-up epoch (10 s) excluded
     assert r.throughput == pytest.approx(median([SAMPLES / 3.0, SAMPLES / 5.0]))
     # shares of the four phases (0.02, 0.70, 0.20, 0.05 of the wall time; 3 % other)
     assert r.sync_share == pytest.approx(0.20 / 0.97) and r.data_share == pytest.approx(0.02 / 0.97)
-    assert r.compute_share == pytest.approx(0.70 / 0.97) and r.update_share == pytest.approx(0.05 / 0.97)
+    assert r.compute_share == pytest.approx(0.70 / 0.97) and r.update_share == pytest.approx(
+        0.05 / 0.97
+    )
     assert r.other_share == pytest.approx(0.03)
     assert r.sync_step_s == pytest.approx(median([0.2 * 3.0, 0.2 * 5.0]) / r.steps_per_epoch)
     assert r.time_to_target_s == pytest.approx(13.0) and bool(r.reached_target)
@@ -114,14 +166,16 @@ def test_speedup_efficiency_and_medians(hand_study):
     s = agg.summary
     assert list(s.columns) == SUMMARY_COLUMNS
     b = row(s, "gloo", 75, "none", 1)
-    assert b.epoch_time_s == pytest.approx(5.0)             # median of repeats 4 and 6
+    assert b.epoch_time_s == pytest.approx(5.0)  # median of repeats 4 and 6
     assert (b.epoch_time_min_s, b.epoch_time_max_s) == (pytest.approx(4.0), pytest.approx(6.0))
     assert b.speedup == pytest.approx(1.0) and b.efficiency == pytest.approx(1.0)
     assert b.speedup_min == pytest.approx(5 / 6) and b.speedup_max == pytest.approx(5 / 4)
     assert b.time_to_target_s == pytest.approx(18.5) and b.n_reached_target == 2
     w2 = row(s, "gloo", 75, "none", 2)
     assert w2.speedup == pytest.approx(2.0) and w2.efficiency == pytest.approx(1.0)
-    assert w2.speedup_ttt == pytest.approx(18.5 / 7.25) and w2.efficiency_ttt == pytest.approx(18.5 / 7.25 / 2)
+    assert w2.speedup_ttt == pytest.approx(18.5 / 7.25) and w2.efficiency_ttt == pytest.approx(
+        18.5 / 7.25 / 2
+    )
     w4 = row(s, "gloo", 75, "none", 4)
     assert w4.speedup == pytest.approx(2.5) and w4.efficiency == pytest.approx(0.625)
     assert math.isnan(w4.speedup_ttt) and w4.n_reached_target == 0
@@ -129,7 +183,9 @@ def test_speedup_efficiency_and_medians(hand_study):
     assert w4.speedup_per_gpu == pytest.approx(13 / 28)
     assert w4.speedup_fit_intercept == pytest.approx(11 / 6 - 13 / 28 * 7 / 3)
     assert w4.fit_points == 3 and bool(w4.has_baseline) and w4.baseline_status == "ok"
-    assert w4.sync_share == pytest.approx(0.2 / 0.97) and w4.data_share == pytest.approx(0.02 / 0.97)
+    assert w4.sync_share == pytest.approx(0.2 / 0.97) and w4.data_share == pytest.approx(
+        0.02 / 0.97
+    )
     assert w4.n_completed == 2 and w4.n_expected == 2
 
 
@@ -138,15 +194,27 @@ def test_missing_baseline_flagged_not_dropped(hand_study):
     s = agg.summary
     failed = row(s, "mpi", 75, "none", 2)
     assert not failed.has_baseline and failed.baseline_status == "failed"
-    assert math.isnan(failed.speedup) and math.isnan(failed.efficiency) and math.isnan(failed.speedup_per_gpu)
-    assert failed.epoch_time_s == pytest.approx(2.0)        # its own numbers are still there
+    assert (
+        math.isnan(failed.speedup)
+        and math.isnan(failed.efficiency)
+        and math.isnan(failed.speedup_per_gpu)
+    )
+    assert failed.epoch_time_s == pytest.approx(2.0)  # its own numbers are still there
     b1 = row(s, "mpi", 75, "none", 1)
     assert (b1.n_nan_loss, b1.n_failed, b1.n_completed) == (1, 1, 0)
     missing = row(s, "gloo", 75, "sqrt", 2)
-    assert not missing.has_baseline and missing.baseline_status == "missing" and math.isnan(missing.speedup)
+    assert (
+        not missing.has_baseline
+        and missing.baseline_status == "missing"
+        and math.isnan(missing.speedup)
+    )
     assert row(s, "gloo", 75, "sqrt", 1).n_missing == 2
     nsweep = row(s, "mpi", 150, "none", 2)
-    assert nsweep.baseline_status == "not_in_sweep" and nsweep.n_completed == 1 and nsweep.n_missing == 1
+    assert (
+        nsweep.baseline_status == "not_in_sweep"
+        and nsweep.n_completed == 1
+        and nsweep.n_missing == 1
+    )
 
 
 def test_status_lists_every_run(hand_study):
@@ -167,7 +235,9 @@ def test_malformed_records_reported_by_path_and_field(tmp_path, capsys):
     cfg = hand_config()
     runs_dir = tmp_path / "runs"
     for rid, (walls, losses) in HAND.items():
-        F.write_record(runs_dir, F.record_from_epochs(rid, walls, test_loss=losses, samples=SAMPLES))
+        F.write_record(
+            runs_dir, F.record_from_epochs(rid, walls, test_loss=losses, samples=SAMPLES)
+        )
     # 1: JSON-Schema violation (negative epoch wall time)
     bad1 = "local_gloo_n1_w2_b75_lrnone_r1"
     rec = F.record_from_epochs(bad1, [5.0, 2.5, 2.5])
@@ -184,17 +254,37 @@ def test_malformed_records_reported_by_path_and_field(tmp_path, capsys):
     (runs_dir / bad3 / "metrics.json").write_text('{"schema_version": 1, "run_id": ')
     # 4: a record in the wrong directory
     bad4 = "local_gloo_n1_w2_b75_lrsqrt_r1"
-    F.write_record(runs_dir, F.record_from_epochs("local_gloo_n1_w2_b75_lrsqrt_r0", [4.0, 2.0, 2.0]), run_id=bad4)
+    F.write_record(
+        runs_dir,
+        F.record_from_epochs("local_gloo_n1_w2_b75_lrsqrt_r0", [4.0, 2.0, 2.0]),
+        run_id=bad4,
+    )
     (tmp_path / "full.json").write_text(json.dumps(cfg))
     out = tmp_path / "scaling"
-    rc = main(["aggregate", "--runs-dir", str(runs_dir), "--config", str(tmp_path / "full.json"),
-               "--out-runs", str(out / "runs.csv"), "--out-summary", str(out / "summary.csv"),
-               "--out-status", str(out / "status.csv")])
+    rc = main(
+        [
+            "aggregate",
+            "--runs-dir",
+            str(runs_dir),
+            "--config",
+            str(tmp_path / "full.json"),
+            "--out-runs",
+            str(out / "runs.csv"),
+            "--out-summary",
+            str(out / "summary.csv"),
+            "--out-status",
+            str(out / "status.csv"),
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     st = read_status(out / "status.csv").set_index("run_id")
-    expect = {bad1: "epochs.1.wall_s", bad2: "run_id matches the record's config", bad3: "not valid JSON",
-              bad4: "does not match the run directory"}
+    expect = {
+        bad1: "epochs.1.wall_s",
+        bad2: "run_id matches the record's config",
+        bad3: "not valid JSON",
+        bad4: "does not match the run directory",
+    }
     for rid, field in expect.items():
         path = str(runs_dir / rid / "metrics.json")
         assert st.loc[rid].status == "malformed"
@@ -203,19 +293,27 @@ def test_malformed_records_reported_by_path_and_field(tmp_path, capsys):
         assert field in line and line.startswith("hvdscale aggregate: warning:")
     runs = read_runs(out / "runs.csv")
     assert not set(expect) & set(runs.run_id)
-    assert len(runs) == len(HAND) - 4                      # the four bad records replaced good ones
+    assert len(runs) == len(HAND) - 4  # the four bad records replaced good ones
     summary = read_summary(out / "summary.csv")
     assert row(summary, "gloo", 75, "none", 2).n_malformed == 1
-    assert row(summary, "gloo", 75, "none", 2).speedup == pytest.approx(2.0)   # the other repeat still counts
+    assert row(summary, "gloo", 75, "none", 2).speedup == pytest.approx(
+        2.0
+    )  # the other repeat still counts
     assert (out / "epochs.csv").exists()
 
 
 def test_run_not_in_config_is_listed_not_aggregated(tmp_path):
     cfg = hand_config()
     runs_dir = tmp_path / "runs"
-    F.write_record(runs_dir, F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r0", [10.0, 3.0, 5.0]))
-    F.write_record(runs_dir, F.record_from_epochs("local_gloo_n1_w8_b75_lrnone_r0", [10.0, 1.0, 1.0],
-                                                  workers_per_node=8))
+    F.write_record(
+        runs_dir, F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r0", [10.0, 3.0, 5.0])
+    )
+    F.write_record(
+        runs_dir,
+        F.record_from_epochs(
+            "local_gloo_n1_w8_b75_lrnone_r0", [10.0, 1.0, 1.0], workers_per_node=8
+        ),
+    )
     warnings = []
     agg = aggregate(runs_dir, cfg, warn=warnings.append)
     st = agg.status.set_index("run_id")
@@ -228,9 +326,15 @@ def test_run_not_in_config_is_listed_not_aggregated(tmp_path):
 def test_failed_record_counts_as_failed_not_in_medians(tmp_path):
     cfg = hand_config()
     runs_dir = tmp_path / "runs"
-    F.write_record(runs_dir, F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r0", [10.0, 3.0, 5.0]))
-    F.write_record(runs_dir, F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r1", [10.0, 30.0],
-                                                  status="failed", epochs=3))
+    F.write_record(
+        runs_dir, F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r0", [10.0, 3.0, 5.0])
+    )
+    F.write_record(
+        runs_dir,
+        F.record_from_epochs(
+            "local_gloo_n1_w1_b75_lrnone_r1", [10.0, 30.0], status="failed", epochs=3
+        ),
+    )
     agg = aggregate(runs_dir, cfg)
     assert set(agg.runs.status) == {"completed", "failed"}
     b = row(agg.summary, "gloo", 75, "none", 1)
@@ -241,9 +345,18 @@ def test_failed_record_counts_as_failed_not_in_medians(tmp_path):
 
 def test_launcher_failure_json(tmp_path):
     runs_dir = tmp_path / "runs"
-    F.write_failure(runs_dir, "local_gloo_n1_w2_b75_lrnone_r0", exit_status=143, style="launcher",
-                    error="horovod.common.exceptions.HorovodInternalError: rank 1 died")
-    st = aggregate(runs_dir, hand_config()).status.set_index("run_id").loc["local_gloo_n1_w2_b75_lrnone_r0"]
+    F.write_failure(
+        runs_dir,
+        "local_gloo_n1_w2_b75_lrnone_r0",
+        exit_status=143,
+        style="launcher",
+        error="horovod.common.exceptions.HorovodInternalError: rank 1 died",
+    )
+    st = (
+        aggregate(runs_dir, hand_config())
+        .status.set_index("run_id")
+        .loc["local_gloo_n1_w2_b75_lrnone_r0"]
+    )
     assert st.status == "failed" and st.exit_status == 143
     assert "rank 1 died" in st.detail and "2024-06-01T13:00:00Z" in st.detail
 
@@ -269,9 +382,21 @@ def test_realistic_study_roundtrip(tmp_path):
 
 
 def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
-    rc = main(["aggregate", "--runs-dir", str(tmp_path), "--config", str(tmp_path / "missing.json"),
-               "--out-runs", str(tmp_path / "r.csv"), "--out-summary", str(tmp_path / "s.csv"),
-               "--out-status", str(tmp_path / "st.csv")])
+    rc = main(
+        [
+            "aggregate",
+            "--runs-dir",
+            str(tmp_path),
+            "--config",
+            str(tmp_path / "missing.json"),
+            "--out-runs",
+            str(tmp_path / "r.csv"),
+            "--out-summary",
+            str(tmp_path / "s.csv"),
+            "--out-status",
+            str(tmp_path / "st.csv"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "missing.json" in err and "not found" in err
 
@@ -296,8 +421,10 @@ def test_fast_and_reference_validators_agree(name, mutate):
 
     v = RecordValidator()
     ref = RecordValidator()
-    ref._fast = None                                       # jsonschema only
+    ref._fast = None  # jsonschema only
     rec = F.record_from_epochs("local_gloo_n1_w1_b75_lrnone_r0", [10.0, 3.0, 5.0])
     assert v.problem(rec) is None and ref.problem(rec) is None
     mutate(rec)
-    assert (v.problem(rec) is None) == (ref.problem(rec) is None) == (name == "extra key is allowed")
+    assert (
+        (v.problem(rec) is None) == (ref.problem(rec) is None) == (name == "extra key is allowed")
+    )

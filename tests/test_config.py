@@ -71,22 +71,53 @@ BAD_CONFIGS = [
     ({"data": {"n_samples": 5}}, ["data.n_samples", "5", ">= 16"]),
     ({"data": {"train_fraction": 1.5}}, ["data.train_fraction", "1.5", "< 1"]),
     ({"training": {"launcher": "ssh"}}, ["training.launcher", "'ssh'", "'horovodrun'", "'srun'"]),
-    ({"training": {"epochs": 2, "warmup_epochs": 2}}, ["training.warmup_epochs", "fewer than training.epochs"]),
-    ({"data": {"labels": {"yield_stress": {"min": 700, "max": 600}}}}, ["data.labels.yield_stress", "below max"]),
+    (
+        {"training": {"epochs": 2, "warmup_epochs": 2}},
+        ["training.warmup_epochs", "fewer than training.epochs"],
+    ),
+    (
+        {"data": {"labels": {"yield_stress": {"min": 700, "max": 600}}}},
+        ["data.labels.yield_stress", "below max"],
+    ),
     ({"model": {"hidden_units": []}}, ["model.hidden_units"]),
     ({"results_dir": "/etc"}, ["results_dir", "'/etc'", "relative path"]),
     ({"results_dir": "../outside"}, ["results_dir", "relative path"]),
     (
-        {"scaling": {"sweeps": [{"partitions": ["nowhere"], "workers": [1], "backends": ["mpi"],
-                                 "batch_sizes": [75], "lr_rules": ["none"]}]}},
+        {
+            "scaling": {
+                "sweeps": [
+                    {
+                        "partitions": ["nowhere"],
+                        "workers": [1],
+                        "backends": ["mpi"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    }
+                ]
+            }
+        },
         ["scaling.sweeps.0.partitions", "'nowhere'", "'local'"],
     ),
     (
-        {"scaling": {"sweeps": [{"partitions": ["local"], "workers": [1], "backends": ["nccl"],
-                                 "batch_sizes": [75], "lr_rules": ["none"]}]}},
+        {
+            "scaling": {
+                "sweeps": [
+                    {
+                        "partitions": ["local"],
+                        "workers": [1],
+                        "backends": ["nccl"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    }
+                ]
+            }
+        },
         ["nccl", "gpus_per_node 0"],
     ),
-    ({"scaling": {"sweeps": [{"partitions": ["local"]}]}}, ["scaling.sweeps.0", "'workers' is a required property"]),
+    (
+        {"scaling": {"sweeps": [{"partitions": ["local"]}]}},
+        ["scaling.sweeps.0", "'workers' is a required property"],
+    ),
 ]
 
 
@@ -100,14 +131,49 @@ def test_malformed_configs_rejected_with_readable_message(bad, expected):
 
 
 INJECTIONS = [
-    ("scaling.partitions", {"scaling": {"partitions": {"gpu;rm -rf /": {"cores_per_node": 1, "mem_mb_per_node": 1}}}}),
-    ("account", {"scaling": {"partitions": {"local": {"cores_per_node": 2, "mem_mb_per_node": 1, "account": "p$(id)"}}}}),
-    ("constraint", {"scaling": {"partitions": {"local": {"cores_per_node": 2, "mem_mb_per_node": 1, "constraint": "a`b`"}}}}),
+    (
+        "scaling.partitions",
+        {"scaling": {"partitions": {"gpu;rm -rf /": {"cores_per_node": 1, "mem_mb_per_node": 1}}}},
+    ),
+    (
+        "account",
+        {
+            "scaling": {
+                "partitions": {
+                    "local": {"cores_per_node": 2, "mem_mb_per_node": 1, "account": "p$(id)"}
+                }
+            }
+        },
+    ),
+    (
+        "constraint",
+        {
+            "scaling": {
+                "partitions": {
+                    "local": {"cores_per_node": 2, "mem_mb_per_node": 1, "constraint": "a`b`"}
+                }
+            }
+        },
+    ),
     ("environment.modules", {"environment": {"modules": ["TensorFlow/2.15; curl x"]}}),
     ("environment.venv", {"environment": {"venv": ".venv train && ls"}}),
     ("environment.conda_env", {"environment": {"conda_env": "envs/x.yaml|sh"}}),
-    ("sweeps.0.partitions", {"scaling": {"sweeps": [{"partitions": ["local && x"], "workers": [1],
-                                                     "backends": ["mpi"], "batch_sizes": [75], "lr_rules": ["none"]}]}}),
+    (
+        "sweeps.0.partitions",
+        {
+            "scaling": {
+                "sweeps": [
+                    {
+                        "partitions": ["local && x"],
+                        "workers": [1],
+                        "backends": ["mpi"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    }
+                ]
+            }
+        },
+    ),
 ]
 
 
@@ -134,7 +200,12 @@ def test_run_id_roundtrip_and_errors():
     cfg = load_config(ROOT / "config/thesis.yaml")
     for run in run_table(cfg)[:50]:
         d = parse_run_id(run.run_id)
-        assert (d["partition"], d["workers"], d["batch"], d["repeat"]) == (run.partition, run.workers, run.batch, run.repeat)
+        assert (d["partition"], d["workers"], d["batch"], d["repeat"]) == (
+            run.partition,
+            run.workers,
+            run.batch,
+            run.repeat,
+        )
     with pytest.raises(ConfigError, match="expected"):
         parse_run_id("alpha-w8")
     with pytest.raises(ConfigError, match="not in the scaling matrix"):
@@ -154,26 +225,51 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
     assert run_config(other, run_id) != sub
 
 
-@pytest.mark.parametrize("rule,workers,expected", [("none", 8, 1.0), ("linear", 8, 8.0), ("sqrt", 16, 4.0)])
+@pytest.mark.parametrize(
+    "rule,workers,expected", [("none", 8, 1.0), ("linear", 8, 8.0), ("sqrt", 16, 4.0)]
+)
 def test_learning_rate_rules(rule, workers, expected):
     assert learning_rate_for(1.0, rule, workers) == pytest.approx(expected)
 
 
 def test_check_config_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hvdscale.cli", "check-config", "--quiet", str(ROOT / "config/thesis.yaml")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvdscale.cli",
+            "check-config",
+            "--quiet",
+            str(ROOT / "config/thesis.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "576 training runs" in out.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"training": {"launcher": "ssh"}}))
-    out = subprocess.run([sys.executable, "-m", "hvdscale.cli", "check-config", str(bad)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "hvdscale.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     assert "training.launcher" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_config_readme_documents_every_key():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts/gen_config_docs.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gen_config_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     text = (ROOT / "config/README.md").read_text()
-    for key in ("data.physics.noise_std", "training.horovod.cycle_time_ms", "scaling.partitions.<name>.gpus_per_node",
-                "environment.modules", "report.allow_partial"):
+    for key in (
+        "data.physics.noise_std",
+        "training.horovod.cycle_time_ms",
+        "scaling.partitions.<name>.gpus_per_node",
+        "environment.modules",
+        "report.allow_partial",
+    ):
         assert f"`{key}`" in text

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
+import fixtures_runs as F
 import numpy as np
 import pandas as pd
 import pytest
 
-import fixtures_runs as F
 from hvdscale.analysis.costmodel import fit_costmodel, fit_ring, ring_time
 from hvdscale.cli import main
 
@@ -33,7 +33,9 @@ def test_fit_with_one_worker_count_and_single_rank_rows_ignored():
     df = pd.DataFrame(rows)
     f = fit_ring(df["workers"], df["bytes"], df["time_s"])
     assert f["workers"] == [2]
-    assert f["alpha_s"] == pytest.approx(35e-6, rel=0.03) and f["beta_Bps"] == pytest.approx(4e9, rel=0.03)
+    assert f["alpha_s"] == pytest.approx(35e-6, rel=0.03) and f["beta_Bps"] == pytest.approx(
+        4e9, rel=0.03
+    )
 
 
 def test_fit_needs_several_sizes():
@@ -43,15 +45,29 @@ def test_fit_needs_several_sizes():
 
 
 def _summary(sync_meas: dict[int, float]) -> pd.DataFrame:
-    """A summary with a 1-worker baseline: 1 ms compute, 0.1 data, 0.2 update, 0 other; 1000 steps."""
+    """A summary with a 1-worker baseline: 1 ms compute, 0.1 data, 0.2 update, 0 other;
+    1000 steps."""
     rows = []
     t_local = 1.3e-3
     for w, sync in sync_meas.items():
         epoch = 1000 / w * (t_local + sync)
-        rows.append({"partition": "p", "backend": "nccl", "batch_per_worker": 75, "lr_rule": "none",
-                     "workers": w, "epoch_time_s": epoch, "steps_per_epoch": 1000 / w, "data_step_s": 1e-4,
-                     "compute_step_s": 1e-3, "update_step_s": 2e-4, "other_step_s": 0.0, "sync_step_s": sync,
-                     "final_test_loss": 0.03})
+        rows.append(
+            {
+                "partition": "p",
+                "backend": "nccl",
+                "batch_per_worker": 75,
+                "lr_rule": "none",
+                "workers": w,
+                "epoch_time_s": epoch,
+                "steps_per_epoch": 1000 / w,
+                "data_step_s": 1e-4,
+                "compute_step_s": 1e-3,
+                "update_step_s": 2e-4,
+                "other_step_s": 0.0,
+                "sync_step_s": sync,
+                "final_test_loss": 0.03,
+            }
+        )
     s = pd.DataFrame(rows)
     s["speedup"] = s.loc[s.workers == 1, "epoch_time_s"].iloc[0] / s["epoch_time_s"]
     return s
@@ -61,7 +77,7 @@ def test_prediction_and_errors():
     alpha, beta = 10e-6, 20e9
     ar = pd.DataFrame(F.allreduce_rows("p", "nccl", alpha, beta, noise=0.0))
     t = {w: float(ring_time(w, MODEL_BYTES, alpha, beta)) for w in (2, 4, 8)}
-    meas = {1: 0.0, 2: t[2], 4: 2 * t[4], 8: t[8]}          # the 4-worker sync is twice the model
+    meas = {1: 0.0, 2: t[2], 4: 2 * t[4], 8: t[8]}  # the 4-worker sync is twice the model
     res = fit_costmodel(ar, _summary(meas), MODEL_BYTES, max_workers=64)
     (pred,) = res["predictions"]
     pts = {p["workers"]: p for p in pred["points"]}
@@ -97,7 +113,9 @@ def test_no_baseline_or_no_fit_is_reported():
 
 
 def test_cli_writes_json_and_rejects_bad_input(tmp_path, capsys):
-    a = F.write_allreduce_csv(tmp_path / "ar" / "p_nccl.csv", F.allreduce_rows("p", "nccl", 12e-6, 40e9))
+    a = F.write_allreduce_csv(
+        tmp_path / "ar" / "p_nccl.csv", F.allreduce_rows("p", "nccl", 12e-6, 40e9)
+    )
     summary = tmp_path / "summary.csv"
     cfg = F.load_test_config("config.yaml")
     from hvdscale.analysis.aggregate import aggregate
@@ -106,14 +124,30 @@ def test_cli_writes_json_and_rejects_bad_input(tmp_path, capsys):
     agg = aggregate(tmp_path / "runs", cfg)
     agg.summary.to_csv(summary, index=False)
     out = tmp_path / "cm.json"
-    assert main(["fit-costmodel", "--allreduce", str(tmp_path / "ar" / "*.csv"), "--summary", str(summary),
-                 "--model-bytes", str(MODEL_BYTES), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "fit-costmodel",
+                "--allreduce",
+                str(tmp_path / "ar" / "*.csv"),
+                "--summary",
+                str(summary),
+                "--model-bytes",
+                str(MODEL_BYTES),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["fits"][0]["alpha_s"] == pytest.approx(12e-6, rel=0.05)
     assert res["model_bytes"] == MODEL_BYTES and res["inputs"] == [str(a)]
     # a named file that does not exist, and a file without the expected columns: one line, exit 2
     capsys.readouterr()
-    assert main(["fit-costmodel", "--allreduce", str(tmp_path / "nope.csv"), "--out", str(out)]) == 2
+    assert (
+        main(["fit-costmodel", "--allreduce", str(tmp_path / "nope.csv"), "--out", str(out)]) == 2
+    )
     assert "nope.csv" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("partition,backend,workers\np,nccl,2\n")
@@ -123,11 +157,13 @@ def test_cli_writes_json_and_rejects_bad_input(tmp_path, capsys):
     # the column names hvdscale measure-allreduce writes (p10, p90, algbw, busbw, iterations)
     own = tmp_path / "own.csv"
     pd.DataFrame(F.allreduce_rows("p", "nccl", 12e-6, 40e9)).rename(
-        columns={"p10_s": "p10", "p90_s": "p90", "algbw_Bps": "algbw", "busbw_Bps": "busbw"}).assign(
-        iterations=20).to_csv(own, index=False)
+        columns={"p10_s": "p10", "p90_s": "p90", "algbw_Bps": "algbw", "busbw_Bps": "busbw"}
+    ).assign(iterations=20).to_csv(own, index=False)
     assert main(["fit-costmodel", "--allreduce", str(own), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["fits"][0]["beta_Bps"] == pytest.approx(40e9, rel=0.05)
     neg = tmp_path / "neg.csv"
-    pd.DataFrame(F.allreduce_rows("p", "nccl", 12e-6, 40e9)).assign(time_s=-1.0).to_csv(neg, index=False)
+    pd.DataFrame(F.allreduce_rows("p", "nccl", 12e-6, 40e9)).assign(time_s=-1.0).to_csv(
+        neg, index=False
+    )
     assert main(["fit-costmodel", "--allreduce", str(neg), "--out", str(out)]) == 2
     assert "time_s" in capsys.readouterr().err

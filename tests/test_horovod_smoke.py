@@ -7,8 +7,8 @@ import subprocess
 import textwrap
 
 import pytest
-
 from conftest_train import TRAIN_PY, needs_train_env, sub_env
+
 from hvdscale.launch import Job, build_launch, companion
 
 SCRIPT = textwrap.dedent("""
@@ -29,19 +29,27 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.horovod
 @needs_train_env
-@pytest.mark.parametrize("launcher,backend", [("horovodrun", "gloo"), ("mpirun", "mpi"), ("horovodrun", "mpi")])
+@pytest.mark.parametrize(
+    "launcher,backend", [("horovodrun", "gloo"), ("mpirun", "mpi"), ("horovodrun", "mpi")]
+)
 def test_two_rank_allreduce_sum(tmp_path, launcher, backend):
     script = tmp_path / "smoke.py"
     script.write_text(SCRIPT)
-    spec = build_launch(launcher=launcher, job=Job("local", backend, 1, 2, 2),
-                        program_argv=[str(TRAIN_PY), str(script), str(tmp_path)], training={"threads_per_worker": 1},
-                        horovodrun=companion(str(TRAIN_PY), "horovodrun"))
+    spec = build_launch(
+        launcher=launcher,
+        job=Job("local", backend, 1, 2, 2),
+        program_argv=[str(TRAIN_PY), str(script), str(tmp_path)],
+        training={"threads_per_worker": 1},
+        horovodrun=companion(str(TRAIN_PY), "horovodrun"),
+    )
     env = sub_env()
     env.update(spec.env)
     r = subprocess.run(spec.argv, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     for rank in (0, 1):
         line = (tmp_path / f"rank-{rank}.txt").read_text()
-        assert line == f"RANK {rank} SIZE 2 SUM 3 30 CONTROLLER {spec.controller}"  # 1 + 2 and 10 + 20
+        assert (
+            line == f"RANK {rank} SIZE 2 SUM 3 30 CONTROLLER {spec.controller}"
+        )  # 1 + 2 and 10 + 20
         assert f"RANK {rank} SIZE 2 SUM 3 30" in r.stdout
     assert spec.controller == ("gloo" if backend == "gloo" else "mpi")

@@ -11,22 +11,38 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
+
 from hvdscale.config import validate_config
 from hvdscale.errors import UserError
-from hvdscale.launch import (Job, build_launch, controller_for, default_train_python, describe_failure,
-                             horovod_env, job_for)
+from hvdscale.launch import (
+    Job,
+    build_launch,
+    controller_for,
+    default_train_python,
+    describe_failure,
+    horovod_env,
+    job_for,
+)
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
-T = {"threads_per_worker": 1, "timeline": False, "horovod": {"cycle_time_ms": None, "fusion_threshold_mb": None}}
+T = {
+    "threads_per_worker": 1,
+    "timeline": False,
+    "horovod": {"cycle_time_ms": None, "fusion_threshold_mb": None},
+}
 
 
 def spec(launcher, backend, workers=2, nodes=1, wpn=2, gpus=0, **kw):
     kw.setdefault("is_root_user", False)
     kw.setdefault("cpu_count", 16)
-    return build_launch(launcher=launcher, job=Job("p", backend, nodes, workers, wpn, gpus), program_argv=PROG,
-                        training=kw.pop("training", T), **kw)
+    return build_launch(
+        launcher=launcher,
+        job=Job("p", backend, nodes, workers, wpn, gpus),
+        program_argv=PROG,
+        training=kw.pop("training", T),
+        **kw,
+    )
 
 
 def test_horovodrun_gloo():
@@ -49,7 +65,7 @@ def test_horovodrun_mpi_as_root_allows_mpirun_as_root():
 def test_mpirun_mpi():
     s = spec("mpirun", "mpi", workers=4, wpn=4)
     assert s.argv[:7] == ["mpirun", "-np", "4", "--bind-to", "none", "--map-by", "slot"]
-    assert s.argv[-len(PROG):] == PROG
+    assert s.argv[-len(PROG) :] == PROG
     exported = [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
     assert "HOROVOD_CPU_OPERATIONS" in exported and "HVDSCALE_LAUNCHER" in exported
     assert "-H" not in s.argv and "--oversubscribe" not in s.argv
@@ -69,9 +85,18 @@ def test_mpirun_multi_node_hosts():
 def test_srun_mpi():
     # every count explicit: the Snakemake SLURM job step strips SLURM_NTASKS & co.
     s = spec("srun", "mpi", workers=2)
-    assert s.argv[:8] == ["srun", "--mpi=pmix", "-n", "2", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1"]
+    assert s.argv[:8] == [
+        "srun",
+        "--mpi=pmix",
+        "-n",
+        "2",
+        "-N",
+        "1",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+    ]
     assert "--kill-on-bad-exit=1" in s.argv and "--overlap" not in s.argv
-    assert s.argv[-len(PROG):] == PROG
+    assert s.argv[-len(PROG) :] == PROG
     s = spec("srun", "mpi", workers=8, nodes=2, wpn=4)
     assert s.argv[4:7] == ["-N", "2", "--ntasks-per-node=4"]
 
@@ -93,8 +118,17 @@ def test_nccl_sets_gpu_operations(launcher):
 def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
     # Gloo needs horovodrun's rendezvous: mpirun/srun + gloo would crash in hvd.init()
     s = spec(launcher, "gloo")
-    assert s.launcher == "horovodrun" and s.argv[:6] == ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
-    assert s.env["HVDSCALE_LAUNCHER"] == "horovodrun" and any("Gloo rendezvous" in n for n in s.notes)
+    assert s.launcher == "horovodrun" and s.argv[:6] == [
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+    ]
+    assert s.env["HVDSCALE_LAUNCHER"] == "horovodrun" and any(
+        "Gloo rendezvous" in n for n in s.notes
+    )
     assert controller_for("horovodrun", "gloo") == "gloo"
     with pytest.raises(UserError, match="horovodrun"):
         controller_for(launcher, "gloo")
@@ -105,8 +139,11 @@ def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
 
 
 def test_horovod_tuning_knobs_and_timeline(tmp_path):
-    t = {"threads_per_worker": 2, "timeline": True,
-         "horovod": {"cycle_time_ms": 2.5, "fusion_threshold_mb": 64}}
+    t = {
+        "threads_per_worker": 2,
+        "timeline": True,
+        "horovod": {"cycle_time_ms": 2.5, "fusion_threshold_mb": 64},
+    }
     s = spec("mpirun", "mpi", training=t, out_dir=tmp_path)
     assert s.env["HOROVOD_CYCLE_TIME"] == "2.5"
     assert s.env["HOROVOD_FUSION_THRESHOLD"] == str(64 * 1024 * 1024)
@@ -139,7 +176,12 @@ def test_job_for_run_id_and_allreduce_id():
     job, ident = job_for(cfg, "train", "local_mpi_n1_w2_b75_lrnone_r0", None)
     assert (job.backend, job.workers, job.nodes, job.workers_per_node) == ("mpi", 2, 1, 2)
     job, ident = job_for(cfg, "measure-allreduce", None, "local_gloo_n1_w2")
-    assert (job.partition, job.backend, job.workers, ident) == ("local", "gloo", 2, "local_gloo_n1_w2")
+    assert (job.partition, job.backend, job.workers, ident) == (
+        "local",
+        "gloo",
+        2,
+        "local_gloo_n1_w2",
+    )
     with pytest.raises(UserError, match="allreduce-id"):
         job_for(cfg, "measure-allreduce", None, "local_gloo_w2")
     with pytest.raises(UserError, match="node"):
@@ -154,11 +196,15 @@ def test_default_train_python():
 
 
 def test_describe_failure_names_the_rank(tmp_path):
-    hvd_tail = ("Process 1 exit with status code 137.\nRuntimeError: Horovod detected that one or more processes "
-                "exited with non-zero status, thus causing the job to be terminated. The first process to do so "
-                "was:\nProcess name: 1\nExit code: 137\n")
+    hvd_tail = (
+        "Process 1 exit with status code 137.\nRuntimeError: Horovod detected that one or more processes "
+        "exited with non-zero status, thus causing the job to be terminated. The first process to do so "
+        "was:\nProcess name: 1\nExit code: 137\n"
+    )
     assert "rank 1 failed first (exit code 137: signal 9)" in describe_failure(hvd_tail, 1, None, 2)
-    mpi_tail = "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    mpi_tail = (
+        "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    )
     assert "rank 1 failed first (signal 9)" in describe_failure(mpi_tail, 137, None, 2)
     pids = tmp_path / ".pids"
     pids.mkdir()
@@ -173,36 +219,94 @@ def test_describe_failure_names_the_rank(tmp_path):
 
 
 def _hvd(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "hvdscale.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=sub_env())
+    return subprocess.run(
+        [sys.executable, "-m", "hvdscale.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=sub_env(),
+    )
 
 
 def test_dry_run_prints_the_command_without_tensorflow(tmp_path):
     cfg = write_config(tmp_path / "config.json", base_config(timeline=True))
-    code = ("import sys; from hvdscale.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'tensorflow' not in sys.modules and 'horovod' not in sys.modules; sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, "launch", "--config", str(cfg), "--run-id",
-                        "local_gloo_n1_w2_b75_lrnone_r0", "--data-dir", "d", "--out-dir", str(tmp_path / "run"),
-                        "--dry-run"], capture_output=True, text=True, env=sub_env())
+    code = (
+        "import sys; from hvdscale.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'tensorflow' not in sys.modules and 'horovod' not in sys.modules; sys.exit(rc)"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "launch",
+            "--config",
+            str(cfg),
+            "--run-id",
+            "local_gloo_n1_w2_b75_lrnone_r0",
+            "--data-dir",
+            "d",
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env=sub_env(),
+    )
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[0]
     assert "horovodrun -np 2 -H localhost:2 --gloo" in line
     assert "HOROVOD_CPU_OPERATIONS=gloo" in line and "HOROVOD_TIMELINE=" in line
     assert "-m hvdscale.cli train" in line and "--run-id local_gloo_n1_w2_b75_lrnone_r0" in line
     assert not (tmp_path / "run").exists()  # a dry run starts and writes nothing
-    r = _hvd("launch", "--config", cfg, "--run-id", "local_mpi_n1_w2_b75_lrnone_r0", "--data-dir", "d",
-             "--out-dir", tmp_path / "run", "--launcher", "mpirun", "--dry-run")
+    r = _hvd(
+        "launch",
+        "--config",
+        cfg,
+        "--run-id",
+        "local_mpi_n1_w2_b75_lrnone_r0",
+        "--data-dir",
+        "d",
+        "--out-dir",
+        tmp_path / "run",
+        "--launcher",
+        "mpirun",
+        "--dry-run",
+    )
     assert r.returncode == 0 and "mpirun -np 2 --bind-to none --map-by slot" in r.stdout
-    r = _hvd("launch", "--config", cfg, "--run-id", "local_gloo_n1_w2_b75_lrnone_r0", "--data-dir", "d",
-             "--out-dir", tmp_path / "run", "--launcher", "srun", "--dry-run")
+    r = _hvd(
+        "launch",
+        "--config",
+        cfg,
+        "--run-id",
+        "local_gloo_n1_w2_b75_lrnone_r0",
+        "--data-dir",
+        "d",
+        "--out-dir",
+        tmp_path / "run",
+        "--launcher",
+        "srun",
+        "--dry-run",
+    )
     assert r.returncode == 0 and "horovodrun -np 2 -H localhost:2 --gloo" in r.stdout
     assert "# backend gloo needs horovodrun" in r.stdout
 
 
 def test_user_errors_are_one_line(tmp_path):
     cfg = write_config(tmp_path / "config.json", base_config())
-    r = _hvd("launch", "--config", cfg, "--run-id", "local_gloo_n1_w3_b75_lrnone_r0", "--data-dir", "d",
-             "--out-dir", tmp_path / "run", "--dry-run")
+    r = _hvd(
+        "launch",
+        "--config",
+        cfg,
+        "--run-id",
+        "local_gloo_n1_w3_b75_lrnone_r0",
+        "--data-dir",
+        "d",
+        "--out-dir",
+        tmp_path / "run",
+        "--dry-run",
+    )
     assert r.returncode == 2 and "not in the scaling matrix" in r.stderr
     r = _hvd("launch", "--config", tmp_path / "missing.json", "--run-id", "x", "--dry-run")
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
@@ -217,8 +321,22 @@ def test_a_launcher_that_fails_leaves_failure_json(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "failure.json").write_text("{}")  # stale, from an earlier attempt
-    r = _hvd("launch", "--config", cfg, "--run-id", "local_mpi_n1_w1_b75_lrnone_r0", "--data-dir", tmp_path,
-             "--out-dir", out, "--launcher", "mpirun", "--train-python", "/bin/false", timeout=120)
+    r = _hvd(
+        "launch",
+        "--config",
+        cfg,
+        "--run-id",
+        "local_mpi_n1_w1_b75_lrnone_r0",
+        "--data-dir",
+        tmp_path,
+        "--out-dir",
+        out,
+        "--launcher",
+        "mpirun",
+        "--train-python",
+        "/bin/false",
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "ERROR: local_mpi_n1_w1_b75_lrnone_r0: failed" in r.stderr
     failure = json.loads((out / "failure.json").read_text())
@@ -231,13 +349,32 @@ def test_a_launcher_that_fails_leaves_failure_json(tmp_path):
 @pytest.mark.slow
 @pytest.mark.horovod
 @needs_train_env
-@pytest.mark.parametrize("allreduce_id,launcher", [("local_gloo_n1_w2", "horovodrun"), ("local_mpi_n1_w2", "mpirun")])
+@pytest.mark.parametrize(
+    "allreduce_id,launcher", [("local_gloo_n1_w2", "horovodrun"), ("local_mpi_n1_w2", "mpirun")]
+)
 def test_measure_allreduce_through_launch(tmp_path, allreduce_id, launcher):
     cfg = write_config(tmp_path / "full.json", base_config())
     out = tmp_path / "allreduce" / f"{allreduce_id}.csv"
-    r = _hvd("launch", "--program", "measure-allreduce", "--config", cfg, "--allreduce-id", allreduce_id,
-             "--out", out, "--launcher", launcher, "--train-python", TRAIN_PY, "--sizes", "8:64Ki:x4",
-             "--iterations", "5", timeout=300)
+    r = _hvd(
+        "launch",
+        "--program",
+        "measure-allreduce",
+        "--config",
+        cfg,
+        "--allreduce-id",
+        allreduce_id,
+        "--out",
+        out,
+        "--launcher",
+        launcher,
+        "--train-python",
+        TRAIN_PY,
+        "--sizes",
+        "8:64Ki:x4",
+        "--iterations",
+        "5",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert [int(x["bytes"]) for x in rows] == [8, 32, 128, 512, 2048, 8192, 32768]

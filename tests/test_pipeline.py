@@ -10,7 +10,6 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture used by name)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +48,17 @@ def write_config(tmp_path: Path, overrides: dict) -> Path:
     return path
 
 
-def snakemake(args: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+def snakemake(
+    args: list[str], env: dict | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*SNAKEMAKE, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def read_status(results: str) -> dict[str, str]:
@@ -68,24 +74,42 @@ def records(results: str) -> dict[str, dict]:
 
 
 def pdftext(path: Path) -> str:
-    return subprocess.run(["pdftotext", "-layout", str(path), "-"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["pdftotext", "-layout", str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
 
 
-RUN_IDS = ["local_gloo_n1_w1_b75_lrnone_r0", "local_gloo_n1_w2_b75_lrnone_r0",
-           "local_mpi_n1_w1_b75_lrnone_r0", "local_mpi_n1_w2_b75_lrnone_r0"]
+RUN_IDS = [
+    "local_gloo_n1_w1_b75_lrnone_r0",
+    "local_gloo_n1_w2_b75_lrnone_r0",
+    "local_mpi_n1_w1_b75_lrnone_r0",
+    "local_mpi_n1_w2_b75_lrnone_r0",
+]
 
 
 # --------------------------------------------------------------------------- local profile
 
 
 def test_local_pipeline_end_to_end_then_partial_report(results_dir):
-    out = snakemake(["--profile", "profiles/local", "--configfile", "config/test.yaml",
-                     "--config", f"results_dir={results_dir}"])
+    out = snakemake(
+        [
+            "--profile",
+            "profiles/local",
+            "--configfile",
+            "config/test.yaml",
+            "--config",
+            f"results_dir={results_dir}",
+        ]
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = ROOT / results_dir
     # data stage
     manifest = json.loads((res / "data" / "manifest.json").read_text())
-    assert manifest["counts"]["total"] == 3000 == manifest["counts"]["train"] + manifest["counts"]["test"]
+    assert (
+        manifest["counts"]["total"]
+        == 3000
+        == manifest["counts"]["train"] + manifest["counts"]["test"]
+    )
     # every run completed, with a valid record
     assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
     recs = records(results_dir)
@@ -100,8 +124,15 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
     for r in rows:
         assert float(r["speedup"]) > 0 and r["has_baseline"] in ("True", "true", "1")
     # plots and the report from real records
-    for name in ("speedup_efficiency", "sync_time", "epoch_time_batch", "loss_vs_time", "time_breakdown",
-                 "utilisation", "costmodel"):
+    for name in (
+        "speedup_efficiency",
+        "sync_time",
+        "epoch_time_batch",
+        "loss_vs_time",
+        "time_breakdown",
+        "utilisation",
+        "costmodel",
+    ):
         for ext in ("pdf", "png"):
             assert (res / "plots" / f"{name}.{ext}").stat().st_size > 1000
     text = pdftext(res / "report.pdf")
@@ -112,8 +143,19 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
     # and names the missing run
     missing = "local_gloo_n1_w2_b75_lrnone_r0"
     (res / "runs" / missing / "metrics.json").unlink()
-    out = snakemake(["--profile", "profiles/local", "--configfile", "config/test.yaml", "config/partial.yaml",
-                     "--config", f"results_dir={results_dir}", "--", f"{results_dir}/report.pdf"])
+    out = snakemake(
+        [
+            "--profile",
+            "profiles/local",
+            "--configfile",
+            "config/test.yaml",
+            "config/partial.yaml",
+            "--config",
+            f"results_dir={results_dir}",
+            "--",
+            f"{results_dir}/report.pdf",
+        ]
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert read_status(results_dir)[missing] == "missing"
     text = pdftext(res / "report.pdf")
@@ -125,8 +167,12 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
 
 
 def squeue_jobs(env: dict) -> list[dict]:
-    out = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%k|%j"], capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        ["squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%k|%j"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     jobs = []
     for line in out.stdout.splitlines():
         parts = line.split("|")
@@ -141,10 +187,23 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
     override = write_config(tmp_path, {"training": {"launcher": "srun"}})
     before = {j["id"] for j in squeue_jobs(env)}
     log = tmp_path / "snakemake.log"
-    proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
-                             str(override), "--config", f"results_dir={results_dir}"],
-                            cwd=ROOT, env={**os.environ, **env}, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            *SNAKEMAKE,
+            "--profile",
+            "profiles/test-slurm",
+            "--configfile",
+            "config/test.yaml",
+            str(override),
+            "--config",
+            f"results_dir={results_dir}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen_running: dict[str, str] = {}
     deadline = time.time() + 900
     while proc.poll() is None and time.time() < deadline:
@@ -163,7 +222,9 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
     for run_id, job_id in job_ids.items():
         assert job_id not in before
         # the job is known to the controller, ran on partition local, and belongs to this run
-        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env)
+        show = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env
+        )
         assert show.returncode == 0, show.stderr
         assert "JobState=COMPLETED" in show.stdout and "Partition=local" in show.stdout
         assert run_id in show.stdout  # the plugin's comment names the rule's wildcards
@@ -178,21 +239,52 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
 
 
 @pytest.mark.slurm
-def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_cluster, results_dir,  # noqa: F811
-                                                                           tmp_path):
+def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(
+    slurm_cluster,
+    results_dir,  # noqa: F811
+    tmp_path,
+):
     env = dict(slurm_cluster)
     victim = "local_mpi_n1_w2_b75_lrnone_r0"
-    override = write_config(tmp_path, {
-        "data": {"n_samples": 8000},
-        "training": {"launcher": "srun", "epochs": 30, "warmup_epochs": 1},
-        "scaling": {"sweeps": [{"name": "cancel", "partitions": ["local"], "workers": [1, 2],
-                                "backends": ["mpi"], "batch_sizes": [75], "lr_rules": ["none"]}]},
-    })
+    override = write_config(
+        tmp_path,
+        {
+            "data": {"n_samples": 8000},
+            "training": {"launcher": "srun", "epochs": 30, "warmup_epochs": 1},
+            "scaling": {
+                "sweeps": [
+                    {
+                        "name": "cancel",
+                        "partitions": ["local"],
+                        "workers": [1, 2],
+                        "backends": ["mpi"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    }
+                ]
+            },
+        },
+    )
     log = tmp_path / "snakemake.log"
-    proc = subprocess.Popen([*SNAKEMAKE, "--profile", "profiles/test-slurm", "--configfile", "config/test.yaml",
-                             str(override), "--config", f"results_dir={results_dir}", "--jobs", "1"],
-                            cwd=ROOT, env={**os.environ, **env}, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            *SNAKEMAKE,
+            "--profile",
+            "profiles/test-slurm",
+            "--configfile",
+            "config/test.yaml",
+            str(override),
+            "--config",
+            f"results_dir={results_dir}",
+            "--jobs",
+            "1",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     latest = ROOT / results_dir / "runs" / victim / "checkpoint" / "LATEST"
     cancelled = None
     deadline = time.time() + 600
@@ -207,7 +299,9 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_
     proc.wait(timeout=900)
     output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
-    show = subprocess.run(["scontrol", "show", "job", cancelled], capture_output=True, text=True, env=env)
+    show = subprocess.run(
+        ["scontrol", "show", "job", cancelled], capture_output=True, text=True, env=env
+    )
     assert "JobState=CANCELLED" in show.stdout
     status = read_status(results_dir)
     assert status == {"local_mpi_n1_w1_b75_lrnone_r0": "completed", victim: "completed"}
@@ -216,5 +310,7 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(slurm_
     attempts = rec["resume"]["attempts"]
     assert attempts[0]["slurm_job_id"] == cancelled
     assert attempts[-1]["slurm_job_id"] != cancelled
-    assert attempts[-1]["start_epoch"] >= 1, "the retry resumed from the checkpoint, not from epoch 0"
+    assert attempts[-1]["start_epoch"] >= 1, (
+        "the retry resumed from the checkpoint, not from epoch 0"
+    )
     assert rec["summary"]["epochs_completed"] == 30 and len(rec["epochs"]) == 30

@@ -8,10 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import fixtures_runs as F
 import pandas as pd
 import pytest
 
-import fixtures_runs as F
 from hvdscale.analysis.aggregate import aggregate, read_summary
 from hvdscale.analysis.plots import FIGURES
 from hvdscale.cli import main
@@ -19,38 +19,115 @@ from hvdscale.config import PROJECT_ROOT, run_table
 from hvdscale.report import fmt
 from hvdscale.report.pdf import reference_rows
 
-needs_poppler = pytest.mark.skipif(shutil.which("pdftotext") is None, reason="poppler-utils not installed")
+needs_poppler = pytest.mark.skipif(
+    shutil.which("pdftotext") is None, reason="poppler-utils not installed"
+)
 CONFIG_FILE = PROJECT_ROOT / "config" / "config.yaml"
 
 
-def pipeline(root: Path, cfg: dict, runs_dir: Path, allreduce: list[Path], provenance: dict | None = None
-             ) -> dict[str, Path]:
+def pipeline(
+    root: Path, cfg: dict, runs_dir: Path, allreduce: list[Path], provenance: dict | None = None
+) -> dict[str, Path]:
     """Run the four analysis commands as the Snakemake rules do; return the outputs."""
     (root / "config").mkdir(parents=True, exist_ok=True)
     full = root / "config" / "full.json"
     full.write_text(json.dumps(cfg))
     s = root / "scaling"
-    out = {"runs": s / "runs.csv", "summary": s / "summary.csv", "status": s / "status.csv",
-           "costmodel": s / "costmodel.json", "plots": root / "plots", "report": root / "report.pdf"}
-    assert main(["aggregate", "--runs-dir", str(runs_dir), "--config", str(full), "--out-runs", str(out["runs"]),
-                 "--out-summary", str(out["summary"]), "--out-status", str(out["status"]), "--quiet"]) == 0
-    assert main(["fit-costmodel", "--allreduce", *map(str, allreduce), "--summary", str(out["summary"]),
-                 "--runs", str(out["runs"]), "--out", str(out["costmodel"])]) == 0
-    assert main(["plot", "--runs", str(out["runs"]), "--summary", str(out["summary"]), "--costmodel",
-                 str(out["costmodel"]), "--outdir", str(out["plots"])]) == 0
+    out = {
+        "runs": s / "runs.csv",
+        "summary": s / "summary.csv",
+        "status": s / "status.csv",
+        "costmodel": s / "costmodel.json",
+        "plots": root / "plots",
+        "report": root / "report.pdf",
+    }
+    assert (
+        main(
+            [
+                "aggregate",
+                "--runs-dir",
+                str(runs_dir),
+                "--config",
+                str(full),
+                "--out-runs",
+                str(out["runs"]),
+                "--out-summary",
+                str(out["summary"]),
+                "--out-status",
+                str(out["status"]),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "fit-costmodel",
+                "--allreduce",
+                *map(str, allreduce),
+                "--summary",
+                str(out["summary"]),
+                "--runs",
+                str(out["runs"]),
+                "--out",
+                str(out["costmodel"]),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "plot",
+                "--runs",
+                str(out["runs"]),
+                "--summary",
+                str(out["summary"]),
+                "--costmodel",
+                str(out["costmodel"]),
+                "--outdir",
+                str(out["plots"]),
+            ]
+        )
+        == 0
+    )
     extra = []
     if provenance is not None:
         (root / "provenance.json").write_text(json.dumps(provenance))
         extra = ["--provenance", str(root / "provenance.json")]
-    assert main(["report", "--config-file", str(CONFIG_FILE), "--config", str(full), "--runs", str(out["runs"]),
-                 "--summary", str(out["summary"]), "--status", str(out["status"]), "--costmodel",
-                 str(out["costmodel"]), "--plots-dir", str(out["plots"]), "--out", str(out["report"]),
-                 *extra]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--config-file",
+                str(CONFIG_FILE),
+                "--config",
+                str(full),
+                "--runs",
+                str(out["runs"]),
+                "--summary",
+                str(out["summary"]),
+                "--status",
+                str(out["status"]),
+                "--costmodel",
+                str(out["costmodel"]),
+                "--plots-dir",
+                str(out["plots"]),
+                "--out",
+                str(out["report"]),
+                *extra,
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def pdf_text(path: Path) -> str:
-    return subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["pdftotext", str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +136,10 @@ def complete(tmp_path_factory):
     cfg = F.load_test_config("config.yaml", repeats=2)
     F.write_study(root / "runs", cfg)
     ar = F.study_allreduce(root / "allreduce", cfg)
-    prov = {"train_env": {"tensorflow": "2.15.1", "horovod": "0.28.1+nccl-test"}, "gpu_driver": "535.104"}
+    prov = {
+        "train_env": {"tensorflow": "2.15.1", "horovod": "0.28.1+nccl-test"},
+        "gpu_driver": "535.104",
+    }
     return cfg, pipeline(root, cfg, root / "runs", ar, provenance=prov)
 
 
@@ -70,8 +150,13 @@ def partial(tmp_path_factory):
     ids = [r.run_id for r in run_table(cfg)]
     # ids: gloo w1 r0, r1, gloo w2 r0, r1, mpi w1 r0, r1, mpi w2 r0, r1
     special = {"missing": ids[4], "failed": ids[5], "nan_loss": ids[3]}
-    F.write_study(root / "runs", cfg, missing={special["missing"], ids[0]}, failed={special["failed"]},
-                  nan_loss={special["nan_loss"]})
+    F.write_study(
+        root / "runs",
+        cfg,
+        missing={special["missing"], ids[0]},
+        failed={special["failed"]},
+        nan_loss={special["nan_loss"]},
+    )
     ar = F.study_allreduce(root / "allreduce", cfg)
     return cfg, special, pipeline(root, cfg, root / "runs", ar)
 
@@ -92,12 +177,23 @@ def test_complete_report_has_key_numbers(complete):
     text = pdf_text(out["report"])
     summary = read_summary(out["summary"])
     r = summary[(summary.workers == 2) & (summary.backend == "gloo")].iloc[0]
-    assert fmt.speedup(r.speedup) in text                     # as formatted in the tables
-    assert fmt.loss(r.final_test_loss) in text                # the test loss it reached
+    assert fmt.speedup(r.speedup) in text  # as formatted in the tables
+    assert fmt.loss(r.final_test_loss) in text  # the test loss it reached
     assert fmt.slope(r.speedup_per_gpu) in text
-    for needle in ("Horovod scaling study", "Provenance", "How the times were measured", "warm-up",
-                   str(CONFIG_FILE), "Comparison with the reference study", "not measured", "0.53", "28 %",
-                   "Allreduce cost model", "Prediction error", "All 8 runs of the run table completed"):
+    for needle in (
+        "Horovod scaling study",
+        "Provenance",
+        "How the times were measured",
+        "warm-up",
+        str(CONFIG_FILE),
+        "Comparison with the reference study",
+        "not measured",
+        "0.53",
+        "28 %",
+        "Allreduce cost model",
+        "Prediction error",
+        "All 8 runs of the run table completed",
+    ):
         assert needle in text, needle
     for i in range(1, 8):
         assert f"Figure {i}." in text
@@ -106,8 +202,10 @@ def test_complete_report_has_key_numbers(complete):
     cm = json.loads(out["costmodel"].read_text())
     assert fmt.micros(cm["fits"][0]["alpha_s"]) in text
     assert "page 1 of" in text
-    assert "train_env.horovod" in text and "0.28.1+nccl-test" in text and "535.104" in text   # provenance JSON
-    assert "tensorflow 2.15.1" in text                                                   # run records
+    assert (
+        "train_env.horovod" in text and "0.28.1+nccl-test" in text and "535.104" in text
+    )  # provenance JSON
+    assert "tensorflow 2.15.1" in text  # run records
     assert [p.name for p in out["report"].parent.iterdir() if p.name.startswith(".report")] == []
 
 
@@ -122,7 +220,7 @@ def test_partial_report_lists_missing_and_failed_runs(partial):
     assert "Missing and failed runs" in text and "did not complete" in text
     for rid in special.values():
         assert rid in text
-    assert "srun: error: node failure" in text                # the failure.json error
+    assert "srun: error: node failure" in text  # the failure.json error
     summary = read_summary(out["summary"])
     nob = summary[~summary.has_baseline]
     assert set(nob.backend) == {"mpi"} and set(nob.baseline_status) == {"failed"}
@@ -136,7 +234,9 @@ def test_report_from_no_runs(tmp_path, capsys):
     out = pipeline(tmp_path, cfg, tmp_path / "runs", [])
     check_plots(out["plots"])
     text = pdf_text(out["report"])
-    assert "No run has completed yet" in text and "no data for this figure" not in text  # note is in the PNG
+    assert (
+        "No run has completed yet" in text and "no data for this figure" not in text
+    )  # note is in the PNG
     assert "not fitted" in text
     err = capsys.readouterr().err
     assert "speedup_efficiency: no data" in err
@@ -147,8 +247,21 @@ def test_first_pages_render(complete):
     _, out = complete
     if shutil.which("pdftoppm") is None:
         pytest.skip("pdftoppm missing")
-    subprocess.run(["pdftoppm", "-r", "30", "-png", "-f", "1", "-l", "2", str(out["report"]),
-                    str(out["report"].with_name("page"))], check=True)
+    subprocess.run(
+        [
+            "pdftoppm",
+            "-r",
+            "30",
+            "-png",
+            "-f",
+            "1",
+            "-l",
+            "2",
+            str(out["report"]),
+            str(out["report"].with_name("page")),
+        ],
+        check=True,
+    )
     pages = sorted(out["report"].parent.glob("page-*.png"))
     assert len(pages) == 2 and all(p.stat().st_size > 1000 for p in pages)
 
@@ -157,13 +270,31 @@ def test_reference_rows_against_a_thesis_like_study(tmp_path):
     raw = {
         "training": {"epochs": 4, "warmup_epochs": 1, "repeats": 1},
         "scaling": {
-            "partitions": {"alpha": {"gpus_per_node": 8, "gpu_model": "A100", "cores_per_node": 48,
-                                     "mem_mb_per_node": 900000},
-                           "hpdlf": {"gpus_per_node": 3, "cores_per_node": 12, "mem_mb_per_node": 80000}},
-            "sweeps": [{"partitions": ["alpha", "hpdlf"], "workers": [1, 2, 4], "backends": ["nccl", "mpi"],
-                        "batch_sizes": [75], "lr_rules": ["none"]},
-                       {"partitions": ["alpha"], "workers": [1], "backends": ["nccl"], "batch_sizes": [75, 1000],
-                        "lr_rules": ["none"]}],
+            "partitions": {
+                "alpha": {
+                    "gpus_per_node": 8,
+                    "gpu_model": "A100",
+                    "cores_per_node": 48,
+                    "mem_mb_per_node": 900000,
+                },
+                "hpdlf": {"gpus_per_node": 3, "cores_per_node": 12, "mem_mb_per_node": 80000},
+            },
+            "sweeps": [
+                {
+                    "partitions": ["alpha", "hpdlf"],
+                    "workers": [1, 2, 4],
+                    "backends": ["nccl", "mpi"],
+                    "batch_sizes": [75],
+                    "lr_rules": ["none"],
+                },
+                {
+                    "partitions": ["alpha"],
+                    "workers": [1],
+                    "backends": ["nccl"],
+                    "batch_sizes": [75, 1000],
+                    "lr_rules": ["none"],
+                },
+            ],
         },
     }
     from hvdscale.config import validate_config
@@ -173,12 +304,74 @@ def test_reference_rows_against_a_thesis_like_study(tmp_path):
     summary = aggregate(tmp_path / "runs", cfg).summary
     rows = {r["quantity"]: r for r in reference_rows(summary)}
     alpha = rows["Speedup per GPU, Alpha (A100)"]
-    g = summary[(summary.partition == "alpha") & (summary.backend == "nccl") & (summary.batch_per_worker == 75)]
+    g = summary[
+        (summary.partition == "alpha")
+        & (summary.backend == "nccl")
+        & (summary.batch_per_worker == 75)
+    ]
     assert alpha["ours"] == fmt.slope(g.speedup_per_gpu.iloc[0]) and "nccl" in alpha["config"]
     assert "at 4 workers" in alpha["loss"]
     assert rows["Speedup per GPU, GPU2 (K80)"]["ours"] == "not measured"
     batch = rows["Epoch speedup from batch 75 to 1000"]
-    b = summary[(summary.partition == "alpha") & (summary.backend == "nccl") & (summary.workers == 1)]
+    b = summary[
+        (summary.partition == "alpha") & (summary.backend == "nccl") & (summary.workers == 1)
+    ]
     t = b.set_index("batch_per_worker").epoch_time_s
     assert batch["ours"] == f"{t[75] / t[1000]:.1f}x" and "batch 1000" in batch["loss"]
     assert rows["Share of epoch time in gradient synchronisation"]["ours"].endswith(")")
+
+
+def _built_files(out: dict[str, Path]) -> dict[str, bytes]:
+    files = {"report.pdf": out["report"].read_bytes()}
+    for name in FIGURES:
+        for ext in ("pdf", "png"):
+            files[f"{name}.{ext}"] = (out["plots"] / f"{name}.{ext}").read_bytes()
+    return files
+
+
+def test_rebuild_from_the_same_inputs_gives_identical_bytes(tmp_path, monkeypatch):
+    """Figures (PDF and PNG) and the report carry no clock time: rebuilt from the same
+    run records they are byte-identical (the archive check of issue 13 relies on it)."""
+    import datetime as dt
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    cfg = F.load_test_config("config.yaml", repeats=2)
+    F.write_study(tmp_path / "runs", cfg, failed={run_table(cfg)[3].run_id})
+    ar = F.study_allreduce(tmp_path / "allreduce", cfg)
+    first = _built_files(pipeline(tmp_path / "a", cfg, tmp_path / "runs", ar))
+    second = _built_files(pipeline(tmp_path / "b", cfg, tmp_path / "runs", ar))
+    assert sorted(first) == sorted(second)
+    for name, data in first.items():
+        assert data == second[name], f"{name} differs between two builds"
+    today = dt.datetime.now(dt.timezone.utc)
+    for stamp in (today.strftime("D:%Y%m%d").encode(), today.strftime("%Y-%m-%d").encode()):
+        assert not [n for n, data in first.items() if stamp in data]
+    assert b"Software" not in first["costmodel.png"]
+
+
+@needs_poppler
+def test_captions_come_from_the_rst_files_with_config_values(complete):
+    from hvdscale.analysis.figures import FIGURE_NAMES, caption_values
+    from hvdscale.config import count_parameters
+
+    cfg, out = complete
+    text = " ".join(pdf_text(out["report"]).split())
+    n_params = f"{count_parameters(cfg):,}"
+    assert caption_values(cfg)["n_parameters"] == n_params
+    assert f"gradient size ({n_params} float32 parameters)" in text
+    workers = cfg["report"]["max_extrapolation_workers"]
+    assert f"predicted (lines) up to {workers} workers" in text
+    assert "up to 2 in this study" in text  # the run table's largest worker count
+    assert "{{" not in text and "**" not in text and "``" not in text
+    assert FIGURE_NAMES == FIGURES
+
+
+def test_report_date_comes_from_the_inputs(monkeypatch):
+    from hvdscale.report.provenance import report_date
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    started = ["2024-06-01T10:00:00Z", "2024-06-01T12:00:00Z"]
+    assert report_date(started) == "2024-06-01T12:00:00Z (start of the latest run)"
+    assert report_date([]) == "no run records"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert report_date(started) == "2023-11-14 22:13 UTC (SOURCE_DATE_EPOCH)"

@@ -10,37 +10,99 @@ import re
 
 import pytest
 
-from hvdscale.runrecord import (HISTORY_COLUMNS, RecordError, environment_block, finite_or_none, git_commit,
-                                history_csv, mpi_version, read_record, summarise, time_to_target, validate_record,
-                                write_failure, write_run_outputs)
+from hvdscale.runrecord import (
+    HISTORY_COLUMNS,
+    RecordError,
+    environment_block,
+    finite_or_none,
+    git_commit,
+    history_csv,
+    mpi_version,
+    read_record,
+    summarise,
+    time_to_target,
+    validate_record,
+    write_failure,
+    write_run_outputs,
+)
 from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 
 def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None):
-    t = EpochTimer(steps=100, timed_steps=100, phase_sums=[0.1, 0.5, 0.2, 0.15], dispatch_sum=0.02,
-                   train_wall=0.97, eval_wall=0.02, epoch_wall=wall)
-    return {"epoch": i, "warmup": warmup, "wall_s": wall, "steps": 100, "samples": 15000,
-            "throughput": 15000 / 0.97, **t.record_fields(), "train_loss": 1.0 / (i + 1),
-            "test_loss": test if test is not None else 0.5 / (i + 1),
-            "elapsed_s": elapsed if elapsed is not None else wall * (i + 1), "utilisation_mean": 90.0,
-            "learning_rate": 1e-3, "attempt": 1}
+    t = EpochTimer(
+        steps=100,
+        timed_steps=100,
+        phase_sums=[0.1, 0.5, 0.2, 0.15],
+        dispatch_sum=0.02,
+        train_wall=0.97,
+        eval_wall=0.02,
+        epoch_wall=wall,
+    )
+    return {
+        "epoch": i,
+        "warmup": warmup,
+        "wall_s": wall,
+        "steps": 100,
+        "samples": 15000,
+        "throughput": 15000 / 0.97,
+        **t.record_fields(),
+        "train_loss": 1.0 / (i + 1),
+        "test_loss": test if test is not None else 0.5 / (i + 1),
+        "elapsed_s": elapsed if elapsed is not None else wall * (i + 1),
+        "utilisation_mean": 90.0,
+        "learning_rate": 1e-3,
+        "attempt": 1,
+    }
 
 
 def record(epochs=None, status="completed"):
     epochs = epochs if epochs is not None else [epoch(0, 2.0, warmup=True), epoch(1), epoch(2)]
     return {
-        "schema_version": 1, "run_id": "local_gloo_n1_w2_b75_lrnone_r0", "status": status,
-        "exit_status": 0 if status == "completed" else 3, "error": None if status == "completed" else "nan",
-        "config": {"partition": "local", "backend": "gloo", "nodes": 1, "workers": 2, "workers_per_node": 2,
-                   "batch_per_worker": 75, "global_batch": 150, "lr_rule": "none", "learning_rate_base": 1e-3,
-                   "learning_rate": 1e-3, "lr_warmup": False, "epochs": 3, "warmup_epochs": 1,
-                   "threads_per_worker": 1, "launcher": "horovodrun", "controller": "gloo", "repeat": 0,
-                   "seed": 1, "data_in_device_memory": True, "target_test_loss": 0.2, "model_parameters": 153441,
-                   "model_bytes": 613764, "horovod_env": {"HOROVOD_CPU_OPERATIONS": "gloo"},
-                   "steps_per_execution": 64, "backward_passes_per_step": 1, "compression": "none"},
-        "environment": environment_block(config_hash="abc", hostnames=["h", "h"], devices=["CPU", "CPU"],
-                                         tensorflow="2.15.1", horovod="0.28.1", started_utc="2026-01-01T00:00:00Z"),
-        "resume": {"resumed": False, "attempts": [{"started_utc": "2026-01-01T00:00:00Z", "start_epoch": 0}]},
+        "schema_version": 1,
+        "run_id": "local_gloo_n1_w2_b75_lrnone_r0",
+        "status": status,
+        "exit_status": 0 if status == "completed" else 3,
+        "error": None if status == "completed" else "nan",
+        "config": {
+            "partition": "local",
+            "backend": "gloo",
+            "nodes": 1,
+            "workers": 2,
+            "workers_per_node": 2,
+            "batch_per_worker": 75,
+            "global_batch": 150,
+            "lr_rule": "none",
+            "learning_rate_base": 1e-3,
+            "learning_rate": 1e-3,
+            "lr_warmup": False,
+            "epochs": 3,
+            "warmup_epochs": 1,
+            "threads_per_worker": 1,
+            "launcher": "horovodrun",
+            "controller": "gloo",
+            "repeat": 0,
+            "seed": 1,
+            "data_in_device_memory": True,
+            "target_test_loss": 0.2,
+            "model_parameters": 153441,
+            "model_bytes": 613764,
+            "horovod_env": {"HOROVOD_CPU_OPERATIONS": "gloo"},
+            "steps_per_execution": 64,
+            "backward_passes_per_step": 1,
+            "compression": "none",
+        },
+        "environment": environment_block(
+            config_hash="abc",
+            hostnames=["h", "h"],
+            devices=["CPU", "CPU"],
+            tensorflow="2.15.1",
+            horovod="0.28.1",
+            started_utc="2026-01-01T00:00:00Z",
+        ),
+        "resume": {
+            "resumed": False,
+            "attempts": [{"started_utc": "2026-01-01T00:00:00Z", "start_epoch": 0}],
+        },
         "epochs": epochs,
         "summary": summarise(epochs, 0.2),
         "utilisation": {"kind": "cpu", "interval_s": 0.5, "samples": [[0.5, 90.0], [1.0, 95.5]]},
@@ -53,9 +115,18 @@ def test_a_complete_record_validates():
     validate_record(record())
 
 
-@pytest.mark.parametrize("path", [("status",), ("config", "global_batch"), ("environment", "hostnames"),
-                                  ("epochs", 0, "time_sync_s"), ("summary", "time_to_target_s"),
-                                  ("resume", "attempts"), ("utilisation", "samples")])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("status",),
+        ("config", "global_batch"),
+        ("environment", "hostnames"),
+        ("epochs", 0, "time_sync_s"),
+        ("summary", "time_to_target_s"),
+        ("resume", "attempts"),
+        ("utilisation", "samples"),
+    ],
+)
 def test_a_missing_required_field_is_named(path):
     rec = record()
     d = rec
@@ -83,13 +154,20 @@ def test_summary_excludes_warmup_epochs():
     assert s["epoch_time_median_s"] == 2.0  # not 2.5 (with the warm-up epoch)
     assert s["epochs_completed"] == 4
     assert s["sync_share"] == pytest.approx(0.2 / 0.95, rel=1e-4)
-    assert s["data_share"] + s["compute_share"] + s["sync_share"] + s["update_share"] == pytest.approx(1.0)
-    assert s["final_test_loss"] == eps[-1]["test_loss"] and s["best_test_loss"] == min(e["test_loss"] for e in eps)
+    assert s["data_share"] + s["compute_share"] + s["sync_share"] + s[
+        "update_share"
+    ] == pytest.approx(1.0)
+    assert s["final_test_loss"] == eps[-1]["test_loss"] and s["best_test_loss"] == min(
+        e["test_loss"] for e in eps
+    )
 
 
 def test_time_to_target_is_the_elapsed_time_of_the_first_epoch_below_target():
-    eps = [epoch(0, 2.0, test=0.5, elapsed=2.0), epoch(1, 1.0, test=0.19, elapsed=3.0),
-           epoch(2, 1.0, test=0.1, elapsed=4.0)]
+    eps = [
+        epoch(0, 2.0, test=0.5, elapsed=2.0),
+        epoch(1, 1.0, test=0.19, elapsed=3.0),
+        epoch(2, 1.0, test=0.1, elapsed=4.0),
+    ]
     assert time_to_target(eps, 0.2) == 3.0
     assert time_to_target(eps, 0.01) is None
     eps[1]["test_loss"] = None  # nan_loss epochs have no loss
@@ -134,21 +212,39 @@ def test_history_csv_leaves_missing_values_empty():
 
 
 def test_failure_json(tmp_path):
-    p = write_failure(tmp_path / "failure.json", run_id="r", exit_status=137, error_tail="x" * 20000,
-                      launcher="mpirun", command=["mpirun"], message="rank 1 failed first")
+    p = write_failure(
+        tmp_path / "failure.json",
+        run_id="r",
+        exit_status=137,
+        error_tail="x" * 20000,
+        launcher="mpirun",
+        command=["mpirun"],
+        message="rank 1 failed first",
+    )
     f = json.loads(p.read_text())
     assert f["status"] == "failed" and f["exit_status"] == 137 and f["run_id"] == "r"
-    assert len(f["error_tail"]) == 8000 and f["message"] == "rank 1 failed first" and f["time_utc"].endswith("Z")
+    assert (
+        len(f["error_tail"]) == 8000
+        and f["message"] == "rank 1 failed first"
+        and f["time_utc"].endswith("Z")
+    )
 
 
 def test_environment_facts(tmp_path):
     commit = git_commit()
-    assert commit == "unknown" or re.fullmatch(r"[0-9a-f]{40}", commit)
+    # a run record names the commit, and "+dirty" when tracked files differ from it
+    assert commit == "unknown" or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
     assert git_commit(tmp_path) == "unknown"
     v = mpi_version()
     assert v == "none" or "MPI" in v or "mpi" in v.lower()
-    env = environment_block(config_hash="h", hostnames=["a"], devices=["CPU"], tensorflow="t", horovod="h",
-                            started_utc="s")
+    env = environment_block(
+        config_hash="h",
+        hostnames=["a"],
+        devices=["CPU"],
+        tensorflow="t",
+        horovod="h",
+        started_utc="s",
+    )
     assert env["python"] and env["numpy"] and env["cpu_model"]
     assert "slurm_job_id" in env and "slurm_nodelist" in env
 
@@ -157,8 +253,15 @@ def test_environment_facts(tmp_path):
 
 
 def test_epoch_timer_scales_timed_steps_to_the_epoch():
-    t = EpochTimer(steps=100, timed_steps=25, phase_sums=[0.1, 0.5, 0.2, 0.1], dispatch_sum=0.01,
-                   train_wall=3.7, eval_wall=0.1, epoch_wall=4.0)
+    t = EpochTimer(
+        steps=100,
+        timed_steps=25,
+        phase_sums=[0.1, 0.5, 0.2, 0.1],
+        dispatch_sum=0.01,
+        train_wall=3.7,
+        eval_wall=0.1,
+        epoch_wall=4.0,
+    )
     f = t.record_fields()
     assert f["time_compute_s"] == pytest.approx(2.0) and f["time_data_s"] == pytest.approx(0.4)
     assert f["time_dispatch_s"] == pytest.approx(0.04)
@@ -168,16 +271,20 @@ def test_epoch_timer_scales_timed_steps_to_the_epoch():
 
 
 def _timeline_events():
-    ev = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grads_0"}},
-          {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "grads_1"}},
-          {"name": "process_name", "ph": "M", "pid": 3, "args": {"name": "epoch_metrics_0"}}]
+    ev = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grads_0"}},
+        {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "grads_1"}},
+        {"name": "process_name", "ph": "M", "pid": 3, "args": {"name": "epoch_metrics_0"}},
+    ]
     for pid, (a, b) in ((1, (100, 300)), (2, (150, 320)), (3, (1000, 1100))):
-        ev += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": a - 50, "pid": pid},
-               {"ph": "E", "ts": a - 10, "pid": pid},
-               {"ph": "B", "name": "ALLREDUCE", "ts": a, "pid": pid},
-               {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": a + 5, "pid": pid},
-               {"ph": "E", "ts": b - 5, "pid": pid},
-               {"ph": "E", "ts": b, "pid": pid}]
+        ev += [
+            {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": a - 50, "pid": pid},
+            {"ph": "E", "ts": a - 10, "pid": pid},
+            {"ph": "B", "name": "ALLREDUCE", "ts": a, "pid": pid},
+            {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": a + 5, "pid": pid},
+            {"ph": "E", "ts": b - 5, "pid": pid},
+            {"ph": "E", "ts": b, "pid": pid},
+        ]
     return ev
 
 
@@ -194,7 +301,7 @@ def test_parse_timeline_unions_fused_tensors(tmp_path):
 
 
 def test_parse_timeline_tolerates_a_file_cut_off_mid_run(tmp_path):
-    text = "[\n" + ",\n".join(json.dumps(e) for e in _timeline_events()) + ",\n{\"ph\": \"B\", \"na"
+    text = "[\n" + ",\n".join(json.dumps(e) for e in _timeline_events()) + ',\n{"ph": "B", "na'
     p = tmp_path / "timeline.json"
     p.write_text(text)
     assert parse_timeline(p, "grads")["allreduce_ops"] == 2
@@ -204,4 +311,3 @@ def test_split_error_of_a_real_looking_epoch():
     e = epoch(1)
     assert split_error(e) == pytest.approx(abs(0.95 - 0.97) / 0.97)
     assert not math.isnan(e["time_other_s"])
-

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from slurm_support import (  # noqa: F401  (fixtures are used by name)
     HOROVOD_ALLREDUCE,
     PARTITION,
@@ -33,7 +32,11 @@ pytestmark = pytest.mark.slurm
 
 
 def _hvd_lines(text: str) -> list[dict[str, str]]:
-    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in text.splitlines() if line.startswith("HVD ")]
+    return [
+        dict(kv.split("=", 1) for kv in line.split()[1:])
+        for line in text.splitlines()
+        if line.startswith("HVD ")
+    ]
 
 
 @pytest.fixture
@@ -51,7 +54,9 @@ def test_cluster_is_up(slurm_cluster):
     assert states and all(s == "idle" for s in states), sinfo.stdout
     assert slurm_cluster["SLURM_CONF"].startswith(str(cluster_dir()))
     config = run(["scontrol", "show", "config"], slurm_cluster).stdout
-    assert re.search(r"^MinJobAge\s*=\s*600", config, re.MULTILINE), "squeue status checks need MinJobAge >= 600"
+    assert re.search(r"^MinJobAge\s*=\s*600", config, re.MULTILINE), (
+        "squeue status checks need MinJobAge >= 600"
+    )
 
 
 def test_up_twice_is_fine(slurm_cluster):
@@ -63,8 +68,17 @@ def test_up_twice_is_fine(slurm_cluster):
 def test_sbatch_wait_job_is_visible(slurm_cluster, tmp_path):
     out = tmp_path / "job.out"
     submitted = run(
-        ["sbatch", "--wait", "--parsable", "-p", PARTITION, "-o", str(out),
-         "--wrap", 'echo "job=$SLURM_JOB_ID host=$(hostname)"'],
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "-p",
+            PARTITION,
+            "-o",
+            str(out),
+            "--wrap",
+            'echo "job=$SLURM_JOB_ID host=$(hostname)"',
+        ],
         slurm_cluster,
         timeout=120,
     )
@@ -113,8 +127,20 @@ def test_two_node_job_spans_both_nodes(slurm_cluster_two_nodes, needs_horovod, t
     )
     out = tmp_path / "two_nodes.out"
     run(
-        ["sbatch", "--wait", "-p", PARTITION, "-N", "2", "-n", "2", "--ntasks-per-node=1",
-         "-o", str(out), str(script)],
+        [
+            "sbatch",
+            "--wait",
+            "-p",
+            PARTITION,
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "--ntasks-per-node=1",
+            "-o",
+            str(out),
+            str(script),
+        ],
         env,
         timeout=300,
     )

@@ -14,7 +14,9 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 def snakemake(*args, cwd=ROOT):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_lint_is_clean():
@@ -27,9 +29,18 @@ def test_dry_run_default_config(tmp_path):
     out = snakemake("-n", "--config", "results_dir=results-dryrun-test")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
-    for rule, count in [("generate_shard", 4), ("validate_shard", 4), ("split_dataset", 1), ("train_run", 4),
-                        ("aggregate_runs", 1), ("build_report", 1)]:
-        assert any(line.split()[:2] == [rule, str(count)] for line in text.splitlines()), (rule, text)
+    for rule, count in [
+        ("generate_shard", 4),
+        ("validate_shard", 4),
+        ("split_dataset", 1),
+        ("train_run", 4),
+        ("aggregate_runs", 1),
+        ("build_report", 1),
+    ]:
+        assert any(line.split()[:2] == [rule, str(count)] for line in text.splitlines()), (
+            rule,
+            text,
+        )
 
 
 def test_dry_run_thesis_config_plans_every_run():
@@ -49,11 +60,14 @@ def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
     assert "training.launcher" in text and "'ssh'" in text
 
 
-@pytest.mark.parametrize("override", [
-    "scaling:\n  partitions:\n    'x;touch PWNED':\n      cores_per_node: 2\n      mem_mb_per_node: 100\n",
-    "scaling:\n  partitions:\n    local:\n      cores_per_node: 2\n      mem_mb_per_node: 100\n      account: \"$(touch PWNED)\"\n",
-    "environment:\n  deployment: env-modules\n  modules: [\"TensorFlow/2.15.1 && touch PWNED\"]\n",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "scaling:\n  partitions:\n    'x;touch PWNED':\n      cores_per_node: 2\n      mem_mb_per_node: 100\n",
+        'scaling:\n  partitions:\n    local:\n      cores_per_node: 2\n      mem_mb_per_node: 100\n      account: "$(touch PWNED)"\n',
+        'environment:\n  deployment: env-modules\n  modules: ["TensorFlow/2.15.1 && touch PWNED"]\n',
+    ],
+)
 def test_crafted_values_never_reach_sbatch_or_srun(tmp_path, override):
     """A crafted partition, account or module name stops the workflow at validation,
     before any job (sbatch, srun, module load) could see it."""

@@ -31,9 +31,29 @@ from hvdscale.errors import UserError
 from hvdscale.io import write_text_atomic
 from hvdscale.worker import WorkerInfo
 
-COLUMNS = ["partition", "backend", "workers", "nodes", "bytes", "time_s", "p10", "p90", "algbw", "busbw",
-           "iterations"]
-_UNITS = {"": 1, "b": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2, "g": 1000**3, "gi": 1024**3}
+COLUMNS = [
+    "partition",
+    "backend",
+    "workers",
+    "nodes",
+    "bytes",
+    "time_s",
+    "p10",
+    "p90",
+    "algbw",
+    "busbw",
+    "iterations",
+]
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "ki": 1024,
+    "m": 1000**2,
+    "mi": 1024**2,
+    "g": 1000**3,
+    "gi": 1024**3,
+}
 
 
 def parse_size(text: str) -> int:
@@ -71,11 +91,28 @@ def bus_bandwidth(algbw: float, p: int) -> float:
 def add_arguments(p):
     p.add_argument("--out", required=True, help="output CSV (rank 0 writes it atomically)")
     p.add_argument("--partition", default="local", help="partition name for the CSV")
-    p.add_argument("--backend", default=None, help="backend name for the CSV (default: from HOROVOD_CPU_OPERATIONS)")
-    p.add_argument("--nodes", type=int, default=None, help="node count for the CSV (default: distinct host names)")
-    p.add_argument("--sizes", default="8:128Mi:x2", help="MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)")
-    p.add_argument("--iterations", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--warmup-iterations", type=int, default=3, help="untimed iterations per size (default 3)")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="backend name for the CSV (default: from HOROVOD_CPU_OPERATIONS)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="node count for the CSV (default: distinct host names)",
+    )
+    p.add_argument(
+        "--sizes",
+        default="8:128Mi:x2",
+        help="MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
+    )
+    p.add_argument(
+        "--iterations", type=int, default=20, help="timed iterations per size (default 20)"
+    )
+    p.add_argument(
+        "--warmup-iterations", type=int, default=3, help="untimed iterations per size (default 3)"
+    )
 
 
 def run(args) -> int:
@@ -91,7 +128,9 @@ def run(args) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        tf.config.set_visible_devices(gpus[worker.local_rank % len(gpus)], "GPU")  # HVD: one GPU per local rank
+        tf.config.set_visible_devices(
+            gpus[worker.local_rank % len(gpus)], "GPU"
+        )  # HVD: one GPU per local rank
     hvd = worker.hvd
     if hvd is None:
         raise UserError("measure-allreduce needs Horovod (train env)")
@@ -115,17 +154,34 @@ def run(args) -> int:
             if it >= args.warmup_iterations:
                 times.append(dt)
         if abs(float(y[0].numpy()) - p) > 1e-3 * p:
-            raise RuntimeError(f"allreduce of {nbytes} bytes returned {float(y[0].numpy())}, expected {p}")
-        slowest = worker.allreduce(times, op="max", name=f"ar_times_{nbytes}")  # HVD: slowest rank per iteration
+            raise RuntimeError(
+                f"allreduce of {nbytes} bytes returned {float(y[0].numpy())}, expected {p}"
+            )
+        slowest = worker.allreduce(
+            times, op="max", name=f"ar_times_{nbytes}"
+        )  # HVD: slowest rank per iteration
         med = float(np.median(slowest))
         algbw = (4 * n) / med if med > 0 else 0.0
-        rows.append({"partition": args.partition, "backend": backend, "workers": p, "nodes": nodes,
-                     "bytes": 4 * n, "time_s": med, "p10": float(np.percentile(slowest, 10)),
-                     "p90": float(np.percentile(slowest, 90)), "algbw": algbw, "busbw": bus_bandwidth(algbw, p),
-                     "iterations": args.iterations})
+        rows.append(
+            {
+                "partition": args.partition,
+                "backend": backend,
+                "workers": p,
+                "nodes": nodes,
+                "bytes": 4 * n,
+                "time_s": med,
+                "p10": float(np.percentile(slowest, 10)),
+                "p90": float(np.percentile(slowest, 90)),
+                "algbw": algbw,
+                "busbw": bus_bandwidth(algbw, p),
+                "iterations": args.iterations,
+            }
+        )
         if worker.is_root:
-            print(f"[measure-allreduce] {4 * n:>10d} B  {med * 1e6:10.1f} us  busbw {rows[-1]['busbw'] / 1e9:8.3f} GB/s",
-                  flush=True)
+            print(
+                f"[measure-allreduce] {4 * n:>10d} B  {med * 1e6:10.1f} us  busbw {rows[-1]['busbw'] / 1e9:8.3f} GB/s",
+                flush=True,
+            )
     worker.barrier(name="ar_end")
     if worker.is_root:
         buf = io.StringIO()
@@ -134,5 +190,8 @@ def run(args) -> int:
         for r in rows:
             w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in r.items()})
         write_text_atomic(args.out, buf.getvalue())
-        print(f"[measure-allreduce] wrote {args.out} ({len(rows)} sizes, {p} workers)", file=sys.stderr)
+        print(
+            f"[measure-allreduce] wrote {args.out} ({len(rows)} sizes, {p} workers)",
+            file=sys.stderr,
+        )
     return 0

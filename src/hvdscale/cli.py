@@ -16,17 +16,44 @@ from hvdscale import __version__
 
 # name -> (module, one-line help). The order is the pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "check-config": ("hvdscale.commands.check_config", "validate a config file and print its run table"),
-    "write-config": ("hvdscale.commands.write_config", "write the validated config (or its data section) as JSON"),
-    "generate-shard": ("hvdscale.data.generate", "generate one shard of synthetic stress-strain curves"),
-    "validate-shard": ("hvdscale.data.validate", "validate a generated shard with pandera (every sample)"),
-    "split-dataset": ("hvdscale.data.split", "split validated shards 75/25 into HDF5 shards + manifest.json"),
-    "check-data": ("hvdscale.data.check", "check a data directory against its manifest (files, datasets, checksums)"),
+    "check-config": (
+        "hvdscale.commands.check_config",
+        "validate a config file and print its run table",
+    ),
+    "write-config": (
+        "hvdscale.commands.write_config",
+        "write the validated config (or its data section) as JSON",
+    ),
+    "generate-shard": (
+        "hvdscale.data.generate",
+        "generate one shard of synthetic stress-strain curves",
+    ),
+    "validate-shard": (
+        "hvdscale.data.validate",
+        "validate a generated shard with pandera (every sample)",
+    ),
+    "split-dataset": (
+        "hvdscale.data.split",
+        "split validated shards 75/25 into HDF5 shards + manifest.json",
+    ),
+    "check-data": (
+        "hvdscale.data.check",
+        "check a data directory against its manifest (files, datasets, checksums)",
+    ),
     "launch": ("hvdscale.launch", "start one training run as N ranks (horovodrun, mpirun or srun)"),
     "train": ("hvdscale.train", "train one run (one rank; started by 'launch' or a launcher)"),
-    "measure-allreduce": ("hvdscale.allreduce", "time Horovod allreduce over a range of message sizes"),
-    "aggregate": ("hvdscale.analysis.aggregate", "aggregate run records into runs.csv and summary.csv"),
-    "fit-costmodel": ("hvdscale.analysis.costmodel", "fit the ring-allreduce cost model and predict scaling"),
+    "measure-allreduce": (
+        "hvdscale.allreduce",
+        "time Horovod allreduce over a range of message sizes",
+    ),
+    "aggregate": (
+        "hvdscale.analysis.aggregate",
+        "aggregate run records into runs.csv and summary.csv",
+    ),
+    "fit-costmodel": (
+        "hvdscale.analysis.costmodel",
+        "fit the ring-allreduce cost model and predict scaling",
+    ),
     "plot": ("hvdscale.analysis.plots", "draw the scaling figures (PDF and PNG)"),
     "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
 }
@@ -59,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
-    sub = argparse.ArgumentParser(prog=f"hvdscale {name}", description=module.__doc__ or help_text,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = argparse.ArgumentParser(
+        prog=f"hvdscale {name}",
+        description=module.__doc__ or help_text,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     module.add_arguments(sub)
     args = sub.parse_args(rest)
     try:
@@ -72,11 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         from hvdscale.errors import UserError
 
         if isinstance(exc, (UserError, CLIError)):
-            print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
-            return 2
-        from hvdscale.config import ConfigError
-
-        if isinstance(exc, ConfigError):
             print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
             return 2
         raise

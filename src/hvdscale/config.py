@@ -14,11 +14,13 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
 
 import yaml
+
+from hvdscale.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
@@ -36,7 +38,7 @@ RUN_ID_PATTERN = (
 RUN_ID_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", RUN_ID_PATTERN)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is invalid; the message names the key, the value and what is allowed."""
 
 
@@ -115,7 +117,9 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
 
 
 def _fill_partition_defaults(cfg: dict, schema: dict) -> None:
-    part_schema = schema["properties"]["scaling"]["properties"]["partitions"]["additionalProperties"]
+    part_schema = schema["properties"]["scaling"]["properties"]["partitions"][
+        "additionalProperties"
+    ]
     for part in cfg["scaling"]["partitions"].values():
         for key, sub in part_schema["properties"].items():
             if "default" in sub and key not in part:
@@ -155,16 +159,37 @@ def _check_semantics(cfg: dict) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def load_config(path: str | Path) -> dict:
-    """Read a YAML config file, validate it and fill defaults."""
+def read_config_file(path: str | Path) -> dict:
+    """The raw mapping of a YAML or JSON config file (JSON is YAML; ``.json`` parsed as JSON)."""
     path = Path(path)
     try:
-        with open(path) as fh:
-            raw = yaml.safe_load(fh) or {}
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot be read: {exc}") from None
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"config file {path}: not valid JSON: {exc}") from None
+    else:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"config file {path}: expected a mapping of keys, got {type(raw).__name__}"
+        )
+    return raw
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML or JSON config file, validate it and fill defaults (the one loader)."""
+    path = Path(path)
+    raw = read_config_file(path)
     try:
         return validate_config(raw)
     except ConfigError as exc:
@@ -173,7 +198,9 @@ def load_config(path: str | Path) -> dict:
 
 def config_hash(cfg: dict) -> str:
     """sha256 of the canonical JSON form of a (validated) config."""
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def data_section(cfg: dict) -> dict:
@@ -216,7 +243,11 @@ class Run:
 
 def slots_per_node(partition: dict) -> int:
     """Workers that fit on one node: its GPUs, or workers_per_node on CPU partitions."""
-    return partition["gpus_per_node"] if partition["gpus_per_node"] > 0 else partition["workers_per_node"]
+    return (
+        partition["gpus_per_node"]
+        if partition["gpus_per_node"] > 0
+        else partition["workers_per_node"]
+    )
 
 
 def nodes_for(workers: int, partition: dict) -> int:
@@ -230,7 +261,11 @@ def run_table(cfg: dict) -> list[Run]:
     parts = cfg["scaling"]["partitions"]
     for sweep in cfg["scaling"]["sweeps"]:
         for p, w, be, b, lr in itertools.product(
-            sweep["partitions"], sweep["workers"], sweep["backends"], sweep["batch_sizes"], sweep["lr_rules"]
+            sweep["partitions"],
+            sweep["workers"],
+            sweep["backends"],
+            sweep["batch_sizes"],
+            sweep["lr_rules"],
         ):
             part = parts[p]
             for r in range(cfg["training"]["repeats"]):
@@ -303,7 +338,10 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     partition or the report settings leaves it, and so the completed run, untouched.
     """
     run = find_run(cfg, run_id, runs)
-    sub = {k: copy.deepcopy(cfg[k]) for k in ("seed", "results_dir", "data", "model", "training", "environment")}
+    sub = {
+        k: copy.deepcopy(cfg[k])
+        for k in ("seed", "results_dir", "data", "model", "training", "environment")
+    }
     sub["scaling"] = {
         "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
         "sweeps": [
@@ -329,9 +367,18 @@ def allreduce_jobs(cfg: dict) -> list[dict]:
         if r.workers < 2:
             continue
         key = f"{r.partition}_{r.backend}_n{r.nodes}_w{r.workers}"
-        seen.setdefault(key, {"id": key, "partition": r.partition, "backend": r.backend,
-                              "nodes": r.nodes, "workers": r.workers,
-                              "workers_per_node": r.workers_per_node, "gpus_per_node": r.gpus_per_node})
+        seen.setdefault(
+            key,
+            {
+                "id": key,
+                "partition": r.partition,
+                "backend": r.backend,
+                "nodes": r.nodes,
+                "workers": r.workers,
+                "workers_per_node": r.workers_per_node,
+                "gpus_per_node": r.gpus_per_node,
+            },
+        )
     return [seen[k] for k in sorted(seen)]
 
 

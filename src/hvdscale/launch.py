@@ -34,7 +34,6 @@ Examples:
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 import shlex
@@ -47,19 +46,35 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.config import (PROJECT_ROOT, ConfigError, find_run, load_config, nodes_for,
-                             slots_per_node, validate_config)
+from hvdscale.common import ALLREDUCE_ID, EXIT_NAN
+from hvdscale.config import (
+    PROJECT_ROOT,
+    find_run,
+    load_config,
+    nodes_for,
+    slots_per_node,
+)
 from hvdscale.errors import UserError
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun")
 PROGRAMS = ("train", "measure-allreduce")
-ALLREDUCE_ID = re.compile(r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
-                          r"_w(?P<workers>[0-9]+)")
 # environment passed to every rank (besides HOROVOD_*)
-PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME",
-            "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED", "HVDSCALE_LAUNCHER", "OMP_NUM_THREADS",
-            "HVDSCALE_ORPHAN_WATCHDOG", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "CUDA_VISIBLE_DEVICES")
-EXIT_NAN = 3
+PASS_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HOME",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "PYTHONUNBUFFERED",
+    "HVDSCALE_LAUNCHER",
+    "OMP_NUM_THREADS",
+    "HVDSCALE_ORPHAN_WATCHDOG",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 @dataclass
@@ -106,7 +121,9 @@ def horovod_env(training: dict, backend: str, timeline_path: str | None = None) 
     if hv.get("cycle_time_ms") is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{float(hv['cycle_time_ms']):g}"
     if hv.get("fusion_threshold_mb") is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(round(float(hv["fusion_threshold_mb"]) * 1024 * 1024)))
+        env["HOROVOD_FUSION_THRESHOLD"] = str(
+            int(round(float(hv["fusion_threshold_mb"]) * 1024 * 1024))
+        )
     if backend == "mpi" and hv.get("mpi_yield_when_idle", True):
         # Open MPI busy-polls while it waits; with a rank's threads bound to its own core
         # the polling of Horovod's background thread takes the core from TensorFlow's
@@ -147,9 +164,12 @@ def hosts_argument(job: Job, hosts: list[str] | None) -> str:
         if not names:
             raise UserError(
                 f"{job.nodes} nodes but no host list: run inside a SLURM allocation (SLURM_JOB_NODELIST) "
-                "or pass --hosts host1,host2,...")
+                "or pass --hosts host1,host2,..."
+            )
     if len(names) < job.nodes:
-        raise UserError(f"{job.nodes} nodes needed but only {len(names)} host(s) given: {', '.join(names)}")
+        raise UserError(
+            f"{job.nodes} nodes needed but only {len(names)} host(s) given: {', '.join(names)}"
+        )
     out, left = [], job.workers
     for h in names[: job.nodes]:
         h, _, slots = h.partition(":")
@@ -157,7 +177,9 @@ def hosts_argument(job: Job, hosts: list[str] | None) -> str:
         out.append(f"{h}:{n}")
         left -= n
     if left > 0:
-        raise UserError(f"{job.workers} workers do not fit on {job.nodes} node(s) with {job.workers_per_node} each")
+        raise UserError(
+            f"{job.workers} workers do not fit on {job.nodes} node(s) with {job.workers_per_node} each"
+        )
     return ",".join(out)
 
 
@@ -166,37 +188,53 @@ def slurm_hostnames() -> list[str]:
     if not nodelist:
         return []
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+        )
         return out.stdout.split() if out.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         return []
 
 
-def build_launch(*, launcher: str, job: Job, program_argv: list[str], training: dict,
-                 out_dir: str | Path | None = None, hosts: list[str] | None = None,
-                 horovodrun: str = "horovodrun", mpirun: str = "mpirun", srun: str = "srun",
-                 timeline: bool | None = None, is_root_user: bool | None = None,
-                 cpu_count: int | None = None) -> LaunchSpec:
+def build_launch(
+    *,
+    launcher: str,
+    job: Job,
+    program_argv: list[str],
+    training: dict,
+    out_dir: str | Path | None = None,
+    hosts: list[str] | None = None,
+    horovodrun: str = "horovodrun",
+    mpirun: str = "mpirun",
+    srun: str = "srun",
+    timeline: bool | None = None,
+    is_root_user: bool | None = None,
+    cpu_count: int | None = None,
+) -> LaunchSpec:
     """The one place that turns (launcher, backend, workers, nodes, workers_per_node)
     into the launcher's argv and the ranks' environment."""
     if launcher not in LAUNCHERS:
         raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     notes = []
     if effective_launcher(launcher, job.backend) != launcher:
-        notes.append(f"backend gloo needs horovodrun's Gloo rendezvous: starting with horovodrun --gloo "
-                     f"instead of {launcher}" + (" (remote ranks via ssh to the allocation's nodes)"
-                                                  if job.nodes > 1 else ""))
+        notes.append(
+            f"backend gloo needs horovodrun's Gloo rendezvous: starting with horovodrun --gloo "
+            f"instead of {launcher}"
+            + (" (remote ranks via ssh to the allocation's nodes)" if job.nodes > 1 else "")
+        )
         launcher = effective_launcher(launcher, job.backend)
     controller = controller_for(launcher, job.backend)
     timeline = training.get("timeline", False) if timeline is None else timeline
     tl_path = str(Path(out_dir).resolve() / "timeline.json") if (timeline and out_dir) else None
     env = horovod_env(training, job.backend, tl_path)
-    env.update({
-        "HVDSCALE_LAUNCHER": launcher,
-        "PYTHONUNBUFFERED": "1",
-        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
-        "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
-    })
+    env.update(
+        {
+            "HVDSCALE_LAUNCHER": launcher,
+            "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
+            "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
+        }
+    )
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
     cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
     N = job.workers
@@ -221,17 +259,32 @@ def build_launch(*, launcher: str, job: Job, program_argv: list[str], training: 
     else:  # srun inside an allocation; the environment is exported by default
         # Everything explicit: the Snakemake SLURM job step strips SLURM_NTASKS and
         # friends, so srun cannot take them from the allocation.
-        argv = [srun, "--mpi=pmix", "-n", str(N), "-N", str(job.nodes),
-                f"--ntasks-per-node={job.workers_per_node}", f"--cpus-per-task={job.cpus_per_task}",
-                "--kill-on-bad-exit=1"]
+        argv = [
+            srun,
+            "--mpi=pmix",
+            "-n",
+            str(N),
+            "-N",
+            str(job.nodes),
+            f"--ntasks-per-node={job.workers_per_node}",
+            f"--cpus-per-task={job.cpus_per_task}",
+            "--kill-on-bad-exit=1",
+        ]
         if N == 1:
             # a 1-worker run is a plain (non-MPI) plugin job whose own job step holds
             # the CPUs: without --overlap this srun would wait for them forever
             argv.append("--overlap")
         if job.gpus_per_node:
-            notes.append("GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)")
-    return LaunchSpec(argv=argv + list(program_argv), env=env, controller=controller, launcher=launcher,
-                      notes=notes)
+            notes.append(
+                "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
+            )
+    return LaunchSpec(
+        argv=argv + list(program_argv),
+        env=env,
+        controller=controller,
+        launcher=launcher,
+        notes=notes,
+    )
 
 
 def default_train_python(cfg: dict) -> str:
@@ -272,10 +325,19 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
     env.update(spec.env)
     tail_out: collections.deque = collections.deque(maxlen=200)
     tail_err: collections.deque = collections.deque(maxlen=200)
-    proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            bufsize=1, errors="replace")
-    threads = [threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
-               threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True)]
+    proc = subprocess.Popen(
+        spec.argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
+    threads = [
+        threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
+        threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True),
+    ]
     for t in threads:
         t.start()
 
@@ -316,10 +378,16 @@ def rank_exit_codes(out_dir: Path, workers: int) -> dict[int, str]:
 
 
 _FIRST_FAILED = (
-    re.compile(r"The first process to do so was:\s*Process name:\s*(\d+)\s*Exit code:\s*(-?\d+)"),  # horovodrun
-    re.compile(r"mpirun noticed that process rank (\d+) with PID \S+ on node \S+ exited on signal (\d+)"),
+    re.compile(
+        r"The first process to do so was:\s*Process name:\s*(\d+)\s*Exit code:\s*(-?\d+)"
+    ),  # horovodrun
+    re.compile(
+        r"mpirun noticed that process rank (\d+) with PID \S+ on node \S+ exited on signal (\d+)"
+    ),
     re.compile(r"Process (\d+) exit with status code (-?\d+)"),  # horovodrun, per process
-    re.compile(r"srun: error: \S+: task (\d+): (?:Exited with exit code|Killed|Terminated)\s*(\d*)"),
+    re.compile(
+        r"srun: error: \S+: task (\d+): (?:Exited with exit code|Killed|Terminated)\s*(\d*)"
+    ),
 )
 
 
@@ -350,10 +418,15 @@ def describe_failure(tail: str, status: int, out_dir: Path | None, workers: int)
         started = [r for r in range(workers) if (out_dir / ".pids" / f"rank-{r}.pid").is_file()]
         lost = [r for r in started if r not in codes]
         if lost:
-            parts.append("no exit marker (killed or crashed) from rank(s) " + ", ".join(map(str, lost)))
+            parts.append(
+                "no exit marker (killed or crashed) from rank(s) " + ", ".join(map(str, lost))
+            )
         bad = {r: c for r, c in codes.items() if c not in ("0", str(EXIT_NAN))}
         if bad:
-            parts.append("exit status by rank: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(bad.items())))
+            parts.append(
+                "exit status by rank: "
+                + ", ".join(f"rank {r}: {c}" for r, c in sorted(bad.items()))
+            )
     return "; ".join(parts)
 
 
@@ -361,69 +434,103 @@ def describe_failure(tail: str, status: int, out_dir: Path | None, workers: int)
 
 
 def add_arguments(p):
-    p.add_argument("--config", required=True,
-                   help="validated config snapshot (JSON from hvdscale write-config, or a YAML config file)")
-    p.add_argument("--program", choices=PROGRAMS, default="train", help="what the ranks run (default: train)")
-    p.add_argument("--run-id", help="run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0")
-    p.add_argument("--allreduce-id", help="measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="validated config snapshot (JSON from hvdscale write-config, or a YAML config file)",
+    )
+    p.add_argument(
+        "--program", choices=PROGRAMS, default="train", help="what the ranks run (default: train)"
+    )
+    p.add_argument(
+        "--run-id", help="run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0"
+    )
+    p.add_argument(
+        "--allreduce-id", help="measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}"
+    )
     p.add_argument("--data-dir", help="train: data directory with manifest.json")
-    p.add_argument("--out-dir", help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)")
+    p.add_argument(
+        "--out-dir",
+        help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
+    )
     p.add_argument("--out", help="measure-allreduce: output CSV")
-    p.add_argument("--sizes", help="measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)")
+    p.add_argument(
+        "--sizes",
+        help="measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
+    )
     p.add_argument("--iterations", type=int, help="measure-allreduce: timed iterations per size")
-    p.add_argument("--warmup-iterations", type=int, help="measure-allreduce: untimed iterations per size")
+    p.add_argument(
+        "--warmup-iterations", type=int, help="measure-allreduce: untimed iterations per size"
+    )
     p.add_argument("--launcher", choices=LAUNCHERS, help="default: training.launcher of the config")
-    p.add_argument("--train-python", help="interpreter of the train env (default: environment.venv/bin/python "
-                   "for venv deployments, `python` for env-modules/conda)")
-    p.add_argument("--hosts", help="comma-separated host[:slots] list for multi-node runs outside SLURM")
-    p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
-    p.add_argument("--dry-run", action="store_true", help="print the command and environment; start nothing")
+    p.add_argument(
+        "--train-python",
+        help="interpreter of the train env (default: environment.venv/bin/python "
+        "for venv deployments, `python` for env-modules/conda)",
+    )
+    p.add_argument(
+        "--hosts", help="comma-separated host[:slots] list for multi-node runs outside SLURM"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="kill the job after this many seconds"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the command and environment; start nothing"
+    )
 
 
-def _load_any_config(path: str) -> dict:
-    if path.endswith((".yaml", ".yml")):
-        return load_config(path)
-    try:
-        with open(path) as fh:
-            return validate_config(json.load(fh))
-    except FileNotFoundError:
-        raise UserError(f"{path}: config file not found") from None
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise UserError(f"{path}: not a readable JSON config: {exc}") from None
-
-
-def job_for(cfg: dict, program: str, run_id: str | None, allreduce_id: str | None) -> tuple[Job, str]:
+def job_for(
+    cfg: dict, program: str, run_id: str | None, allreduce_id: str | None
+) -> tuple[Job, str]:
     if program == "train" or (run_id and not allreduce_id):
         if not run_id:
             raise UserError("--run-id is required")
         r = find_run(cfg, run_id)
         part = cfg["scaling"]["partitions"][r.partition]
-        return Job(r.partition, r.backend, r.nodes, r.workers, r.workers_per_node, r.gpus_per_node,
-                   max(1, part["cores_per_node"] // slots_per_node(part))), r.run_id
+        return Job(
+            r.partition,
+            r.backend,
+            r.nodes,
+            r.workers,
+            r.workers_per_node,
+            r.gpus_per_node,
+            max(1, part["cores_per_node"] // slots_per_node(part)),
+        ), r.run_id
     if not allreduce_id:
         raise UserError("measure-allreduce needs --allreduce-id (or --run-id)")
     m = ALLREDUCE_ID.fullmatch(allreduce_id)
     if not m:
-        raise UserError(f"--allreduce-id {allreduce_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}, "
-                        "e.g. local_mpi_n1_w2")
+        raise UserError(
+            f"--allreduce-id {allreduce_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}, "
+            "e.g. local_mpi_n1_w2"
+        )
     part_name, backend = m["partition"], m["backend"]
     workers, nodes = int(m["workers"]), int(m["nodes"])
     parts = cfg["scaling"]["partitions"]
     if part_name not in parts:
-        raise UserError(f"--allreduce-id {allreduce_id!r}: partition {part_name!r} is not in scaling.partitions "
-                        f"({', '.join(sorted(parts))})")
+        raise UserError(
+            f"--allreduce-id {allreduce_id!r}: partition {part_name!r} is not in scaling.partitions "
+            f"({', '.join(sorted(parts))})"
+        )
     part = parts[part_name]
     if nodes != nodes_for(workers, part):
-        raise UserError(f"--allreduce-id {allreduce_id!r}: {workers} workers need {nodes_for(workers, part)} node(s) "
-                        f"on partition {part_name!r}")
-    return Job(part_name, backend, nodes, workers, min(workers, slots_per_node(part)), part["gpus_per_node"],
-               max(1, part["cores_per_node"] // slots_per_node(part))), allreduce_id
+        raise UserError(
+            f"--allreduce-id {allreduce_id!r}: {workers} workers need {nodes_for(workers, part)} node(s) "
+            f"on partition {part_name!r}"
+        )
+    return Job(
+        part_name,
+        backend,
+        nodes,
+        workers,
+        min(workers, slots_per_node(part)),
+        part["gpus_per_node"],
+        max(1, part["cores_per_node"] // slots_per_node(part)),
+    ), allreduce_id
 
 
 def run(args) -> int:
-    cfg = _load_any_config(args.config)
+    cfg = load_config(args.config)
     training = cfg["training"]
     launcher = args.launcher or training["launcher"]
     python = args.train_python or default_train_python(cfg)
@@ -434,16 +541,39 @@ def run(args) -> int:
             raise UserError("train needs --data-dir and --out-dir")
         out_dir = Path(args.out_dir)
         failure_path = out_dir / "failure.json"
-        prog = [python, "-m", "hvdscale.cli", "train", "--config", str(Path(args.config).resolve()),
-                "--run-id", ident, "--data-dir", str(Path(args.data_dir).resolve()),
-                "--out-dir", str(out_dir.resolve())]
+        prog = [
+            python,
+            "-m",
+            "hvdscale.cli",
+            "train",
+            "--config",
+            str(Path(args.config).resolve()),
+            "--run-id",
+            ident,
+            "--data-dir",
+            str(Path(args.data_dir).resolve()),
+            "--out-dir",
+            str(out_dir.resolve()),
+        ]
     else:
         if not args.out:
             raise UserError("measure-allreduce needs --out CSV")
         out_dir = Path(args.out_dir) if args.out_dir else Path(args.out).parent
         failure_path = Path(str(args.out) + ".failure.json")
-        prog = [python, "-m", "hvdscale.cli", "measure-allreduce", "--out", str(Path(args.out).resolve()),
-                "--partition", job.partition, "--backend", job.backend, "--nodes", str(job.nodes)]
+        prog = [
+            python,
+            "-m",
+            "hvdscale.cli",
+            "measure-allreduce",
+            "--out",
+            str(Path(args.out).resolve()),
+            "--partition",
+            job.partition,
+            "--backend",
+            job.backend,
+            "--nodes",
+            str(job.nodes),
+        ]
         if args.sizes:
             prog += ["--sizes", args.sizes]
         if args.iterations:
@@ -451,9 +581,17 @@ def run(args) -> int:
         if args.warmup_iterations:
             prog += ["--warmup-iterations", str(args.warmup_iterations)]
     hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
-    spec = build_launch(launcher=launcher, job=job, program_argv=prog, training=training,
-                        out_dir=out_dir if args.program == "train" else None, hosts=hosts,
-                        horovodrun=companion(python, "horovodrun"), mpirun="mpirun", srun="srun")
+    spec = build_launch(
+        launcher=launcher,
+        job=job,
+        program_argv=prog,
+        training=training,
+        out_dir=out_dir if args.program == "train" else None,
+        hosts=hosts,
+        horovodrun=companion(python, "horovodrun"),
+        mpirun="mpirun",
+        srun="srun",
+    )
     if args.dry_run:
         print(spec.shell())
         for n in spec.notes:
@@ -479,14 +617,19 @@ def run(args) -> int:
     from hvdscale.runrecord import read_record, write_failure
 
     if args.program == "train":
-        record = read_record(out_dir / "metrics.json") if (out_dir / "metrics.json").exists() else None
+        record = (
+            read_record(out_dir / "metrics.json") if (out_dir / "metrics.json").exists() else None
+        )
         fresh = record is not None and (out_dir / "metrics.json").stat().st_mtime >= t0 - 1
         if record is not None and fresh and record["status"] == "completed" and status == 0:
             print(f"hvdscale launch: {ident}: completed in {took:.1f} s", file=sys.stderr)
             return 0
         if record is not None and fresh and record["status"] == "nan_loss":
-            print(f"ERROR: {ident}: training diverged ({record.get('error')}); the run record "
-                  f"{out_dir / 'metrics.json'} has status nan_loss and stays for the report", file=sys.stderr)
+            print(
+                f"ERROR: {ident}: training diverged ({record.get('error')}); the run record "
+                f"{out_dir / 'metrics.json'} has status nan_loss and stays for the report",
+                file=sys.stderr,
+            )
             return 0
         if status == 0:
             status = 1  # a launcher that says 0 without a valid record is a failure too
@@ -495,12 +638,24 @@ def run(args) -> int:
             msg = describe_failure(tail, status, out_dir, job.workers)
     else:
         if status == 0 and Path(args.out).is_file():
-            print(f"hvdscale launch: {ident}: allreduce sweep written to {args.out} in {took:.1f} s", file=sys.stderr)
+            print(
+                f"hvdscale launch: {ident}: allreduce sweep written to {args.out} in {took:.1f} s",
+                file=sys.stderr,
+            )
             return 0
-        msg = describe_failure(tail, status, None, job.workers) if status else "no output CSV written"
+        msg = (
+            describe_failure(tail, status, None, job.workers) if status else "no output CSV written"
+        )
         status = status or 1
-    write_failure(failure_path, run_id=ident, exit_status=status, error_tail=tail, launcher=spec.launcher,
-                  command=spec.argv, program=args.program, message=msg)
+    write_failure(
+        failure_path,
+        run_id=ident,
+        exit_status=status,
+        error_tail=tail,
+        launcher=spec.launcher,
+        command=spec.argv,
+        program=args.program,
+        message=msg,
+    )
     print(f"ERROR: {ident}: failed ({msg}); see {failure_path}", file=sys.stderr)
     return status if 0 < status < 256 else 1
-

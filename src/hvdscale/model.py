@@ -44,8 +44,10 @@ def build_model(cfg: dict):
 
     n_points = cfg["data"]["n_points"]
     act = cfg["model"]["activation"]
-    layers = [tf.keras.Input(shape=(n_points, N_CHANNELS), name="curve"),
-              tf.keras.layers.Flatten(name="flatten")]
+    layers = [
+        tf.keras.Input(shape=(n_points, N_CHANNELS), name="curve"),
+        tf.keras.layers.Flatten(name="flatten"),
+    ]
     for i, units in enumerate(cfg["model"]["hidden_units"]):
         layers.append(tf.keras.layers.Dense(units, activation=act, name=f"hidden{i}"))
     layers.append(tf.keras.layers.Dense(N_LABELS, name="labels"))

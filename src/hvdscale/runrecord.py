@@ -19,16 +19,33 @@ import sys
 import time
 from pathlib import Path
 
-from hvdscale.config import PROJECT_ROOT, RUN_SCHEMA
+from hvdscale.common import git_commit  # noqa: F401 (re-exported for tests)
+from hvdscale.config import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.timing import PHASES, median
 
 SCHEMA_VERSION = 1
 HISTORY_COLUMNS = [
-    "epoch", "warmup", "wall_s", "steps", "samples", "throughput",
-    "time_data_s", "time_compute_s", "time_sync_s", "time_update_s", "time_other_s",
-    "time_dispatch_s", "time_train_s", "time_eval_s", "train_loss", "test_loss",
-    "elapsed_s", "utilisation_mean", "learning_rate", "attempt",
+    "epoch",
+    "warmup",
+    "wall_s",
+    "steps",
+    "samples",
+    "throughput",
+    "time_data_s",
+    "time_compute_s",
+    "time_sync_s",
+    "time_update_s",
+    "time_other_s",
+    "time_dispatch_s",
+    "time_train_s",
+    "time_eval_s",
+    "train_loss",
+    "test_loss",
+    "elapsed_s",
+    "utilisation_mean",
+    "learning_rate",
+    "attempt",
 ]
 
 
@@ -61,17 +78,6 @@ def mpi_version() -> str:
     return lines[0] if out.returncode == 0 and lines else "none"
 
 
-def git_commit(root: Path = PROJECT_ROOT) -> str:
-    """``git rev-parse HEAD`` of the project, "unknown" if it is not a checkout."""
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit else "unknown"
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -82,8 +88,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def environment_block(*, config_hash: str, hostnames: list[str], devices: list[str],
-                      tensorflow: str, horovod: str, started_utc: str) -> dict:
+def environment_block(
+    *,
+    config_hash: str,
+    hostnames: list[str],
+    devices: list[str],
+    tensorflow: str,
+    horovod: str,
+    started_utc: str,
+) -> dict:
     import numpy
 
     return {
@@ -156,14 +169,18 @@ def validate_record(record: dict) -> None:
     validator = Draft202012Validator(load_run_schema())
     errors = sorted(validator.iter_errors(record), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
-        lines = [f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
-                 for e in errors[:20]]
+        lines = [
+            f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+            for e in errors[:20]
+        ]
         raise RecordError("run record does not match run.schema.json:\n  " + "\n  ".join(lines))
 
 
 def history_csv(epochs: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(
+        buf, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n"
+    )
     writer.writeheader()
     for ep in epochs:
         row = {k: ep.get(k) for k in HISTORY_COLUMNS}
@@ -200,24 +217,35 @@ def read_record(path: str | Path) -> dict | None:
 # --------------------------------------------------------------------------- failure
 
 
-def write_failure(path: str | Path, *, run_id: str, exit_status: int, error_tail: str,
-                  launcher: str, command: list[str] | None = None, program: str = "train",
-                  message: str | None = None) -> Path:
+def write_failure(
+    path: str | Path,
+    *,
+    run_id: str,
+    exit_status: int,
+    error_tail: str,
+    launcher: str,
+    command: list[str] | None = None,
+    program: str = "train",
+    message: str | None = None,
+) -> Path:
     """``OUT_DIR/failure.json`` for a run that ended without a usable record: run_id,
     status "failed", the exit status, a one-line message naming the failed rank(s) where
     known, the tail of the launcher's output and the time."""
     path = Path(path)
-    write_json_atomic(path, {
-        "run_id": run_id,
-        "status": "failed",
-        "program": program,
-        "exit_status": int(exit_status),
-        "message": message,
-        "launcher": launcher,
-        "command": command,
-        "error_tail": error_tail[-8000:],
-        "time_utc": utc_now(),
-        "hostname": platform.node(),
-        "python": sys.executable,
-    })
+    write_json_atomic(
+        path,
+        {
+            "run_id": run_id,
+            "status": "failed",
+            "program": program,
+            "exit_status": int(exit_status),
+            "message": message,
+            "launcher": launcher,
+            "command": command,
+            "error_tail": error_tail[-8000:],
+            "time_utc": utc_now(),
+            "hostname": platform.node(),
+            "python": sys.executable,
+        },
+    )
     return path

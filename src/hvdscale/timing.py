@@ -55,12 +55,22 @@ class EpochTimer:
     def totals(self) -> dict:
         """Epoch totals of the four phases and the launch overhead, in seconds."""
         if self.timed_steps == 0:
-            return {"time_data_s": 0.0, "time_compute_s": 0.0, "time_sync_s": 0.0,
-                    "time_update_s": 0.0, "time_dispatch_s": 0.0}
+            return {
+                "time_data_s": 0.0,
+                "time_compute_s": 0.0,
+                "time_sync_s": 0.0,
+                "time_update_s": 0.0,
+                "time_dispatch_s": 0.0,
+            }
         scale = self.steps / self.timed_steps
         data, compute, sync, update = (max(0.0, float(s)) * scale for s in self.phase_sums)
-        return {"time_data_s": data, "time_compute_s": compute, "time_sync_s": sync,
-                "time_update_s": update, "time_dispatch_s": max(0.0, float(self.dispatch_sum)) * scale}
+        return {
+            "time_data_s": data,
+            "time_compute_s": compute,
+            "time_sync_s": sync,
+            "time_update_s": update,
+            "time_dispatch_s": max(0.0, float(self.dispatch_sum)) * scale,
+        }
 
     def record_fields(self) -> dict:
         t = self.totals()
@@ -177,7 +187,9 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
 
 
 def median(values) -> float | None:
-    vals = sorted(v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
+    vals = sorted(
+        v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))
+    )
     if not vals:
         return None
     n = len(vals)

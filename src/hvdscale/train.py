@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdscale.config import config_hash, find_run, learning_rate_for, validate_config
+from hvdscale.common import EXIT_NAN
+from hvdscale.config import config_hash, find_run, learning_rate_for, load_config
 from hvdscale.errors import DataError, UserError
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.worker import WorkerInfo, detect_launcher, launcher_rank_env
 
-EXIT_NAN = 3
 EVAL_BATCH = 4096
 
 
@@ -49,30 +49,33 @@ class NanLoss(Exception):
 
 
 def add_arguments(p):
-    p.add_argument("--config", required=True,
-                   help="validated config snapshot as JSON (hvdscale write-config), e.g. results/config/full.json")
-    p.add_argument("--run-id", required=True, help="run of the config's scaling matrix, e.g. local_gloo_n1_w2_b75_lrnone_r0")
-    p.add_argument("--data-dir", required=True, help="data directory with manifest.json, e.g. results/data")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="validated config snapshot as JSON (hvdscale write-config), e.g. results/config/full.json",
+    )
+    p.add_argument(
+        "--run-id",
+        required=True,
+        help="run of the config's scaling matrix, e.g. local_gloo_n1_w2_b75_lrnone_r0",
+    )
+    p.add_argument(
+        "--data-dir", required=True, help="data directory with manifest.json, e.g. results/data"
+    )
     p.add_argument("--out-dir", required=True, help="run directory, e.g. results/runs/RUN_ID")
-    p.add_argument("--no-horovod", action="store_true",
-                   help="run as a single process without importing Horovod (debugging; workers must be 1)")
+    p.add_argument(
+        "--no-horovod",
+        action="store_true",
+        help="run as a single process without importing Horovod (debugging; workers must be 1)",
+    )
 
 
 # =========================================================================== helpers
 
 
-def load_run_config(path: str) -> dict:
-    try:
-        with open(path) as fh:
-            raw = json.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"{path}: config file not found (hvdscale write-config writes it)") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable JSON config: {exc}") from None
-    return validate_config(raw)
-
-
-def plan_rows(counts: list[int], workers: int, rank: int, policy: str, what: str = "train") -> list[tuple[int, int, int]]:
+def plan_rows(
+    counts: list[int], workers: int, rank: int, policy: str, what: str = "train"
+) -> list[tuple[int, int, int]]:
     """This rank's part of a split: [(shard index, first row, end row), ...].
 
     ``whole`` (or ``auto`` when the shard count is divisible by the workers): every rank
@@ -82,7 +85,9 @@ def plan_rows(counts: list[int], workers: int, rank: int, policy: str, what: str
     """
     n = len(counts)
     if policy not in ("auto", "whole", "slices"):
-        raise UserError(f"config key training.shard_policy: got {policy!r}; expected auto, whole or slices")
+        raise UserError(
+            f"config key training.shard_policy: got {policy!r}; expected auto, whole or slices"
+        )
     if policy == "whole" or (policy == "auto" and n % workers == 0):
         if n % workers:
             raise DataError(
@@ -152,7 +157,11 @@ def start_orphan_watchdog(interval_s: float = 1.0) -> None:
         while True:
             time.sleep(interval_s)
             if os.getppid() != parent:
-                print(f"hvdscale train: the launcher (pid {parent}) is gone; exiting", file=sys.stderr, flush=True)
+                print(
+                    f"hvdscale train: the launcher (pid {parent}) is gone; exiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(70)
 
     threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
@@ -162,10 +171,12 @@ def local_rank_and_size() -> tuple[int, int]:
     """This process's local rank and the number of ranks on its node, from the launcher's
     environment (before hvd.init(); 0, 1 when started directly)."""
     env = os.environ
-    for rk, sk in (("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
-                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                   ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-                   ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")):
+    for rk, sk in (
+        ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+        ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ):
         if rk in env and sk in env:
             try:
                 return int(env[rk]), int(env[sk].split("(")[0].split(",")[0])
@@ -174,7 +185,9 @@ def local_rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
-def bind_cpus(policy: str, local_rank: int | None = None, local_size: int | None = None) -> list[int] | None:
+def bind_cpus(
+    policy: str, local_rank: int | None = None, local_size: int | None = None
+) -> list[int] | None:
     """Pin this rank (and every thread it starts later: TensorFlow's pools, Horovod's
     background thread, the MPI/Gloo progress threads) to its own share of the node's cores.
 
@@ -187,7 +200,9 @@ def bind_cpus(policy: str, local_rank: int | None = None, local_size: int | None
     Returns the cores bound to, or None when not bound.
     """
     if policy not in ("auto", "none", "core"):
-        raise UserError(f"config key training.cpu_binding: got {policy!r}; expected auto, none or core")
+        raise UserError(
+            f"config key training.cpu_binding: got {policy!r}; expected auto, none or core"
+        )
     if policy == "none" or not hasattr(os, "sched_setaffinity"):
         return None
     lr, ls = local_rank_and_size()
@@ -200,7 +215,7 @@ def bind_cpus(policy: str, local_rank: int | None = None, local_size: int | None
         return None
     if ls <= len(cores):
         k = len(cores) // max(ls, 1)
-        mine = cores[lr * k:(lr + 1) * k]
+        mine = cores[lr * k : (lr + 1) * k]
     else:
         mine = [cores[lr % len(cores)]]
     if not mine:
@@ -221,8 +236,10 @@ def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         if worker.local_rank >= len(gpus):
-            raise UserError(f"rank {worker.rank}: local rank {worker.local_rank} but only {len(gpus)} GPU(s) "
-                            "on this node; start one worker per GPU")
+            raise UserError(
+                f"rank {worker.rank}: local rank {worker.local_rank} but only {len(gpus)} GPU(s) "
+                "on this node; start one worker per GPU"
+            )
         gpu = gpus[worker.local_rank]  # HVD: one GPU per local rank
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")  # HVD: pin the rank to its GPU
@@ -304,9 +321,22 @@ class StepProgram:
     Every Horovod-specific line is marked ``# HVD:``.
     """
 
-    def __init__(self, *, model, optimizer, worker: WorkerInfo, x_train, y_train, x_test, y_test,
-                 batch: int, device: str, in_device_memory: bool, compression: str,
-                 backward_passes_per_step: int):
+    def __init__(
+        self,
+        *,
+        model,
+        optimizer,
+        worker: WorkerInfo,
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        batch: int,
+        device: str,
+        in_device_memory: bool,
+        compression: str,
+        backward_passes_per_step: int,
+    ):
         import tensorflow as tf
 
         self.tf = tf
@@ -323,17 +353,23 @@ class StepProgram:
         hvd = worker.hvd
         self.compression = None
         if hvd is not None:
-            self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none  # HVD:
+            self.compression = (
+                hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+            )  # HVD:
 
         with tf.device(device):
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
-            self.timers = tf.Variable(tf.zeros([4], tf.float64), trainable=False, name="phase_timers")
+            self.timers = tf.Variable(
+                tf.zeros([4], tf.float64), trainable=False, name="phase_timers"
+            )
             self.cursor = tf.Variable(0, dtype=tf.int32, trainable=False, name="cursor")
             if in_device_memory:
                 # the rank's shard as device tensors; batches are gathered inside the step
                 self.x_train = tf.constant(x_train)
                 self.y_train = tf.constant(y_train)
-                self.perm = tf.Variable(tf.zeros([self.n_local], tf.int32), trainable=False, name="perm")
+                self.perm = tf.Variable(
+                    tf.zeros([self.n_local], tf.int32), trainable=False, name="perm"
+                )
             else:
                 self.x_host, self.y_host = x_train, y_train
                 self.host_perm = np.arange(self.n_local)
@@ -346,13 +382,25 @@ class StepProgram:
         n_spec = tf.TensorSpec([], tf.int32)
         if in_device_memory:
             sig = [n_spec]
-            self._timed = tf.function(lambda n: self._loop(n, None, None, True), input_signature=sig)
-            self._plain = tf.function(lambda n: self._loop(n, None, None, False), input_signature=sig)
+            self._timed = tf.function(
+                lambda n: self._loop(n, None, None, True), input_signature=sig
+            )
+            self._plain = tf.function(
+                lambda n: self._loop(n, None, None, False), input_signature=sig
+            )
         else:
             P = x_train.shape[1:]
-            sig = [tf.TensorSpec([None, *P], tf.float32), tf.TensorSpec([None, 2], tf.float32), n_spec]
-            self._timed = tf.function(lambda x, y, n: self._loop(n, x, y, True), input_signature=sig)
-            self._plain = tf.function(lambda x, y, n: self._loop(n, x, y, False), input_signature=sig)
+            sig = [
+                tf.TensorSpec([None, *P], tf.float32),
+                tf.TensorSpec([None, 2], tf.float32),
+                n_spec,
+            ]
+            self._timed = tf.function(
+                lambda x, y, n: self._loop(n, x, y, True), input_signature=sig
+            )
+            self._plain = tf.function(
+                lambda x, y, n: self._loop(n, x, y, False), input_signature=sig
+            )
         self._eval = tf.function(self._eval_sse)
         self._n_consts: dict[int, object] = {}
 
@@ -373,10 +421,16 @@ class StepProgram:
     def _allreduce(self, grads):
         """Average the gradients over all ranks in one fused group (Horovod 0.28 API)."""
         if not self.worker.distributed:
-            return list(grads)  # one worker: nothing to reduce (Horovod itself skips size-1 allreduces)
+            return list(
+                grads
+            )  # one worker: nothing to reduce (Horovod itself skips size-1 allreduces)
         hvd = self.worker.hvd
-        return hvd.grouped_allreduce(list(grads), op=hvd.Average, compression=self.compression,  # HVD:
-                                     name="grads")  # HVD: gradient allreduce
+        return hvd.grouped_allreduce(
+            list(grads),
+            op=hvd.Average,
+            compression=self.compression,  # HVD:
+            name="grads",
+        )  # HVD: gradient allreduce
 
     def _apply(self, grads):
         tf = self.tf
@@ -561,7 +615,11 @@ class WarmupSchedule:
 
         class _Warmup(tf.keras.optimizers.schedules.LearningRateSchedule):
             def __init__(self):
-                self.base, self.target, self.n = float(base), float(target), max(1, int(warmup_updates))
+                self.base, self.target, self.n = (
+                    float(base),
+                    float(target),
+                    max(1, int(warmup_updates)),
+                )
 
             def __call__(self, step):
                 frac = tf.minimum(tf.cast(step, tf.float32) / float(self.n), 1.0)
@@ -605,29 +663,47 @@ def run(args) -> int:
 
 
 def _train(args, out_dir: Path) -> int:
-    cfg = load_run_config(args.config)
+    cfg = load_config(args.config)
     run_ = find_run(cfg, args.run_id)
     tcfg = cfg["training"]
     started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     # ------------------------------------------------------------ CPU binding, Horovod, device
-    bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists (see docs/performance.md)
+    bound = bind_cpus(
+        tcfg.get("cpu_binding", "auto")
+    )  # before any thread exists (see docs/performance.md)
     worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
-    device, device_desc = pin_device(worker, tcfg["threads_per_worker"])  # HVD: one device per local rank
+    device, device_desc = pin_device(
+        worker, tcfg["threads_per_worker"]
+    )  # HVD: one device per local rank
     if worker.size != run_.workers:
-        raise UserError(f"run {run_.run_id} needs {run_.workers} workers but {worker.size} were started; "
-                        "start it with hvdscale launch")
+        raise UserError(
+            f"run {run_.run_id} needs {run_.workers} workers but {worker.size} were started; "
+            "start it with hvdscale launch"
+        )
     import tensorflow as tf
 
     from hvdscale.model import build_model, check_parameter_count, model_bytes
-    from hvdscale.runrecord import environment_block, finite_or_none, summarise, utc_now, write_run_outputs
+    from hvdscale.runrecord import (
+        environment_block,
+        finite_or_none,
+        summarise,
+        utc_now,
+        write_run_outputs,
+    )
     from hvdscale.timing import TIMING_METHOD, parse_timeline
     from hvdscale.utilisation import NullSampler, UtilisationSampler
 
     hvd = worker.hvd
-    log = (lambda msg: print(f"[hvdscale train] {msg}", flush=True)) if worker.is_root else (lambda msg: None)
-    log(f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}"
-        + (f", bound to cores {bound}" if bound else ""))
+    log = (
+        (lambda msg: print(f"[hvdscale train] {msg}", flush=True))
+        if worker.is_root
+        else (lambda msg: None)
+    )
+    log(
+        f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}"
+        + (f", bound to cores {bound}" if bound else "")
+    )
 
     # ------------------------------------------------------------ data (checked before training)
     error = None
@@ -643,7 +719,9 @@ def _train(args, out_dir: Path) -> int:
             raise DataError(problems[0][1])
         raise DataError("; ".join(f"rank {r}: {e}" for r, e in problems))
     x_train, y_train, x_test, y_test, data_info = data
-    counts = worker.allgather_object(len(x_train), name="train_counts")  # HVD: every rank's sample count
+    counts = worker.allgather_object(
+        len(x_train), name="train_counts"
+    )  # HVD: every rank's sample count
     steps = steps_per_epoch(counts, run_.batch, tcfg["horovod"]["backward_passes_per_step"])
     data_info["train_samples_per_rank"] = counts
 
@@ -670,48 +748,81 @@ def _train(args, out_dir: Path) -> int:
         found = find_checkpoint(out_dir)
         if found is not None:
             d, state = found
-            mismatch = [k for k, v in (("run_id", run_.run_id), ("config_hash", chash), ("workers", worker.size))
-                        if state.get(k) != v]
+            mismatch = [
+                k
+                for k, v in (
+                    ("run_id", run_.run_id),
+                    ("config_hash", chash),
+                    ("workers", worker.size),
+                )
+                if state.get(k) != v
+            ]
             if mismatch:
-                log(f"WARNING: checkpoint {d} is from another configuration ({', '.join(mismatch)} differ); "
-                    "starting from epoch 0")
+                log(
+                    f"WARNING: checkpoint {d} is from another configuration ({', '.join(mismatch)} differ); "
+                    "starting from epoch 0"
+                )
             else:
                 ckpt.read(str(d / "weights")).assert_existing_objects_matched()
                 resume_state = state
                 log(f"resuming from {d} (epochs 0..{state['epoch']} done)")
     resume_state = worker.broadcast_object(resume_state, root_rank=0, name="resume_state")  # HVD:
     if hvd is not None and worker.size > 1:
-        hvd.broadcast_variables(model.variables, root_rank=0)  # HVD: same initial weights everywhere
+        hvd.broadcast_variables(
+            model.variables, root_rank=0
+        )  # HVD: same initial weights everywhere
         hvd.broadcast_variables(opt.variables, root_rank=0)  # HVD: same optimizer state everywhere
 
     start_epoch = resume_state["epoch"] + 1 if resume_state else 0
     history = list(resume_state["epochs"]) if resume_state else []
     elapsed = float(resume_state["elapsed_s"]) if resume_state else 0.0
     attempts = list(resume_state["attempts"]) if resume_state else []
-    attempts.append({"started_utc": started_utc, "start_epoch": start_epoch,
-                     "slurm_job_id": os.environ.get("SLURM_JOB_ID")})
+    attempts.append(
+        {
+            "started_utc": started_utc,
+            "start_epoch": start_epoch,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        }
+    )
     util_prev = list(resume_state.get("utilisation_samples", [])) if resume_state else []
 
     # ------------------------------------------------------------ environment (all ranks)
-    gathered = worker.allgather_object((worker.hostname, device_desc), name="hosts")  # HVD: allgather_object
+    gathered = worker.allgather_object(
+        (worker.hostname, device_desc), name="hosts"
+    )  # HVD: allgather_object
     hostnames = [h for h, _ in gathered]
     devices = [d for _, d in gathered]
     environment = None
     if worker.is_root:  # collected now, so that writing the record at the end is quick
-        environment = environment_block(config_hash=chash, hostnames=hostnames, devices=devices,
-                                        tensorflow=tf.__version__, horovod=_horovod_version(),
-                                        started_utc=attempts[0]["started_utc"])
+        environment = environment_block(
+            config_hash=chash,
+            hostnames=hostnames,
+            devices=devices,
+            tensorflow=tf.__version__,
+            horovod=_horovod_version(),
+            started_utc=attempts[0]["started_utc"],
+        )
 
-    program = StepProgram(model=model, optimizer=opt, worker=worker, x_train=x_train, y_train=y_train,
-                          x_test=x_test, y_test=y_test, batch=run_.batch, device=device,
-                          in_device_memory=tcfg["data_in_device_memory"],
-                          compression=tcfg["horovod"]["compression"], backward_passes_per_step=bpps)
+    program = StepProgram(
+        model=model,
+        optimizer=opt,
+        worker=worker,
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        batch=run_.batch,
+        device=device,
+        in_device_memory=tcfg["data_in_device_memory"],
+        compression=tcfg["horovod"]["compression"],
+        backward_passes_per_step=bpps,
+    )
     del x_train, y_train, x_test, y_test
     spe = tcfg["steps_per_execution"]
     k_inst = tcfg["instrument_every"]
     program.warm_up(spe)
 
-    sampler = (UtilisationSampler(interval_s=0.25) if worker.is_root else NullSampler())
+    sampler = UtilisationSampler(interval_s=0.25) if worker.is_root else NullSampler()
     sampler.offset_s = util_prev[-1][0] if util_prev else 0.0
     sampler.start()
     worker.barrier(name="train_start")  # HVD: every rank starts epoch timing together
@@ -723,7 +834,9 @@ def _train(args, out_dir: Path) -> int:
     try:
         for epoch in range(start_epoch, epochs_total):
             rng = np.random.default_rng([cfg["seed"], epoch, worker.rank])
-            perm = rng.permutation(program.n_local) if tcfg["shuffle"] else np.arange(program.n_local)
+            perm = (
+                rng.permutation(program.n_local) if tcfg["shuffle"] else np.arange(program.n_local)
+            )
             u0 = sampler.now()
             t_epoch0 = time.perf_counter()
             timer, local = run_epoch_steps(program, perm, steps, spe, k_inst)
@@ -758,27 +871,48 @@ def _train(args, out_dir: Path) -> int:
                 "test_loss": finite_or_none(test_loss),
                 "elapsed_s": round(elapsed, 6),
                 "utilisation_mean": sampler.mean_between(u0, sampler.now()),
-                "learning_rate": float(tf.keras.backend.get_value(
-                    schedule(opt.iterations) if callable(schedule) else schedule)),
+                "learning_rate": float(
+                    tf.keras.backend.get_value(
+                        schedule(opt.iterations) if callable(schedule) else schedule
+                    )
+                ),
                 "attempt": len(attempts),
             }
             history.append(rec)
-            log(f"epoch {epoch}: {rec['wall_s']:.2f} s, {rec['throughput']:.0f} samples/s, train loss "
+            log(
+                f"epoch {epoch}: {rec['wall_s']:.2f} s, {rec['throughput']:.0f} samples/s, train loss "
                 f"{train_loss:.5g}, test loss {test_loss:.5g} (data {rec['time_data_s']:.3f} / compute "
-                f"{rec['time_compute_s']:.3f} / sync {rec['time_sync_s']:.3f} / update {rec['time_update_s']:.3f} s)")
+                f"{rec['time_compute_s']:.3f} / sync {rec['time_sync_s']:.3f} / update {rec['time_update_s']:.3f} s)"
+            )
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):
-                raise NanLoss(f"loss is not finite after epoch {epoch} (train {train_loss}, test {test_loss}); "
-                              f"learning rate {lr:g} is too large for this configuration")
+                raise NanLoss(
+                    f"loss is not finite after epoch {epoch} (train {train_loss}, test {test_loss}); "
+                    f"learning rate {lr:g} is too large for this configuration"
+                )
             if tcfg["checkpoint"] and worker.is_root:
-                save_checkpoint(out_dir, ckpt, {
-                    "run_id": run_.run_id, "config_hash": chash, "workers": worker.size, "epoch": epoch,
-                    "epochs": history, "elapsed_s": elapsed, "attempts": attempts,
-                    "shuffle": {"seed": cfg["seed"], "rule": "numpy default_rng([seed, epoch, rank]).permutation",
-                                "next_epoch": epoch + 1},
-                    "utilisation_samples": util_prev + list(sampler.samples),
-                    "saved_utc": utc_now(),
-                })
-            worker.barrier(name=f"epoch_end_{epoch}")  # HVD: nobody starts the next epoch before the checkpoint
+                save_checkpoint(
+                    out_dir,
+                    ckpt,
+                    {
+                        "run_id": run_.run_id,
+                        "config_hash": chash,
+                        "workers": worker.size,
+                        "epoch": epoch,
+                        "epochs": history,
+                        "elapsed_s": elapsed,
+                        "attempts": attempts,
+                        "shuffle": {
+                            "seed": cfg["seed"],
+                            "rule": "numpy default_rng([seed, epoch, rank]).permutation",
+                            "next_epoch": epoch + 1,
+                        },
+                        "utilisation_samples": util_prev + list(sampler.samples),
+                        "saved_utc": utc_now(),
+                    },
+                )
+            worker.barrier(
+                name=f"epoch_end_{epoch}"
+            )  # HVD: nobody starts the next epoch before the checkpoint
     except NanLoss as exc:
         status, error_msg = "nan_loss", str(exc)
         print(f"ERROR: {run_.run_id}: {exc}", file=sys.stderr, flush=True)
@@ -794,22 +928,38 @@ def _train(args, out_dir: Path) -> int:
         return 0
 
     # ------------------------------------------------------------ run record (rank 0)
-    timeline_path = Path(os.environ["HOROVOD_TIMELINE"]) if os.environ.get("HOROVOD_TIMELINE") else None
+    timeline_path = (
+        Path(os.environ["HOROVOD_TIMELINE"]) if os.environ.get("HOROVOD_TIMELINE") else None
+    )
     timeline_check = None
     if timeline_path is not None and timeline_path.is_file() and worker.size > 1:
         try:
             tl = parse_timeline(timeline_path, tensor_filter="grads")
-            timeline_check = {"timeline_span_s": round(tl["span_s"], 6),
-                              "timeline_allreduce_s": round(tl["allreduce_s"], 6),
-                              "timeline_negotiate_s": round(tl["negotiate_s"], 6),
-                              "timeline_allreduce_ops": tl["allreduce_ops"],
-                              "measured_sync_s_rank0": round(rank0_sync_s, 6),
-                              "epochs": len(history) - (start_epoch if resume_state else 0)}
+            timeline_check = {
+                "timeline_span_s": round(tl["span_s"], 6),
+                "timeline_allreduce_s": round(tl["allreduce_s"], 6),
+                "timeline_negotiate_s": round(tl["negotiate_s"], 6),
+                "timeline_allreduce_ops": tl["allreduce_ops"],
+                "measured_sync_s_rank0": round(rank0_sync_s, 6),
+                "epochs": len(history) - (start_epoch if resume_state else 0),
+            }
         except (OSError, ValueError) as exc:
             timeline_check = {"error": str(exc)}
-    horovod_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")
-                   and not k.startswith(("HOROVOD_GLOO_RENDEZVOUS", "HOROVOD_RANK", "HOROVOD_SIZE",
-                                         "HOROVOD_LOCAL_", "HOROVOD_CROSS_", "HOROVOD_HOSTNAME"))}
+    horovod_env = {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith("HOROVOD_")
+        and not k.startswith(
+            (
+                "HOROVOD_GLOO_RENDEZVOUS",
+                "HOROVOD_RANK",
+                "HOROVOD_SIZE",
+                "HOROVOD_LOCAL_",
+                "HOROVOD_CROSS_",
+                "HOROVOD_HOSTNAME",
+            )
+        )
+    }
     record = {
         "schema_version": 1,
         "run_id": run_.run_id,
@@ -817,31 +967,53 @@ def _train(args, out_dir: Path) -> int:
         "exit_status": EXIT_NAN if status == "nan_loss" else 0,
         "error": error_msg,
         "config": {
-            "partition": run_.partition, "backend": run_.backend, "nodes": run_.nodes,
-            "workers": worker.size, "workers_per_node": run_.workers_per_node,
-            "batch_per_worker": run_.batch, "global_batch": run_.batch * worker.size,
-            "lr_rule": run_.lr_rule, "learning_rate_base": lr_base, "learning_rate": lr,
-            "lr_warmup": tcfg["lr_warmup"], "epochs": epochs_total, "warmup_epochs": tcfg["warmup_epochs"],
-            "threads_per_worker": tcfg["threads_per_worker"], "launcher": detect_launcher(),
+            "partition": run_.partition,
+            "backend": run_.backend,
+            "nodes": run_.nodes,
+            "workers": worker.size,
+            "workers_per_node": run_.workers_per_node,
+            "batch_per_worker": run_.batch,
+            "global_batch": run_.batch * worker.size,
+            "lr_rule": run_.lr_rule,
+            "learning_rate_base": lr_base,
+            "learning_rate": lr,
+            "lr_warmup": tcfg["lr_warmup"],
+            "epochs": epochs_total,
+            "warmup_epochs": tcfg["warmup_epochs"],
+            "threads_per_worker": tcfg["threads_per_worker"],
+            "launcher": detect_launcher(),
             "cpu_binding": tcfg.get("cpu_binding", "auto"),
-            "controller": worker.controller, "repeat": run_.repeat, "seed": cfg["seed"],
+            "controller": worker.controller,
+            "repeat": run_.repeat,
+            "seed": cfg["seed"],
             "data_in_device_memory": tcfg["data_in_device_memory"],
-            "target_test_loss": tcfg["target_test_loss"], "model_parameters": n_params,
-            "model_bytes": model_bytes(n_params), "horovod_env": horovod_env,
-            "steps_per_execution": spe, "backward_passes_per_step": bpps,
-            "compression": tcfg["horovod"]["compression"], "instrument_every": k_inst,
-            "shard_policy": tcfg["shard_policy"], "hidden_units": cfg["model"]["hidden_units"],
-            "activation": cfg["model"]["activation"], "steps_per_epoch": steps,
+            "target_test_loss": tcfg["target_test_loss"],
+            "model_parameters": n_params,
+            "model_bytes": model_bytes(n_params),
+            "horovod_env": horovod_env,
+            "steps_per_execution": spe,
+            "backward_passes_per_step": bpps,
+            "compression": tcfg["horovod"]["compression"],
+            "instrument_every": k_inst,
+            "shard_policy": tcfg["shard_policy"],
+            "hidden_units": cfg["model"]["hidden_units"],
+            "activation": cfg["model"]["activation"],
+            "steps_per_epoch": steps,
             "samples_per_epoch": samples_per_epoch,
         },
         "environment": environment,
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": history,
         "summary": summarise(history, tcfg["target_test_loss"]),
-        "utilisation": {"kind": sampler.kind, "interval_s": sampler.interval_s,
-                        "samples": util_prev + list(sampler.samples)},
+        "utilisation": {
+            "kind": sampler.kind,
+            "interval_s": sampler.interval_s,
+            "samples": util_prev + list(sampler.samples),
+        },
         "timing_method": TIMING_METHOD,
-        "timeline": timeline_path.name if timeline_path is not None and timeline_path.is_file() else None,
+        "timeline": timeline_path.name
+        if timeline_path is not None and timeline_path.is_file()
+        else None,
         "timeline_check": timeline_check,
         "data": {**data_info, "test_values": n_test_values},
         "finished_utc": utc_now(),
@@ -869,13 +1041,17 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
     manifest = load_manifest(data_dir)
     n_points = cfg["data"]["n_points"]
     if manifest["n_points"] != n_points:
-        raise DataError(f"{data_dir / 'manifest.json'}: {manifest['n_points']} points per curve; "
-                        f"the config says data.n_points = {n_points}")
+        raise DataError(
+            f"{data_dir / 'manifest.json'}: {manifest['n_points']} points per curve; "
+            f"the config says data.n_points = {n_points}"
+        )
     plans = {}
     for split in ("train", "test"):
         entries = manifest["shards"][split]
         policy = tcfg["shard_policy"] if split == "train" else "auto"
-        plans[split] = plan_rows([int(e["n_samples"]) for e in entries], worker.size, worker.rank, policy, split)
+        plans[split] = plan_rows(
+            [int(e["n_samples"]) for e in entries], worker.size, worker.rank, policy, split
+        )
     # checksums: rank 0 verifies every shard, every other rank the shards it reads
     if worker.is_root:
         verify_data_dir(data_dir, verify_checksums=True)
@@ -886,11 +1062,17 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
     norm = normalisation_from_manifest(manifest)
     arrays = {}
     for split in ("train", "test"):
-        curves, labels, _ids = read_rows(data_dir, manifest["shards"][split], plans[split], n_points)
+        curves, labels, _ids = read_rows(
+            data_dir, manifest["shards"][split], plans[split], n_points
+        )
         arrays[split] = normalise(curves, labels, norm)
         del curves, labels
-    info = {"rank0_train_rows": [[manifest["shards"]["train"][i]["file"], lo, hi] for i, lo, hi in plans["train"]],
-            "counts": manifest["counts"]}
+    info = {
+        "rank0_train_rows": [
+            [manifest["shards"]["train"][i]["file"], lo, hi] for i, lo, hi in plans["train"]
+        ],
+        "counts": manifest["counts"],
+    }
     return (*arrays["train"], *arrays["test"], info)
 
 
@@ -901,5 +1083,6 @@ def steps_per_epoch(counts: list[int], batch: int, bpps: int) -> int:
     if steps < 1:
         raise DataError(
             f"train split: the smallest rank's part has {min(counts)} samples, fewer than one step of "
-            f"batch {batch} x backward_passes_per_step {bpps}; use more data or fewer workers")
+            f"batch {batch} x backward_passes_per_step {bpps}; use more data or fewer workers"
+        )
     return steps

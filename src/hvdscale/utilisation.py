@@ -48,12 +48,16 @@ class UtilisationSampler:
         self._read()  # psutil: the first call only starts the measurement interval
         while not self._stop.wait(self.interval_s):
             try:
-                self.samples.append([round(self.offset_s + time.perf_counter() - self._t0, 3),
-                                     round(self._read(), 2)])
+                self.samples.append(
+                    [
+                        round(self.offset_s + time.perf_counter() - self._t0, 3),
+                        round(self._read(), 2),
+                    ]
+                )
             except Exception:
                 pass
 
-    def start(self) -> "UtilisationSampler":
+    def start(self) -> UtilisationSampler:
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="utilisation", daemon=True)
         self._thread.start()

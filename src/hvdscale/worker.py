@@ -35,8 +35,11 @@ def launcher_rank_env() -> dict:
         ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
     ):
         if rank_key in env:
-            return {"rank": int(env[rank_key]), "size": int(env.get(size_key, 1)),
-                    "local_rank": int(env.get(local_key, 0))}
+            return {
+                "rank": int(env[rank_key]),
+                "size": int(env.get(size_key, 1)),
+                "local_rank": int(env.get(local_key, 0)),
+            }
     return {"rank": 0, "size": 1, "local_rank": 0}
 
 
@@ -77,7 +80,7 @@ class WorkerInfo:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def init(cls, use_horovod: bool = True) -> "WorkerInfo":
+    def init(cls, use_horovod: bool = True) -> WorkerInfo:
         """Initialise Horovod (if wanted and importable) and describe this worker.
 
         This must be the first thing a training process does (before any TensorFlow
@@ -90,9 +93,17 @@ class WorkerInfo:
         except ImportError:
             return cls()
         hvd.init()  # HVD: init first
-        controller = "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "none")  # HVD:
-        return cls(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),  # HVD:
-                   local_size=hvd.local_size(), hvd=hvd, controller=controller)  # HVD:
+        controller = (
+            "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "none")
+        )  # HVD:
+        return cls(
+            rank=hvd.rank(),
+            size=hvd.size(),
+            local_rank=hvd.local_rank(),  # HVD:
+            local_size=hvd.local_size(),
+            hvd=hvd,
+            controller=controller,
+        )  # HVD:
 
     # ------------------------------------------------------------------ collectives
 

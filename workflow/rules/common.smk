@@ -7,6 +7,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
+from hvdscale.common import ALLREDUCE_ID_WILDCARD
 from hvdscale.config import (
     ConfigError,
     RUN_ID_WILDCARD,
@@ -45,7 +46,7 @@ TRAIN_CONDA_ENV = CFG["environment"]["conda_env"]
 wildcard_constraints:
     shard=r"[0-9]{4}",
     run_id=RUN_ID_WILDCARD,
-    allreduce_id=r"[a-z][a-z0-9-]{0,31}_(nccl|mpi|gloo)_n[0-9]+_w[0-9]+",
+    allreduce_id=ALLREDUCE_ID_WILDCARD,
 
 
 # --------------------------------------------------------------------------- params
@@ -103,15 +104,10 @@ def dir_of_input_plots(wildcards, input):
 
 # --------------------------------------------------------------------------- report inputs
 
-PLOTS = [
-    "speedup_efficiency",
-    "sync_time",
-    "epoch_time_batch",
-    "loss_vs_time",
-    "time_breakdown",
-    "utilisation",
-    "costmodel",
-]
+# the figure registry: names, draw functions, captions (workflow/report/{name}.rst)
+from hvdscale.analysis.figures import FIGURES, caption_values
+
+PLOTS = [fig.name for fig in FIGURES]
 
 
 def run_records(wildcards):
@@ -131,12 +127,13 @@ def allreduce_tables(wildcards):
 
 def config_files(wildcards):
     """The config files of this invocation, in merge order (for the report's provenance)."""
-    return " ".join(shlex.quote(os.path.relpath(str(p), workflow.basedir)) for p in workflow.configfiles)
+    return " ".join(
+        shlex.quote(os.path.relpath(str(p), workflow.basedir)) for p in workflow.configfiles
+    )
 
 
 def model_bytes(wildcards):
     return 4 * count_parameters(CFG)
-
 
 
 # --------------------------------------------------------------------------- resources

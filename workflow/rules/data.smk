@@ -5,14 +5,14 @@
 rule write_data_config:
     output:
         f"{RESULTS}/config/data.json",
-    params:
-        hvd=HVD,
-        # a params change re-runs this rule (and so the data stage); training edits don't
-        cfg=data_config_json,
     log:
         f"{RESULTS}/logs/write_data_config.log",
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        # a params change re-runs this rule (and so the data stage); training edits don't
+        cfg=data_config_json,
     shell:
         "{params.hvd} write-config --section data --json {params.cfg:q} --out {output} > {log} 2>&1"
 
@@ -20,13 +20,13 @@ rule write_data_config:
 rule write_full_config:
     output:
         f"{RESULTS}/config/full.json",
-    params:
-        hvd=HVD,
-        cfg=full_config_json,
     log:
         f"{RESULTS}/logs/write_full_config.log",
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        cfg=full_config_json,
     shell:
         "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
 
@@ -36,14 +36,14 @@ rule generate_shard:
         config=f"{RESULTS}/config/data.json",
     output:
         temp(f"{RESULTS}/data/raw/shard-{{shard}}.h5"),
-    params:
-        hvd=HVD,
     log:
         f"{RESULTS}/logs/generate_shard/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/generate_shard/{{shard}}.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
     shell:
         "{params.hvd} generate-shard --config {input.config} --shard {wildcards.shard}"
         " --out {output} > {log} 2>&1"
@@ -55,14 +55,14 @@ rule validate_shard:
         shard=f"{RESULTS}/data/raw/shard-{{shard}}.h5",
     output:
         f"{RESULTS}/data/raw/shard-{{shard}}.validation.json",
-    params:
-        hvd=HVD,
     log:
         f"{RESULTS}/logs/validate_shard/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/validate_shard/{{shard}}.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
     shell:
         "{params.hvd} validate-shard --config {input.config} --shard {input.shard}"
         " --out {output} > {log} 2>&1"
@@ -78,15 +78,15 @@ rule split_dataset:
         validation=f"{RESULTS}/data/validation.json",
         train=expand(f"{RESULTS}/data/train/shard-{{shard}}.h5", shard=TRAIN_SHARDS),
         test=expand(f"{RESULTS}/data/test/shard-{{shard}}.h5", shard=TEST_SHARDS),
-    params:
-        hvd=HVD,
-        outdir=dir_of_output_manifest,
     log:
         f"{RESULTS}/logs/split_dataset.log",
     benchmark:
         f"{RESULTS}/benchmarks/split_dataset.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        outdir=dir_of_output_manifest,
     shell:
         "{params.hvd} split-dataset --config {input.config} --shards {input.shards}"
         " --validations {input.validations} --outdir {params.outdir} > {log} 2>&1"

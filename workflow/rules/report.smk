@@ -1,5 +1,6 @@
 # Aggregation, allreduce cost model, plots and the PDF report (workflow env).
 
+
 rule aggregate_runs:
     input:
         config=f"{RESULTS}/config/full.json",
@@ -17,15 +18,15 @@ rule aggregate_runs:
         ),
         status=f"{RESULTS}/scaling/status.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
-    params:
-        hvd=HVD,
-        runsdir=runs_dir_of_input_config,
     log:
         f"{RESULTS}/logs/aggregate_runs.log",
     benchmark:
         f"{RESULTS}/benchmarks/aggregate_runs.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        runsdir=runs_dir_of_input_config,
     shell:
         "{params.hvd} aggregate --runs-dir {params.runsdir} --config {input.config}"
         " --out-runs {output.runs} --out-summary {output.summary}"
@@ -39,14 +40,14 @@ rule fit_costmodel:
         summary=f"{RESULTS}/scaling/summary.csv",
     output:
         f"{RESULTS}/scaling/costmodel.json",
-    params:
-        hvd=HVD,
-        model_bytes=model_bytes,
-        max_workers=CFG["report"]["max_extrapolation_workers"],
     log:
         f"{RESULTS}/logs/fit_costmodel.log",
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        model_bytes=model_bytes,
+        max_workers=CFG["report"]["max_extrapolation_workers"],
     shell:
         "{params.hvd} fit-costmodel --allreduce {input.allreduce} --runs {input.runs}"
         " --summary {input.summary} --model-bytes {params.model_bytes}"
@@ -62,18 +63,24 @@ rule plot_scaling:
     output:
         pdf=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         png=[
-            report(f"{RESULTS}/plots/{name}.png", caption=f"../report/{name}.rst", category="Figures")
-            for name in PLOTS
+            report(
+                f"{RESULTS}/plots/{fig.name}.png",
+                caption=f"../report/{fig.caption_file}",
+                category="Figures",
+            )
+            for fig in FIGURES
         ],
-    params:
-        hvd=HVD,
-        outdir=dir_of_output_pdf,
     log:
         f"{RESULTS}/logs/plot_scaling.log",
     benchmark:
         f"{RESULTS}/benchmarks/plot_scaling.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        outdir=dir_of_output_pdf,
+        # values of the captions' Jinja templates (Snakemake's report renders them)
+        caption=caption_values(CFG),
     shell:
         "{params.hvd} plot --runs {input.runs} --summary {input.summary} --epochs {input.epochs}"
         " --costmodel {input.costmodel} --outdir {params.outdir} > {log} 2>&1"
@@ -90,16 +97,16 @@ rule build_report:
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
         f"{RESULTS}/report.pdf",
-    params:
-        hvd=HVD,
-        plotsdir=dir_of_input_plots,
-        configfiles=config_files,
     log:
         f"{RESULTS}/logs/build_report.log",
     benchmark:
         f"{RESULTS}/benchmarks/build_report.tsv"
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        plotsdir=dir_of_input_plots,
+        configfiles=config_files,
     shell:
         "{params.hvd} report --config-file {params.configfiles} --config {input.config}"
         " --runs {input.runs} --summary {input.summary} --status {input.status}"

@@ -8,14 +8,14 @@
 rule write_run_config:
     output:
         f"{RESULTS}/runs/{{run_id}}/config.json",
-    params:
-        hvd=HVD,
-        # only what this run depends on: editing another sweep keeps this run's results
-        cfg=run_config_json,
     log:
         f"{RESULTS}/logs/write_run_config/{{run_id}}.log",
     conda:
         "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        # only what this run depends on: editing another sweep keeps this run's results
+        cfg=run_config_json,
     shell:
         "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
 
@@ -33,12 +33,10 @@ rule train_run:
         f"{RESULTS}/logs/train_run/{{run_id}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/train_run/{{run_id}}.tsv"
-    params:
-        hvd=HVD,
-        datadir=dir_of_input_manifest,
-        launcher=launcher,
-        python=train_python,
-        outdir=dir_of_output_metrics,
+    conda:
+        f"../../{TRAIN_CONDA_ENV}"
+    envmodules:
+        *TRAIN_MODULES,
     threads: local_threads
     resources:
         # mapped to sbatch flags by snakemake-executor-plugin-slurm (profiles/slurm)
@@ -54,10 +52,12 @@ rule train_run:
         gres=res_gres,
         slurm_extra=res_slurm_extra,
         mpi=res_mpi,
-    envmodules:
-        *TRAIN_MODULES,
-    conda:
-        f"../../{TRAIN_CONDA_ENV}"
+    params:
+        hvd=HVD,
+        datadir=dir_of_input_manifest,
+        launcher=launcher,
+        python=train_python,
+        outdir=dir_of_output_metrics,
     shell:
         "{params.hvd} launch --config {input.config} --run-id {wildcards.run_id}"
         " --data-dir {params.datadir} --out-dir {params.outdir}"
@@ -73,10 +73,10 @@ rule measure_allreduce:
         f"{RESULTS}/logs/measure_allreduce/{{allreduce_id}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/measure_allreduce/{{allreduce_id}}.tsv"
-    params:
-        hvd=HVD,
-        launcher=launcher,
-        python=train_python,
+    conda:
+        f"../../{TRAIN_CONDA_ENV}"
+    envmodules:
+        *TRAIN_MODULES,
     threads: local_threads
     resources:
         slurm_partition=res_partition,
@@ -91,10 +91,10 @@ rule measure_allreduce:
         gres=res_gres,
         slurm_extra=res_slurm_extra,
         mpi=res_mpi,
-    envmodules:
-        *TRAIN_MODULES,
-    conda:
-        f"../../{TRAIN_CONDA_ENV}"
+    params:
+        hvd=HVD,
+        launcher=launcher,
+        python=train_python,
     shell:
         "{params.hvd} launch --program measure-allreduce --config {input.config}"
         " --allreduce-id {wildcards.allreduce_id} --out {output}"

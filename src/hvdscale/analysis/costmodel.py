@@ -9,8 +9,8 @@ weighted least squares over every message size and worker count of the allreduce
 sweep (results/allreduce/*.csv as written by `hvdscale measure-allreduce`: columns
 partition, backend, workers, nodes, bytes, time_s; p10/p90/algbw/busbw, also named
 p10_s/p90_s/algbw_Bps/busbw_Bps, are optional; rows with one worker carry no
-communication and are left out). The weights are 1/time, so the fit minimises relative residuals and small
-(latency-bound) and large (bandwidth-bound) messages count alike.
+communication and are left out). The weights are 1/time, so the fit minimises relative
+residuals and small (latency-bound) and large (bandwidth-bound) messages count alike.
 
 Prediction per configuration group (partition, backend, batch_per_worker, lr_rule)
 with a measured 1-worker baseline (summary.csv): per-step time
@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.common import GROUP_KEYS
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
 
 DEFAULT_MODEL_BYTES = 153441 * 4
-GROUP_KEYS = ["partition", "backend", "batch_per_worker", "lr_rule"]
 FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"
 
 
@@ -53,7 +53,10 @@ FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"
 def ring_time(p, nbytes, alpha: float, beta: float):
     """Ring allreduce time (s) of ``nbytes`` over ``p`` ranks (0 for one rank)."""
     p = np.asarray(p, dtype=float)
-    t = 2 * (p - 1) * alpha + 2 * (p - 1) / np.maximum(p, 1) * np.asarray(nbytes, dtype=float) / beta
+    t = (
+        2 * (p - 1) * alpha
+        + 2 * (p - 1) / np.maximum(p, 1) * np.asarray(nbytes, dtype=float) / beta
+    )
     return np.where(p > 1, t, 0.0)
 
 
@@ -68,11 +71,20 @@ def fit_ring(workers, nbytes, time_s, weights: str = "relative") -> dict:
     y = np.asarray(time_s, dtype=float)
     keep = (p > 1) & np.isfinite(y) & (y > 0) & np.isfinite(n)
     p, n, y = p[keep], n[keep], y[keep]
-    out = {"n_points": int(len(y)), "workers": sorted({int(v) for v in p}),
-           "bytes_min": float(n.min()) if len(n) else None, "bytes_max": float(n.max()) if len(n) else None,
-           "weighting": "1/time (relative residuals)" if weights == "relative" else "none",
-           "alpha_s": None, "beta_Bps": None, "alpha_se_s": None, "beta_se_Bps": None,
-           "median_abs_rel_error": None, "max_abs_rel_error": None, "note": ""}
+    out = {
+        "n_points": int(len(y)),
+        "workers": sorted({int(v) for v in p}),
+        "bytes_min": float(n.min()) if len(n) else None,
+        "bytes_max": float(n.max()) if len(n) else None,
+        "weighting": "1/time (relative residuals)" if weights == "relative" else "none",
+        "alpha_s": None,
+        "beta_Bps": None,
+        "alpha_se_s": None,
+        "beta_se_Bps": None,
+        "median_abs_rel_error": None,
+        "max_abs_rel_error": None,
+        "note": "",
+    }
     if len(y) < 2:
         out["note"] = "too few allreduce measurements with more than one worker"
         return out
@@ -101,11 +113,15 @@ def fit_ring(workers, nbytes, time_s, weights: str = "relative") -> dict:
     alpha, inv_beta = float(coef[0]), float(coef[1])
     pred = X @ coef
     rel = (pred - y) / y
-    out.update(alpha_s=alpha, beta_Bps=(1.0 / inv_beta) if inv_beta > 0 else None,
-               alpha_se_s=float(se[0]),
-               beta_se_Bps=float(se[1] / inv_beta**2) if inv_beta > 0 else None,
-               median_abs_rel_error=float(np.median(np.abs(rel))), max_abs_rel_error=float(np.max(np.abs(rel))),
-               note="; ".join(notes))
+    out.update(
+        alpha_s=alpha,
+        beta_Bps=(1.0 / inv_beta) if inv_beta > 0 else None,
+        alpha_se_s=float(se[0]),
+        beta_se_Bps=float(se[1] / inv_beta**2) if inv_beta > 0 else None,
+        median_abs_rel_error=float(np.median(np.abs(rel))),
+        max_abs_rel_error=float(np.max(np.abs(rel))),
+        note="; ".join(notes),
+    )
     return out
 
 
@@ -130,7 +146,12 @@ def read_allreduce(paths: list[Path]) -> pd.DataFrame:
     """Concatenate and validate allreduce sweep CSVs (pandera)."""
     import pandera.pandas as pa
 
-    from hvdscale.analysis.schemas import ALLREDUCE_ALIASES, ALLREDUCE_COLUMNS, ALLREDUCE_SCHEMA, describe_failures
+    from hvdscale.analysis.schemas import (
+        ALLREDUCE_ALIASES,
+        ALLREDUCE_COLUMNS,
+        ALLREDUCE_SCHEMA,
+        describe_failures,
+    )
 
     frames = []
     for path in paths:
@@ -138,11 +159,15 @@ def read_allreduce(paths: list[Path]) -> pd.DataFrame:
             df = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             raise UserError(f"allreduce file {path}: not a readable CSV file ({exc})") from None
-        df = df.rename(columns={k: v for k, v in ALLREDUCE_ALIASES.items() if k in df and v not in df})
+        df = df.rename(
+            columns={k: v for k, v in ALLREDUCE_ALIASES.items() if k in df and v not in df}
+        )
         missing = [c for c in ALLREDUCE_COLUMNS if c not in df.columns]
         if missing:
-            raise UserError(f"allreduce file {path}: missing column(s) {', '.join(missing)}; expected "
-                            f"{', '.join(ALLREDUCE_COLUMNS)}")
+            raise UserError(
+                f"allreduce file {path}: missing column(s) {', '.join(missing)}; expected "
+                f"{', '.join(ALLREDUCE_COLUMNS)}"
+            )
         try:
             df = ALLREDUCE_SCHEMA.validate(df, lazy=True)
         except pa.errors.SchemaErrors as err:
@@ -194,109 +219,206 @@ def _rel(pred, meas):
     return (pred - meas) / meas
 
 
-def fit_costmodel(allreduce: pd.DataFrame, summary: pd.DataFrame | None, model_bytes: int,
-                  max_workers: int = 64, sources: list[str] | None = None) -> dict:
-    """Fits per partition/backend, predictions per configuration group, errors."""
+ERROR_KEYS = ("sync_rel_error", "speedup_rel_error", "epoch_time_rel_error")
+
+
+def _fits(allreduce: pd.DataFrame) -> list[dict]:
+    """One ring fit per partition and backend, with its points and fitted times."""
     fits = []
     for (part, be), g in allreduce.groupby(["partition", "backend"], sort=True):
         f = fit_ring(g["workers"], g["bytes"], g["time_s"])
-        pts = [{"workers": int(w), "bytes": float(b), "time_s": float(t),
-                "fitted_s": float(ring_time(w, b, f["alpha_s"], f["beta_Bps"])) if f["beta_Bps"] else None}
-               for w, b, t in zip(g["workers"], g["bytes"], g["time_s"])]
+        pts = [
+            {
+                "workers": int(w),
+                "bytes": float(b),
+                "time_s": float(t),
+                "fitted_s": float(ring_time(w, b, f["alpha_s"], f["beta_Bps"]))
+                if f["beta_Bps"]
+                else None,
+            }
+            for w, b, t in zip(g["workers"], g["bytes"], g["time_s"])
+        ]
         fits.append({"partition": part, "backend": be, **f, "points": pts})
-    fit_by = {(f["partition"], f["backend"]): f for f in fits if f["alpha_s"] is not None and f["beta_Bps"]}
+    return fits
 
+
+def _baseline(b: pd.Series) -> dict:
+    """The 1-worker run's local (non-sync) time per step and steps per epoch."""
+    local = {
+        k: float(b[k]) if pd.notna(b[k]) else 0.0
+        for k in ("data_step_s", "compute_step_s", "update_step_s", "other_step_s")
+    }
+    local["other_step_s"] = max(local["other_step_s"], 0.0)
+    return {
+        **local,
+        "local_step_s": sum(local.values()),
+        "steps_per_epoch": float(b["steps_per_epoch"]),
+        "epoch_time_s_measured": float(b["epoch_time_s"]),
+    }
+
+
+def _point(p: int, f: dict, base: dict, model_bytes: int, measured: pd.DataFrame) -> dict:
+    """Predicted (and, where measured, measured) sync time, epoch time and speedup at p."""
+    t_local, steps1 = base["local_step_s"], base["steps_per_epoch"]
+    t_epoch1 = steps1 * t_local
+    t_sync = float(ring_time(p, model_bytes, f["alpha_s"], f["beta_Bps"]))
+    t_step = t_local + t_sync
+    t_epoch = steps1 / p * t_step
+    pt = {
+        "workers": p,
+        "sync_step_s_pred": t_sync,
+        "step_time_s_pred": t_step,
+        "epoch_time_s_pred": t_epoch,
+        "speedup_pred": t_epoch1 / t_epoch,
+        "efficiency_pred": t_epoch1 / t_epoch / p,
+        "sync_share_pred": t_sync / t_step,
+        "sync_step_s_meas": None,
+        "epoch_time_s_meas": None,
+        "speedup_meas": None,
+        "sync_rel_error": None,
+        "epoch_time_rel_error": None,
+        "speedup_rel_error": None,
+    }
+    if p in measured.index and pd.notna(measured.at[p, "epoch_time_s"]):
+        m = measured.loc[p]
+        pt.update(
+            sync_step_s_meas=m["sync_step_s"],
+            epoch_time_s_meas=m["epoch_time_s"],
+            speedup_meas=m["speedup"],
+        )
+        if p > 1:
+            pt["sync_rel_error"] = _rel(t_sync, m["sync_step_s"])
+            pt["speedup_rel_error"] = _rel(pt["speedup_pred"], m["speedup"])
+            pt["epoch_time_rel_error"] = _rel(t_epoch, m["epoch_time_s"])
+    return pt
+
+
+def _prediction(key, g: pd.DataFrame, f: dict | None, model_bytes: int, max_workers: int):
+    """The prediction entry of one configuration group (a note where there is none)."""
+    part, be, batch, lr = key
+    entry = {
+        "partition": part,
+        "backend": be,
+        "batch_per_worker": int(batch),
+        "lr_rule": lr,
+        "fit": None,
+        "baseline": None,
+        "points": [],
+        "note": "",
+    }
+    base = g[(g["workers"] == 1) & g["epoch_time_s"].notna()]
+    if f is None:
+        entry["note"] = "no allreduce fit for this partition/backend"
+    elif base.empty:
+        entry["note"] = "no completed 1-worker baseline run"
+    if f is None or base.empty:
+        return entry
+    entry["fit"] = {"alpha_s": f["alpha_s"], "beta_Bps": f["beta_Bps"]}
+    entry["baseline"] = _baseline(base.iloc[0])
+    measured = g.set_index("workers")
+    entry["points"] = [
+        _point(p, f, entry["baseline"], model_bytes, measured)
+        for p in worker_grid(g["workers"], max_workers)
+    ]
+    entry["median_abs_rel_error"] = {
+        k: (float(np.median(np.abs(v))) if v else None) for k, v in _errors([entry]).items()
+    }
+    return entry
+
+
+def _errors(predictions: list[dict]) -> dict[str, list[float]]:
+    """Every non-null relative error of the predictions' points, per kind."""
+    return {
+        k: [pt[k] for e in predictions for pt in e["points"] if pt[k] is not None]
+        for k in ERROR_KEYS
+    }
+
+
+def _error_stats(v: list[float]) -> dict:
+    return {
+        "n": len(v),
+        "median_abs_rel_error": float(np.median(np.abs(v))) if v else None,
+        "median_rel_error": float(np.median(v)) if v else None,
+        "max_abs_rel_error": float(np.max(np.abs(v))) if v else None,
+    }
+
+
+def fit_costmodel(
+    allreduce: pd.DataFrame,
+    summary: pd.DataFrame | None,
+    model_bytes: int,
+    max_workers: int = 64,
+    sources: list[str] | None = None,
+) -> dict:
+    """Fits per partition/backend, predictions per configuration group, errors."""
+    fits = _fits(allreduce)
+    fit_by = {
+        (f["partition"], f["backend"]): f
+        for f in fits
+        if f["alpha_s"] is not None and f["beta_Bps"]
+    }
     predictions, notes = [], []
-    all_sync, all_speed, all_epoch = [], [], []
     if summary is not None and not summary.empty:
         for key, g in summary.groupby(GROUP_KEYS, sort=True):
-            part, be, batch, lr = key
-            entry = {"partition": part, "backend": be, "batch_per_worker": int(batch), "lr_rule": lr,
-                     "fit": None, "baseline": None, "points": [], "note": ""}
-            f = fit_by.get((part, be))
-            base = g[(g["workers"] == 1) & g["epoch_time_s"].notna()]
-            if f is None:
-                entry["note"] = "no allreduce fit for this partition/backend"
-            elif base.empty:
-                entry["note"] = "no completed 1-worker baseline run"
-            if f is None or base.empty:
-                predictions.append(entry)
-                continue
-            b = base.iloc[0]
-            local = {k: float(b[k]) if pd.notna(b[k]) else 0.0
-                     for k in ("data_step_s", "compute_step_s", "update_step_s", "other_step_s")}
-            local["other_step_s"] = max(local["other_step_s"], 0.0)
-            t_local = sum(local.values())
-            steps1 = float(b["steps_per_epoch"])
-            entry["fit"] = {"alpha_s": f["alpha_s"], "beta_Bps": f["beta_Bps"]}
-            entry["baseline"] = {**local, "local_step_s": t_local, "steps_per_epoch": steps1,
-                                 "epoch_time_s_measured": float(b["epoch_time_s"])}
-            t_epoch1 = steps1 * t_local
-            measured = g.set_index("workers")
-            for p in worker_grid(g["workers"], max_workers):
-                t_sync = float(ring_time(p, model_bytes, f["alpha_s"], f["beta_Bps"]))
-                t_step = t_local + t_sync
-                t_epoch = steps1 / p * t_step
-                pt = {"workers": p, "sync_step_s_pred": t_sync, "step_time_s_pred": t_step,
-                      "epoch_time_s_pred": t_epoch, "speedup_pred": t_epoch1 / t_epoch,
-                      "efficiency_pred": t_epoch1 / t_epoch / p, "sync_share_pred": t_sync / t_step,
-                      "sync_step_s_meas": None, "epoch_time_s_meas": None, "speedup_meas": None,
-                      "sync_rel_error": None, "epoch_time_rel_error": None, "speedup_rel_error": None}
-                if p in measured.index and pd.notna(measured.at[p, "epoch_time_s"]):
-                    m = measured.loc[p]
-                    pt.update(sync_step_s_meas=m["sync_step_s"], epoch_time_s_meas=m["epoch_time_s"],
-                              speedup_meas=m["speedup"])
-                    if p > 1:
-                        pt["sync_rel_error"] = _rel(t_sync, m["sync_step_s"])
-                        pt["speedup_rel_error"] = _rel(pt["speedup_pred"], m["speedup"])
-                        pt["epoch_time_rel_error"] = _rel(t_epoch, m["epoch_time_s"])
-                        for lst, k in ((all_sync, "sync_rel_error"), (all_speed, "speedup_rel_error"),
-                                       (all_epoch, "epoch_time_rel_error")):
-                            if pt[k] is not None:
-                                lst.append(pt[k])
-                entry["points"].append(pt)
-            errs = {k: [pt[k] for pt in entry["points"] if pt[k] is not None]
-                    for k in ("sync_rel_error", "speedup_rel_error", "epoch_time_rel_error")}
-            entry["median_abs_rel_error"] = {k: (float(np.median(np.abs(v))) if v else None) for k, v in errs.items()}
-            predictions.append(entry)
+            f = fit_by.get((key[0], key[1]))
+            predictions.append(_prediction(key, g, f, model_bytes, max_workers))
     else:
         notes.append("no summary table: no predictions")
     if not fits:
         notes.append("no allreduce measurements: no fit and no predictions")
-
-    def agg(v):
-        return {"n": len(v), "median_abs_rel_error": float(np.median(np.abs(v))) if v else None,
-                "median_rel_error": float(np.median(v)) if v else None,
-                "max_abs_rel_error": float(np.max(np.abs(v))) if v else None}
-
-    return _clean({
-        "model": "ring allreduce",
-        "formula": FORMULA,
-        "step_time": "T_step(p) = T_data + T_compute + T_update + T_other (1-worker run) + T_sync(p, model_bytes)",
-        "epoch_time": "T_epoch(p) = steps_per_epoch(1)/p * T_step(p); S(p) = T_epoch(1)/T_epoch(p)",
-        "model_bytes": int(model_bytes),
-        "max_workers": int(max_workers),
-        "inputs": sources or [],
-        "fits": fits,
-        "predictions": predictions,
-        "errors": {"sync_time": agg(all_sync), "speedup": agg(all_speed), "epoch_time": agg(all_epoch)},
-        "notes": notes,
-    })
+    errs = _errors(predictions)
+    return _clean(
+        {
+            "model": "ring allreduce",
+            "formula": FORMULA,
+            "step_time": "T_step(p) = T_data + T_compute + T_update + T_other (1-worker run)"
+            " + T_sync(p, model_bytes)",
+            "epoch_time": "T_epoch(p) = steps_per_epoch(1)/p * T_step(p);"
+            " S(p) = T_epoch(1)/T_epoch(p)",
+            "model_bytes": int(model_bytes),
+            "max_workers": int(max_workers),
+            "inputs": sources or [],
+            "fits": fits,
+            "predictions": predictions,
+            "errors": {
+                "sync_time": _error_stats(errs["sync_rel_error"]),
+                "speedup": _error_stats(errs["speedup_rel_error"]),
+                "epoch_time": _error_stats(errs["epoch_time_rel_error"]),
+            },
+            "notes": notes,
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
 def add_arguments(p):
-    p.add_argument("--allreduce", nargs="*", default=[], metavar="CSV",
-                   help="allreduce sweep CSV files (globs allowed), e.g. results/allreduce/*.csv")
+    p.add_argument(
+        "--allreduce",
+        nargs="*",
+        default=[],
+        metavar="CSV",
+        help="allreduce sweep CSV files (globs allowed), e.g. results/allreduce/*.csv",
+    )
     p.add_argument("--summary", help="summary.csv from 'hvdscale aggregate'")
-    p.add_argument("--runs", help="runs.csv from 'hvdscale aggregate' (for the model size if --model-bytes "
-                   "is not given)")
-    p.add_argument("--model-bytes", type=int, help="bytes allreduced per step (parameters x 4); default: "
-                   "model_bytes of the run records, else 153441*4")
-    p.add_argument("--max-workers", type=int, default=64, help="extrapolate up to this many workers "
-                   "(default: %(default)s)")
+    p.add_argument(
+        "--runs",
+        help="runs.csv from 'hvdscale aggregate' (for the model size if --model-bytes "
+        "is not given)",
+    )
+    p.add_argument(
+        "--model-bytes",
+        type=int,
+        help="bytes allreduced per step (parameters x 4); default: "
+        "model_bytes of the run records, else 153441*4",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=int,
+        default=64,
+        help="extrapolate up to this many workers (default: %(default)s)",
+    )
     p.add_argument("--out", default="results/scaling/costmodel.json", help="(default: %(default)s)")
 
 
@@ -315,19 +437,30 @@ def run(args) -> int:
         mb = read_runs(args.runs)["model_bytes"].dropna()
         model_bytes = int(mb.mode().iloc[0]) if not mb.empty else None
     model_bytes = model_bytes or DEFAULT_MODEL_BYTES
-    result = fit_costmodel(allreduce, summary, model_bytes, args.max_workers, [str(p) for p in paths])
+    result = fit_costmodel(
+        allreduce, summary, model_bytes, args.max_workers, [str(p) for p in paths]
+    )
     write_json_atomic(args.out, result)
     for f in result["fits"]:
         if f["alpha_s"] is not None and f["beta_Bps"]:
-            print(f"fit-costmodel: {f['partition']}/{f['backend']}: alpha {f['alpha_s'] * 1e6:.2f} us, "
-                  f"beta {f['beta_Bps'] / 1e9:.3f} GB/s ({f['n_points']} points, median |rel. error| "
-                  f"{100 * f['median_abs_rel_error']:.1f} %)")
+            print(
+                f"fit-costmodel: {f['partition']}/{f['backend']}: "
+                f"alpha {f['alpha_s'] * 1e6:.2f} us, "
+                f"beta {f['beta_Bps'] / 1e9:.3f} GB/s ({f['n_points']} points, median |rel. error| "
+                f"{100 * f['median_abs_rel_error']:.1f} %)"
+            )
         else:
-            print(f"fit-costmodel: {f['partition']}/{f['backend']}: no fit ({f['note']})", file=sys.stderr)
+            print(
+                f"fit-costmodel: {f['partition']}/{f['backend']}: no fit ({f['note']})",
+                file=sys.stderr,
+            )
     e = result["errors"]["speedup"]
     if e["n"]:
-        print(f"fit-costmodel: speedup prediction median |rel. error| {100 * e['median_abs_rel_error']:.1f} % "
-              f"over {e['n']} measured points")
+        print(
+            "fit-costmodel: speedup prediction median |rel. error| "
+            f"{100 * e['median_abs_rel_error']:.1f} % "
+            f"over {e['n']} measured points"
+        )
     for n in result["notes"]:
         print(f"hvdscale fit-costmodel: warning: {n}", file=sys.stderr)
     return 0

@@ -14,10 +14,9 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
+from hvdscale.common import CONFIG_KEYS, GROUP_KEYS  # noqa: F401 (re-exported)
 from hvdscale.config import RUN_ID_PATTERN, parse_run_id
 
-GROUP_KEYS = ["partition", "backend", "batch_per_worker", "lr_rule"]
-CONFIG_KEYS = GROUP_KEYS + ["workers"]
 BACKENDS = ["nccl", "mpi", "gloo"]
 LR_RULES = ["none", "linear", "sqrt"]
 RECORD_STATUSES = ["completed", "nan_loss", "failed"]
@@ -38,16 +37,33 @@ def _int(minimum=None, nullable=False):
 def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
     """run_id encodes partition, backend, nodes, workers, batch, LR rule and repeat."""
     ok = []
-    for rid, part, be, nodes, w, b, lr, rep in zip(df["run_id"], df["partition"], df["backend"], df["nodes"],
-                                                   df["workers"], df["batch_per_worker"], df["lr_rule"],
-                                                   df["repeat"]):
+    for rid, part, be, nodes, w, b, lr, rep in zip(
+        df["run_id"],
+        df["partition"],
+        df["backend"],
+        df["nodes"],
+        df["workers"],
+        df["batch_per_worker"],
+        df["lr_rule"],
+        df["repeat"],
+    ):
         try:
             p = parse_run_id(rid)
         except Exception:
             ok.append(False)
             continue
-        ok.append((p["partition"], p["backend"], p["nodes"], p["workers"], p["batch"], p["lr_rule"], p["repeat"])
-                  == (part, be, nodes, w, b, lr, rep))
+        ok.append(
+            (
+                p["partition"],
+                p["backend"],
+                p["nodes"],
+                p["workers"],
+                p["batch"],
+                p["lr_rule"],
+                p["repeat"],
+            )
+            == (part, be, nodes, w, b, lr, rep)
+        )
     return pd.Series(ok, index=df.index)
 
 
@@ -60,17 +76,31 @@ def _shares_sum(df: pd.DataFrame) -> pd.Series:
     return s.isna() | ((s - 1.0).abs() <= 1e-6)
 
 
+# columns the runs and summary tables share, with the same checks
+_CONFIG_COLUMNS = {
+    "partition": Column(str),
+    "backend": Column(str, Check.isin(BACKENDS)),
+    "batch_per_worker": _int(1),
+    "lr_rule": Column(str, Check.isin(LR_RULES)),
+    "workers": _int(1),
+}
+_SHARE = Check.in_range(0, 1 + SHARE_TOL)
+_TIMES_AND_LOSS = {
+    "epoch_time_s": _num(Check.gt(0)),
+    "throughput": _num(Check.gt(0)),
+    "data_share": _num(_SHARE),
+    "sync_share": _num(_SHARE),
+    "final_test_loss": _num(Check.ge(0)),
+}
+
 RUNS_SCHEMA = pa.DataFrameSchema(
     {
         "run_id": Column(str, Check.str_matches(f"^{RUN_ID_PATTERN}$")),
-        "partition": Column(str),
-        "backend": Column(str, Check.isin(BACKENDS)),
+        **_CONFIG_COLUMNS,
+        **_TIMES_AND_LOSS,
         "nodes": _int(1),
-        "workers": _int(1),
         "workers_per_node": _int(1),
-        "batch_per_worker": _int(1),
         "global_batch": _int(1),
-        "lr_rule": Column(str, Check.isin(LR_RULES)),
         "repeat": _int(0),
         "learning_rate": _num(Check.gt(0), nullable=False),
         "status": Column(str, Check.isin(RECORD_STATUSES)),
@@ -78,21 +108,16 @@ RUNS_SCHEMA = pa.DataFrameSchema(
         "epochs_completed": _int(0),
         "epochs_timed": _int(0),
         "steps_per_epoch": _num(Check.gt(0)),
-        "epoch_time_s": _num(Check.gt(0)),
-        "throughput": _num(Check.gt(0)),
         "step_time_s": _num(Check.gt(0)),
         "data_step_s": _num(Check.ge(0)),
         "compute_step_s": _num(Check.ge(0)),
         "sync_step_s": _num(Check.ge(0)),
         "update_step_s": _num(Check.ge(0)),
         "other_step_s": _num(),
-        "data_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
-        "compute_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
-        "sync_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
-        "update_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
+        "compute_share": _num(_SHARE),
+        "update_share": _num(_SHARE),
         "other_share": _num(),
         "utilisation": _num(Check.in_range(0, 100 * 64)),  # percent; summed over devices allowed
-        "final_test_loss": _num(Check.ge(0)),
         "best_test_loss": _num(Check.ge(0)),
         "final_train_loss": _num(Check.ge(0)),
         "time_to_target_s": _num(Check.ge(0)),
@@ -100,14 +125,22 @@ RUNS_SCHEMA = pa.DataFrameSchema(
         "model_bytes": _int(1),
     },
     checks=[
-        Check(lambda df: df["global_batch"] == df["workers"] * df["batch_per_worker"],
-              name="global_batch equals workers x batch_per_worker"),
+        Check(
+            lambda df: df["global_batch"] == df["workers"] * df["batch_per_worker"],
+            name="global_batch equals workers x batch_per_worker",
+        ),
         Check(lambda df: df["nodes"] <= df["workers"], name="nodes not above workers"),
         Check(_run_id_consistent, name="run_id matches the record's config"),
         Check(_completed_has_timing, name="completed run has timed (non-warm-up) epochs"),
         Check(_shares_sum, name="phase shares sum to 1"),
-        Check(lambda df: df["best_test_loss"].isna() | df["final_test_loss"].isna()
-              | (df["best_test_loss"] <= df["final_test_loss"] + 1e-12), name="best test loss <= final test loss"),
+        Check(
+            lambda df: (
+                df["best_test_loss"].isna()
+                | df["final_test_loss"].isna()
+                | (df["best_test_loss"] <= df["final_test_loss"] + 1e-12)
+            ),
+            name="best test loss <= final test loss",
+        ),
     ],
     strict=False,
     name="runs",
@@ -127,23 +160,15 @@ STATUS_SCHEMA = pa.DataFrameSchema(
 
 SUMMARY_SCHEMA = pa.DataFrameSchema(
     {
-        "partition": Column(str),
-        "backend": Column(str, Check.isin(BACKENDS)),
-        "batch_per_worker": _int(1),
-        "lr_rule": Column(str, Check.isin(LR_RULES)),
-        "workers": _int(1),
+        **_CONFIG_COLUMNS,
+        **_TIMES_AND_LOSS,
         "n_completed": _int(0),
-        "epoch_time_s": _num(Check.gt(0)),
-        "throughput": _num(Check.gt(0)),
         "speedup": _num(Check.gt(0)),
         "efficiency": _num(Check.gt(0)),
         "speedup_ttt": _num(Check.gt(0)),
         "has_baseline": Column(bool, coerce=True),
         "baseline_status": Column(str, Check.isin(["ok", "missing", "failed", "not_in_sweep"])),
         "speedup_per_gpu": _num(),
-        "sync_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
-        "data_share": _num(Check.in_range(0, 1 + SHARE_TOL)),
-        "final_test_loss": _num(Check.ge(0)),
     },
     checks=[Check(lambda df: ~df.duplicated(CONFIG_KEYS), name="one row per configuration")],
     strict=False,
@@ -173,7 +198,7 @@ ALLREDUCE_SCHEMA = pa.DataFrameSchema(
 )
 
 
-def describe_failures(err: "pa.errors.SchemaErrors") -> dict:
+def describe_failures(err: pa.errors.SchemaErrors) -> dict:
     """Map row index -> list of 'field: problem' strings from a lazy validation error.
 
     Failures without a row index (a missing column, a wrong dtype) are returned under

@@ -15,6 +15,8 @@ def run(args) -> int:
     runs = run_table(cfg)
     if not args.quiet:
         for r in runs:
-            print(f"{r.run_id}\tnodes={r.nodes}\tworkers={r.workers}\tglobal_batch={r.global_batch}")
+            print(
+                f"{r.run_id}\tnodes={r.nodes}\tworkers={r.workers}\tglobal_batch={r.global_batch}"
+            )
     print(f"{args.config}: valid; {len(runs)} training runs; config hash {config_hash(cfg)[:12]}")
     return 0

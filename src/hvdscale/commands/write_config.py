@@ -14,8 +14,12 @@ from hvdscale.io import write_json_atomic
 
 def add_arguments(p):
     p.add_argument("--json", required=True, help="the config as a JSON string")
-    p.add_argument("--section", choices=["full", "data"], default="full",
-                   help="full config, or only what the data stage depends on (default: full)")
+    p.add_argument(
+        "--section",
+        choices=["full", "data"],
+        default="full",
+        help="full config, or only what the data stage depends on (default: full)",
+    )
     p.add_argument("--out", required=True, help="output JSON file")
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -30,7 +30,15 @@ from hvdscale.errors import DataError
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 SPLITS = ("train", "test")
-_REQUIRED = ("manifest_version", "format_version", "seed", "n_points", "counts", "shards", "normalisation")
+_REQUIRED = (
+    "manifest_version",
+    "format_version",
+    "seed",
+    "n_points",
+    "counts",
+    "shards",
+    "normalisation",
+)
 
 
 def shard_name(index: int) -> str:
@@ -62,9 +70,13 @@ def load_manifest(data_dir: str | Path) -> dict:
     if missing:
         raise DataError(f"{path}: key(s) {', '.join(missing)} missing")
     if m["manifest_version"] != MANIFEST_VERSION:
-        raise DataError(f"{path}: manifest_version {m['manifest_version']!r}; expected {MANIFEST_VERSION}")
+        raise DataError(
+            f"{path}: manifest_version {m['manifest_version']!r}; expected {MANIFEST_VERSION}"
+        )
     if m["format_version"] != h5.FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {m['format_version']!r}; expected {h5.FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: format_version {m['format_version']!r}; expected {h5.FORMAT_VERSION}"
+        )
     for s in SPLITS:
         entries = m["shards"].get(s) if isinstance(m["shards"], dict) else None
         if not isinstance(entries, list) or not entries:
@@ -75,7 +87,9 @@ def load_manifest(data_dir: str | Path) -> dict:
                     raise DataError(f"{path}: shards.{s}[{i}] has no key {k!r}")
         total = sum(int(e["n_samples"]) for e in entries)
         if total != m["counts"].get(s):
-            raise DataError(f"{path}: shards.{s} hold {total} samples; counts.{s} says {m['counts'].get(s)}")
+            raise DataError(
+                f"{path}: shards.{s} hold {total} samples; counts.{s} says {m['counts'].get(s)}"
+            )
     if m["counts"].get("train", 0) + m["counts"].get("test", 0) != m["counts"].get("total"):
         raise DataError(f"{path}: counts train + test != total ({m['counts']})")
     return m
@@ -89,14 +103,18 @@ def shard_paths(data_dir: str | Path, split: str, manifest: dict | None = None) 
     return [Path(data_dir) / e["file"] for e in manifest["shards"][split]]
 
 
-def verify_shard(data_dir: str | Path, entry: dict, manifest: dict, verify_checksum: bool = False) -> None:
+def verify_shard(
+    data_dir: str | Path, entry: dict, manifest: dict, verify_checksum: bool = False
+) -> None:
     """Check one manifest shard entry against its file (DataError naming the file)."""
     path = Path(data_dir) / entry["file"]
     if not path.is_file():
         raise DataError(f"{path}: listed in {Path(data_dir) / MANIFEST_NAME} but missing")
     size = path.stat().st_size
     if size != entry["bytes"]:
-        raise DataError(f"{path}: {size} bytes; the manifest records {entry['bytes']} (truncated or replaced)")
+        raise DataError(
+            f"{path}: {size} bytes; the manifest records {entry['bytes']} (truncated or replaced)"
+        )
     with h5.open_h5(path) as fh:
         n = h5.check_layout(fh, path, manifest["n_points"])
         if n != entry["n_samples"]:
@@ -108,14 +126,20 @@ def verify_shard(data_dir: str | Path, entry: dict, manifest: dict, verify_check
             ids = fh["sample_id"]
             first, last = int(ids[0]), int(ids[n - 1])
             if (first, last) != (entry["first_sample_id"], entry["last_sample_id"]):
-                raise DataError(f"{path}: sample ids {first}..{last}; the manifest records "
-                                f"{entry['first_sample_id']}..{entry['last_sample_id']}")
+                raise DataError(
+                    f"{path}: sample ids {first}..{last}; the manifest records "
+                    f"{entry['first_sample_id']}..{entry['last_sample_id']}"
+                )
     if verify_checksum and sha256_file(path) != entry["sha256"]:
         raise DataError(f"{path}: sha256 differs from the manifest (file corrupt or replaced)")
 
 
-def verify_data_dir(data_dir: str | Path, verify_checksums: bool = False,
-                    splits: Iterable[str] = SPLITS, indices: dict[str, Sequence[int]] | None = None) -> dict:
+def verify_data_dir(
+    data_dir: str | Path,
+    verify_checksums: bool = False,
+    splits: Iterable[str] = SPLITS,
+    indices: dict[str, Sequence[int]] | None = None,
+) -> dict:
     """Verify the data directory (or only ``indices[split]`` shards); returns the manifest."""
     manifest = load_manifest(data_dir)
     for s in splits:
@@ -140,15 +164,23 @@ def normalisation(manifest: dict) -> dict[str, np.ndarray]:
 
 
 def add_arguments(p):
-    p.add_argument("--data-dir", required=True, help="data directory holding manifest.json, e.g. results/data")
-    p.add_argument("--verify-checksums", action="store_true",
-                   help="also compare the sha256 of every shard with the manifest (reads every byte)")
+    p.add_argument(
+        "--data-dir", required=True, help="data directory holding manifest.json, e.g. results/data"
+    )
+    p.add_argument(
+        "--verify-checksums",
+        action="store_true",
+        help="also compare the sha256 of every shard with the manifest (reads every byte)",
+    )
 
 
 def run(args) -> int:
     m = verify_data_dir(args.data_dir, verify_checksums=args.verify_checksums)
     c = m["counts"]
     what = "datasets, counts and checksums" if args.verify_checksums else "datasets and counts"
-    print(f"{args.data_dir}: {what} OK: {c['train']} train + {c['test']} test samples in "
-          f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards", file=sys.stderr)
+    print(
+        f"{args.data_dir}: {what} OK: {c['train']} train + {c['test']} test samples in "
+        f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards",
+        file=sys.stderr,
+    )
     return 0

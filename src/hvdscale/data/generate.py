@@ -42,7 +42,9 @@ def tune_malloc() -> bool:
 
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30))
+        return bool(
+            libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
+        )
     except (OSError, AttributeError):
         return False
 
@@ -54,13 +56,25 @@ def shard_range(n_samples: int, n_shards: int, shard: int) -> tuple[int, int]:
     return shard * n_samples // n_shards, (shard + 1) * n_samples // n_shards
 
 
-def raw_shard_attrs(params: GeneratorParams, shard: int, n_shards: int, start: int, stop: int) -> dict:
+def raw_shard_attrs(
+    params: GeneratorParams, shard: int, n_shards: int, start: int, stop: int
+) -> dict:
     attrs = h5.common_attrs(params)
-    attrs.update({"kind": "raw", "shard_index": shard, "n_shards": n_shards, "id_start": start, "id_stop": stop})
+    attrs.update(
+        {
+            "kind": "raw",
+            "shard_index": shard,
+            "n_shards": n_shards,
+            "id_start": start,
+            "id_stop": stop,
+        }
+    )
     return attrs
 
 
-def generate_shard(cfg: dict, shard: int, out: str | Path, block: int = DEFAULT_BLOCK, progress=None) -> dict:
+def generate_shard(
+    cfg: dict, shard: int, out: str | Path, block: int = DEFAULT_BLOCK, progress=None
+) -> dict:
     """Generate shard ``shard`` of the data-section config ``cfg`` into ``out`` (atomically)."""
     params = GeneratorParams.from_config(cfg)
     d = cfg["data"]
@@ -68,8 +82,10 @@ def generate_shard(cfg: dict, shard: int, out: str | Path, block: int = DEFAULT_
     start, stop = shard_range(params.n_samples, n_shards, shard)
     n = stop - start
     if n == 0:
-        raise UserError(f"config key data.n_shards: {n_shards} shards for {params.n_samples} samples leaves "
-                        f"shard {shard} empty; use at most data.n_samples shards")
+        raise UserError(
+            f"config key data.n_shards: {n_shards} shards for {params.n_samples} samples leaves "
+            f"shard {shard} empty; use at most data.n_samples shards"
+        )
     chunk = int(d["chunk_samples"])
     block = max(1, int(block))
     if block >= chunk:  # a multiple of the chunk size, so every write fills whole chunks
@@ -77,7 +93,9 @@ def generate_shard(cfg: dict, shard: int, out: str | Path, block: int = DEFAULT_
     t0 = time.perf_counter()
     buf = np.empty((min(block, max(n, 1)), params.n_points, 3), dtype=np.float32)
     with atomic_path(out, ".h5") as tmp:
-        writer = h5.ShardWriter(tmp, n, params.n_points, raw_shard_attrs(params, shard, n_shards, start, stop), chunk)
+        writer = h5.ShardWriter(
+            tmp, n, params.n_points, raw_shard_attrs(params, shard, n_shards, start, stop), chunk
+        )
         try:
             last = t0
             for a in range(start, stop, block):
@@ -87,23 +105,43 @@ def generate_shard(cfg: dict, shard: int, out: str | Path, block: int = DEFAULT_
                 writer.append(curves, labels, ids)
                 now = time.perf_counter()
                 if progress and (now - last > 5.0):
-                    progress(f"{b - start}/{n} samples ({100 * (b - start) / max(n, 1):.0f} %), {now - t0:.1f} s")
+                    progress(
+                        f"{b - start}/{n} samples ({100 * (b - start) / max(n, 1):.0f} %), {now - t0:.1f} s"
+                    )
                     last = now
             writer.close()
         except BaseException:
             writer.abort()
             raise
-    return {"shard": shard, "n_shards": n_shards, "id_start": start, "id_stop": stop,
-            "n_samples": n, "seconds": time.perf_counter() - t0, "path": str(out)}
+    return {
+        "shard": shard,
+        "n_shards": n_shards,
+        "id_start": start,
+        "id_stop": stop,
+        "n_samples": n,
+        "seconds": time.perf_counter() - t0,
+        "path": str(out),
+    }
 
 
 def add_arguments(p):
-    p.add_argument("--config", required=True,
-                   help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)")
-    p.add_argument("--shard", required=True, type=int, help="generation shard index K, 0 <= K < data.n_shards")
-    p.add_argument("--out", required=True, help="output HDF5 file, e.g. results/data/raw/shard-0000.h5")
-    p.add_argument("--block", type=int, default=DEFAULT_BLOCK,
-                   help=f"samples generated per vectorised block (memory/speed only; default {DEFAULT_BLOCK})")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+    )
+    p.add_argument(
+        "--shard", required=True, type=int, help="generation shard index K, 0 <= K < data.n_shards"
+    )
+    p.add_argument(
+        "--out", required=True, help="output HDF5 file, e.g. results/data/raw/shard-0000.h5"
+    )
+    p.add_argument(
+        "--block",
+        type=int,
+        default=DEFAULT_BLOCK,
+        help=f"samples generated per vectorised block (memory/speed only; default {DEFAULT_BLOCK})",
+    )
 
 
 def run(args) -> int:
@@ -113,7 +151,9 @@ def run(args) -> int:
     def progress(msg):
         print(f"generate-shard {args.shard}: {msg}", file=sys.stderr, flush=True)
 
-    progress(f"generating sample ids {shard_range(cfg['data']['n_samples'], cfg['data']['n_shards'], args.shard)}")
+    progress(
+        f"generating sample ids {shard_range(cfg['data']['n_samples'], cfg['data']['n_shards'], args.shard)}"
+    )
     info = generate_shard(cfg, args.shard, args.out, block=args.block, progress=progress)
     progress(f"wrote {info['n_samples']} curves to {args.out} in {info['seconds']:.1f} s")
     return 0

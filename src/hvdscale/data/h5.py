@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -66,7 +66,9 @@ def open_h5(path: str | Path) -> Iterator[h5py.File]:
     except DataError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-        raise DataError(f"{path}: cannot read (corrupt or truncated HDF5 file): {_h5_message(exc)}") from None
+        raise DataError(
+            f"{path}: cannot read (corrupt or truncated HDF5 file): {_h5_message(exc)}"
+        ) from None
 
 
 def _decode(v):
@@ -98,15 +100,23 @@ def check_layout(fh: h5py.File, path: str | Path, n_points: int | None = None) -
         if not isinstance(ds, h5py.Dataset):
             raise DataError(f"{path}: '{name}' is not a dataset")
         if ds.dtype != np.dtype(dtype):
-            raise DataError(f"{path}: dataset '{name}' has dtype {ds.dtype}; expected {np.dtype(dtype)}")
+            raise DataError(
+                f"{path}: dataset '{name}' has dtype {ds.dtype}; expected {np.dtype(dtype)}"
+            )
     curves, labels, ids = fh["curves"], fh["labels"], fh["sample_id"]
     if curves.ndim != 3 or curves.shape[2] != len(CHANNEL_NAMES):
-        raise DataError(f"{path}: dataset 'curves' has shape {curves.shape}; expected (n, n_points, 3)")
+        raise DataError(
+            f"{path}: dataset 'curves' has shape {curves.shape}; expected (n, n_points, 3)"
+        )
     n = curves.shape[0]
     if n_points is not None and curves.shape[1] != n_points:
-        raise DataError(f"{path}: dataset 'curves' has shape {curves.shape}; expected (n, {n_points}, 3)")
+        raise DataError(
+            f"{path}: dataset 'curves' has shape {curves.shape}; expected (n, {n_points}, 3)"
+        )
     if labels.shape != (n, len(LABEL_NAMES)):
-        raise DataError(f"{path}: dataset 'labels' has shape {labels.shape}; expected ({n}, {len(LABEL_NAMES)})")
+        raise DataError(
+            f"{path}: dataset 'labels' has shape {labels.shape}; expected ({n}, {len(LABEL_NAMES)})"
+        )
     if ids.shape != (n,):
         raise DataError(f"{path}: dataset 'sample_id' has shape {ids.shape}; expected ({n},)")
     absent = [a for a in REQUIRED_ATTRS if a not in fh.attrs]
@@ -116,9 +126,13 @@ def check_layout(fh: h5py.File, path: str | Path, n_points: int | None = None) -
     if version != FORMAT_VERSION:
         raise DataError(f"{path}: format_version {version!r}; this hvdscale reads {FORMAT_VERSION}")
     if tuple(_decode(fh.attrs["channel_names"])) != CHANNEL_NAMES:
-        raise DataError(f"{path}: channel_names {_decode(fh.attrs['channel_names'])}; expected {list(CHANNEL_NAMES)}")
+        raise DataError(
+            f"{path}: channel_names {_decode(fh.attrs['channel_names'])}; expected {list(CHANNEL_NAMES)}"
+        )
     if tuple(_decode(fh.attrs["label_names"])) != LABEL_NAMES:
-        raise DataError(f"{path}: label_names {_decode(fh.attrs['label_names'])}; expected {list(LABEL_NAMES)}")
+        raise DataError(
+            f"{path}: label_names {_decode(fh.attrs['label_names'])}; expected {list(LABEL_NAMES)}"
+        )
     return n
 
 
@@ -195,8 +209,13 @@ def read_shards(paths: Sequence[str | Path], n_points: int | None = None, check:
     return curves, labels, ids
 
 
-def read_range(paths: Sequence[str | Path], start: int, stop: int, n_points: int | None = None,
-               check: bool = True):
+def read_range(
+    paths: Sequence[str | Path],
+    start: int,
+    stop: int,
+    n_points: int | None = None,
+    check: bool = True,
+):
     """Rows [start, stop) of the concatenation of ``paths`` (in order), as ``read_shards``.
 
     Only the files and rows in the range are read, so each worker of a run can load just
@@ -209,7 +228,9 @@ def read_range(paths: Sequence[str | Path], start: int, stop: int, n_points: int
     n_points = infos[0]["n_points"]
     total = sum(i["n"] for i in infos)
     if not 0 <= start <= stop <= total:
-        raise DataError(f"rows {start}..{stop}: outside the {total} samples of {paths[0]} .. {paths[-1]}")
+        raise DataError(
+            f"rows {start}..{stop}: outside the {total} samples of {paths[0]} .. {paths[-1]}"
+        )
     m = stop - start
     curves = np.empty((m, n_points, len(CHANNEL_NAMES)), dtype=np.float32)
     labels = np.empty((m, len(LABEL_NAMES)), dtype=np.float32)
@@ -230,8 +251,13 @@ def read_range(paths: Sequence[str | Path], start: int, stop: int, n_points: int
     return curves, labels, ids
 
 
-def iter_blocks(path: str | Path, block: int, n_points: int | None = None, start: int = 0,
-                stop: int | None = None) -> Iterator[tuple]:
+def iter_blocks(
+    path: str | Path,
+    block: int,
+    n_points: int | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> Iterator[tuple]:
     """Stream rows [start, stop) of a shard: yields ``(row, curves, labels, sample_id)`` blocks.
 
     Blocks hold at most ``block`` samples; the arrays are reused between iterations
@@ -270,8 +296,16 @@ def common_attrs(params) -> dict:
         "label_max": np.asarray(params.label_max, dtype=np.float64),
         "generator_json": json.dumps(d, sort_keys=True, separators=(",", ":")),
     }
-    for k in ("generator", "generator_version", "n_samples", "n_points", "youngs_modulus",
-              "max_strain", "cycles", "noise_std"):
+    for k in (
+        "generator",
+        "generator_version",
+        "n_samples",
+        "n_points",
+        "youngs_modulus",
+        "max_strain",
+        "cycles",
+        "noise_std",
+    ):
         attrs[k] = d[k]
     return attrs
 
@@ -310,8 +344,15 @@ class ShardWriter:
     while the next block is computed.
     """
 
-    def __init__(self, path: str | Path, n: int, n_points: int, attrs: dict, chunk_samples: int = 1024,
-                 writeback: bool = True):
+    def __init__(
+        self,
+        path: str | Path,
+        n: int,
+        n_points: int,
+        attrs: dict,
+        chunk_samples: int = 1024,
+        writeback: bool = True,
+    ):
         self.path = Path(path)
         self.n = int(n)
         self.at = 0
@@ -328,9 +369,15 @@ class ShardWriter:
                     v = np.array(v, dtype=h5py.string_dtype())
                 self.fh.attrs[k] = v
             chunk = max(1, min(int(chunk_samples), self.n)) if self.n else 1
-            self.curves = self._create("curves", (self.n, n_points, len(CHANNEL_NAMES)), np.float32,
-                                       (chunk, n_points, len(CHANNEL_NAMES)))
-            self.labels = self._create("labels", (self.n, len(LABEL_NAMES)), np.float32, (chunk, len(LABEL_NAMES)))
+            self.curves = self._create(
+                "curves",
+                (self.n, n_points, len(CHANNEL_NAMES)),
+                np.float32,
+                (chunk, n_points, len(CHANNEL_NAMES)),
+            )
+            self.labels = self._create(
+                "labels", (self.n, len(LABEL_NAMES)), np.float32, (chunk, len(LABEL_NAMES))
+            )
             self.ids = self._create("sample_id", (self.n,), np.int64, (chunk,))
         except BaseException:
             self.fh.close()
@@ -352,7 +399,9 @@ class ShardWriter:
         if m == 0:
             return
         if self.at + m > self.n:
-            raise ValueError(f"{self.path}: {self.at + m} samples written; the shard holds {self.n}")
+            raise ValueError(
+                f"{self.path}: {self.at + m} samples written; the shard holds {self.n}"
+            )
         sel = np.s_[self.at : self.at + m]
         self.curves.write_direct(np.ascontiguousarray(curves, dtype=np.float32), dest_sel=sel)
         self.labels.write_direct(np.ascontiguousarray(labels, dtype=np.float32), dest_sel=sel)

@@ -100,7 +100,7 @@ class GeneratorParams:
     generator_version: int = GENERATOR_VERSION
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "GeneratorParams":
+    def from_config(cls, cfg: dict) -> GeneratorParams:
         """From a data-section config ``{"seed": ..., "data": {...}}`` with defaults filled."""
         d = cfg["data"]
         ph, lab = d["physics"], d["labels"]
@@ -132,7 +132,9 @@ class GeneratorParams:
                 "segment needs a strain step)"
             )
         if (self.n_points + 1) // 2 > MAX_INDEX or self.n_samples > MAX_SAMPLE_ID:
-            raise UserError("config key data.n_points / data.n_samples: too large for the counter layout")
+            raise UserError(
+                "config key data.n_points / data.n_samples: too large for the counter layout"
+            )
 
     @property
     def label_units(self) -> tuple[str, str]:
@@ -160,16 +162,11 @@ def load_data_config(path: str | Path) -> dict:
     data section ``{"seed": ..., "data": {...}}`` is returned. Errors are ConfigError
     (a UserError-like message naming the file and the key).
     """
-    from hvdscale.config import ConfigError, data_section, validate_config
+    from hvdscale.config import ConfigError, data_section, read_config_file, validate_config
 
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path}: not found") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"config file {path}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict) or "data" not in raw or "seed" not in raw:
+    raw = read_config_file(path)
+    if "data" not in raw or "seed" not in raw:
         raise ConfigError(f"config file {path}: expected a JSON object with keys 'seed' and 'data'")
     try:
         cfg = validate_config({"seed": raw["seed"], "data": raw["data"]})
@@ -348,7 +345,11 @@ def strain_path(p: GeneratorParams, ids: np.ndarray, sigma_y: np.ndarray, hard: 
     peaks = p.max_strain * (k[None, :] + 0.5 + 0.5 * u[:, 0::2]) / C  # (n, C)
     eps_y = sigma_y / E
     e_t = E * hard / (E + hard)  # elasto-plastic tangent modulus
-    sig_peak = np.where(peaks <= eps_y[:, None], E * peaks, sigma_y[:, None] + e_t[:, None] * (peaks - eps_y[:, None]))
+    sig_peak = np.where(
+        peaks <= eps_y[:, None],
+        E * peaks,
+        sigma_y[:, None] + e_t[:, None] * (peaks - eps_y[:, None]),
+    )
     r = UNLOAD_MIN + (UNLOAD_MAX - UNLOAD_MIN) * u[:, 1::2]
     valleys = peaks - r * sig_peak / E
     knots = np.zeros((n, 2 * C + 1), dtype=np.float64)

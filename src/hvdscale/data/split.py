@@ -36,8 +36,8 @@ import numpy as np
 
 from hvdscale import __version__
 from hvdscale.data import h5
-from hvdscale.data.generate import tune_malloc
 from hvdscale.data.check import MANIFEST_NAME, MANIFEST_VERSION, sha256_file, shard_name
+from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import GeneratorParams, load_data_config, split_is_train
 from hvdscale.errors import DataError
 from hvdscale.io import atomic_path, write_json_atomic
@@ -61,7 +61,9 @@ def _load_json(path: Path) -> dict:
     return obj
 
 
-def match_validations(shards: list[Path], validations: list[Path], params: GeneratorParams) -> list[dict]:
+def match_validations(
+    shards: list[Path], validations: list[Path], params: GeneratorParams
+) -> list[dict]:
     """For every shard its passing, matching validation report (else DataError).
 
     Returns ``[{"shard": Path, "validation": Path, "report": dict}]`` sorted by id_start.
@@ -73,23 +75,34 @@ def match_validations(shards: list[Path], validations: list[Path], params: Gener
             raise DataError(f"{shard}: shard file not found")
         cands = [(v, r) for v, r in reports if r.get("shard_file") == shard.name]
         if len(cands) > 1:  # same file name in several directories
-            cands = [(v, r) for v, r in cands
-                     if Path(str(r.get("shard_path", ""))).resolve() == shard.resolve()] or cands[:1]
+            cands = [
+                (v, r)
+                for v, r in cands
+                if Path(str(r.get("shard_path", ""))).resolve() == shard.resolve()
+            ] or cands[:1]
         if not cands:
-            raise DataError(f"{shard}: no validation report for this shard among --validations; "
-                            "run 'hvdscale validate-shard' on it first")
+            raise DataError(
+                f"{shard}: no validation report for this shard among --validations; "
+                "run 'hvdscale validate-shard' on it first"
+            )
         vpath, rep = cands[0]
         if rep.get("passed") is not True:
             raise DataError(f"{shard}: its validation {vpath} did not pass")
         st = shard.stat()
         if rep.get("bytes") != st.st_size:
-            raise DataError(f"{shard}: changed since validation ({vpath} records {rep.get('bytes')} bytes, "
-                            f"the file has {st.st_size}); validate it again")
+            raise DataError(
+                f"{shard}: changed since validation ({vpath} records {rep.get('bytes')} bytes, "
+                f"the file has {st.st_size}); validate it again"
+            )
         if rep.get("mtime_ns") != st.st_mtime_ns and rep.get("sha256") != sha256_file(shard):
-            raise DataError(f"{shard}: changed since validation (sha256 differs from {vpath}); validate it again")
+            raise DataError(
+                f"{shard}: changed since validation (sha256 differs from {vpath}); validate it again"
+            )
         if rep.get("seed") != params.seed or rep.get("generator") != params.as_dict():
-            raise DataError(f"{shard}: validated ({vpath}) for a different seed or generator parameters "
-                            "than this config; regenerate and validate it")
+            raise DataError(
+                f"{shard}: validated ({vpath}) for a different seed or generator parameters "
+                "than this config; regenerate and validate it"
+            )
         matched.append({"shard": shard, "validation": vpath, "report": rep})
     matched.sort(key=lambda m: m["report"]["id_start"])
     at = 0
@@ -97,12 +110,16 @@ def match_validations(shards: list[Path], validations: list[Path], params: Gener
         r = m["report"]
         if r["id_start"] != at:
             what = "missing" if r["id_start"] > at else "present twice"
-            raise DataError(f"{m['shard']}: starts at sample id {r['id_start']}, expected {at} "
-                            f"(sample ids {min(at, r['id_start'])}..{max(at, r['id_start']) - 1} {what})")
+            raise DataError(
+                f"{m['shard']}: starts at sample id {r['id_start']}, expected {at} "
+                f"(sample ids {min(at, r['id_start'])}..{max(at, r['id_start']) - 1} {what})"
+            )
         at = r["id_stop"]
     if at != params.n_samples:
-        raise DataError(f"shards cover sample ids 0..{at - 1}; data.n_samples is {params.n_samples} "
-                        "(a shard is missing from --shards)")
+        raise DataError(
+            f"shards cover sample ids 0..{at - 1}; data.n_samples is {params.n_samples} "
+            "(a shard is missing from --shards)"
+        )
     return matched
 
 
@@ -133,7 +150,7 @@ class RunningStats:
             part.m2[c] = float(np.square(col, out=col).sum())
         self.merge(part)
 
-    def merge(self, other: "RunningStats") -> None:
+    def merge(self, other: RunningStats) -> None:
         if other.n == 0:
             return
         n = self.n + other.n
@@ -150,12 +167,27 @@ class RunningStats:
 # --------------------------------------------------------------------------- writing
 
 
-def split_shard_attrs(params: GeneratorParams, split: str, index: int, count: int, train_fraction: float,
-                      first_id: int, last_id: int) -> dict:
+def split_shard_attrs(
+    params: GeneratorParams,
+    split: str,
+    index: int,
+    count: int,
+    train_fraction: float,
+    first_id: int,
+    last_id: int,
+) -> dict:
     attrs = h5.common_attrs(params)
-    attrs.update({"kind": split, "split": split, "shard_index": index, "n_shards": count,
-                  "train_fraction": float(train_fraction), "first_sample_id": int(first_id),
-                  "last_sample_id": int(last_id)})
+    attrs.update(
+        {
+            "kind": split,
+            "split": split,
+            "shard_index": index,
+            "n_shards": count,
+            "train_fraction": float(train_fraction),
+            "first_sample_id": int(first_id),
+            "last_sample_id": int(last_id),
+        }
+    )
     return attrs
 
 
@@ -174,26 +206,39 @@ def write_split_shard(task: dict, finish: bool = True) -> dict:
     """
     params = GeneratorParams(**task["params"])
     train = task["split"] == "train"
-    attrs = split_shard_attrs(params, task["split"], task["index"], task["count"], task["train_fraction"],
-                              task["first_id"], task["last_id"])
+    attrs = split_shard_attrs(
+        params,
+        task["split"],
+        task["index"],
+        task["count"],
+        task["train_fraction"],
+        task["first_id"],
+        task["last_id"],
+    )
     cstats, lstats = RunningStats(3), RunningStats(2)
     where = f"{task['split']}/{shard_name(task['index'])}"
     writer = h5.ShardWriter(task["tmp"], task["n"], params.n_points, attrs, task["chunk"])
     try:
         for path, row0, row1 in task["sources"]:
-            for _a, curves, labels, ids in h5.iter_blocks(path, task["block"], params.n_points, row0, row1):
+            for _a, curves, labels, ids in h5.iter_blocks(
+                path, task["block"], params.n_points, row0, row1
+            ):
                 keep = split_is_train(params.seed, ids, task["train_fraction"])
                 if not train:
                     np.logical_not(keep, out=keep)
                 c, lab, i = curves[keep], labels[keep], ids[keep]
                 if writer.at + len(i) > writer.n:
-                    raise DataError(f"{path}: more {task['split']} samples than planned for {where} (input changed?)")
+                    raise DataError(
+                        f"{path}: more {task['split']} samples than planned for {where} (input changed?)"
+                    )
                 writer.append(c, lab, i)
                 if train:
                     cstats.add(c)
                     lstats.add(lab)
         if writer.at != writer.n:
-            raise DataError(f"{where}: {writer.at} of {writer.n} samples found in the input (input changed?)")
+            raise DataError(
+                f"{where}: {writer.at} of {writer.n} samples found in the input (input changed?)"
+            )
         writer.close()
     finally:
         writer.abort()
@@ -240,8 +285,10 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
     for s in SPLITS:
         ids_s = all_ids[is_train] if s == "train" else all_ids[~is_train]
         if len(ids_s) < counts[s]:
-            raise DataError(f"{s} split has {len(ids_s)} samples, fewer than data.split_shards.{s} "
-                            f"({counts[s]}); increase data.n_samples")
+            raise DataError(
+                f"{s} split has {len(ids_s)} samples, fewer than data.split_shards.{s} "
+                f"({counts[s]}); increase data.n_samples"
+            )
         sizes = even_sizes(len(ids_s), counts[s])
         at = 0
         for k, size in enumerate(sizes):
@@ -253,10 +300,22 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
                 lo, hi = max(a, first), min(b, last + 1)
                 if lo < hi:
                     sources.append((str(m["shard"]), lo - a, hi - a))
-            tasks.append({"split": s, "index": k, "count": counts[s], "n": size, "first_id": first,
-                          "last_id": last, "sources": sources, "params": params.as_dict(),
-                          "train_fraction": frac, "chunk": int(d["chunk_samples"]), "block": BLOCK,
-                          "file": f"{s}/{shard_name(k)}"})
+            tasks.append(
+                {
+                    "split": s,
+                    "index": k,
+                    "count": counts[s],
+                    "n": size,
+                    "first_id": first,
+                    "last_id": last,
+                    "sources": sources,
+                    "params": params.as_dict(),
+                    "train_fraction": frac,
+                    "chunk": int(d["chunk_samples"]),
+                    "block": BLOCK,
+                    "file": f"{s}/{shard_name(k)}",
+                }
+            )
     del all_ids, is_train
 
     results: dict[str, dict] = {}
@@ -301,8 +360,16 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
         if t["split"] == "train":
             cstats.merge(r["curve_stats"])
             lstats.merge(r["label_stats"])
-        entries[t["split"]].append({"file": t["file"], "n_samples": t["n"], "first_sample_id": t["first_id"],
-                                    "last_sample_id": t["last_id"], "bytes": r["bytes"], "sha256": r["sha256"]})
+        entries[t["split"]].append(
+            {
+                "file": t["file"],
+                "n_samples": t["n"],
+                "first_sample_id": t["first_id"],
+                "last_sample_id": t["last_id"],
+                "bytes": r["bytes"],
+                "sha256": r["sha256"],
+            }
+        )
     cmean, cstd = cstats.result()
     lmean, lstd = lstats.result()
     manifest = {
@@ -315,8 +382,12 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
         "channel_names": list(h5.CHANNEL_NAMES),
         "label_names": list(h5.LABEL_NAMES),
         "label_units": list(params.label_units),
-        "label_ranges": {name: [lo, hi] for name, lo, hi in
-                         zip(h5.LABEL_NAMES, params.label_min.tolist(), params.label_max.tolist())},
+        "label_ranges": {
+            name: [lo, hi]
+            for name, lo, hi in zip(
+                h5.LABEL_NAMES, params.label_min.tolist(), params.label_max.tolist()
+            )
+        },
         "train_fraction": frac,
         "split_rule": "train if uniform(seed, sample_id) < train_fraction (hvdscale.data.physics.split_is_train)",
         "counts": {"total": params.n_samples, "train": n_train, "test": params.n_samples - n_train},
@@ -332,15 +403,25 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
         "n_shards": len(matched),
         "n_samples": params.n_samples,
         "checks": matched[0]["report"].get("checks", []) if matched else [],
-        "shards": [{"shard": str(m["shard"]), "validation": str(m["validation"]),
-                    "id_start": m["report"]["id_start"], "id_stop": m["report"]["id_stop"],
-                    "n_samples": m["report"]["n_samples"], "sha256": m["report"].get("sha256"),
-                    "seconds": m["report"].get("seconds", {}).get("total")} for m in matched],
+        "shards": [
+            {
+                "shard": str(m["shard"]),
+                "validation": str(m["validation"]),
+                "id_start": m["report"]["id_start"],
+                "id_stop": m["report"]["id_stop"],
+                "n_samples": m["report"]["n_samples"],
+                "sha256": m["report"].get("sha256"),
+                "seconds": m["report"].get("seconds", {}).get("total"),
+            }
+            for m in matched
+        ],
     }
     write_json_atomic(outdir / "validation.json", summary)
     write_json_atomic(outdir / MANIFEST_NAME, manifest)
     if progress:
-        progress(f"wrote {params.n_samples} samples ({n_train} train) in {time.perf_counter() - t0:.1f} s")
+        progress(
+            f"wrote {params.n_samples} samples ({n_train} train) in {time.perf_counter() - t0:.1f} s"
+        )
     return manifest
 
 
@@ -360,15 +441,26 @@ def _remove_stale(outdir: Path, counts: dict) -> None:
 
 
 def add_arguments(p):
-    p.add_argument("--config", required=True,
-                   help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+    )
     p.add_argument("--shards", required=True, nargs="+", help="all generated HDF5 shards")
-    p.add_argument("--validations", required=True, nargs="+",
-                   help="their validation reports (hvdscale validate-shard), in any order")
+    p.add_argument(
+        "--validations",
+        required=True,
+        nargs="+",
+        help="their validation reports (hvdscale validate-shard), in any order",
+    )
     p.add_argument("--outdir", required=True, help="output directory, e.g. results/data")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes writing output shards in parallel (default: the CPUs this process may use, "
-                        "at most 4); the output does not depend on it")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes writing output shards in parallel (default: the CPUs this process may use, "
+        "at most 4); the output does not depend on it",
+    )
 
 
 def run(args) -> int:
@@ -379,8 +471,12 @@ def run(args) -> int:
         print(f"split-dataset: {msg}", file=sys.stderr, flush=True)
 
     workers = args.workers if args.workers else default_workers()
-    m = split_dataset(cfg, args.shards, args.validations, args.outdir, progress=progress, workers=workers)
+    m = split_dataset(
+        cfg, args.shards, args.validations, args.outdir, progress=progress, workers=workers
+    )
     c = m["counts"]
-    progress(f"{args.outdir}: {c['train']} train / {c['test']} test samples in "
-             f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards")
+    progress(
+        f"{args.outdir}: {c['train']} train / {c['test']} test samples in "
+        f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards"
+    )
     return 0

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from hvdscale.data import h5
-from hvdscale.data.generate import tune_malloc
 from hvdscale.data.check import sha256_file
+from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import NOISE_BOUND_SIGMAS, GeneratorParams, load_data_config
 from hvdscale.errors import DataError
 from hvdscale.io import write_json_atomic
@@ -84,16 +84,20 @@ def features_block(curves: np.ndarray, labels: np.ndarray, noise_std: float) -> 
     bound = sy + hh * abs_strain.astype(np.float64)
     bound = bound * (1 + STRESS_REL_TOL) + NOISE_BOUND_SIGMAS * noise_std + STRESS_ABS_TOL
     excess = abs_stress.astype(np.float64) - bound
-    return {
-        "all_finite": finite,
-        "n_bad_flag": bad_flag,
-        "first_point_ok": first_ok,
-        "n_flag_inconsistent": n_inconsistent,
-        "max_abs_strain": abs_strain.astype(np.float64),
-        "stress_excess": excess,
-        "yield_stress": sy,
-        "hardening_modulus": hh,
-    } if m else {}
+    return (
+        {
+            "all_finite": finite,
+            "n_bad_flag": bad_flag,
+            "first_point_ok": first_ok,
+            "n_flag_inconsistent": n_inconsistent,
+            "max_abs_strain": abs_strain.astype(np.float64),
+            "stress_excess": excess,
+            "yield_stress": sy,
+            "hardening_modulus": hh,
+        }
+        if m
+        else {}
+    )
 
 
 def shard_features(path: str | Path, n_points: int, noise_std: float, block: int = BLOCK):
@@ -133,24 +137,37 @@ def build_schema(params: GeneratorParams, id_start: int, id_stop: int):
     C = pa.Check
     return pa.DataFrameSchema(
         {
-            "sample_id": pa.Column(np.int64, checks=[
-                named(C.in_range, 0, params.n_samples - 1, name="sample_id_in_range"),
-                named(C, lambda s: ~s.duplicated(keep="first"), name="sample_id_unique"),
-                named(C, matches, name="sample_id_matches_shard"),
-            ]),
+            "sample_id": pa.Column(
+                np.int64,
+                checks=[
+                    named(C.in_range, 0, params.n_samples - 1, name="sample_id_in_range"),
+                    named(C, lambda s: ~s.duplicated(keep="first"), name="sample_id_unique"),
+                    named(C, matches, name="sample_id_matches_shard"),
+                ],
+            ),
             "all_finite": pa.Column(bool, named(C.eq, True, name="all_values_finite")),
             "n_bad_flag": pa.Column(np.int64, named(C.eq, 0, name="flag_in_0_1")),
             "first_point_ok": pa.Column(bool, named(C.eq, True, name="first_point_at_origin")),
-            "n_flag_inconsistent": pa.Column(np.int64, named(C.eq, 0, name="flag_consistent_with_strain_path")),
+            "n_flag_inconsistent": pa.Column(
+                np.int64, named(C.eq, 0, name="flag_consistent_with_strain_path")
+            ),
             # NaN features (from non-finite input) are reported by all_values_finite
-            "max_abs_strain": pa.Column(float, named(C.le, strain_max, name="strain_within_max_strain"),
-                                        nullable=True),
-            "stress_excess": pa.Column(float, named(C.le, 0.0, name="stress_within_physical_bound"),
-                                       nullable=True),
-            "yield_stress": pa.Column(float, named(C.in_range, lo32[0], hi32[0], name="yield_stress_in_range"),
-                                      nullable=True),
-            "hardening_modulus": pa.Column(float, named(C.in_range, lo32[1], hi32[1],
-                                                        name="hardening_modulus_in_range"), nullable=True),
+            "max_abs_strain": pa.Column(
+                float, named(C.le, strain_max, name="strain_within_max_strain"), nullable=True
+            ),
+            "stress_excess": pa.Column(
+                float, named(C.le, 0.0, name="stress_within_physical_bound"), nullable=True
+            ),
+            "yield_stress": pa.Column(
+                float,
+                named(C.in_range, lo32[0], hi32[0], name="yield_stress_in_range"),
+                nullable=True,
+            ),
+            "hardening_modulus": pa.Column(
+                float,
+                named(C.in_range, lo32[1], hi32[1], name="hardening_modulus_in_range"),
+                nullable=True,
+            ),
         },
         strict=True,
         coerce=False,
@@ -171,16 +188,34 @@ def _failures(err, ids: np.ndarray) -> dict[str, list[int]]:
     return out
 
 
-def validate_features(feats: dict, ids: np.ndarray, params: GeneratorParams, id_start: int, id_stop: int):
+def validate_features(
+    feats: dict, ids: np.ndarray, params: GeneratorParams, id_start: int, id_stop: int
+):
     """Validate the feature table; returns {} on success or {check: [sample ids]}."""
     import pandas as pd
     import pandera.errors as pe
 
     table = {"sample_id": ids}
-    for k in ("all_finite", "n_bad_flag", "first_point_ok", "n_flag_inconsistent", "max_abs_strain",
-              "stress_excess", "yield_stress", "hardening_modulus"):
-        table[k] = feats[k] if len(ids) else np.empty(0, dtype=bool if k in ("first_point_ok", "all_finite") else
-                                                       (np.int64 if k.startswith("n_") else float))
+    for k in (
+        "all_finite",
+        "n_bad_flag",
+        "first_point_ok",
+        "n_flag_inconsistent",
+        "max_abs_strain",
+        "stress_excess",
+        "yield_stress",
+        "hardening_modulus",
+    ):
+        table[k] = (
+            feats[k]
+            if len(ids)
+            else np.empty(
+                0,
+                dtype=bool
+                if k in ("first_point_ok", "all_finite")
+                else (np.int64 if k.startswith("n_") else float),
+            )
+        )
     df = pd.DataFrame(table)  # default RangeIndex: row i is the i-th sample of the shard
     schema = build_schema(params, id_start, id_stop)
     try:
@@ -205,10 +240,14 @@ def validate_shard(cfg: dict, path: str | Path) -> dict:
     attrs = info["attrs"]
     problems = []
     if attrs.get("seed") != params.seed:
-        problems.append(f"attribute seed {attrs.get('seed')!r} differs from the config's seed {params.seed}")
+        problems.append(
+            f"attribute seed {attrs.get('seed')!r} differs from the config's seed {params.seed}"
+        )
     if attrs.get("generator_json") != params.to_json():
-        problems.append("generator parameters (attribute generator_json) differ from the config's; "
-                        "regenerate the shard")
+        problems.append(
+            "generator parameters (attribute generator_json) differ from the config's; "
+            "regenerate the shard"
+        )
     for k in ("id_start", "id_stop"):
         if not isinstance(attrs.get(k), int):
             problems.append(f"attribute {k} missing (not a generated raw shard)")
@@ -219,7 +258,8 @@ def validate_shard(cfg: dict, path: str | Path) -> dict:
     t_val = time.perf_counter()
     if fails:
         detail = "; ".join(
-            f"{check} (sample_id {', '.join(map(str, sids)) if sids else '?'})" for check, sids in fails.items()
+            f"{check} (sample_id {', '.join(map(str, sids)) if sids else '?'})"
+            for check, sids in fails.items()
         )
         raise DataError(f"{path}: validation failed: {len(fails)} check(s): {detail}")
     st = path.stat()
@@ -245,17 +285,27 @@ def validate_shard(cfg: dict, path: str | Path) -> dict:
             "max_abs_strain": float(feats["max_abs_strain"].max()) if len(ids) else None,
             "max_stress_excess_MPa": float(feats["stress_excess"].max()) if len(ids) else None,
         },
-        "seconds": {"features": round(t_feat - t0, 3), "pandera": round(t_val - t_feat, 3),
-                    "sha256": round(t_end - t_val, 3), "total": round(t_end - t0, 3)},
+        "seconds": {
+            "features": round(t_feat - t0, 3),
+            "pandera": round(t_val - t_feat, 3),
+            "sha256": round(t_end - t_val, 3),
+            "total": round(t_end - t0, 3),
+        },
     }
 
 
 def add_arguments(p):
-    p.add_argument("--config", required=True,
-                   help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+    )
     p.add_argument("--shard", required=True, help="generated HDF5 shard to validate")
-    p.add_argument("--out", required=True,
-                   help="validation report (JSON) written on success, e.g. PATH.validation.json")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="validation report (JSON) written on success, e.g. PATH.validation.json",
+    )
 
 
 def run(args) -> int:
@@ -263,6 +313,9 @@ def run(args) -> int:
     cfg = load_data_config(args.config)
     report = validate_shard(cfg, args.shard)
     write_json_atomic(args.out, report)
-    print(f"validate-shard: {args.shard}: {report['n_samples']} samples passed {len(CHECKS)} checks "
-          f"in {report['seconds']['total']:.1f} s", file=sys.stderr)
+    print(
+        f"validate-shard: {args.shard}: {report['n_samples']} samples passed {len(CHECKS)} checks "
+        f"in {report['seconds']['total']:.1f} s",
+        file=sys.stderr,
+    )
     return 0

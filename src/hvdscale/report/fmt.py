@@ -11,7 +11,11 @@ EN_DASH = "\u2013"
 # The reference study (the thesis this project reproduces)
 REFERENCE = {
     "speedup_per_gpu": {"alpha": 0.53, "hpdlf": 0.57, "gpu2": 0.74},
-    "partition_label": {"alpha": "Alpha (A100)", "hpdlf": "HPDLF (RTX 2080 Ti)", "gpu2": "GPU2 (K80)"},
+    "partition_label": {
+        "alpha": "Alpha (A100)",
+        "hpdlf": "HPDLF (RTX 2080 Ti)",
+        "gpu2": "GPU2 (K80)",
+    },
     "sync_share": 0.28,
     "data_share": 0.02,
     "batch_epoch_speedup": 7.0,  # epoch time at batch 75 / epoch time at batch 1000

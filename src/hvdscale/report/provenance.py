@@ -1,36 +1,37 @@
 """Provenance for the report: git commit, config file and hash, package versions of
 the workflow env (importlib.metadata) and of the train env (run records, optional
-provenance JSON), hosts and hardware, dates."""
+provenance JSON), hosts and hardware, dates (from the inputs, never the clock)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
-import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
-from hvdscale.config import PROJECT_ROOT, config_hash
+from hvdscale.analysis.columns import ENV_VERSIONS
+from hvdscale.common import git_commit
+from hvdscale.config import config_hash
 
-WORKFLOW_PACKAGES = ["hvdscale", "snakemake", "snakemake-executor-plugin-slurm", "pandas", "pandera", "numpy",
-                     "matplotlib", "reportlab", "jsonschema", "h5py", "PyYAML"]
-TRAIN_COLUMNS = ["python", "tensorflow", "horovod", "mpi", "numpy"]
-
-
-def git_commit(root: Path = PROJECT_ROOT) -> str:
-    """HEAD commit of the project, '+dirty' if tracked files differ; 'unknown' without git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=20).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+WORKFLOW_PACKAGES = [
+    "hvdscale",
+    "snakemake",
+    "snakemake-executor-plugin-slurm",
+    "pandas",
+    "pandera",
+    "numpy",
+    "matplotlib",
+    "reportlab",
+    "jsonschema",
+    "h5py",
+    "PyYAML",
+]
+TRAIN_COLUMNS = ENV_VERSIONS
 
 
 def file_sha256(path: str | Path) -> str | None:
@@ -92,7 +93,22 @@ def load_provenance(path) -> dict | None:
     except json.JSONDecodeError as exc:
         from hvdscale.errors import UserError
 
-        raise UserError(f"provenance {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        raise UserError(
+            f"provenance {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
+        ) from None
+
+
+def report_date(started: list[str]) -> str:
+    """The date the report states, taken from its inputs so that the same inputs give
+    the same bytes: SOURCE_DATE_EPOCH (the reproducible-builds convention) where set,
+    else the start of the latest run; never the clock."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch.isdigit():
+        when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
+        return when.strftime("%Y-%m-%d %H:%M UTC") + " (SOURCE_DATE_EPOCH)"
+    if started:
+        return f"{max(started)} (start of the latest run)"
+    return "no run records"
 
 
 def compress_hosts(hosts: list[str], limit: int = 24) -> str:
@@ -102,7 +118,9 @@ def compress_hosts(hosts: list[str], limit: int = 24) -> str:
     return ", ".join(hosts[:limit]) + f", ... ({len(hosts)} hosts)"
 
 
-def collect(*, config_file, cfg: dict | None, runs: pd.DataFrame | None, provenance: dict | None) -> dict:
+def collect(
+    *, config_file, cfg: dict | None, runs: pd.DataFrame | None, provenance: dict | None
+) -> dict:
     """Everything the provenance section shows."""
     files = [config_file] if isinstance(config_file, (str, Path)) else list(config_file or [])
     hosts, devices, cpus, commits, hashes, started = [], [], [], [], [], []
@@ -118,13 +136,21 @@ def collect(*, config_file, cfg: dict | None, runs: pd.DataFrame | None, provena
     hardware = []
     if cfg is not None:
         for name, p in cfg["scaling"]["partitions"].items():
-            gpus = f"{p['gpus_per_node']} x {p.get('gpu_model') or 'GPU'}" if p["gpus_per_node"] else "no GPU"
-            hardware.append(f"{name}: {gpus}, {p['cores_per_node']} cores, {p['mem_mb_per_node'] // 1000} GB per node")
+            gpus = (
+                f"{p['gpus_per_node']} x {p.get('gpu_model') or 'GPU'}"
+                if p["gpus_per_node"]
+                else "no GPU"
+            )
+            mem_gb = p["mem_mb_per_node"] // 1000
+            hardware.append(f"{name}: {gpus}, {p['cores_per_node']} cores, {mem_gb} GB per node")
     return {
-        "report_date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "report_date": report_date(started),
         "git_commit": git_commit(),
         "config_file": " + ".join(map(str, files)) if files else "-",
-        "config_file_sha256": "; ".join(f"{Path(f).name}: {file_sha256(f) or 'not found'}" for f in files) or None,
+        "config_file_sha256": "; ".join(
+            f"{Path(f).name}: {file_sha256(f) or 'not found'}" for f in files
+        )
+        or None,
         "config_hash": config_hash(cfg) if cfg is not None else None,
         "run_git_commits": commits,
         "run_config_hashes": hashes,

@@ -1,0 +1,286 @@
+"""One run directory at a time: read and validate metrics.json (run.schema.json) or
+failure.json, and turn a valid record into its runs.csv row and epochs.csv rows; then
+the pandera check of all rows at once and the status table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+import pandas as pd
+
+from hvdscale.analysis.columns import (
+    ENV_VERSIONS,
+    EPOCH_COLUMNS,
+    PHASES,
+    RECORD_CONFIG_FIELDS,
+    STATUS_COLUMNS,
+    STATUS_CONFIG_FIELDS,
+)
+from hvdscale.config import RUN_SCHEMA, ConfigError, parse_run_id
+
+# ----------------------------------------------------------------------------- validation
+
+
+class RecordValidator:
+    """Validates run records against run.schema.json.
+
+    fastjsonschema (in the workflow env as a Snakemake dependency) is used as a fast
+    first pass when available; jsonschema is the reference and names the failing field.
+    """
+
+    def __init__(self, schema_path: Path = RUN_SCHEMA):
+        from jsonschema import Draft202012Validator
+
+        self.schema = json.loads(Path(schema_path).read_text())
+        self._ref = Draft202012Validator(self.schema)
+        try:
+            import fastjsonschema
+
+            self._fast = fastjsonschema.compile(self.schema)
+        except Exception:  # not installed, or cannot compile: jsonschema alone
+            self._fast = None
+
+    def problem(self, rec) -> str | None:
+        """None if valid, else 'field X: message' for the first problem (and a count)."""
+        if self._fast is not None:
+            try:
+                self._fast(rec)
+                return None
+            except Exception:
+                pass
+        errors = sorted(
+            self._ref.iter_errors(rec),
+            key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]),
+        )
+        if not errors:
+            return None
+        err = errors[0]
+        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+        more = (
+            f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+            if len(errors) > 1
+            else ""
+        )
+        return f"field {where}: {msg}{more}"
+
+
+# ----------------------------------------------------------------------------- one record
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _med(values) -> float:
+    values = [v for v in values if _finite(v)]
+    return float(median(values)) if values else math.nan
+
+
+def _timing_fields(timed: list[dict]) -> dict:
+    """Medians over the timed epochs; phase times per step and phase shares."""
+    nan = math.nan
+    wall_sum = sum(e["wall_s"] for e in timed)
+    phase_sums = {ph: sum(e[f"time_{ph}_s"] for e in timed) for ph in PHASES}
+    split_sum = sum(phase_sums.values())
+    row = {
+        "steps_per_epoch": _med([e["steps"] for e in timed]),
+        "epoch_time_s": _med([e["wall_s"] for e in timed]),
+        "throughput": _med([e["throughput"] for e in timed]),
+        "step_time_s": _med([e["wall_s"] / e["steps"] for e in timed]),
+    }
+    for ph in PHASES:
+        row[f"{ph}_step_s"] = _med([e[f"time_{ph}_s"] / e["steps"] for e in timed])
+        row[f"{ph}_share"] = phase_sums[ph] / split_sum if split_sum > 0 else nan
+    row["other_step_s"] = _med(
+        [(e["wall_s"] - sum(e[f"time_{ph}_s"] for ph in PHASES)) / e["steps"] for e in timed]
+    )
+    row["other_share"] = (wall_sum - split_sum) / wall_sum if wall_sum > 0 else nan
+    return row
+
+
+def _loss_fields(eps: list[dict], target: float) -> dict:
+    nan = math.nan
+    tests = [e["test_loss"] for e in eps]
+    finite_tests = [t for t in tests if _finite(t)]
+    ttt = next(
+        (e["elapsed_s"] for e in eps if _finite(e["test_loss"]) and e["test_loss"] <= target), None
+    )
+    return {
+        "final_test_loss": tests[-1] if tests and _finite(tests[-1]) else nan,
+        "best_test_loss": min(finite_tests) if finite_tests else nan,
+        "final_train_loss": eps[-1]["train_loss"]
+        if eps and _finite(eps[-1]["train_loss"])
+        else nan,
+        "time_to_target_s": ttt if ttt is not None else nan,
+        "reached_target": ttt is not None,
+        "train_time_s": eps[-1]["elapsed_s"] if eps else nan,
+    }
+
+
+def _environment_fields(rec: dict) -> dict:
+    env = rec["environment"]
+    hosts = list(dict.fromkeys(env["hostnames"]))
+    versions = ("git_commit", "config_hash", *ENV_VERSIONS)
+    return {
+        "slurm_job_id": env["slurm_job_id"],
+        "hosts": ",".join(hosts),
+        "n_hosts": len(hosts),
+        "devices": ";".join(dict.fromkeys(env["devices"])),
+        "cpu_model": env.get("cpu_model"),
+        **{k: env[k] for k in versions},
+        "config_hash_match": pd.NA,
+        "started_utc": env["started_utc"],
+        "resumed": rec["resume"]["resumed"],
+        "attempts": len(rec["resume"]["attempts"]),
+        "timing_method": rec["timing_method"],
+    }
+
+
+def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
+    """The runs.csv row and the epochs.csv rows of one schema-valid record."""
+    c, eps = rec["config"], rec["epochs"]
+    timed = [e for e in eps if not e["warmup"]]
+    row = {k: c[k] for k in RECORD_CONFIG_FIELDS}
+    row.update(
+        run_id=rec["run_id"],
+        status=rec["status"],
+        exit_status=rec["exit_status"],
+        error=rec["error"],
+        epochs_completed=len(eps),
+        epochs_timed=len(timed),
+    )
+    row.update(_timing_fields(timed))
+    util = [e["utilisation_mean"] for e in timed if _finite(e.get("utilisation_mean"))]
+    if not util:
+        util = [s[1] for s in rec["utilisation"]["samples"]]
+    row["utilisation"] = float(np.mean(util)) if util else math.nan
+    row["utilisation_kind"] = rec["utilisation"]["kind"]
+    row.update(_loss_fields(eps, c["target_test_loss"]))
+    row.update(_environment_fields(rec))
+    row["record"] = path
+    epoch_rows = [
+        {"run_id": rec["run_id"], **{k: e.get(k) for k in EPOCH_COLUMNS[1:]}} for e in eps
+    ]
+    return row, epoch_rows
+
+
+def read_json(path: Path):
+    """(data, None) or (None, 'why it cannot be read')."""
+    try:
+        return json.loads(path.read_text()), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror})"
+
+
+def failure_detail(path: Path) -> tuple[int | None, str]:
+    """Exit status and a one-line reason from failure.json ({run_id, status, exit_status,
+    error | message | error_tail, time | time_utc, ...})."""
+    data, err = read_json(path)
+    if err or not isinstance(data, dict):
+        return None, f"failure.json {err or 'is not an object'}"
+    es = data.get("exit_status")
+    reason = data.get("error") or data.get("message")
+    if not reason and data.get("error_tail"):
+        lines = [ln.strip() for ln in str(data["error_tail"]).splitlines() if ln.strip()]
+        reason = lines[-1] if lines else None
+    reason = str(reason or "failed (no error message)")
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    when = data.get("time") or data.get("time_utc")
+    return (es if isinstance(es, int) and not isinstance(es, bool) else None), reason + (
+        f" ({when})" if when else ""
+    )
+
+
+def read_run_dir(d: Path, validator: RecordValidator) -> tuple[dict, dict | None, str | None]:
+    """(status fields, valid record or None, problem or None) of one run directory
+    that holds a metrics.json or a failure.json."""
+    rid = d.name
+    metrics, failure = d / "metrics.json", d / "failure.json"
+    st = {"run_id": rid, "exit_status": pd.NA, "detail": "", "path": ""}
+    if not metrics.exists():
+        es, ferr = failure_detail(failure)
+        es = es if es is not None else pd.NA
+        st.update(status="failed", exit_status=es, detail=ferr, path=str(failure))
+        return st, None, None
+    st["path"] = str(metrics)
+    rec, err = read_json(metrics)
+    if err is None:
+        err = validator.problem(rec)
+    if err is None and rec["run_id"] != rid:
+        err = f"field run_id: {rec['run_id']!r} does not match the run directory {rid!r}"
+    if err is not None:
+        if failure.exists():
+            err += f"; failure.json: {failure_detail(failure)[1]}"
+        st.update(status="malformed", detail=err)
+        return st, None, err
+    st.update(status=rec["status"], exit_status=rec["exit_status"], detail=rec["error"] or "")
+    return st, rec, None
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def validate_runs(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Validate all rows at once; return the valid rows and {run_id: 'field ...'} of the others."""
+    import pandera.pandas as pa
+
+    from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures
+
+    if runs.empty:
+        return runs, {}
+    try:
+        return RUNS_SCHEMA.validate(runs, lazy=True), {}
+    except pa.errors.SchemaErrors as err:
+        fails = describe_failures(err)
+        if None in fails:  # a column-level problem: a bug here, not in a record
+            raise RuntimeError(
+                "runs table does not match its schema: " + "; ".join(fails[None])
+            ) from err
+        bad = {runs.at[i, "run_id"]: "row " + "; ".join(msgs) for i, msgs in fails.items()}
+        good = runs[~runs["run_id"].isin(list(bad))]
+        return RUNS_SCHEMA.validate(good), bad
+
+
+def _run_config_fields(rid: str, table: dict | None) -> dict:
+    """The status.csv configuration of a run: from the run table, else from its id."""
+    if table is not None and rid in table:
+        r = table[rid]
+        values = [r.partition, r.backend, r.nodes, r.workers, r.batch, r.lr_rule, r.repeat]
+    else:
+        try:
+            p = parse_run_id(rid)
+            keys = ("partition", "backend", "nodes", "workers", "batch", "lr_rule", "repeat")
+            values = [p[k] for k in keys]
+        except ConfigError:
+            values = [None, None, pd.NA, pd.NA, pd.NA, None, pd.NA]
+    return dict(zip(STATUS_CONFIG_FIELDS, values))
+
+
+def status_frame(status: dict[str, dict], table: dict | None) -> pd.DataFrame:
+    """status.csv: every run of the run table (missing ones too), then any other run found."""
+    rows = []
+    ids = list(table) if table is not None else []
+    ids += sorted(set(status) - set(ids))
+    for rid in ids:
+        st = status.get(rid) or {
+            "run_id": rid,
+            "in_config": True,
+            "status": "missing",
+            "exit_status": pd.NA,
+            "detail": "no metrics.json or failure.json",
+            "path": "",
+        }
+        rows.append({**st, **_run_config_fields(rid, table)})
+    df = pd.DataFrame(rows, columns=STATUS_COLUMNS)
+    for col in ("nodes", "workers", "batch_per_worker", "repeat", "exit_status"):
+        df[col] = df[col].astype("Int64")
+    df["in_config"] = df["in_config"].astype(bool)
+    return df

@@ -1,0 +1,144 @@
+"""summary.csv: one row per configuration with run counts, medians and min/max over
+completed repeats, and speedup, efficiency and speedup per GPU against the group's
+1-worker baseline (definitions in the aggregate module's doc)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
+from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
+
+
+def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration of the run table (and of records without one) with its
+    expected run count and its run counts by status."""
+    st = status[status["in_config"]].dropna(subset=["workers"])
+    st = st[st["partition"].notna()]
+    configs = (
+        st.groupby(CONFIG_KEYS, dropna=False)
+        .agg(nodes=("nodes", "max"), n_expected=("in_config", "sum"))
+        .reset_index()
+    )
+    counts = pd.crosstab([st[k] for k in CONFIG_KEYS], st["status"])
+    for s in STATUSES:
+        if s not in counts:
+            counts[s] = 0
+    counts = counts.rename(columns={s: f"n_{s}" for s in counts.columns}).reset_index()
+    configs = configs.merge(counts, on=CONFIG_KEYS, how="left")
+    # configurations that only exist as valid records (no config given)
+    if not runs.empty:
+        extra = runs[CONFIG_KEYS + ["nodes"]].drop_duplicates(CONFIG_KEYS)
+        configs = pd.concat(
+            [
+                configs,
+                extra.merge(configs[CONFIG_KEYS], how="left", indicator=True)
+                .query("_merge == 'left_only'")
+                .drop(columns="_merge"),
+            ],
+            ignore_index=True,
+        )
+    for k in ("batch_per_worker", "workers", "nodes"):
+        configs[k] = configs[k].astype("int64")
+    configs["global_batch"] = configs["workers"] * configs["batch_per_worker"]
+    return configs
+
+
+def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
+    """Medians (and min/max of the headline times) over the completed repeats."""
+    done = runs[runs["status"] == "completed"]
+    agg = {c: (c, "median") for c in SUMMARY_MEDIANS}
+    for col, out, suffix in (
+        ("epoch_time_s", "epoch_time", "_s"),
+        ("throughput", "throughput", ""),
+        ("final_test_loss", "final_test_loss", ""),
+        ("time_to_target_s", "time_to_target", "_s"),
+    ):
+        agg[f"{out}{suffix}"] = (col, "median")
+        agg[f"{out}_min{suffix}"] = (col, "min")
+        agg[f"{out}_max{suffix}"] = (col, "max")
+    agg.update(n_reached_target=("reached_target", "sum"), n_completed_rec=("run_id", "count"))
+    stats = (
+        done.groupby(CONFIG_KEYS).agg(**agg).reset_index()
+        if not done.empty
+        else pd.DataFrame(columns=CONFIG_KEYS + list(agg))
+    )
+    for k in ("batch_per_worker", "workers"):
+        stats[k] = stats[k].astype("int64")
+    return stats
+
+
+def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
+    """Join the 1-worker configuration of each group; speedups and efficiencies."""
+    base = out[out["workers"] == 1][
+        GROUP_KEYS + ["epoch_time_s", "time_to_target_s", "n_nan_loss", "n_failed", "n_malformed"]
+    ]
+    base = base.rename(
+        columns={
+            "epoch_time_s": "baseline_epoch_time_s",
+            "time_to_target_s": "baseline_time_to_target_s",
+            "n_nan_loss": "_b_nan",
+            "n_failed": "_b_failed",
+            "n_malformed": "_b_bad",
+        }
+    )
+    base["_b_exists"] = True
+    out = out.merge(base, on=GROUP_KEYS, how="left")
+    out["has_baseline"] = out["baseline_epoch_time_s"].notna()
+    out["baseline_status"] = np.select(
+        [
+            out["has_baseline"],
+            out["_b_exists"].isna(),
+            (out["_b_nan"] + out["_b_failed"] + out["_b_bad"]) > 0,
+        ],
+        ["ok", "not_in_sweep", "failed"],
+        default="missing",
+    )
+    out["speedup"] = out["baseline_epoch_time_s"] / out["epoch_time_s"]
+    out["speedup_min"] = out["baseline_epoch_time_s"] / out["epoch_time_max_s"]
+    out["speedup_max"] = out["baseline_epoch_time_s"] / out["epoch_time_min_s"]
+    out["efficiency"] = out["speedup"] / out["workers"]
+    out["speedup_ttt"] = out["baseline_time_to_target_s"] / out["time_to_target_s"]
+    out["efficiency_ttt"] = out["speedup_ttt"] / out["workers"]
+    return out
+
+
+def _fit_slope(n: np.ndarray, s: np.ndarray) -> tuple[float, float, int]:
+    ok = np.isfinite(s)
+    n, s = n[ok].astype(float), s[ok]
+    if len(np.unique(n)) < 2:
+        return math.nan, math.nan, int(ok.sum())
+    slope, intercept = np.polyfit(n, s, 1)
+    return float(slope), float(intercept), len(n)
+
+
+def _speedup_fits(out: pd.DataFrame) -> pd.DataFrame:
+    """Speedup per GPU: the slope of S(n) over n per group (epoch time and time to target)."""
+    fits = []
+    for key, g in out.groupby(GROUP_KEYS, sort=False):
+        n = g["workers"].to_numpy()
+        slope, icpt, npts = _fit_slope(n, g["speedup"].to_numpy(dtype=float))
+        slope_t, _, _ = _fit_slope(n, g["speedup_ttt"].to_numpy(dtype=float))
+        fits.append((*key, slope, icpt, slope_t, npts))
+    columns = ["speedup_per_gpu", "speedup_fit_intercept", "speedup_per_gpu_ttt", "fit_points"]
+    return pd.DataFrame(fits, columns=GROUP_KEYS + columns)
+
+
+def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
+    """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
+    out = _configurations(runs, status).merge(_repeat_statistics(runs), on=CONFIG_KEYS, how="left")
+    for s in STATUSES:
+        col = f"n_{s}"
+        out[col] = out[col].fillna(0).astype("int64") if col in out else 0
+    # records present without a config: count them as completed from the runs table
+    n_rec = out["n_completed_rec"].fillna(0)
+    out["n_completed"] = np.maximum(out["n_completed"], n_rec).astype("int64")
+    out["n_reached_target"] = out["n_reached_target"].fillna(0).astype("int64")
+    out["n_expected"] = out["n_expected"].fillna(0).astype("int64")
+    out = _with_baseline(out)
+    out = out.merge(_speedup_fits(out), on=GROUP_KEYS, how="left")
+    out = out.sort_values(CONFIG_KEYS, kind="stable").reset_index(drop=True)
+    return out[SUMMARY_COLUMNS]

@@ -1,0 +1,73 @@
+"""Writing and reading the aggregation tables (CSV), with clear errors for a missing,
+unreadable or foreign file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from hvdscale.analysis.columns import (
+    CSV_FLOAT_FORMAT,
+    EPOCH_COLUMNS,
+    RUNS_COLUMNS,
+    STATUS_COLUMNS,
+    STRING_COLUMNS,
+    SUMMARY_COLUMNS,
+)
+from hvdscale.errors import UserError
+from hvdscale.io import atomic_path
+
+
+def write_csv(df: pd.DataFrame, path: str | Path) -> None:
+    with atomic_path(path, ".csv") as tmp:
+        df.to_csv(tmp, index=False, float_format=CSV_FLOAT_FORMAT)
+
+
+def _read_csv(path: str | Path, what: str, required: list[str]) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+        df = pd.read_csv(
+            path, keep_default_na=True, dtype={c: "str" for c in STRING_COLUMNS if c in header}
+        )
+    except FileNotFoundError:
+        raise UserError(f"{what} {path}: not found (run 'hvdscale aggregate' first)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what} {path}: not a readable CSV file ({exc})") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise UserError(
+            f"{what} {path}: missing column(s) {', '.join(missing)}; "
+            "was it written by 'hvdscale aggregate'?"
+        )
+    return df
+
+
+def _as_bool(values: pd.Series) -> pd.Series:
+    return values.astype(str).str.lower().eq("true")
+
+
+def read_runs(path) -> pd.DataFrame:
+    return _read_csv(path, "runs table", RUNS_COLUMNS)
+
+
+def read_summary(path) -> pd.DataFrame:
+    df = _read_csv(path, "summary table", SUMMARY_COLUMNS)
+    df["has_baseline"] = _as_bool(df["has_baseline"])
+    return df
+
+
+def read_status(path) -> pd.DataFrame:
+    df = _read_csv(path, "status table", STATUS_COLUMNS)
+    df["in_config"] = _as_bool(df["in_config"])
+    df["detail"] = df["detail"].fillna("")
+    return df
+
+
+def read_epochs(path) -> pd.DataFrame:
+    return _read_csv(path, "epochs table", EPOCH_COLUMNS)
+
+
+def default_epochs_path(runs_csv: str | Path) -> Path:
+    return Path(runs_csv).with_name("epochs.csv")

@@ -1,0 +1,28 @@
+"""What every report section reads: the run tables, the cost model, the provenance and
+the figures' captions, gathered once by ``hvdscale report``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+
+@dataclass
+class ReportData:
+    info: dict  # provenance.collect()
+    cfg: dict | None
+    runs: pd.DataFrame | None
+    summary: pd.DataFrame
+    status: pd.DataFrame
+    cm: dict | None
+    plots_dir: Path
+    captions: dict[str, str] = field(default_factory=dict)  # figure name -> markup
+
+    def figure(self, d, name: str) -> None:
+        """Figure ``name`` of the registry (its PNG) with its caption."""
+        from hvdscale.analysis.figures import BY_NAME
+
+        caption = self.captions.get(name) or BY_NAME[name].title + "."
+        d.figure(self.plots_dir / f"{name}.png", caption)

@@ -1,0 +1,172 @@
+"""The report's opening (title, run counts), its provenance and method sections, and the
+closing list of missing and failed runs."""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+import pandas as pd
+
+from hvdscale.analysis.columns import STATUSES
+from hvdscale.report.context import ReportData
+from hvdscale.report.doc import Doc
+
+STATUS_NOTE = (
+    "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "
+    "failed: the job or the training raised an error; missing: no record; malformed: the "
+    "record failed validation)."
+)
+
+
+def status_counts(status: pd.DataFrame) -> tuple[list[str], list[list]]:
+    st = status.copy()
+    st["partition"] = st["partition"].fillna("(unparsable)")
+    rows = []
+    for part, g in st.groupby("partition", sort=True):
+        vc = g["status"].value_counts()
+        rows.append([part] + [str(int(vc.get(c, 0))) for c in STATUSES] + [str(len(g))])
+    vc = st["status"].value_counts()
+    rows.append(["all"] + [str(int(vc.get(c, 0))) for c in STATUSES] + [str(len(st))])
+    return ["Partition"] + STATUSES + ["total"], rows
+
+
+def title_section(d: Doc, r: ReportData) -> None:
+    info, status = r.info, r.status
+    n_total = len(status)
+    n_done = int(status["status"].value_counts().get("completed", 0))
+    d.p("Horovod scaling study", "title")
+    d.p(
+        escape(
+            f"configuration {info['config_file']}; {n_total} runs in the run table, "
+            f"{n_done} completed; report date {info['report_date']}"
+        ),
+        "subtitle",
+    )
+    pending = n_total - n_done
+    state = (
+        "All runs completed."
+        if pending == 0
+        else f"{pending} of {n_total} runs did not complete (see the last section); "
+        "results are partial."
+    )
+    d.p(
+        f"This report is generated from the run records by <i>hvdscale report</i>. {state} "
+        "Every speedup is shown next to the test loss that run reached."
+    )
+    head, rows = status_counts(status)
+    d.table(STATUS_NOTE, head, rows, [40, 22, 20, 18, 20, 22, 18], keep=True)
+
+
+def _provenance_rows(info: dict) -> list[tuple[str, str]]:
+    rec_commits = ", ".join(c[:12] for c in info["run_git_commits"]) or "-"
+    match = "-"
+    if info["config_hash"] and info["run_config_hashes"]:
+        n_other = len([h for h in info["run_config_hashes"] if h != info["config_hash"]])
+        match = (
+            "all runs used this config"
+            if n_other == 0
+            else f"{n_other} other config hash(es) in the run records"
+        )
+    wf = ", ".join(f"{k} {v}" for k, v in info["workflow_env"].items())
+    tr = "; ".join(f"{k} {v}" for k, v in info["train_env"].items()) or "no run records"
+    rows = [
+        ("Git commit (report)", info["git_commit"]),
+        ("Git commit(s) (runs)", rec_commits),
+        ("Config file", info["config_file"]),
+        ("Config file sha256", info["config_file_sha256"] or "file not found"),
+        ("Config hash (validated)", (info["config_hash"] or "-") + f" ({match})"),
+        ("Workflow env", wf),
+        ("Train env (run records)", tr),
+    ]
+    rows += [(f"Provenance: {k}", v) for k, v in info["provenance_json"].items()]
+    rows += [
+        ("Hosts", f"{info['hosts']}"),
+        ("Devices", info["devices"]),
+        ("CPU model(s)", info["cpu_models"]),
+        ("Partitions (config)", "; ".join(info["hardware"]) or "-"),
+        ("Runs started (UTC)", info["runs_started"]),
+        ("Report date", info["report_date"]),
+    ]
+    return rows
+
+
+def provenance_section(d: Doc, r: ReportData) -> None:
+    d.section("Provenance")
+    d.table(
+        "Provenance of this report and of the runs it summarises.",
+        ["Item", "Value"],
+        [[d.cell(k), d.cell(v)] for k, v in _provenance_rows(r.info)],
+        [42, 138],
+        align_right_from=99,
+    )
+
+
+def _method_bullets(warm, target) -> list[str]:
+    return [
+        "<b>Epoch time</b>: rank 0's wall-clock time (time.perf_counter) of one epoch: the "
+        "training step loop, the test-set evaluation and the reduction of the epoch's metrics, "
+        f"as recorded in each run's metrics.json. The first {warm} epoch(s) of every run are "
+        "warm-up (graph tracing, caches, learning-rate warm-up) and are excluded from every "
+        "timing statistic.",
+        "<b>Throughput</b>: samples of all ranks per second of the step loop (evaluation "
+        "excluded).",
+        "<b>Phase split</b>: data loading, compute (forward and backward pass), gradient "
+        "synchronisation (Horovod allreduce) and optimizer update, timed inside the compiled "
+        "training step on instrumented steps, scaled to all steps and averaged over ranks. The "
+        "<b>shares</b> (sync, data) are each phase's sum over the timed epochs divided by the "
+        "sum of the four phases, i.e. shares of the training-step time; the rest of the epoch "
+        "wall time (evaluation, launch overhead) is 'other'.",
+        "<b>Per run</b>: the median over the run's timed epochs of the epoch time, the "
+        "throughput and the per-step phase times.",
+        "<b>Repeats</b>: every configuration is run several times; tables show the median over "
+        "completed repeats and the min-max range in brackets.",
+        "<b>Baseline</b>: speedup S(n) = T(1)/T(n) divides the median epoch time of the 1-worker "
+        "run of the same partition, backend, per-worker batch size and learning-rate rule by "
+        "that of n workers; efficiency E(n) = S(n)/n. A group without a completed 1-worker run "
+        "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
+        "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
+        "<b>Time to target</b>: training wall time (warm-up included) until the end of the "
+        f"first epoch whose test loss is at or below {target}; its speedup S_ttt(n) uses the "
+        "same baseline. Only nan_loss-free, completed runs enter the statistics.",
+    ]
+
+
+def method_section(d: Doc, r: ReportData) -> None:
+    d.section("How the times were measured")
+    warm = r.cfg["training"]["warmup_epochs"] if r.cfg else "the configured"
+    target = r.cfg["training"]["target_test_loss"] if r.cfg else "the configured"
+    d.bullets(_method_bullets(warm, target))
+    runs = r.runs
+    methods = sorted(set(runs["timing_method"].dropna())) if runs is not None and len(runs) else []
+    for m in methods[:3]:
+        d.p(f"<i>Timing method recorded by the runs:</i> {escape(m)}", "note")
+
+
+def missing_section(d: Doc, r: ReportData) -> None:
+    d.section("Missing and failed runs")
+    status = r.status
+    bad = status[status["status"] != "completed"].copy()
+    if bad.empty:
+        d.p(f"All {len(status)} runs of the run table completed.")
+        return
+    order = {"failed": 0, "nan_loss": 1, "malformed": 2, "missing": 3}
+    bad = bad.assign(_o=bad["status"].map(order).fillna(9)).sort_values(["_o", "run_id"])
+    rows = [
+        [
+            d.cell(x.run_id),
+            x.status,
+            "" if pd.isna(x.exit_status) else str(int(x.exit_status)),
+            d.cell(
+                ("" if x.in_config else "[not in this config's run table] ") + str(x.detail or "")
+            ),
+        ]
+        for x in bad.itertuples()
+    ]
+    d.table(
+        f"The {len(bad)} runs that did not complete, by status, with exit status and error "
+        "or reason.",
+        ["Run ID", "Status", "Exit", "Detail"],
+        rows,
+        [62, 16, 10, 92],
+        align_right_from=99,
+    )

@@ -1,0 +1,158 @@
+"""The report's results: the table per configuration group (speedup per GPU, largest
+speedup with the test loss it reached), the table of every configuration, and the
+figures of the registry's "results" section."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hvdscale.analysis.figures import in_section
+from hvdscale.common import GROUP_KEYS
+from hvdscale.report import fmt
+from hvdscale.report.context import ReportData
+from hvdscale.report.doc import Doc
+
+GROUP_NOTE = (
+    "Speedup per GPU (slope of S(n) over n) per configuration group, with the largest "
+    "measured speedup (its worker count), the sync share there and the final test loss "
+    "reached with 1 worker and at that worker count. Baseline: ok, missing (no record), "
+    "failed (failed or nan_loss) or not_in_sweep."
+)
+GROUP_HEADER = [
+    "Partition",
+    "Backend",
+    "Batch",
+    "LR",
+    "Workers done",
+    "Baseline",
+    "S/GPU",
+    "S/GPU (TTT)",
+    "Max S (n)",
+    "Sync at max",
+    "Loss 1 w.",
+    "Loss max n",
+]
+CONFIG_NOTE = (
+    "Every configuration: median (min-max) over completed repeats of the epoch time; "
+    "throughput; speedup S and efficiency E of the epoch time and speedup of the time to "
+    "target (S TTT) against the 1-worker baseline of the group; sync and data shares of the "
+    "epoch time; final test loss and time to target (median over repeats that reached it). "
+    "Runs: completed/expected."
+)
+CONFIG_HEADER = [
+    "Workers",
+    "Nodes",
+    "Runs",
+    "Epoch time (s)",
+    "Samples/s",
+    "Speedup S",
+    "Eff. E",
+    "S (TTT)",
+    "Sync",
+    "Data",
+    "Test loss",
+    "TTT (s)",
+]
+
+
+def group_table_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per group: speedup per GPU, baseline, max speedup with its test loss."""
+    rows = []
+    for key, g in summary.groupby(GROUP_KEYS, sort=True):
+        g = g.sort_values("workers")
+        done = g[g["speedup"].notna()]
+        top = done.iloc[-1] if not done.empty else None
+        one = g.loc[g["workers"] == 1, "final_test_loss"]
+        rows.append(
+            {
+                **dict(zip(GROUP_KEYS, key)),
+                "workers": ", ".join(str(int(w)) for w in g.loc[g["n_completed"] > 0, "workers"])
+                or "-",
+                "baseline_status": g["baseline_status"].iloc[0],
+                "speedup_per_gpu": g["speedup_per_gpu"].iloc[0],
+                "speedup_per_gpu_ttt": g["speedup_per_gpu_ttt"].iloc[0],
+                "max_speedup": top["speedup"] if top is not None else np.nan,
+                "max_workers": str(int(top["workers"])) if top is not None else "",
+                "loss_at_max": top["final_test_loss"] if top is not None else np.nan,
+                "loss_at_1": one.iloc[0] if len(one) else np.nan,
+                "sync_at_max": top["sync_share"] if top is not None else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _group_table(d: Doc, summary: pd.DataFrame) -> None:
+    rows = [
+        [
+            x.partition,
+            x.backend,
+            str(int(x.batch_per_worker)),
+            x.lr_rule,
+            d.cell(x.workers),
+            x.baseline_status,
+            fmt.slope(x.speedup_per_gpu),
+            fmt.slope(x.speedup_per_gpu_ttt),
+            fmt.speedup(x.max_speedup)
+            + (f" ({x.max_workers})" if fmt.isnum(x.max_speedup) else ""),
+            fmt.percent(x.sync_at_max),
+            fmt.loss(x.loss_at_1),
+            fmt.loss(x.loss_at_max),
+        ]
+        for x in group_table_rows(summary).itertuples()
+    ]
+    widths = [14, 14, 10, 11, 24, 18, 11, 14, 17, 15, 16, 16]
+    d.table(GROUP_NOTE, GROUP_HEADER, rows, widths, align_right_from=6)
+
+
+def _config_row(x) -> list[str]:
+    def spread(f, mid, lo, hi):
+        return fmt.spread(f(mid), f(lo), f(hi))
+
+    return [
+        str(int(x.workers)),
+        str(int(x.nodes)),
+        f"{int(x.n_completed)}/{int(x.n_expected)}",
+        spread(fmt.seconds, x.epoch_time_s, x.epoch_time_min_s, x.epoch_time_max_s),
+        fmt.rate(x.throughput),
+        spread(fmt.speedup, x.speedup, x.speedup_min, x.speedup_max),
+        fmt.efficiency(x.efficiency),
+        fmt.speedup(x.speedup_ttt),
+        fmt.percent(x.sync_share),
+        fmt.percent(x.data_share),
+        fmt.loss(x.final_test_loss),
+        fmt.seconds(x.time_to_target_s),
+    ]
+
+
+def _config_table(d: Doc, summary: pd.DataFrame) -> None:
+    rows, spans = [], []
+    for key, g in summary.groupby(GROUP_KEYS, sort=True):
+        g = g.sort_values("workers")
+        spans.append(len(rows))
+        head = (
+            f"{key[0]} / {key[1]} / batch {int(key[2])} per worker / LR {key[3]}  |  "
+            f"speedup per GPU {fmt.slope(g['speedup_per_gpu'].iloc[0])}  |  "
+            f"baseline {g['baseline_status'].iloc[0]}"
+        )
+        rows.append([d.cell(head)] + [""] * 11)
+        rows += [_config_row(x) for x in g.itertuples()]
+    widths = [12, 10, 9, 27, 16, 26, 10, 13, 13, 12, 17, 15]
+    d.table(CONFIG_NOTE, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
+
+
+def results_section(d: Doc, r: ReportData) -> None:
+    d.page_break()
+    d.section("Results")
+    summary = r.summary
+    if summary.empty or summary["n_completed"].sum() == 0:
+        d.p("No run has completed yet: no results to show.")
+        return
+    _group_table(d, summary)
+    _config_table(d, summary)
+
+
+def figures_section(d: Doc, r: ReportData) -> None:
+    d.section("Figures")
+    for fig in in_section("results"):
+        r.figure(d, fig.name)
