@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV := .venv
 SNAKEMAKE := $(VENV)/bin/snakemake
 PYTEST := $(VENV)/bin/python -m pytest
+# linters (pinned in envs/workflow.lock.txt); override e.g. `make lint RUFF=ruff`
+RUFF ?= $(VENV)/bin/ruff
+SNAKEFMT ?= $(VENV)/bin/snakefmt
 CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial test test-quick test-slurm lint dry-run dry-run-thesis \
@@ -23,7 +26,7 @@ run: setup  ## the main job: whole pipeline on $(CONFIG) with the local profile 
 report-partial:  ## build the report from the runs that exist (missing/failed runs are listed)
 	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) config/partial.yaml -- results/report.pdf
 
-test: setup  ## the full test suite (CI): unit, Horovod, integration and real-SLURM tests
+test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration and real-SLURM tests
 	$(PYTEST) -m "" tests
 
 test-quick:  ## fast tests for iteration (no slow, no SLURM)
@@ -32,8 +35,11 @@ test-quick:  ## fast tests for iteration (no slow, no SLURM)
 test-slurm: setup  ## only the tests on the local SLURM cluster (root)
 	$(PYTEST) -m slurm tests
 
-lint:  ## snakemake --lint
+lint:  ## snakemake --lint, snakefmt --check, ruff check, ruff format --check
 	$(SNAKEMAKE) --lint
+	$(SNAKEFMT) --check Snakefile workflow
+	$(RUFF) check .
+	$(RUFF) format --check .
 
 dry-run:  ## plan the default config without running anything
 	$(SNAKEMAKE) -n --configfile $(CONFIG)

@@ -2,7 +2,8 @@
 
 Runs the real command line (``python -m hvdscale.cli ...``) the way Snakemake would with
 ``--cores W``: W generation processes at a time, then W validation processes, then the
-split (one job writing its output shards with W worker processes). Prints the wall time of each phase and in total, the peak RSS (largest single
+split (one job writing its output shards with W worker processes). Prints the wall time of
+each phase and in total, the peak RSS (largest single
 process), the bytes written, and the ratio to writing as many bytes with
 ``dd if=/dev/zero bs=16M conv=fdatasync`` on the same file system. The temporary data
 are deleted afterwards (unless --keep).
@@ -32,7 +33,10 @@ from hvdscale.config import data_section, load_config  # noqa: E402
 
 
 def run_pool(cmds: list[list[str]], workers: int, log_dir: Path, tag: str) -> tuple[float, int]:
-    """Run commands, ``workers`` at a time; returns (wall seconds, max RSS in bytes over processes)."""
+    """Run commands, ``workers`` at a time.
+
+    Returns (wall seconds, max RSS in bytes over processes).
+    """
     t0 = time.perf_counter()
     pending = list(enumerate(cmds))
     running: dict[int, tuple[int, object]] = {}
@@ -150,8 +154,10 @@ def main(argv=None) -> int:
         shards = [raw / f"shard-{k:04d}.h5" for k in range(S)]
         vals = [raw / f"shard-{k:04d}.validation.json" for k in range(S)]
         print(
-            f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, {S} generation shards, "
-            f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, {args.workers} workers, "
+            f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, "
+            f"{S} generation shards, "
+            f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, "
+            f"{args.workers} workers, "
             f"{os.cpu_count()} cores, load {load:.2f}, in {work}",
             flush=True,
         )
@@ -249,11 +255,13 @@ def main(argv=None) -> int:
         }
         print(f"  total     {total:7.2f} s   ({d['n_samples'] / total:,.0f} curves/s)")
         print(
-            f"  peak RSS  {res['peak_rss_mb']['max']} MiB (generate {res['peak_rss_mb']['generate']}, "
+            f"  peak RSS  {res['peak_rss_mb']['max']} MiB "
+            f"(generate {res['peak_rss_mb']['generate']}, "
             f"validate {res['peak_rss_mb']['validate']}, split {res['peak_rss_mb']['split']})"
         )
         print(
-            f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; ratio total/dd {total / t_dd:.2f}"
+            f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; "
+            f"ratio total/dd {total / t_dd:.2f}"
         )
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2) + "\n")

@@ -395,8 +395,9 @@ def main(argv=None) -> int:
         "--lr-rule-2w",
         choices=["none", "linear"],
         default="linear",
-        help="learning-rate rule of every 2-worker run (all variants alike): linear = 2 x the base LR "
-        "for the 2x global batch (changes the optimisation; declared in the output), none = base LR",
+        help="learning-rate rule of every 2-worker run (all variants alike): "
+        "linear = 2 x the base LR for the 2x global batch "
+        "(changes the optimisation; declared in the output), none = base LR",
     )
     ap.add_argument(
         "--only", default="", help="comma list of configuration names to run (default: all)"
@@ -435,8 +436,9 @@ def main(argv=None) -> int:
                     continue
                 results.setdefault((name, w, batch), []).append(r)
                 print(
-                    f"  r{rep} b{batch:5d} {name:14s} w{w}: {r['throughput']:9.0f} samples/s, test loss "
-                    f"{r['test_loss']:.5f} ({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f})",
+                    f"  r{rep} b{batch:5d} {name:14s} w{w}: {r['throughput']:9.0f} samples/s, "
+                    f"test loss {r['test_loss']:.5f} "
+                    f"({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
             loads.append(os.getloadavg()[0])
@@ -551,12 +553,15 @@ def main(argv=None) -> int:
         )
         print(
             f"{r['batch']:5d} {r['config']:14s} {r['workers']:1d} {r['throughput_median']:9d} "
-            f"({r['throughput_min']:7d}-{r['throughput_max']:7d}) {eff:>20} {r['test_loss_median']:10.6f} "
-            f"{r.get('test_loss_vs_best_1w', float('nan')):+7.2%} {r.get('time_to_target_s_median', float('nan')):11.2f} "
+            f"({r['throughput_min']:7d}-{r['throughput_max']:7d}) {eff:>20} "
+            f"{r['test_loss_median']:10.6f} "
+            f"{r.get('test_loss_vs_best_1w', float('nan')):+7.2%} "
+            f"{r.get('time_to_target_s_median', float('nan')):11.2f} "
             f"{r.get('data_share_median', float('nan')):6.2%} {r.get('ratio_vs_best_mwms', ''):>8}"
         )
     print(
-        f"\nbaseline per batch = best 1-worker configuration; load {min(loads):.2f}-{max(loads):.2f}; "
+        "\nbaseline per batch = best 1-worker configuration; "
+        f"load {min(loads):.2f}-{max(loads):.2f}; "
         f"{time.time() - t_start:.0f} s; CSV: {a.csv}"
     )
     return 0

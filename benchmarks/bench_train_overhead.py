@@ -49,7 +49,8 @@ def main(argv=None) -> int:
         "--keras-spe",
         type=int,
         default=64,
-        help="also time model.fit compiled with this steps_per_execution (information only; 1: skip)",
+        help="also time model.fit compiled with this steps_per_execution "
+        "(information only; 1: skip)",
     )
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
@@ -170,13 +171,15 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0]  # includes this benchmark's own thread
     med = {k: statistics.median(v) for k, v in res.items()}
     print(
-        f"device {desc}; {n} samples, batch {B}, {args.repeats} repeats (median); load average {load0:.2f} "
+        f"device {desc}; {n} samples, batch {B}, {args.repeats} repeats (median); "
+        f"load average {load0:.2f} "
         f"before, {load:.2f} after"
     )
     print(f"{'keras model.fit':28s} {med['keras']:9.0f} samples/s  (reference)")
     if kmodel_spe is not None:
         print(
-            f"{'keras fit, ' + str(args.keras_spe) + ' steps/call':28s} {med['keras_spe']:9.0f} samples/s  "
+            f"{'keras fit, ' + str(args.keras_spe) + ' steps/call':28s} "
+            f"{med['keras_spe']:9.0f} samples/s  "
             f"ratio {med['keras_spe'] / med['keras']:.3f}  (information only)"
         )
     for v in chosen:
@@ -185,7 +188,8 @@ def main(argv=None) -> int:
         serr = f"split adds up within {max(errs):.1%}" if errs else "no timed steps"
         print(
             f"{'hvdscale ' + v:28s} {med[v]:9.0f} samples/s  ratio {med[v] / med['keras']:.3f}  "
-            f"(device memory {o['dev']}, steps/call {o['spe']}, instrument_every {o['k'] or 'off'}; "
+            f"(device memory {o['dev']}, steps/call {o['spe']}, "
+            f"instrument_every {o['k'] or 'off'}; "
             f"{serr})"
         )
     out = {

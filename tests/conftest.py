@@ -73,7 +73,10 @@ def tiny_data_config() -> dict:
 
 @pytest.fixture
 def tiny_data_config_file(tmp_path, tiny_data_config) -> Path:
-    """``tiny_data_config`` written as JSON (what ``hvdscale write-config --section data`` writes)."""
+    """``tiny_data_config`` written as JSON.
+
+    (What ``hvdscale write-config --section data`` writes.)
+    """
     return write_data_config(tmp_path / "config" / "data.json", tiny_data_config)
 
 

@@ -74,7 +74,10 @@ def slurm_skip_reason(nodes: int = 1) -> str | None:
         required.update(_REQUIRED_TWO_NODES)
     missing = sorted({pkg for cmd, pkg in required.items() if shutil.which(cmd) is None})
     if missing:
-        return f"SLURM/munge not installed (missing {', '.join(missing)}): apt-get install -y slurm-wlm munge"
+        return (
+            f"SLURM/munge not installed (missing {', '.join(missing)}): "
+            "apt-get install -y slurm-wlm munge"
+        )
     if not CLUSTER_SCRIPT.exists():
         return f"{CLUSTER_SCRIPT} not found"
     return None
@@ -112,7 +115,8 @@ def run_cluster_script(
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"slurm-cluster.sh {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            f"slurm-cluster.sh {' '.join(args)} failed (exit {proc.returncode}):\n"
+            f"{proc.stdout}\n{proc.stderr}"
         )
     return proc
 
@@ -181,7 +185,8 @@ def run(
     """Run a SLURM client command; on failure the assertion shows its output."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, (
-        f"{' '.join(cmd)} failed (exit {proc.returncode}):\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
+        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
     return proc
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -138,7 +137,7 @@ def test_samples_do_not_depend_on_block_boundaries(tiny_data_config):
     whole, lab = physics.generate_block(p, np.arange(300, 700))
     parts = [physics.generate_block(p, np.arange(a, min(a + 97, 700))) for a in range(300, 700, 97)]
     assert np.array_equal(whole, np.concatenate([c for c, _ in parts]))
-    assert np.array_equal(lab, np.concatenate([l for _, l in parts]))
+    assert np.array_equal(lab, np.concatenate([y for _, y in parts]))
     # a sample alone equals the same sample in a block
     one, _ = physics.generate_block(p, np.array([555]))
     assert np.array_equal(one[0], whole[255])
@@ -220,8 +219,8 @@ def test_every_sample_in_exactly_one_split_in_order(tiny_dataset):
 def test_split_shards_keep_the_samples_and_attributes(tiny_dataset):
     raw_c, raw_l, raw_i = h5.read_shards(tiny_dataset["shards"])
     p = check.shard_paths(tiny_dataset["data_dir"], "test")[0]
-    c, l, i = h5.read_shard(p)
-    assert np.array_equal(c, raw_c[i]) and np.array_equal(l, raw_l[i])
+    c, y, i = h5.read_shard(p)
+    assert np.array_equal(c, raw_c[i]) and np.array_equal(y, raw_l[i])
     attrs = h5.inspect_shard(p)["attrs"]
     assert attrs["format_version"] == 1 and attrs["seed"] == 20240601
     assert attrs["channel_names"] == ["strain", "stress", "flag"]
@@ -243,10 +242,10 @@ def test_read_range_reads_a_slice_across_shards(tiny_dataset):
         (n0, n0),
         (len(i_all) - 3, len(i_all)),
     ]:
-        c, l, i = h5.read_range(paths, a, b)
+        c, y, i = h5.read_range(paths, a, b)
         assert (
             np.array_equal(c, c_all[a:b])
-            and np.array_equal(l, l_all[a:b])
+            and np.array_equal(y, l_all[a:b])
             and np.array_equal(i, i_all[a:b])
         )
     with pytest.raises(DataError, match="outside"):
@@ -255,8 +254,8 @@ def test_read_range_reads_a_slice_across_shards(tiny_dataset):
 
 def test_normalisation_statistics_come_from_the_train_split(tiny_dataset):
     m = tiny_dataset["manifest"]
-    c, l, _ = h5.read_shards(check.shard_paths(tiny_dataset["data_dir"], "train", m))
-    c64, l64 = c.astype(np.float64), l.astype(np.float64)
+    c, y, _ = h5.read_shards(check.shard_paths(tiny_dataset["data_dir"], "train", m))
+    c64, l64 = c.astype(np.float64), y.astype(np.float64)
     nm = check.normalisation(m)
     np.testing.assert_allclose(nm["curve_mean"], c64.mean(axis=(0, 1)), rtol=1e-6)
     np.testing.assert_allclose(nm["curve_std"], c64.std(axis=(0, 1)), rtol=1e-6)
@@ -600,7 +599,8 @@ def test_check_data_without_manifest(tmp_path):
 def test_training_side_modules_import_without_pandas():
     code = (
         "import sys, hvdscale.data.h5, hvdscale.data.check; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('pandas', 'pandera', 'jsonschema', 'yaml')]; "
+        "bad = [m for m in sys.modules "
+        "if m.split('.')[0] in ('pandas', 'pandera', 'jsonschema', 'yaml')]; "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

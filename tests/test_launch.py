@@ -197,8 +197,10 @@ def test_default_train_python():
 
 def test_describe_failure_names_the_rank(tmp_path):
     hvd_tail = (
-        "Process 1 exit with status code 137.\nRuntimeError: Horovod detected that one or more processes "
-        "exited with non-zero status, thus causing the job to be terminated. The first process to do so "
+        "Process 1 exit with status code 137.\n"
+        "RuntimeError: Horovod detected that one or more processes "
+        "exited with non-zero status, thus causing the job to be terminated. "
+        "The first process to do so "
         "was:\nProcess name: 1\nExit code: 137\n"
     )
     assert "rank 1 failed first (exit code 137: signal 9)" in describe_failure(hvd_tail, 1, None, 2)

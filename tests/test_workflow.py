@@ -63,9 +63,12 @@ def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
 @pytest.mark.parametrize(
     "override",
     [
-        "scaling:\n  partitions:\n    'x;touch PWNED':\n      cores_per_node: 2\n      mem_mb_per_node: 100\n",
-        'scaling:\n  partitions:\n    local:\n      cores_per_node: 2\n      mem_mb_per_node: 100\n      account: "$(touch PWNED)"\n',
-        'environment:\n  deployment: env-modules\n  modules: ["TensorFlow/2.15.1 && touch PWNED"]\n',
+        "scaling:\n  partitions:\n    'x;touch PWNED':\n"
+        "      cores_per_node: 2\n      mem_mb_per_node: 100\n",
+        "scaling:\n  partitions:\n    local:\n"
+        '      cores_per_node: 2\n      mem_mb_per_node: 100\n      account: "$(touch PWNED)"\n',
+        "environment:\n  deployment: env-modules\n"
+        '  modules: ["TensorFlow/2.15.1 && touch PWNED"]\n',
     ],
 )
 def test_crafted_values_never_reach_sbatch_or_srun(tmp_path, override):

@@ -179,7 +179,8 @@ def run(args) -> int:
         )
         if worker.is_root:
             print(
-                f"[measure-allreduce] {4 * n:>10d} B  {med * 1e6:10.1f} us  busbw {rows[-1]['busbw'] / 1e9:8.3f} GB/s",
+                f"[measure-allreduce] {4 * n:>10d} B  {med * 1e6:10.1f} us  "
+                f"busbw {rows[-1]['busbw'] / 1e9:8.3f} GB/s",
                 flush=True,
             )
     worker.barrier(name="ar_end")

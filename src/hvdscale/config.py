@@ -78,7 +78,10 @@ def _describe_error(err) -> str:
     if err.validator == "enum":
         allowed = f"one of {', '.join(map(repr, err.validator_value))}"
     elif err.validator == "pattern":
-        allowed = f"a string matching {err.validator_value!r} (letters, digits and a few safe characters; no shell syntax)"
+        allowed = (
+            f"a string matching {err.validator_value!r} "
+            "(letters, digits and a few safe characters; no shell syntax)"
+        )
     elif err.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         ops = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
         allowed = f"a number {ops[err.validator]} {err.validator_value}"
@@ -134,7 +137,8 @@ def _check_semantics(cfg: dict) -> None:
     for name, spec in labels.items():
         if spec["min"] >= spec["max"]:
             problems.append(
-                f"config key data.labels.{name}: min {spec['min']!r} must be below max {spec['max']!r}"
+                f"config key data.labels.{name}: min {spec['min']!r} "
+                f"must be below max {spec['max']!r}"
             )
     if cfg["training"]["warmup_epochs"] >= cfg["training"]["epochs"]:
         problems.append(
@@ -204,7 +208,10 @@ def config_hash(cfg: dict) -> str:
 
 
 def data_section(cfg: dict) -> dict:
-    """The part of the config the data stage depends on (so training edits don't regenerate data)."""
+    """The part of the config the data stage depends on.
+
+    Training edits leave it unchanged, so they don't regenerate data.
+    """
     return {"seed": cfg["seed"], "data": cfg["data"]}
 
 
@@ -296,7 +303,8 @@ def parse_run_id(run_id: str) -> dict:
     m = re.fullmatch(RUN_ID_PATTERN, run_id)
     if not m:
         raise ConfigError(
-            f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}_b{{batch}}"
+            f"run_id {run_id!r}: expected "
+            "{partition}_{backend}_n{nodes}_w{workers}_b{batch}"
             "_lr{none|linear|sqrt}_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0"
         )
     d = m.groupdict()

@@ -163,7 +163,8 @@ def hosts_argument(job: Job, hosts: list[str] | None) -> str:
         names = slurm_hostnames()
         if not names:
             raise UserError(
-                f"{job.nodes} nodes but no host list: run inside a SLURM allocation (SLURM_JOB_NODELIST) "
+                f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
+                "(SLURM_JOB_NODELIST) "
                 "or pass --hosts host1,host2,..."
             )
     if len(names) < job.nodes:
@@ -178,7 +179,8 @@ def hosts_argument(job: Job, hosts: list[str] | None) -> str:
         left -= n
     if left > 0:
         raise UserError(
-            f"{job.workers} workers do not fit on {job.nodes} node(s) with {job.workers_per_node} each"
+            f"{job.workers} workers do not fit on {job.nodes} node(s) "
+            f"with {job.workers_per_node} each"
         )
     return ",".join(out)
 
@@ -501,7 +503,8 @@ def job_for(
     m = ALLREDUCE_ID.fullmatch(allreduce_id)
     if not m:
         raise UserError(
-            f"--allreduce-id {allreduce_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}, "
+            f"--allreduce-id {allreduce_id!r}: expected "
+            "{partition}_{backend}_n{nodes}_w{workers}, "
             "e.g. local_mpi_n1_w2"
         )
     part_name, backend = m["partition"], m["backend"]
@@ -509,13 +512,15 @@ def job_for(
     parts = cfg["scaling"]["partitions"]
     if part_name not in parts:
         raise UserError(
-            f"--allreduce-id {allreduce_id!r}: partition {part_name!r} is not in scaling.partitions "
+            f"--allreduce-id {allreduce_id!r}: partition {part_name!r} "
+            "is not in scaling.partitions "
             f"({', '.join(sorted(parts))})"
         )
     part = parts[part_name]
     if nodes != nodes_for(workers, part):
         raise UserError(
-            f"--allreduce-id {allreduce_id!r}: {workers} workers need {nodes_for(workers, part)} node(s) "
+            f"--allreduce-id {allreduce_id!r}: {workers} workers "
+            f"need {nodes_for(workers, part)} node(s) "
             f"on partition {part_name!r}"
         )
     return Job(

@@ -146,4 +146,7 @@ class WorkerInfo:
         return [(r, e) for r, e in enumerate(errors) if e]
 
     def describe(self) -> str:
-        return f"rank {self.rank}/{self.size} (local {self.local_rank}/{self.local_size}) on {self.hostname}"
+        return (
+            f"rank {self.rank}/{self.size} (local {self.local_rank}/{self.local_size}) "
+            f"on {self.hostname}"
+        )

@@ -153,7 +153,10 @@ def verify_data_dir(
 
 
 def normalisation(manifest: dict) -> dict[str, np.ndarray]:
-    """Train-split statistics as float32 arrays: curve_mean/curve_std (3,), label_mean/label_std (2,)."""
+    """Train-split statistics as float32 arrays.
+
+    curve_mean/curve_std (3,), label_mean/label_std (2,).
+    """
     nm = manifest["normalisation"]
     return {
         "curve_mean": np.asarray(nm["curves"]["mean"], dtype=np.float32),

@@ -106,7 +106,8 @@ def generate_shard(
                 now = time.perf_counter()
                 if progress and (now - last > 5.0):
                     progress(
-                        f"{b - start}/{n} samples ({100 * (b - start) / max(n, 1):.0f} %), {now - t0:.1f} s"
+                        f"{b - start}/{n} samples ({100 * (b - start) / max(n, 1):.0f} %), "
+                        f"{now - t0:.1f} s"
                     )
                     last = now
             writer.close()
@@ -128,7 +129,8 @@ def add_arguments(p):
     p.add_argument(
         "--config",
         required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+        help="data-stage config JSON {'seed': ..., 'data': {...}} "
+        "(hvdscale write-config --section data)",
     )
     p.add_argument(
         "--shard", required=True, type=int, help="generation shard index K, 0 <= K < data.n_shards"
@@ -151,9 +153,8 @@ def run(args) -> int:
     def progress(msg):
         print(f"generate-shard {args.shard}: {msg}", file=sys.stderr, flush=True)
 
-    progress(
-        f"generating sample ids {shard_range(cfg['data']['n_samples'], cfg['data']['n_shards'], args.shard)}"
-    )
+    ids = shard_range(cfg["data"]["n_samples"], cfg["data"]["n_shards"], args.shard)
+    progress(f"generating sample ids {ids}")
     info = generate_shard(cfg, args.shard, args.out, block=args.block, progress=progress)
     progress(f"wrote {info['n_samples']} curves to {args.out} in {info['seconds']:.1f} s")
     return 0

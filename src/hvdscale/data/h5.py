@@ -127,7 +127,8 @@ def check_layout(fh: h5py.File, path: str | Path, n_points: int | None = None) -
         raise DataError(f"{path}: format_version {version!r}; this hvdscale reads {FORMAT_VERSION}")
     if tuple(_decode(fh.attrs["channel_names"])) != CHANNEL_NAMES:
         raise DataError(
-            f"{path}: channel_names {_decode(fh.attrs['channel_names'])}; expected {list(CHANNEL_NAMES)}"
+            f"{path}: channel_names {_decode(fh.attrs['channel_names'])}; "
+            f"expected {list(CHANNEL_NAMES)}"
         )
     if tuple(_decode(fh.attrs["label_names"])) != LABEL_NAMES:
         raise DataError(
@@ -160,7 +161,9 @@ def check_finite(path, curves: np.ndarray, labels: np.ndarray, ids: np.ndarray) 
 
 
 def read_shard(path: str | Path, n_points: int | None = None, check: bool = True):
-    """Read one shard: ``(curves float32 (n, n_points, 3), labels float32 (n, 2), sample_id int64 (n,))``.
+    """Read one shard.
+
+    Returns ``(curves float32 (n, n_points, 3), labels float32 (n, 2), sample_id int64 (n,))``.
 
     With ``check`` (the default) non-finite values raise DataError.
     """

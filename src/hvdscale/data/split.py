@@ -96,7 +96,8 @@ def match_validations(
             )
         if rep.get("mtime_ns") != st.st_mtime_ns and rep.get("sha256") != sha256_file(shard):
             raise DataError(
-                f"{shard}: changed since validation (sha256 differs from {vpath}); validate it again"
+                f"{shard}: changed since validation (sha256 differs from {vpath}); "
+                "validate it again"
             )
         if rep.get("seed") != params.seed or rep.get("generator") != params.as_dict():
             raise DataError(
@@ -229,7 +230,8 @@ def write_split_shard(task: dict, finish: bool = True) -> dict:
                 c, lab, i = curves[keep], labels[keep], ids[keep]
                 if writer.at + len(i) > writer.n:
                     raise DataError(
-                        f"{path}: more {task['split']} samples than planned for {where} (input changed?)"
+                        f"{path}: more {task['split']} samples than planned for {where} "
+                        "(input changed?)"
                     )
                 writer.append(c, lab, i)
                 if train:
@@ -389,7 +391,8 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
             )
         },
         "train_fraction": frac,
-        "split_rule": "train if uniform(seed, sample_id) < train_fraction (hvdscale.data.physics.split_is_train)",
+        "split_rule": "train if uniform(seed, sample_id) < train_fraction "
+        "(hvdscale.data.physics.split_is_train)",
         "counts": {"total": params.n_samples, "train": n_train, "test": params.n_samples - n_train},
         "shards": entries,
         "normalisation": {
@@ -420,7 +423,8 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
     write_json_atomic(outdir / MANIFEST_NAME, manifest)
     if progress:
         progress(
-            f"wrote {params.n_samples} samples ({n_train} train) in {time.perf_counter() - t0:.1f} s"
+            f"wrote {params.n_samples} samples ({n_train} train) "
+            f"in {time.perf_counter() - t0:.1f} s"
         )
     return manifest
 
@@ -444,7 +448,8 @@ def add_arguments(p):
     p.add_argument(
         "--config",
         required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+        help="data-stage config JSON {'seed': ..., 'data': {...}} "
+        "(hvdscale write-config --section data)",
     )
     p.add_argument("--shards", required=True, nargs="+", help="all generated HDF5 shards")
     p.add_argument(

@@ -298,7 +298,8 @@ def add_arguments(p):
     p.add_argument(
         "--config",
         required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} (hvdscale write-config --section data)",
+        help="data-stage config JSON {'seed': ..., 'data': {...}} "
+        "(hvdscale write-config --section data)",
     )
     p.add_argument("--shard", required=True, help="generated HDF5 shard to validate")
     p.add_argument(
