@@ -22,6 +22,11 @@ import yaml
 
 from hvdscale.errors import UserError
 
+# the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
+# slots_per_node and nodes_for stay importable from here
+from hvdscale.jobspec import nodes_for, workers_per_node_for
+from hvdscale.jobspec import slots_per_node as slots_per_node
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
@@ -248,20 +253,6 @@ class Run:
         return d
 
 
-def slots_per_node(partition: dict) -> int:
-    """Workers that fit on one node: its GPUs, or workers_per_node on CPU partitions."""
-    return (
-        partition["gpus_per_node"]
-        if partition["gpus_per_node"] > 0
-        else partition["workers_per_node"]
-    )
-
-
-def nodes_for(workers: int, partition: dict) -> int:
-    """Sequential distribution: fill every slot of a node before using the next one."""
-    return math.ceil(workers / slots_per_node(partition))
-
-
 def run_table(cfg: dict) -> list[Run]:
     """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates."""
     runs: dict[str, Run] = {}
@@ -284,7 +275,7 @@ def run_table(cfg: dict) -> list[Run]:
                     batch=b,
                     lr_rule=lr,
                     repeat=r,
-                    workers_per_node=min(w, slots_per_node(part)),
+                    workers_per_node=workers_per_node_for(w, part),
                     gpus_per_node=part["gpus_per_node"],
                 )
                 runs[run.run_id] = run

@@ -46,15 +46,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.common import ALLREDUCE_ID, EXIT_NAN
-from hvdscale.config import (
-    PROJECT_ROOT,
-    find_run,
-    load_config,
-    nodes_for,
-    slots_per_node,
-)
+from hvdscale.common import EXIT_NAN
+from hvdscale.config import PROJECT_ROOT, find_run, load_config
 from hvdscale.errors import UserError
+from hvdscale.jobspec import JobSpec
+from hvdscale.ranks import hosts_argument, rank_exit_codes
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun")
 PROGRAMS = ("train", "measure-allreduce")
@@ -77,17 +73,8 @@ PASS_ENV = (
 )
 
 
-@dataclass
-class Job:
-    """What to start: one program on ``workers`` ranks over ``nodes`` nodes."""
-
-    partition: str
-    backend: str
-    nodes: int
-    workers: int
-    workers_per_node: int
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1  # cores per node / slots per node (the SLURM allocation's)
+# the former name of JobSpec (same positional fields), kept for existing callers
+Job = JobSpec
 
 
 @dataclass
@@ -153,55 +140,10 @@ def controller_for(launcher: str, backend: str) -> str:
     return "mpi"
 
 
-def hosts_argument(job: Job, hosts: list[str] | None) -> str:
-    """horovodrun -H / mpirun -H value: host:slots for each node of the job."""
-    if hosts:
-        names = hosts
-    elif job.nodes == 1:
-        names = ["localhost"]
-    else:
-        names = slurm_hostnames()
-        if not names:
-            raise UserError(
-                f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
-                "(SLURM_JOB_NODELIST) "
-                "or pass --hosts host1,host2,..."
-            )
-    if len(names) < job.nodes:
-        raise UserError(
-            f"{job.nodes} nodes needed but only {len(names)} host(s) given: {', '.join(names)}"
-        )
-    out, left = [], job.workers
-    for h in names[: job.nodes]:
-        h, _, slots = h.partition(":")
-        n = min(left, int(slots) if slots else job.workers_per_node)
-        out.append(f"{h}:{n}")
-        left -= n
-    if left > 0:
-        raise UserError(
-            f"{job.workers} workers do not fit on {job.nodes} node(s) "
-            f"with {job.workers_per_node} each"
-        )
-    return ",".join(out)
-
-
-def slurm_hostnames() -> list[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return []
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.split() if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
 def build_launch(
     *,
     launcher: str,
-    job: Job,
+    job: JobSpec,
     program_argv: list[str],
     training: dict,
     out_dir: str | Path | None = None,
@@ -259,23 +201,8 @@ def build_launch(
                 continue
             argv += ["-x", k]
     else:  # srun inside an allocation; the environment is exported by default
-        # Everything explicit: the Snakemake SLURM job step strips SLURM_NTASKS and
-        # friends, so srun cannot take them from the allocation.
-        argv = [
-            srun,
-            "--mpi=pmix",
-            "-n",
-            str(N),
-            "-N",
-            str(job.nodes),
-            f"--ntasks-per-node={job.workers_per_node}",
-            f"--cpus-per-task={job.cpus_per_task}",
-            "--kill-on-bad-exit=1",
-        ]
-        if N == 1:
-            # a 1-worker run is a plain (non-MPI) plugin job whose own job step holds
-            # the CPUs: without --overlap this srun would wait for them forever
-            argv.append("--overlap")
+        # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
+        argv = job.srun_args(srun)
         if job.gpus_per_node:
             notes.append(
                 "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
@@ -367,16 +294,6 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
         t.join(timeout=10)
     tail = "".join(list(tail_out)[-60:]) + "".join(list(tail_err)[-100:])
     return status, tail
-
-
-def rank_exit_codes(out_dir: Path, workers: int) -> dict[int, str]:
-    """Exit status each rank recorded in OUT_DIR/.pids/rank-N.exit (absent: killed/crashed hard)."""
-    codes = {}
-    for r in range(workers):
-        f = out_dir / ".pids" / f"rank-{r}.exit"
-        if f.is_file():
-            codes[r] = f.read_text().strip()
-    return codes
 
 
 _FIRST_FAILED = (
@@ -483,55 +400,16 @@ def add_arguments(p):
 
 def job_for(
     cfg: dict, program: str, run_id: str | None, allreduce_id: str | None
-) -> tuple[Job, str]:
+) -> tuple[JobSpec, str]:
+    """The job layout and identifier of a training run or an allreduce sweep."""
     if program == "train" or (run_id and not allreduce_id):
         if not run_id:
             raise UserError("--run-id is required")
         r = find_run(cfg, run_id)
-        part = cfg["scaling"]["partitions"][r.partition]
-        return Job(
-            r.partition,
-            r.backend,
-            r.nodes,
-            r.workers,
-            r.workers_per_node,
-            r.gpus_per_node,
-            max(1, part["cores_per_node"] // slots_per_node(part)),
-        ), r.run_id
+        return JobSpec.for_run(cfg, r), r.run_id
     if not allreduce_id:
         raise UserError("measure-allreduce needs --allreduce-id (or --run-id)")
-    m = ALLREDUCE_ID.fullmatch(allreduce_id)
-    if not m:
-        raise UserError(
-            f"--allreduce-id {allreduce_id!r}: expected "
-            "{partition}_{backend}_n{nodes}_w{workers}, "
-            "e.g. local_mpi_n1_w2"
-        )
-    part_name, backend = m["partition"], m["backend"]
-    workers, nodes = int(m["workers"]), int(m["nodes"])
-    parts = cfg["scaling"]["partitions"]
-    if part_name not in parts:
-        raise UserError(
-            f"--allreduce-id {allreduce_id!r}: partition {part_name!r} "
-            "is not in scaling.partitions "
-            f"({', '.join(sorted(parts))})"
-        )
-    part = parts[part_name]
-    if nodes != nodes_for(workers, part):
-        raise UserError(
-            f"--allreduce-id {allreduce_id!r}: {workers} workers "
-            f"need {nodes_for(workers, part)} node(s) "
-            f"on partition {part_name!r}"
-        )
-    return Job(
-        part_name,
-        backend,
-        nodes,
-        workers,
-        min(workers, slots_per_node(part)),
-        part["gpus_per_node"],
-        max(1, part["cores_per_node"] // slots_per_node(part)),
-    ), allreduce_id
+    return JobSpec.for_allreduce_id(cfg, allreduce_id), allreduce_id
 
 
 def run(args) -> int:

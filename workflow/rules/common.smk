@@ -19,6 +19,7 @@ from hvdscale.config import (
     run_table,
     validate_config,
 )
+from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
 
 try:
     CFG = validate_config(config)
@@ -137,80 +138,34 @@ def model_bytes(wildcards):
 
 
 # --------------------------------------------------------------------------- resources
-# Sequential distribution as in the reference study: fill every GPU (or CPU slot) of a
-# node before using the next one; one task per worker; whole nodes (exclusive) with
-# all their memory; CPUs per task = cores per node / GPUs per node.
+# The layout of every job that starts ranks comes from one JobSpec (hvdscale.jobspec):
+# nodes, tasks, tasks per node, CPUs per task, gres, memory, runtime per attempt,
+# mpi. train_run and measure_allreduce share JOB_RESOURCES, one callable per SLURM
+# resource (snakemake-executor-plugin-slurm maps them to sbatch flags); a callable
+# returning None leaves the resource unset (no sbatch flag).
+
+JOBS = {run.run_id: JobSpec.for_run(CFG, run) for run in RUNS}
+JOBS.update({job_id: JobSpec.for_allreduce_id(CFG, job_id) for job_id in ALLREDUCE})
 
 
-def _job(wildcards):
+def job_spec(wildcards):
+    """The JobSpec of a train_run (run_id) or measure_allreduce (allreduce_id) job."""
     if hasattr(wildcards, "run_id"):
-        return RUN_BY_ID[wildcards.run_id].as_dict()
-    return ALLREDUCE[wildcards.allreduce_id]
+        return JOBS[wildcards.run_id]
+    return JOBS[wildcards.allreduce_id]
 
 
-def _partition(wildcards):
-    return CFG["scaling"]["partitions"][_job(wildcards)["partition"]]
+def _job_resource(key):
+    def resource(wildcards, attempt):
+        return job_spec(wildcards).slurm_resources(attempt)[key]
+
+    resource.__name__ = f"job_resource_{key}"
+    return resource
 
 
-# A callable returning None leaves the resource unset (no sbatch flag).
+JOB_RESOURCES = {key: _job_resource(key) for key in RESOURCE_KEYS}
 
 
-def res_partition(wildcards):
-    return _job(wildcards)["partition"]
-
-
-def res_account(wildcards):
-    return _partition(wildcards)["account"] or None
-
-
-def res_constraint(wildcards):
-    return _partition(wildcards)["constraint"] or None
-
-
-def res_nodes(wildcards):
-    return _job(wildcards)["nodes"]
-
-
-def res_tasks(wildcards):
-    return _job(wildcards)["workers"]
-
-
-def res_cpus_per_task(wildcards):
-    part = _partition(wildcards)
-    slots = part["gpus_per_node"] or part["workers_per_node"]
-    return max(1, part["cores_per_node"] // slots)
-
-
-def res_mem_mb(wildcards):
-    return _partition(wildcards)["mem_mb_per_node"]
-
-
-def res_runtime(wildcards):
-    return _partition(wildcards)["runtime_min"]
-
-
-def res_gres(wildcards):
-    job = _job(wildcards)
-    gpus = min(job["gpus_per_node"], job["workers_per_node"]) if job["gpus_per_node"] else 0
-    return f"gpu:{gpus}" if gpus else None
-
-
-def res_tasks_per_gpu(wildcards):
-    # plugin 2.8 turns `tasks` into --ntasks-per-gpu on GPU jobs unless this is 0
-    return 0 if _job(wildcards)["gpus_per_node"] else None
-
-
-def res_mpi(wildcards):
-    # the plugin refuses mpi jobs with one task; a 1-worker run is a plain job whose
-    # launcher starts its single rank with `srun --overlap`
-    return "srun" if _job(wildcards)["workers"] > 1 else None
-
-
-def res_slurm_extra(wildcards):
-    # --ntasks-per-node here: the plugin's tasks_per_node cannot be combined with tasks
-    return f"--ntasks-per-node={_job(wildcards)['workers_per_node']} --exclusive"
-
-
-def local_threads(wildcards):
-    """Cores the run occupies on a single machine (the local profile's --cores)."""
-    return _job(wildcards)["workers"] * CFG["training"]["threads_per_worker"]
+def job_threads(wildcards):
+    """Cores the job occupies on a single machine (the local profile's --cores)."""
+    return job_spec(wildcards).local_threads

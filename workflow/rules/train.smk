@@ -37,21 +37,10 @@ rule train_run:
         f"../../{TRAIN_CONDA_ENV}"
     envmodules:
         *TRAIN_MODULES,
-    threads: local_threads
+    threads: job_threads
     resources:
-        # mapped to sbatch flags by snakemake-executor-plugin-slurm (profiles/slurm)
-        slurm_partition=res_partition,
-        slurm_account=res_account,
-        constraint=res_constraint,
-        nodes=res_nodes,
-        tasks=res_tasks,
-        tasks_per_gpu=res_tasks_per_gpu,
-        cpus_per_task=res_cpus_per_task,
-        mem_mb=res_mem_mb,
-        runtime=res_runtime,
-        gres=res_gres,
-        slurm_extra=res_slurm_extra,
-        mpi=res_mpi,
+        # the run's JobSpec, mapped to sbatch flags by the SLURM plugin (profiles/slurm)
+        **JOB_RESOURCES,
     params:
         hvd=HVD,
         datadir=dir_of_input_manifest,
@@ -77,20 +66,9 @@ rule measure_allreduce:
         f"../../{TRAIN_CONDA_ENV}"
     envmodules:
         *TRAIN_MODULES,
-    threads: local_threads
+    threads: job_threads
     resources:
-        slurm_partition=res_partition,
-        slurm_account=res_account,
-        constraint=res_constraint,
-        nodes=res_nodes,
-        tasks=res_tasks,
-        tasks_per_gpu=res_tasks_per_gpu,
-        cpus_per_task=res_cpus_per_task,
-        mem_mb=res_mem_mb,
-        runtime=res_runtime,
-        gres=res_gres,
-        slurm_extra=res_slurm_extra,
-        mpi=res_mpi,
+        **JOB_RESOURCES,
     params:
         hvd=HVD,
         launcher=launcher,

@@ -1,0 +1,234 @@
+"""JobSpec: the one job layout behind the rules' SLURM resources and the launcher's
+arguments (unit tests), and the thesis DAG planned through the SLURM profile gets the
+same resources as before JobSpec existed (slow: one dry run)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdscale.config import load_config, run_table, validate_config
+from hvdscale.errors import UserError
+from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch import Job, build_launch, job_for
+
+ROOT = Path(__file__).resolve().parents[1]
+THESIS = ROOT / "config" / "thesis.yaml"
+PROG = ["python", "-m", "hvdscale.cli", "train"]
+
+
+@pytest.fixture(scope="module")
+def thesis():
+    return load_config(THESIS)
+
+
+def test_multi_node_gpu_layout(thesis):
+    job = JobSpec.for_workers(thesis, "gpu2", "nccl", 32)  # K80 nodes: 4 GPUs, 24 cores
+    assert (job.nodes, job.tasks, job.tasks_per_node, job.cpus_per_task) == (8, 32, 4, 6)
+    assert job.gres == "gpu:4" and job.mpi == "srun" and not job.overlap
+    assert job.slurm_resources() == {
+        "slurm_partition": "gpu2",
+        "slurm_account": None,
+        "constraint": None,
+        "nodes": 8,
+        "tasks": 32,
+        "tasks_per_gpu": 0,
+        "cpus_per_task": 6,
+        "mem_mb": 62000,
+        "runtime": 240,
+        "gres": "gpu:4",
+        "slurm_extra": "--ntasks-per-node=4 --exclusive",
+        "mpi": "srun",
+    }
+    assert tuple(job.slurm_resources()) == RESOURCE_KEYS
+
+
+def test_partial_node_requests_only_the_gpus_it_uses(thesis):
+    job = JobSpec.for_workers(thesis, "alpha", "nccl", 2)  # 8 A100 per node
+    assert (job.nodes, job.workers_per_node, job.gres) == (1, 2, "gpu:2")
+    assert job.slurm_extra == "--ntasks-per-node=2 --exclusive"
+
+
+def test_one_worker_is_a_plain_job_whose_srun_overlaps(thesis):
+    job = JobSpec.for_workers(thesis, "gpu2", "mpi", 1)
+    res = job.slurm_resources()
+    assert res["mpi"] is None and res["tasks"] == 1 and res["nodes"] == 1
+    assert job.overlap and job.srun_args()[-1] == "--overlap"
+    assert "--overlap" not in JobSpec.for_workers(thesis, "gpu2", "mpi", 2).srun_args()
+
+
+def test_cpu_partition_account_and_constraint():
+    cfg = validate_config(
+        {
+            "scaling": {
+                "partitions": {
+                    "haswell": {
+                        "cores_per_node": 24,
+                        "mem_mb_per_node": 60000,
+                        "workers_per_node": 4,
+                        "runtime_min": 90,
+                        "account": "p_scaling",
+                        "constraint": "fast&big",
+                    }
+                },
+                "sweeps": [
+                    {
+                        "partitions": ["haswell"],
+                        "workers": [6],
+                        "backends": ["mpi"],
+                        "batch_sizes": [75],
+                        "lr_rules": ["none"],
+                    }
+                ],
+            },
+            "training": {"threads_per_worker": 3},
+        }
+    )
+    job = JobSpec.for_workers(cfg, "haswell", "mpi", 6)
+    res = job.slurm_resources()
+    assert (res["nodes"], res["cpus_per_task"], res["mem_mb"], res["runtime"]) == (2, 6, 60000, 90)
+    assert (res["slurm_account"], res["constraint"]) == ("p_scaling", "fast&big")
+    assert res["gres"] is None and res["tasks_per_gpu"] is None
+    assert res["slurm_extra"] == "--ntasks-per-node=4 --exclusive"
+    assert job.local_threads == 18
+
+
+def test_runtime_per_attempt(thesis):
+    job = JobSpec.for_workers(thesis, "alpha", "nccl", 8)
+    # a resubmitted run resumes from its checkpoint: the same limit for every attempt
+    assert [job.slurm_resources(a)["runtime"] for a in (1, 2, 3)] == [120, 120, 120]
+    with pytest.raises(ValueError):
+        job.runtime(0)
+
+
+def test_srun_args_are_what_the_launcher_runs(thesis):
+    job = JobSpec.for_workers(thesis, "gpu2", "mpi", 8)
+    spec = build_launch(
+        launcher="srun", job=job, program_argv=PROG, training=thesis["training"], is_root_user=False
+    )
+    assert spec.argv == job.srun_args() + PROG
+    assert spec.argv[:9] == [
+        "srun",
+        "--mpi=pmix",
+        "-n",
+        "8",
+        "-N",
+        "2",
+        "--ntasks-per-node=4",
+        "--cpus-per-task=6",
+        "--kill-on-bad-exit=1",
+    ]
+
+
+def test_launcher_and_rules_see_the_same_job(thesis):
+    for run in run_table(thesis)[::37]:
+        job, ident = job_for(thesis, "train", run.run_id, None)
+        assert ident == run.run_id and job == JobSpec.for_run(thesis, run)
+        assert (job.nodes, job.workers_per_node) == (run.nodes, run.workers_per_node)
+    job, _ = job_for(thesis, "measure-allreduce", None, "alpha_nccl_n2_w16")
+    assert job == JobSpec.for_workers(thesis, "alpha", "nccl", 16)
+    assert Job is JobSpec  # the former name
+
+
+@pytest.mark.parametrize(
+    "allreduce_id,match",
+    [("alpha_nccl_w16", "expected"), ("beta_mpi_n1_w2", "not in"), ("alpha_nccl_n1_w16", "node")],
+)
+def test_bad_allreduce_ids(thesis, allreduce_id, match):
+    with pytest.raises(UserError, match=match):
+        JobSpec.for_allreduce_id(thesis, allreduce_id)
+
+
+# --------------------------------------------------------------------------- the DAG
+
+
+def _before_jobspec(cfg: dict, partition: str, backend: str, nodes: int, workers: int) -> dict:
+    """The resources the workflow computed before JobSpec (workflow/rules/common.smk's
+    res_* callables of commit 452ac2d, verbatim in substance): the oracle."""
+    part = cfg["scaling"]["partitions"][partition]
+    slots = part["gpus_per_node"] or part["workers_per_node"]
+    wpn = min(workers, slots)  # config.Run.workers_per_node
+    gpus = min(part["gpus_per_node"], wpn) if part["gpus_per_node"] else 0
+    res = {
+        "slurm_partition": partition,
+        "slurm_account": part["account"] or None,
+        "constraint": part["constraint"] or None,
+        "nodes": nodes,
+        "tasks": workers,
+        "tasks_per_gpu": 0 if part["gpus_per_node"] else None,
+        "cpus_per_task": max(1, part["cores_per_node"] // slots),
+        "mem_mb": part["mem_mb_per_node"],
+        "runtime": part["runtime_min"],
+        "gres": f"gpu:{gpus}" if gpus else None,
+        "slurm_extra": f"--ntasks-per-node={wpn} --exclusive",
+        "mpi": "srun" if workers > 1 else None,
+    }
+    return {k: str(v) for k, v in res.items() if v is not None}
+
+
+# resources Snakemake derives or adds by itself (not the workflow's)
+DERIVED = {"tmpdir", "disk_mb", "disk", "disk_mib", "mem", "mem_mib"}
+ID = re.compile(r"(?P<partition>[a-z0-9-]+)_(?P<backend>\w+?)_n(?P<nodes>\d+)_w(?P<workers>\d+)")
+
+
+def _planned_jobs(text: str) -> list[tuple[str, str, dict]]:
+    """(rule, wildcards, resources) of every job of a dry run's output."""
+    jobs, cur = [], None
+    for line in text.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):$", line)
+        if m:
+            cur = [m[1], "", {}]
+            jobs.append(cur)
+        elif cur is not None and line.startswith("    wildcards: "):
+            cur[1] = line.split(": ", 1)[1]
+        elif cur is not None and line.startswith("    resources: "):
+            items = line.split(": ", 1)[1].split(", ")
+            cur[2] = {k: v for k, v in (i.split("=", 1) for i in items) if k not in DERIVED}
+    return [tuple(j) for j in jobs]
+
+
+@pytest.mark.slow
+def test_thesis_dag_resources_are_unchanged_by_jobspec(thesis):
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"]
+        + ["--configfile", str(THESIS)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = _planned_jobs(out.stdout + out.stderr)
+    counts = {}
+    for rule, wildcards, res in jobs:
+        counts[rule] = counts.get(rule, 0) + 1
+        if rule in ("train_run", "measure_allreduce"):
+            m = ID.search(wildcards)
+            want = _before_jobspec(
+                thesis, m["partition"], m["backend"], int(m["nodes"]), int(m["workers"])
+            )
+            assert res == want, (rule, wildcards)
+        else:  # the profile's default-resources only
+            assert res == {"mem_mb": "4000", "runtime": "60"}, (rule, wildcards, res)
+    assert counts["train_run"] == len(run_table(thesis)) == 576
+    assert counts["measure_allreduce"] == 45
+
+
+def test_oracle_agrees_with_jobspec_on_every_thesis_run(thesis):
+    """The fast twin of the dry-run test: every run of the thesis matrix, and of a
+    variant with account, constraint and cores that do not divide evenly."""
+    cfgs = [thesis, copy.deepcopy(thesis)]
+    for part in cfgs[1]["scaling"]["partitions"].values():
+        part.update(account="p_x", constraint="a100", cores_per_node=7)
+    for cfg in cfgs:
+        for run in run_table(validate_config(cfg)):
+            got = JobSpec.for_run(cfg, run).slurm_resources()
+            want = _before_jobspec(cfg, run.partition, run.backend, run.nodes, run.workers)
+            assert {k: str(v) for k, v in got.items() if v is not None} == want, run.run_id
