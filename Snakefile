@@ -33,6 +33,7 @@ localrules:
     write_data_config,
     write_full_config,
     write_run_config,
+    write_allreduce_config,
     aggregate_runs,
     fit_costmodel,
     plot_scaling,

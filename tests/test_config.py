@@ -11,6 +11,8 @@ import yaml
 
 from hvdscale.config import (
     ConfigError,
+    allreduce_config,
+    allreduce_jobs,
     count_parameters,
     find_run,
     learning_rate_for,
@@ -20,6 +22,7 @@ from hvdscale.config import (
     run_table,
     validate_config,
 )
+from hvdscale.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -223,6 +226,34 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
     assert run_config(other, run_id) == sub
     other["training"]["epochs"] = 99
     assert run_config(other, run_id) != sub
+
+
+def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edits():
+    from hvdscale.jobspec import JobSpec
+
+    cfg = load_config(ROOT / "config/thesis.yaml")
+    ids = [job["id"] for job in allreduce_jobs(cfg)]
+    assert len(ids) == 45
+    for job_id in ids[::4]:
+        sub = validate_config(allreduce_config(cfg, job_id))
+        # the launcher sees the same job and the same launch settings
+        assert JobSpec.for_allreduce_id(sub, job_id) == JobSpec.for_allreduce_id(cfg, job_id)
+        assert sub["environment"] == cfg["environment"]
+        for key in ("launcher", "threads_per_worker", "horovod"):
+            assert sub["training"][key] == cfg["training"][key]
+    job_id = "gpu2_mpi_n2_w8"
+    sub = allreduce_config(cfg, job_id)
+    other = copy.deepcopy(cfg)
+    other["report"]["title"] = "another title"
+    other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
+    other["training"]["epochs"] = 99
+    other["data"]["n_samples"] = 1000
+    other["scaling"]["partitions"]["alpha"]["runtime_min"] = 1
+    assert allreduce_config(other, job_id) == sub
+    other["training"]["horovod"]["cycle_time_ms"] = 5.0
+    assert allreduce_config(other, job_id) != sub
+    with pytest.raises(UserError, match="allreduce-id"):
+        allreduce_config(cfg, "gpu2_mpi_n1_w8")
 
 
 @pytest.mark.parametrize(

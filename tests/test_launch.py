@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
 
-from hvdscale.config import validate_config
+from hvdscale.config import allreduce_config, validate_config
 from hvdscale.errors import UserError
 from hvdscale.launch import (
     Job,
@@ -355,7 +355,9 @@ def test_a_launcher_that_fails_leaves_failure_json(tmp_path):
     "allreduce_id,launcher", [("local_gloo_n1_w2", "horovodrun"), ("local_mpi_n1_w2", "mpirun")]
 )
 def test_measure_allreduce_through_launch(tmp_path, allreduce_id, launcher):
-    cfg = write_config(tmp_path / "full.json", base_config())
+    # the sweep's own config slice, as the workflow's write_allreduce_config writes it
+    sliced = allreduce_config(validate_config(base_config()), allreduce_id)
+    cfg = write_config(tmp_path / "config" / f"{allreduce_id}.json", sliced)
     out = tmp_path / "allreduce" / f"{allreduce_id}.csv"
     r = _hvd(
         "launch",

@@ -34,6 +34,8 @@ def test_dry_run_default_config(tmp_path):
         ("validate_shard", 4),
         ("split_dataset", 1),
         ("train_run", 4),
+        ("write_allreduce_config", 2),
+        ("measure_allreduce", 2),
         ("aggregate_runs", 1),
         ("build_report", 1),
     ]:

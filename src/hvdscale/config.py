@@ -24,7 +24,7 @@ from hvdscale.errors import UserError
 
 # the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
 # slots_per_node and nodes_for stay importable from here
-from hvdscale.jobspec import nodes_for, workers_per_node_for
+from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -357,6 +357,41 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     # the repeat index must stay reachable: keep the repeat count
     sub["training"]["repeats"] = cfg["training"]["repeats"]
     return sub
+
+
+# training keys an allreduce sweep depends on (launcher, OMP threads, Horovod knobs)
+ALLREDUCE_TRAINING_KEYS = ("launcher", "threads_per_worker", "horovod")
+
+
+def allreduce_config(cfg: dict, allreduce_id: str) -> dict:
+    """The part of the config one allreduce sweep depends on.
+
+    A valid config in itself: the sweep's partition, the train environment, the
+    training keys of ALLREDUCE_TRAINING_KEYS and one sweep naming the job's backend
+    and worker count (batch size and LR rule are placeholders: the sweep trains
+    nothing). Editing the report, other sweeps, data or other training settings
+    leaves it, and so the measured sweep, untouched.
+    """
+    job = JobSpec.for_allreduce_id(cfg, allreduce_id)
+    return {
+        "environment": copy.deepcopy(cfg["environment"]),
+        "training": {k: copy.deepcopy(cfg["training"][k]) for k in ALLREDUCE_TRAINING_KEYS},
+        "scaling": {
+            "partitions": {
+                job.partition: copy.deepcopy(cfg["scaling"]["partitions"][job.partition])
+            },
+            "sweeps": [
+                {
+                    "name": "allreduce",
+                    "partitions": [job.partition],
+                    "workers": [job.workers],
+                    "backends": [job.backend],
+                    "batch_sizes": [1],
+                    "lr_rules": ["none"],
+                }
+            ],
+        },
+    }
 
 
 def allreduce_jobs(cfg: dict) -> list[dict]:

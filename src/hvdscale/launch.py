@@ -27,7 +27,8 @@ Examples:
   hvdscale launch --config results/runs/local_gloo_n1_w2_b75_lrnone_r0/config.json \\
       --run-id local_gloo_n1_w2_b75_lrnone_r0 --data-dir results/data \\
       --out-dir results/runs/local_gloo_n1_w2_b75_lrnone_r0 --dry-run
-  hvdscale launch --program measure-allreduce --config results/config/full.json \\
+  hvdscale launch --program measure-allreduce \\
+      --config results/config/allreduce/local_mpi_n1_w2.json \\
       --allreduce-id local_mpi_n1_w2 --out results/allreduce/local_mpi_n1_w2.csv
 """
 

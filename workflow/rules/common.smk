@@ -11,6 +11,7 @@ from hvdscale.common import ALLREDUCE_ID_WILDCARD
 from hvdscale.config import (
     ConfigError,
     RUN_ID_WILDCARD,
+    allreduce_config,
     allreduce_jobs,
     count_parameters,
     data_section,
@@ -59,6 +60,10 @@ def data_config_json(wildcards):
 
 def run_config_json(wildcards):
     return json.dumps(run_config(CFG, wildcards.run_id, RUN_BY_ID), sort_keys=True)
+
+
+def allreduce_config_json(wildcards):
+    return json.dumps(allreduce_config(CFG, wildcards.allreduce_id), sort_keys=True)
 
 
 def full_config_json(wildcards):

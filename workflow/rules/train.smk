@@ -53,9 +53,24 @@ rule train_run:
         " --launcher {params.launcher} --train-python {params.python} > {log} 2>&1"
 
 
+rule write_allreduce_config:
+    output:
+        f"{RESULTS}/config/allreduce/{{allreduce_id}}.json",
+    log:
+        f"{RESULTS}/logs/write_allreduce_config/{{allreduce_id}}.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        # only what this sweep depends on: editing a report key keeps the measured sweep
+        cfg=allreduce_config_json,
+    shell:
+        "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
+
+
 rule measure_allreduce:
     input:
-        config=f"{RESULTS}/config/full.json",
+        config=f"{RESULTS}/config/allreduce/{{allreduce_id}}.json",
     output:
         f"{RESULTS}/allreduce/{{allreduce_id}}.csv",
     log:
