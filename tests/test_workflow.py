@@ -53,6 +53,41 @@ def test_dry_run_thesis_config_plans_every_run():
     assert any(line.split()[:2] == ["generate_shard", "16"] for line in text.splitlines())
 
 
+FAKE_CONDA = """#!/bin/sh
+# stands in for conda in a dry run: Snakemake only asks these three questions
+case "$*" in
+  "info --json") echo '{"conda_prefix": "/nonexistent/conda", "platform": "linux-64"}' ;;
+  "--version") echo "conda 24.9.2" ;;
+  "config --get channel_priority --json") echo '{"get": {"channel_priority": "strict"}}' ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_sdm_conda_runs_the_cli_of_the_rules_conda_env(tmp_path):
+    """With --sdm conda the workflow-env rules run `python` of their conda env (the
+    `conda:` directive is real); `hvdscale launch` stays in Snakemake's env, its ranks
+    get the train env."""
+    (tmp_path / "conda").write_text(FAKE_CONDA)
+    (tmp_path / "conda").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run(
+        [*SNAKEMAKE, "-n", "-p", "--sdm", "conda", "--config", "results_dir=results-dryrun-test"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    commands = [line for line in text.splitlines() if "-m hvdscale.cli" in line]
+    for command in ("write-config", "generate-shard", "split-dataset", "aggregate", "report"):
+        assert f"Shell command: python -m hvdscale.cli {command} " in text, command
+    launches = [c for c in commands if "hvdscale.cli launch " in c]
+    assert launches and all(c.startswith("Shell command: /") for c in launches)
+
+
 def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("training:\n  launcher: ssh\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import UserError
 
 # the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
@@ -27,7 +28,7 @@ from hvdscale.errors import UserError
 from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.common)
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 RUN_SCHEMA = SCHEMA_DIR / "run.schema.json"

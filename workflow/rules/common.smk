@@ -6,6 +6,12 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
+
+# The package finds the project (schemas, report captions, the train venv) through
+# HVDSCALE_ROOT, also from a regular (non-editable) install; every job inherits it.
+# (Set, not read: nothing for an `envvars:` directive to assert.)
+os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.common import ALLREDUCE_ID_WILDCARD
 from hvdscale.config import (
@@ -37,9 +43,16 @@ SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
 TRAIN_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["train"])]
 TEST_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["test"])]
 
-# The workflow env's own interpreter runs the package CLI, inside and outside SLURM
-# jobs (shared file system), so no PATH setup is needed.
-HVD = f"{sys.executable} -m hvdscale.cli"
+# The package CLI of the workflow-env rules. By default the workflow env's own
+# interpreter (Snakemake's), inside and outside SLURM jobs (shared file system), so no
+# PATH setup is needed. With --sdm conda, the `python` of the rule's conda env
+# (envs/workflow.conda.yaml, which installs hvdscale): the `conda:` directive is what
+# runs the rule.
+USE_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+HVD = "python -m hvdscale.cli" if USE_CONDA else f"{sys.executable} -m hvdscale.cli"
+# `hvdscale launch` always runs in Snakemake's own env; the ranks it starts run in the
+# train env (venv, env-modules or the conda env of train_run/measure_allreduce)
+LAUNCH = f"{sys.executable} -m hvdscale.cli"
 DEPLOYMENT = CFG["environment"]["deployment"]
 TRAIN_MODULES = CFG["environment"]["modules"]
 TRAIN_CONDA_ENV = CFG["environment"]["conda_env"]

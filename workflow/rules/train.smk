@@ -42,7 +42,7 @@ rule train_run:
         # the run's JobSpec, mapped to sbatch flags by the SLURM plugin (profiles/slurm)
         **JOB_RESOURCES,
     params:
-        hvd=HVD,
+        hvd=LAUNCH,
         datadir=dir_of_input_manifest,
         launcher=launcher,
         python=train_python,
@@ -85,7 +85,7 @@ rule measure_allreduce:
     resources:
         **JOB_RESOURCES,
     params:
-        hvd=HVD,
+        hvd=LAUNCH,
         launcher=launcher,
         python=train_python,
     shell:
