@@ -26,7 +26,7 @@ except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
 RESULTS = CFG["results_dir"]
-RUNS = run_table(CFG)
+RUNS = run_table(CFG)  # the selected runs (config key select)
 RUN_BY_ID = {r.run_id: r for r in RUNS}
 RUN_IDS = list(RUN_BY_ID)
 ALLREDUCE = {job["id"]: job for job in allreduce_jobs(CFG)}
@@ -34,6 +34,12 @@ N_SHARDS = CFG["data"]["n_shards"]
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
 TRAIN_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["train"])]
 TEST_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["test"])]
+
+# the budget preview (hvdscale plan) on stderr, once per invocation (not in SLURM jobs)
+if workflow.is_main_process:
+    from hvdscale.study.plan import snakemake_banner
+
+    snakemake_banner(CFG)
 
 # The workflow env's own interpreter runs the package CLI, inside and outside SLURM
 # jobs (shared file system), so no PATH setup is needed.
