@@ -29,6 +29,7 @@ RESULTS = CFG["results_dir"]
 RUNS = run_table(CFG)  # the selected runs (config key select)
 RUN_BY_ID = {r.run_id: r for r in RUNS}
 RUN_IDS = list(RUN_BY_ID)
+STRICT_TARGETS = [f"{RESULTS}/scaling/references.ok"] if CFG["strict"] else []
 ALLREDUCE = {job["id"]: job for job in allreduce_jobs(CFG)}
 N_SHARDS = CFG["data"]["n_shards"]
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
