@@ -41,3 +41,4 @@ localrules:
     build_report,
     check_references,
     enforce_references,
+    export_study,

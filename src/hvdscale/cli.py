@@ -67,7 +67,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
     "export": ("hvdscale.study.export", "write one archive of a finished study"),
     "rebuild": (
-        "hvdscale.study.export",
+        "hvdscale.study.rebuild",
         "rebuild every figure and the report from an archive (no training env)",
     ),
 }

@@ -148,3 +148,28 @@ rule build_report:
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --references {input.references} --out {output} > {log} 2>&1"
+
+
+# One archive of the finished study (not part of `all`): `make export`, or ask for
+# results/study.tar.gz. `hvdscale rebuild` (`make report FROM=...`) regenerates every
+# product from it and checks the bytes. Same config-file list as build_report.
+rule export_study:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        records=run_records,
+        allreduce=allreduce_tables,
+        report=f"{RESULTS}/report.pdf",
+        references=f"{RESULTS}/scaling/references.csv",
+    output:
+        f"{RESULTS}/study.tar.gz",
+    log:
+        f"{RESULTS}/logs/export_study.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        configfiles=config_files,
+        results=RESULTS,
+    shell:
+        "{params.hvd} export --config-file {params.configfiles} --results {params.results}"
+        " --out {output} > {log} 2>&1"
