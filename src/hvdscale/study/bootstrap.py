@@ -29,14 +29,18 @@ def bootstrap_ci(
     n: int = N_RESAMPLES,
     seed: int = SEED,
 ) -> tuple[float, float] | None:
-    """Percentile interval of ``stat(groups)`` with each group resampled with replacement."""
+    """Percentile interval of ``stat(groups)`` with each group resampled with replacement.
+
+    ``stat`` is vectorised: it gets one (n, len(group)) array per group (row i = the
+    i-th resample; reduce with ``axis=-1``) and returns n values. The same function
+    applied to the 1-D groups gives the point estimate.
+    """
     arrays = [np.asarray([v for v in g if math.isfinite(v)], dtype=float) for g in groups]
     if not arrays or min(len(a) for a in arrays) < MIN_REPEATS:
         return None
     rng = np.random.default_rng(seed)
-    values = np.empty(n)
-    for i in range(n):
-        values[i] = stat([a[rng.integers(0, len(a), len(a))] for a in arrays])
+    resampled = [a[rng.integers(0, len(a), (n, len(a)))] for a in arrays]
+    values = np.asarray(stat(resampled), dtype=float).reshape(-1)
     values = values[np.isfinite(values)]
     if not len(values):
         return None

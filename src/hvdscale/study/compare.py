@@ -111,7 +111,7 @@ def _metric(done: pd.DataFrame, key: tuple, metric: str) -> tuple[float | None, 
         xs = _samples(done, key, metric)
         if not xs:
             return None, None, 0
-        ci = bootstrap_ci([xs], lambda g: float(np.median(g[0])))
+        ci = bootstrap_ci([xs], lambda g: np.median(g[0], axis=-1))
         return float(np.median(xs)), ci, len(xs)
     workers = int(key[CONFIG_KEYS.index("workers")])
     base_key = tuple(1 if k == "workers" else v for k, v in zip(CONFIG_KEYS, key))
@@ -120,9 +120,10 @@ def _metric(done: pd.DataFrame, key: tuple, metric: str) -> tuple[float | None, 
         return None, None, 0
 
     def eff(g):
-        return float(np.median(g[0]) / (workers * np.median(g[1])))
+        return np.median(g[0], axis=-1) / (workers * np.median(g[1], axis=-1))
 
-    return eff([np.array(t1), np.array(tn)]), bootstrap_ci([t1, tn], eff), min(len(t1), len(tn))
+    value = float(eff([np.array(t1), np.array(tn)]))
+    return value, bootstrap_ci([t1, tn], eff), min(len(t1), len(tn))
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

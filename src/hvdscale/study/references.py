@@ -85,12 +85,13 @@ def _values(done: pd.DataFrame, column: str, **match) -> list[float]:
 
 
 def _slope(workers: list[int], times: list[np.ndarray]) -> float:
-    """Least-squares slope of S(n) = median T(1) / median T(n) over n (as the summary)."""
-    med = np.array([np.median(t) for t in times])
+    """Least-squares slope of S(n) = median T(1) / median T(n) over n (as the summary);
+    vectorised over resamples."""
+    med = np.array([np.median(t, axis=-1) for t in times])  # (workers[, resamples])
     s = med[0] / med
     n = np.asarray(workers, float)
-    dn = n - n.mean()
-    return float((dn * (s - s.mean())).sum() / (dn * dn).sum())
+    dn = (n - n.mean()).reshape((-1,) + (1,) * (s.ndim - 1))
+    return (dn * (s - s.mean(axis=0))).sum(axis=0) / (dn * dn).sum()
 
 
 def _speedup(cfg_ref: dict, part: str, summary, done) -> dict:
@@ -134,7 +135,7 @@ def _share(quantity: str, summary, done, multi: bool) -> dict:
     groups = [_values(done, quantity, **{k: r[k] for k in CONFIG_KEYS}) for _, r in s.iterrows()]
     row.update(
         measured=float(s[quantity].median()),
-        ci=bootstrap_ci(groups, lambda gs: float(np.median([np.median(g) for g in gs]))),
+        ci=bootstrap_ci(groups, lambda gs: np.median([np.median(g, axis=-1) for g in gs], axis=0)),
         min_repeats=min(len(g) for g in groups),
         configuration=f"median over {len(s)} "
         + ("multi-worker configurations" if multi else "configurations"),
@@ -166,7 +167,7 @@ def _batch(ref: dict, summary, done) -> dict:
     row.update(
         partition=part,
         measured=float(t[b0] / t[b1]),
-        ci=bootstrap_ci(groups, lambda gs: float(np.median(gs[0]) / np.median(gs[1]))),
+        ci=bootstrap_ci(groups, lambda gs: np.median(gs[0], axis=-1) / np.median(gs[1], axis=-1)),
         min_repeats=min(len(x) for x in groups),
         configuration=f"{part}, {be}, LR {lr}, {w} worker(s), batch {b0} vs {b1}",
     )
