@@ -15,9 +15,9 @@
                     {results}/plots/*.pdf|png, {results}/report.pdf
 
 ``hvdscale rebuild ARCHIVE --out DIR`` (``make report FROM=ARCHIVE``) extracts the
-inputs and config files into DIR and runs, in DIR and with the workflow env only, what
-the Snakemake rules run: aggregate, fit-costmodel, check-references, plot, report. It
-then compares every product with the archived bytes and exits 1 if one differs.
+inputs and config files into DIR and runs, in DIR and with the workflow env only (in
+this process), what the Snakemake rules run: aggregate, fit-costmodel, check-references,
+plot, report. It then compares every product with the archived bytes and exits 1 if one differs.
 
 Example
   hvdscale export --config-file config/config.yaml --out study.tar.gz
@@ -26,13 +26,12 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -185,6 +184,40 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
     ]
 
 
+@contextlib.contextmanager
+def _inside(directory: Path, env: dict[str, str | None]):
+    """Run in ``directory`` with these environment variables (None: unset); restore."""
+    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
+    try:
+        os.chdir(directory)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        os.chdir(old_cwd)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_step(step: list[str]) -> str:
+    """One ``hvdscale`` command in this process (the workflow env); its output."""
+    from hvdscale.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = main(step)
+    text = f"$ hvdscale {' '.join(step)}\n{buf.getvalue()}"
+    if rc != 0:
+        raise UserError(f"rebuild step 'hvdscale {step[0]}' failed:\n{text}")
+    return text
+
+
 def rebuild(archive, outdir) -> dict:
     """Rebuild every product of ``archive`` in ``outdir``; returns
     {"manifest", "files": {path: identical|differs|missing}, "log"}."""
@@ -192,7 +225,7 @@ def rebuild(archive, outdir) -> dict:
 
     members = read_archive(archive)
     manifest = json.loads(members["MANIFEST.json"])
-    outdir = Path(outdir)
+    outdir = Path(outdir).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     r = manifest["results_dir"]
     for name in manifest["inputs"]:
@@ -207,22 +240,16 @@ def rebuild(archive, outdir) -> dict:
         for j in allreduce_jobs(cfg)
         if f"{r}/allreduce/{j['id']}.csv" in manifest["inputs"]
     ]
-    env = {**os.environ, "HVDSCALE_REPORT_COMMIT": manifest["git_commit"]}
-    env.pop("SOURCE_DATE_EPOCH", None)
-    if manifest.get("source_date_epoch"):
-        env["SOURCE_DATE_EPOCH"] = manifest["source_date_epoch"]
+    env = {"HVDSCALE_REPORT_COMMIT": manifest["git_commit"]}
+    env["SOURCE_DATE_EPOCH"] = manifest.get("source_date_epoch")
     log = []
-    for step in _steps(cfg, manifest, allreduce):
-        if (
-            step[0] == "check-references"
-            and f"{r}/scaling/references.csv" not in manifest["products"]
-        ):
-            continue
-        cmd = [sys.executable, "-m", "hvdscale.cli", *step]
-        res = subprocess.run(cmd, cwd=outdir, env=env, capture_output=True, text=True)
-        log.append(f"$ hvdscale {' '.join(step)}\n{res.stdout}{res.stderr}")
-        if res.returncode != 0:
-            raise UserError(f"rebuild step 'hvdscale {step[0]}' failed:\n{log[-1]}")
+    with _inside(outdir, env):
+        for step in _steps(cfg, manifest, allreduce):
+            if step[0] == "check-references" and (
+                f"{r}/scaling/references.csv" not in manifest["products"]
+            ):
+                continue
+            log.append(_run_step(step))
     files = {}
     for name, digest in manifest["products"].items():
         p = outdir / name
