@@ -109,6 +109,10 @@ def dir_of_input_plots(wildcards, input):
     return os.path.dirname(input.plots[0])
 
 
+def dir_of_output_archive(wildcards, output):
+    return os.path.dirname(output[0])
+
+
 # --------------------------------------------------------------------------- report inputs
 
 # the figure registry: names, draw functions, captions (workflow/report/{name}.rst)

@@ -169,7 +169,7 @@ rule export_study:
     params:
         hvd=HVD,
         configfiles=config_files,
-        results=RESULTS,
+        results=dir_of_output_archive,
     shell:
         "{params.hvd} export --config-file {params.configfiles} --results {params.results}"
         " --out {output} > {log} 2>&1"
