@@ -22,6 +22,9 @@ from hvdscale.analysis.figures import FIGURE_NAMES
 from hvdscale.config import allreduce_jobs
 from hvdscale.study.export import read_archive, rebuild
 
+# real Snakemake jobs (about a minute on an idle 2-core machine): the full suite
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "results-test-study-archive"
 
