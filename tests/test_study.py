@@ -364,3 +364,14 @@ def test_compare_without_repeats_says_no_interval(tmp_path):
 
     df = compare_runs(ra, rb)
     assert set(df["flag"]) == {"no interval"} and df["a_n"].eq(1).all()
+
+
+def test_describe_system(tmp_path):
+    from hvdscale.study.system import collect_system
+
+    info = collect_system()
+    assert info["cores"] == os.cpu_count() and info["cpu_model"]
+    assert isinstance(info["gpus"], list) and isinstance(info["interfaces"], list)
+    assert "lo" not in info["interfaces"]
+    assert main(["describe-system", "--out", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["kernel"] == info["kernel"]

@@ -66,6 +66,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
     "export": ("hvdscale.study.export", "write one archive of a finished study"),
+    "describe-system": (
+        "hvdscale.study.system",
+        "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
+    ),
     "rebuild": (
         "hvdscale.study.rebuild",
         "rebuild every figure and the report from an archive (no training env)",
