@@ -8,7 +8,8 @@ RUFF ?= $(VENV)/bin/ruff
 SNAKEFMT ?= $(VENV)/bin/snakefmt
 CONFIG ?= config/config.yaml
 
-.PHONY: help setup run report-partial test test-quick test-slurm lint dry-run dry-run-thesis \
+.PHONY: help setup run report-partial plan export report compare test test-quick test-slurm \
+        lint dry-run dry-run-thesis \
         bench bench-data bench-train bench-dag bench-report bench-scaling bench-slurm clean
 
 help:  ## list the targets
@@ -25,6 +26,19 @@ run: setup  ## the main job: whole pipeline on $(CONFIG) with the local profile 
 
 report-partial:  ## build the report from the runs that exist (missing/failed runs are listed)
 	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) config/partial.yaml -- results/report.pdf
+
+plan:  ## node-/GPU-hour budget of $(CONFIG) per partition (SELECT="partition=alpha workers=1-8")
+	$(VENV)/bin/python -m hvdscale.cli plan $(CONFIG) $(if $(SELECT),--select "$(SELECT)")
+
+export:  ## one archive of the finished study on $(CONFIG) -> results/study.tar.gz
+	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) -- results/study.tar.gz
+
+report:  ## rebuild every figure and the report from an archive: make report FROM=study.tar.gz [OUT=rebuilt]
+	@test -n "$(FROM)" || { echo "make report: give the archive, e.g. make report FROM=results/study.tar.gz"; exit 2; }
+	$(VENV)/bin/python -m hvdscale.cli rebuild $(FROM) --out $(or $(OUT),rebuilt)
+
+compare:  ## compare two studies: make compare A=old.tar.gz B=results [OUT=comparison]
+	$(VENV)/bin/python -m hvdscale.cli compare $(A) $(B) --out $(or $(OUT),comparison)
 
 test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration and real-SLURM tests
 	$(PYTEST) -m "" tests

@@ -25,6 +25,8 @@ rule all:
     default_target: True
     input:
         f"{RESULTS}/report.pdf",
+        # config key strict: fail when a value is worse than its reference
+        strict=STRICT_TARGETS,
 
 
 # Light steps run in the Snakemake process itself, also under the SLURM profile.
@@ -38,3 +40,6 @@ localrules:
     fit_costmodel,
     plot_scaling,
     build_report,
+    check_references,
+    enforce_references,
+    export_study,

@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.commands.check_config",
         "validate a config file and print its run table",
     ),
+    "plan": (
+        "hvdscale.study.plan",
+        "the node-hour budget of a config (per partition) before anything is submitted",
+    ),
     "write-config": (
         "hvdscale.commands.write_config",
         "write the validated config (or its data section) as JSON",
@@ -56,6 +60,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "plot": ("hvdscale.analysis.plots", "draw the scaling figures (PDF and PNG)"),
     "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
+    "check-references": (
+        "hvdscale.study.references",
+        "compare measured values with the config's references (within/better/worse)",
+    ),
+    "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
+    "export": ("hvdscale.study.export", "write one archive of a finished study"),
+    "describe-system": (
+        "hvdscale.study.system",
+        "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
+    ),
+    "rebuild": (
+        "hvdscale.study.rebuild",
+        "rebuild every figure and the report from an archive (no training env)",
+    ),
 }
 
 

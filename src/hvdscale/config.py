@@ -165,8 +165,22 @@ def _check_semantics(cfg: dict) -> None:
                     f"config key scaling.sweeps.{i}.backends: 'nccl' needs GPUs but partition "
                     f"{p!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
                 )
+    if not problems:
+        problems += _check_select(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _check_select(cfg: dict) -> list[str]:
+    """The selection (config key select) names known sweeps/partitions and keeps a run."""
+    from hvdscale.study.select import check, describe
+
+    problems = check(cfg)
+    if not problems and cfg.get("select") and not run_table(cfg):
+        problems.append(
+            f"config key select: {describe(cfg['select'])!r} matches no run of the scaling matrix"
+        )
+    return problems
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -255,10 +269,16 @@ class Run:
 
 
 def run_table(cfg: dict) -> list[Run]:
-    """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates."""
+    """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates;
+    only those of the config's selection (key ``select``, hvdscale.study.select)."""
+    from hvdscale.study.select import parse, run_selected, sweep_selected
+
+    sel = parse(cfg.get("select"))
     runs: dict[str, Run] = {}
     parts = cfg["scaling"]["partitions"]
     for sweep in cfg["scaling"]["sweeps"]:
+        if not sweep_selected(sel, sweep):
+            continue
         for p, w, be, b, lr in itertools.product(
             sweep["partitions"],
             sweep["workers"],
@@ -279,7 +299,8 @@ def run_table(cfg: dict) -> list[Run]:
                     workers_per_node=workers_per_node_for(w, part),
                     gpus_per_node=part["gpus_per_node"],
                 )
-                runs[run.run_id] = run
+                if run_selected(sel, run):
+                    runs[run.run_id] = run
     return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
 
 

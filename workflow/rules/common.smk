@@ -34,14 +34,21 @@ except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
 RESULTS = CFG["results_dir"]
-RUNS = run_table(CFG)
+RUNS = run_table(CFG)  # the selected runs (config key select)
 RUN_BY_ID = {r.run_id: r for r in RUNS}
 RUN_IDS = list(RUN_BY_ID)
+STRICT_TARGETS = [f"{RESULTS}/scaling/references.ok"] if CFG["strict"] else []
 ALLREDUCE = {job["id"]: job for job in allreduce_jobs(CFG)}
 N_SHARDS = CFG["data"]["n_shards"]
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
 TRAIN_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["train"])]
 TEST_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["test"])]
+
+# the budget preview (hvdscale plan) on stderr, once per invocation (not in SLURM jobs)
+if workflow.is_main_process:
+    from hvdscale.study.plan import snakemake_banner
+
+    snakemake_banner(CFG)
 
 # The package CLI of the workflow-env rules. By default the workflow env's own
 # interpreter (Snakemake's), inside and outside SLURM jobs (shared file system), so no
@@ -119,6 +126,10 @@ def dir_of_output_pdf(wildcards, output):
 
 def dir_of_input_plots(wildcards, input):
     return os.path.dirname(input.plots[0])
+
+
+def dir_of_output_archive(wildcards, output):
+    return os.path.dirname(output[0])
 
 
 # --------------------------------------------------------------------------- report inputs

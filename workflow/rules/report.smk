@@ -86,6 +86,41 @@ rule plot_scaling:
         " --costmodel {input.costmodel} --outdir {params.outdir} > {log} 2>&1"
 
 
+rule check_references:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        runs=f"{RESULTS}/scaling/runs.csv",
+        summary=f"{RESULTS}/scaling/summary.csv",
+    output:
+        f"{RESULTS}/scaling/references.csv",
+    log:
+        f"{RESULTS}/logs/check_references.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+    shell:
+        "{params.hvd} check-references --config {input.config} --runs {input.runs}"
+        " --summary {input.summary} --out {output} > {log} 2>&1"
+
+
+# config key strict: the run fails (after the report) when a value is worse than its
+# reference beyond the tolerance; the marker says none was
+rule enforce_references:
+    input:
+        f"{RESULTS}/scaling/references.csv",
+    output:
+        f"{RESULTS}/scaling/references.ok",
+    log:
+        f"{RESULTS}/logs/enforce_references.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+    shell:
+        "{params.hvd} check-references --check {input} --ok {output} > {log} 2>&1"
+
+
 rule build_report:
     input:
         config=f"{RESULTS}/config/full.json",
@@ -93,6 +128,7 @@ rule build_report:
         summary=f"{RESULTS}/scaling/summary.csv",
         status=f"{RESULTS}/scaling/status.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
+        references=f"{RESULTS}/scaling/references.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -111,4 +147,29 @@ rule build_report:
         "{params.hvd} report --config-file {params.configfiles} --config {input.config}"
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
+        " --references {input.references} --out {output} > {log} 2>&1"
+
+
+# One archive of the finished study (not part of `all`): `make export`, or ask for
+# results/study.tar.gz. `hvdscale rebuild` (`make report FROM=...`) regenerates every
+# product from it and checks the bytes. Same config-file list as build_report.
+rule export_study:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        records=run_records,
+        allreduce=allreduce_tables,
+        report=f"{RESULTS}/report.pdf",
+        references=f"{RESULTS}/scaling/references.csv",
+    output:
+        f"{RESULTS}/study.tar.gz",
+    log:
+        f"{RESULTS}/logs/export_study.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        configfiles=config_files,
+        results=dir_of_output_archive,
+    shell:
+        "{params.hvd} export --config-file {params.configfiles} --results {params.results}"
         " --out {output} > {log} 2>&1"

@@ -19,6 +19,7 @@ class ReportData:
     cm: dict | None
     plots_dir: Path
     captions: dict[str, str] = field(default_factory=dict)  # figure name -> markup
+    references: pd.DataFrame | None = None  # references.csv (hvdscale.study.references)
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""

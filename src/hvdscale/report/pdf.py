@@ -31,6 +31,7 @@ from hvdscale.report.overview import (
 )
 from hvdscale.report.reference import reference_rows, reference_section  # noqa: F401
 from hvdscale.report.results import figures_section, results_section
+from hvdscale.study.references import references_section
 
 # The report, in order: each section is a function (Doc, ReportData) in its own module;
 # numbered sections number themselves (Doc.section).
@@ -41,6 +42,7 @@ SECTIONS = [
     results_section,
     figures_section,
     reference_section,
+    references_section,
     costmodel_section,
     missing_section,
 ]
@@ -88,7 +90,17 @@ def typeset(story: list, info: dict) -> bytes:
 
 
 def build_report(
-    out, *, config_file, cfg, runs, summary, status, cm, plots_dir, provenance=None
+    out,
+    *,
+    config_file,
+    cfg,
+    runs,
+    summary,
+    status,
+    cm,
+    plots_dir,
+    provenance=None,
+    references=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
     from hvdscale.io import atomic_path
@@ -104,6 +116,7 @@ def build_report(
         cm=cm,
         plots_dir=Path(plots_dir),
         captions=figure_captions(cfg),
+        references=references,
     )
     d = Doc()
     build_story(d, data)
@@ -136,6 +149,9 @@ def add_arguments(p):
     p.add_argument(
         "--provenance", help="optional provenance JSON (e.g. train env versions, hardware)"
     )
+    p.add_argument(
+        "--references", help="references.csv (optional: the 'Against the references' section)"
+    )
     p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
 
 
@@ -164,12 +180,15 @@ def run(args) -> int:
             )
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm)
     prov = load_provenance(args.provenance)
+    from hvdscale.study.references import read_references
+
     build_report(
         args.out,
         config_file=args.config_file,
         cfg=cfg,
         plots_dir=args.plots_dir,
         provenance=prov,
+        references=read_references(args.references),
         **inputs,
     )
     print(f"report: wrote {args.out}")

@@ -145,7 +145,8 @@ def collect(
             hardware.append(f"{name}: {gpus}, {p['cores_per_node']} cores, {mem_gb} GB per node")
     return {
         "report_date": report_date(started),
-        "git_commit": git_commit(),
+        # a rebuild from an archive (hvdscale rebuild) states the study's commit
+        "git_commit": os.environ.get("HVDSCALE_REPORT_COMMIT") or git_commit(),
         "config_file": " + ".join(map(str, files)) if files else "-",
         "config_file_sha256": "; ".join(
             f"{Path(f).name}: {file_sha256(f) or 'not found'}" for f in files

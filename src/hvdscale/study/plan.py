@@ -1,0 +1,239 @@
+"""The budget of a study before anything is submitted (``hvdscale plan CONFIG``).
+
+Per partition: training jobs (runs of the selected scaling matrix), nodes per job,
+worst-case node-hours and GPU-hours (every job runs to its partition's time limit,
+scaling.partitions.*.runtime_min), and the expected hours where something is known:
+the measured training time of runs that already have a record (results/scaling/runs.csv)
+and the cost model's predicted epoch time x epochs for the others
+(results/scaling/costmodel.json). The allreduce size sweeps (rule measure_allreduce)
+are listed on their own line with the same worst case.
+
+Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
+requests (gres per node x nodes), 0 on CPU partitions.
+
+Example
+  hvdscale plan config/thesis.yaml [--select "partition=alpha workers=1-8"] [--csv plan.csv]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdscale.config import allreduce_jobs, run_table
+
+
+@dataclass
+class PartitionPlan:
+    partition: str
+    jobs: int = 0
+    nodes: set = field(default_factory=set)
+    node_hours: float = 0.0
+    gpu_hours: float = 0.0
+    done: int = 0
+    expected_node_hours: float = 0.0
+    estimated: int = 0  # jobs with an expected time (measured or predicted)
+
+    def row(self) -> dict:
+        return {
+            "partition": self.partition,
+            "jobs": self.jobs,
+            "nodes_per_job": nodes_text(self.nodes),
+            "node_hours_worst": round(self.node_hours, 3),
+            "gpu_hours_worst": round(self.gpu_hours, 3),
+            "jobs_done": self.done,
+            "jobs_estimated": self.estimated,
+            "node_hours_expected": round(self.expected_node_hours, 3) if self.estimated else None,
+        }
+
+
+def nodes_text(nodes) -> str:
+    return ",".join(str(n) for n in sorted(nodes)) or "-"
+
+
+def job_gpus(gpus_per_node: int, workers_per_node: int, nodes: int) -> int:
+    """GPUs a job requests (train.smk res_gres: min(GPUs, workers) per node)."""
+    return min(gpus_per_node, workers_per_node) * nodes if gpus_per_node else 0
+
+
+def _load_expected(results: Path) -> tuple[dict, dict]:
+    """Measured training seconds per run_id, predicted epoch seconds per configuration."""
+    measured: dict[str, float] = {}
+    runs_csv = results / "scaling" / "runs.csv"
+    if runs_csv.exists():
+        import csv
+
+        with open(runs_csv) as fh:
+            for row in csv.DictReader(fh):
+                try:
+                    t = float(row.get("train_time_s") or "nan")
+                except ValueError:
+                    continue
+                if math.isfinite(t):
+                    measured[row["run_id"]] = t
+    predicted: dict[tuple, float] = {}
+    cm = results / "scaling" / "costmodel.json"
+    if cm.exists():
+        try:
+            model = json.loads(cm.read_text())
+        except ValueError:
+            model = {}
+        for e in model.get("predictions") or []:
+            for pt in e.get("points") or []:
+                t = pt.get("epoch_time_s_pred")
+                if t is not None:
+                    key = (e["partition"], e["backend"], e["batch_per_worker"], e["lr_rule"])
+                    predicted[(*key, pt["workers"])] = float(t)
+    return measured, predicted
+
+
+def plan(cfg: dict, results: str | Path | None = None) -> dict:
+    """The budget of the config's (selected) run table; ``results`` defaults to results_dir."""
+    results = Path(results if results is not None else cfg["results_dir"])
+    measured, predicted = _load_expected(results)
+    parts = cfg["scaling"]["partitions"]
+    epochs = cfg["training"]["epochs"]
+    by_part: dict[str, PartitionPlan] = {}
+    for r in run_table(cfg):
+        p = by_part.setdefault(r.partition, PartitionPlan(r.partition))
+        hours = parts[r.partition]["runtime_min"] / 60
+        p.jobs += 1
+        p.nodes.add(r.nodes)
+        p.node_hours += r.nodes * hours
+        p.gpu_hours += job_gpus(r.gpus_per_node, r.workers_per_node, r.nodes) * hours
+        if (results / "runs" / r.run_id / "metrics.json").exists():
+            p.done += 1
+        t = measured.get(r.run_id)
+        if t is None:
+            epoch = predicted.get((r.partition, r.backend, r.batch, r.lr_rule, r.workers))
+            t = epoch * epochs if epoch is not None else None
+        if t is not None:
+            p.estimated += 1
+            p.expected_node_hours += r.nodes * min(t / 3600, hours)
+    rows = [by_part[k].row() for k in sorted(by_part)]
+    ar = allreduce_jobs(cfg)
+    ar_node_hours = sum(j["nodes"] * parts[j["partition"]]["runtime_min"] / 60 for j in ar)
+    total = {
+        "jobs": sum(r["jobs"] for r in rows),
+        "node_hours_worst": round(sum(r["node_hours_worst"] for r in rows), 3),
+        "gpu_hours_worst": round(sum(r["gpu_hours_worst"] for r in rows), 3),
+        "jobs_done": sum(r["jobs_done"] for r in rows),
+    }
+    return {
+        "select": cfg.get("select"),
+        "partitions": rows,
+        "total": total,
+        "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
+    }
+
+
+def _h(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def format_plan(p: dict, short: bool = False) -> str:
+    """The plan as text: one line per partition (short: the header says 'hvdscale plan')."""
+    from hvdscale.study.select import describe
+
+    sel = describe(p["select"]) if p["select"] else ""
+    t = p["total"]
+    head = (
+        f"hvdscale plan: {t['jobs']} training jobs, worst case {_h(t['node_hours_worst'])} "
+        f"node-h, {_h(t['gpu_hours_worst'])} GPU-h"
+        + (f" (select: {sel})" if sel else "")
+        + (f"; {t['jobs_done']} have a record" if t["jobs_done"] else "")
+    )
+    lines = [head]
+    for r in p["partitions"]:
+        exp = ""
+        if r["jobs_estimated"]:
+            exp = (
+                f", expected {_h(r['node_hours_expected'])} node-h"
+                f" ({r['jobs_estimated']} of {r['jobs']} jobs estimated)"
+            )
+        lines.append(
+            f"  {r['partition']}: {r['jobs']} jobs x {r['nodes_per_job']} nodes, "
+            f"worst {_h(r['node_hours_worst'])} node-h / {_h(r['gpu_hours_worst'])} GPU-h{exp}"
+        )
+    a = p["allreduce"]
+    if a["jobs"]:
+        lines.append(
+            f"  + {a['jobs']} allreduce sweeps (measure_allreduce), worst "
+            f"{_h(a['node_hours_worst'])} node-h"
+        )
+    if not short:
+        lines.append(
+            "worst case: every job runs to its partition's runtime_min; expected: measured "
+            "training time of runs with a record, else cost-model epoch time x epochs"
+        )
+    return "\n".join(lines)
+
+
+def write_csv(p: dict, path: str | Path) -> None:
+    import csv
+
+    from hvdscale.io import atomic_path
+
+    cols = list(p["partitions"][0]) if p["partitions"] else ["partition"]
+    with atomic_path(path, ".csv") as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for r in p["partitions"]:
+            w.writerow(r)
+
+
+def add_arguments(ap):
+    ap.add_argument("config", nargs="+", help="config file(s), merged in order like --configfile")
+    ap.add_argument("--select", help="a selection, e.g. 'partition=alpha workers=1-8 repeat=0'")
+    ap.add_argument("--results", help="results directory (default: the config's results_dir)")
+    ap.add_argument("--csv", help="also write the per-partition table as CSV")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def merged_config(paths, select=None) -> dict:
+    """Config files merged like Snakemake (mappings merge, lists replace), validated."""
+    from hvdscale.config import ConfigError, read_config_file, validate_config
+
+    merged: dict = {}
+    for path in paths:
+        _merge(merged, read_config_file(path))
+    if select is not None:
+        merged["select"] = select
+    try:
+        return validate_config(merged)
+    except ConfigError as exc:
+        raise ConfigError(f"config file(s) {' + '.join(map(str, paths))}: {exc}") from None
+
+
+def _merge(a: dict, b: dict) -> None:
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(a.get(k), dict):
+            _merge(a[k], v)
+        else:
+            a[k] = v
+
+
+def run(args) -> int:
+    cfg = merged_config(args.config, args.select)
+    p = plan(cfg, args.results)
+    if args.csv:
+        write_csv(p, args.csv)
+    if args.json:
+        print(json.dumps(p, indent=2, sort_keys=True))
+    else:
+        print(format_plan(p))
+    return 0
+
+
+def snakemake_banner(cfg: dict, stream=None) -> None:
+    """The short plan Snakemake prints to stderr when it starts (common.smk)."""
+    try:
+        text = format_plan(plan(cfg), short=True)
+    except Exception as exc:  # never stop a workflow over the preview
+        text = f"hvdscale plan: not available ({exc})"
+    print(text, file=stream or sys.stderr)

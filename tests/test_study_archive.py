@@ -1,0 +1,137 @@
+"""Archive and regenerate (issue 13): the real Snakemake report rules on synthetic run
+records (no training: report.allow_partial reads the records that exist), then
+`hvdscale export` (rule export_study), then a rebuild in a fresh directory with the
+workflow env alone gives identical bytes for every PDF, PNG and table; and strict=True
+fails the workflow on a regression."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import fixtures_runs as F
+import pandas as pd
+import pytest
+
+from hvdscale.analysis.figures import FIGURE_NAMES
+from hvdscale.config import allreduce_jobs
+from hvdscale.study.export import read_archive, rebuild
+
+# real Snakemake jobs (about a minute on an idle 2-core machine): the full suite
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "results-test-study-archive"
+
+
+def snakemake(*args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("SOURCE_DATE_EPOCH", None)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def study():
+    """A finished study in RESULTS (3 repeats, so the references get intervals)."""
+    res = ROOT / RESULTS
+    shutil.rmtree(res, ignore_errors=True)
+    cfg = F.load_test_config("config.yaml", repeats=3)
+    F.write_study(res / "runs", cfg)
+    # the allreduce sweeps under the names the rules expect ({partition}_{backend}_n_w)
+    tables = {p.stem: p for p in F.study_allreduce(res / "tmp-allreduce", cfg)}
+    (res / "allreduce").mkdir()
+    for job in allreduce_jobs(cfg):
+        shutil.copy(
+            tables[f"{job['partition']}_{job['backend']}"], res / "allreduce" / f"{job['id']}.csv"
+        )
+    shutil.rmtree(res / "tmp-allreduce")
+    (res / "study.yaml").write_text("training:\n  repeats: 3\n")
+    configs = ["config/config.yaml", "config/partial.yaml", f"{RESULTS}/study.yaml"]
+    target = f"{RESULTS}/study.tar.gz"
+    out = snakemake("--configfile", *configs, "--config", f"results_dir={RESULTS}", "--", target)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    yield res, out, configs
+    shutil.rmtree(res, ignore_errors=True)
+
+
+def test_snakemake_prints_the_plan_and_checks_the_references(study):
+    res, out, _ = study
+    assert "hvdscale plan: 12 training jobs, worst case 6.0 node-h" in out.stderr
+    assert "12 have a record" in out.stderr
+    ref = pd.read_csv(res / "scaling" / "references.csv")
+    assert set(ref["verdict"]) <= {"within", "better", "worse", "not measured"}
+    sync = ref[ref.quantity == "sync_share"].iloc[0]
+    assert sync["min_repeats"] == 3 and sync["ci_low"] <= sync["measured"] <= sync["ci_high"]
+    assert (ref[ref.partition == "alpha"]["verdict"] == "not measured").all()
+
+
+def test_archive_holds_inputs_products_and_provenance(study):
+    res, _, configs = study
+    members = read_archive(res / "study.tar.gz")
+    names = set(members)
+    assert {"MANIFEST.json", "system.json", *configs, "envs/workflow.lock.txt"} <= names
+    assert f"{RESULTS}/report.pdf" in names and f"{RESULTS}/scaling/references.csv" in names
+    assert len([n for n in names if n.endswith("/metrics.json")]) == 12
+    assert not [n for n in names if "checkpoint" in n]
+    with tarfile.open(res / "study.tar.gz") as tar:
+        assert {m.mtime for m in tar.getmembers()} == {0}
+
+
+def test_rebuild_from_the_archive_alone_is_byte_identical(study, tmp_path):
+    res, _, configs = study
+    archive = tmp_path / "moved" / "study.tar.gz"
+    archive.parent.mkdir()
+    shutil.copy(res / "study.tar.gz", archive)
+    shutil.rmtree(res / "plots")  # the rebuild must not read the original results
+    out = rebuild(archive, tmp_path / "rebuilt")
+    files = out["files"]
+    for name in FIGURE_NAMES:
+        for ext in ("pdf", "png"):
+            assert files[f"{RESULTS}/plots/{name}.{ext}"] == "identical", name
+    assert files[f"{RESULTS}/report.pdf"] == "identical"
+    assert set(files.values()) == {"identical"}, files
+    assert (tmp_path / "rebuilt" / RESULTS / "report.pdf").exists()
+
+    # a tampered record is detected: the products differ
+    members = read_archive(archive)
+    rid = next(n for n in members if n.endswith("_w2_b75_lrnone_r0/metrics.json"))
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(archive) as src, tarfile.open(bad, "w:gz") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.endswith(rid):
+                data = data.replace(b'"wall_s": ', b'"wall_s": 1')  # every epoch
+            m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    out2 = rebuild(bad, tmp_path / "rebuilt-bad")
+    assert out2["files"][f"{RESULTS}/scaling/runs.csv"] == "differs"
+
+
+def test_strict_fails_the_workflow_on_a_regression(study):
+    res, _, configs = study
+    (res / "strict.yaml").write_text(
+        "strict: true\nreferences:\n  sync_share: { value: 0.0, tolerance: 0.001 }\n"
+    )
+    out = snakemake(
+        "--configfile", *configs, f"{RESULTS}/strict.yaml", "--config", f"results_dir={RESULTS}",
+        "--", f"{RESULTS}/scaling/references.ok",
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "Error in rule enforce_references" in out.stdout + out.stderr, out.stderr[-3000:]
+    log = (res / "logs" / "enforce_references.log").read_text()
+    assert "worse than the reference beyond the tolerance" in log and "sync_share" in log
+    assert not (res / "scaling" / "references.ok").exists()
+    ref = pd.read_csv(res / "scaling" / "references.csv")
+    assert ref.loc[ref.quantity == "sync_share", "verdict"].item() == "worse"
