@@ -18,6 +18,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/tune.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -34,6 +35,7 @@ localrules:
     write_full_config,
     write_run_config,
     aggregate_runs,
+    select_tuned,
     fit_costmodel,
     plot_scaling,
     build_report,

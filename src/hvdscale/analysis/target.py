@@ -5,8 +5,9 @@
 (partition, backend, per-worker batch, LR rule), i.e. the median over their completed
 repeats of each run's best test loss, times (1 + value/100).
 
-A tuning candidate (run_id component ``_m{mult}_wu{warmup}``) uses the target of its
-group's untuned 1-worker runs, so tuned and untuned runs are compared at the same
+A tuning candidate (run_id component ``_m{mult}_wu{warmup}``) uses the target of the
+untuned 1-worker runs of its partition, backend and per-worker batch (with one worker
+every LR rule trains alike), so tuned and untuned runs are compared at the same
 accuracy; without them (a study of tuning candidates only) the best of the group's
 1-worker candidates (median over repeats) is the reference.
 
@@ -69,6 +70,9 @@ def reference_losses(runs: pd.DataFrame) -> dict[tuple, float]:
     ref = {
         tuple(k): float(v) for k, v in plain.groupby(GROUP_KEYS)["best_test_loss"].median().items()
     }
+    same = ["partition", "backend", "batch_per_worker"]
+    for k, v in plain.groupby(same)["best_test_loss"].median().items():
+        ref[("any",) + tuple(k)] = float(v)
     cand = done[_is_candidate(done)]
     if not cand.empty:
         per_cand = cand.groupby(GROUP_KEYS + ["candidate"])["best_test_loss"].median()
@@ -81,7 +85,7 @@ def group_target(key: tuple, spec: dict, ref: dict, candidate: bool = False) -> 
     """The target loss of group ``key`` (NaN where a relative target has no reference)."""
     if spec["mode"] == "absolute":
         return float(spec["value"])
-    best = ref.get(tuple(key))
+    best = ref.get(("any",) + tuple(key[:3])) if candidate else ref.get(tuple(key))
     if best is None and candidate:
         best = ref.get(("cand",) + tuple(key))
     if best is None:
