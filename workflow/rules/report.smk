@@ -93,6 +93,8 @@ rule build_report:
         summary=f"{RESULTS}/scaling/summary.csv",
         status=f"{RESULTS}/scaling/status.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
+        epochs=f"{RESULTS}/scaling/epochs.csv",
+        tuned=f"{RESULTS}/scaling/tuned.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -111,4 +113,5 @@ rule build_report:
         "{params.hvd} report --config-file {params.configfiles} --config {input.config}"
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
+        " --epochs {input.epochs} --tuned {input.tuned}"
         " --out {output} > {log} 2>&1"
