@@ -7,6 +7,7 @@ section."""
 from __future__ import annotations
 
 import math
+import re
 from xml.sax.saxutils import escape
 
 import pandas as pd
@@ -45,6 +46,17 @@ HEADER = [
     "n",
     "Note",
 ]
+
+
+def short_note(note: str) -> str:
+    """A ci_note, shortened for a table cell."""
+    m = re.search(
+        r"fewer than (\d+) (.+?) \(this configuration (\d+), 1-worker baseline (\d+)\)", note
+    )
+    if m:
+        what = "runs reaching target" if "target" in m.group(2) else "repeats"
+        return f"no CI: {m.group(3)} {what}, baseline {m.group(4)} (< {m.group(1)})"
+    return note.replace("no interval: ", "no CI: ")
 
 
 def with_ci(x, lo, hi) -> str:
@@ -94,7 +106,7 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
             elif int(x["n_completed"]) and not int(x["n_reached_target"]):
                 notes.append("untuned: target not reached within the budget")
             elif x["ci_note"]:
-                notes.append(x["ci_note"].replace("no interval: ", "untuned: no interval, "))
+                notes.append("untuned: " + short_note(x["ci_note"]))
         else:
             row.update(lr_rule="", epoch=fmt.MISSING, untuned=fmt.MISSING, n_untuned=0)
         if t is not None:
@@ -108,7 +120,7 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
             if t["status"] == "none_reached":
                 notes.append("tuned: no candidate reached the target within the budget")
             elif t["ci_note"] and t["ci_note"] != TOO_LOOSE:
-                notes.append("tuned: " + t["ci_note"].replace("no interval: ", "no interval, "))
+                notes.append("tuned: " + short_note(t["ci_note"]))
             elif t["ci_note"] == TOO_LOOSE:
                 notes.append("tuned: " + TOO_LOOSE)
         else:
@@ -154,7 +166,8 @@ def batch_question(
     for (part, be, w), g in u.groupby(["partition", "backend", "workers"]):
         bt = g.set_index("batch_per_worker")
         if b0 in bt.index and b1 in bt.index:
-            k = (-int(w), part, be)
+            # the most workers at which batch b0 reached its target (else the most workers)
+            k = (not fmt.isnum(bt.at[b0, "time_to_target_s"]), -int(w), part, be)
             if best is None or k < best[0]:
                 best = (k, part, be, int(w), bt)
     if best is None:
@@ -269,14 +282,23 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
             ]
             for x in rows
         ]
-        widths = [14, 12, 10, 11, 24, 26, 26, 26, 9, 34]
+        widths = [13, 13, 10, 12, 23, 24, 24, 24, 7, 30]
         d.table(TABLE_NOTE, HEADER, cells, widths, align_right_from=2)
-        if not any(fmt.isnum(_num(x["tuned"])) for x in rows if x["workers"] > 1):
+        has_tune = bool(r.cfg and r.cfg["scaling"].get("tune"))
+        if not has_tune:
             d.p(
                 escape(
-                    "No multi-worker configuration has a tuned time-to-target speedup: "
-                    "with this sample budget the sweep did not reach the 1-worker target "
-                    "at more than one worker (or has no tuning sweep)."
+                    "This study has no learning-rate re-tuning sweep (config scaling.tune; "
+                    "config/accuracy.yaml has one): the tuned columns are empty."
+                )
+            )
+        elif not any(fmt.isnum(_num(x["tuned"])) for x in rows if x["workers"] > 1):
+            d.p(
+                escape(
+                    "No multi-worker configuration has a tuned time-to-target speedup: even "
+                    "after re-tuning, more than one worker did not reach the 1-worker target "
+                    "within the sample budget. That is a result: the faster epoch does not "
+                    "buy a faster convergence here."
                 )
             )
     for fig in in_section("accuracy"):
