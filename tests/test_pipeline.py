@@ -90,7 +90,7 @@ RUN_IDS = [
 # --------------------------------------------------------------------------- local profile
 
 
-# a minimal re-tuning sweep: two 1-worker candidates (rule select_tuned, tuned.csv)
+# a minimal re-tuning sweep: one 1-worker candidate (rule select_tuned, tuned.csv)
 TUNE = {
     "scaling": {
         "tune": {
@@ -99,14 +99,13 @@ TUNE = {
             "backends": ["gloo"],
             "batch_sizes": [75],
             "lr_multipliers": [2],
-            "warmup_epochs": [0, 1],
+            "warmup_epochs": [1],
         }
     }
 }
-CANDIDATES = [
-    "local_gloo_n1_w1_b75_lrlinear_m2_wu0_r0",
-    "local_gloo_n1_w1_b75_lrlinear_m2_wu1_r0",
-]
+CANDIDATES = ["local_gloo_n1_w1_b75_lrlinear_m2_wu1_r0"]
+# a hang guard, not a tolerance: a shared 2-core machine under load needs more than 900 s
+LOCAL_TIMEOUT_S = 1800
 
 
 def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
@@ -120,7 +119,8 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
             str(tune),
             "--config",
             f"results_dir={results_dir}",
-        ]
+        ],
+        timeout=LOCAL_TIMEOUT_S,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = ROOT / results_dir
@@ -160,12 +160,12 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     assert "local_mpi_n1_w2_b75_lrnone_r0" in text or "mpi" in text
     assert "0.53" in text and "0.74" in text  # the side-by-side with the reference study
     # the tuning sweep: its candidates' record, tuned.csv and the report's section
-    assert recs[CANDIDATES[1]]["config"]["warmup_epochs"] == 1
+    assert recs[CANDIDATES[0]]["config"]["warmup_epochs"] == 1
     assert recs[CANDIDATES[0]]["config"]["learning_rate"] == pytest.approx(2 * 4.7331e-4)
     with open(res / "scaling" / "tuned.csv") as fh:
         tuned = list(csv.DictReader(fh))
     assert len(tuned) == 1 and tuned[0]["status"] in ("selected", "none_reached")
-    assert tuned[0]["candidate"] in ("m2_wu0", "m2_wu1")
+    assert tuned[0]["candidate"] == "m2_wu1"
     assert "Speedup at equal accuracy" in text and "Learning-rate re-tuning" in text
 
     # partial results: one run's record is gone, the report is built from the others
