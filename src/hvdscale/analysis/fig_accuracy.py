@@ -107,7 +107,7 @@ def fig_tune_heatmap(runs, summary, epochs, cm):
     mults, gbs = list(cell.index), list(cell.columns)
     z = cell.to_numpy(float)
     fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 0.9 + 0.45 * len(mults)))
-    im = ax.imshow(np.log10(z), cmap="viridis_r", aspect="auto", origin="lower")
+    im = ax.imshow(np.log10(z), cmap="viridis", aspect="auto", origin="lower")
     for i in range(len(mults)):
         for j in range(len(gbs)):
             if np.isfinite(z[i, j]):
