@@ -18,6 +18,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/tune.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -37,6 +38,7 @@ localrules:
     write_run_config,
     write_allreduce_config,
     aggregate_runs,
+    select_tuned,
     fit_costmodel,
     plot_scaling,
     build_report,

@@ -328,6 +328,10 @@ def simulate_record(
     """
     p = parse_run_id(run_id)
     w, b, nodes, part = p["workers"], p["batch"], p["nodes"], p["partition"]
+    mult = 1.0
+    if p["lr_mult"] is not None:  # a tuning candidate: its own base LR and warm-up
+        mult, warmup_epochs = p["lr_mult"], p["tune_warmup"]
+        kw.setdefault("learning_rate_base", 4.7331e-4 * mult)
     rng = np.random.default_rng(zlib.crc32(f"{run_id}/{seed}".encode()))
     perf = _perf(part)
     rec = _base_record(
@@ -351,7 +355,7 @@ def simulate_record(
     t_other = 0.02 * t_compute
     run_factor = float(rng.lognormal(0.0, 0.03))
     # loss model: progress ~ optimizer steps x effective LR, saturating for large LR
-    lr_scale = {"none": 1.0, "linear": float(w), "sqrt": math.sqrt(w)}[p["lr_rule"]]
+    lr_scale = mult * {"none": 1.0, "linear": float(w), "sqrt": math.sqrt(w)}[p["lr_rule"]]
     step_gain = min(lr_scale, 8.0) * (b / 75.0) ** 0.5
     progress_per_epoch = steps * step_gain / (train_samples / 75.0)
     floor = 0.02 + 0.004 * max(0.0, math.log2(lr_scale * b / 75.0))

@@ -90,16 +90,37 @@ RUN_IDS = [
 # --------------------------------------------------------------------------- local profile
 
 
-def test_local_pipeline_end_to_end_then_partial_report(results_dir):
+# a minimal re-tuning sweep: one 1-worker candidate (rule select_tuned, tuned.csv)
+TUNE = {
+    "scaling": {
+        "tune": {
+            "partitions": ["local"],
+            "workers": [1],
+            "backends": ["gloo"],
+            "batch_sizes": [75],
+            "lr_multipliers": [2],
+            "warmup_epochs": [1],
+        }
+    }
+}
+CANDIDATES = ["local_gloo_n1_w1_b75_lrlinear_m2_wu1_r0"]
+# a hang guard, not a tolerance: a shared 2-core machine under load needs more than 900 s
+LOCAL_TIMEOUT_S = 1800
+
+
+def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
+    tune = write_config(tmp_path, TUNE)
     out = snakemake(
         [
             "--profile",
             "profiles/local",
             "--configfile",
             "config/test.yaml",
+            str(tune),
             "--config",
             f"results_dir={results_dir}",
-        ]
+        ],
+        timeout=LOCAL_TIMEOUT_S,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = ROOT / results_dir
@@ -110,10 +131,10 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
         == 3000
         == manifest["counts"]["train"] + manifest["counts"]["test"]
     )
-    # every run completed, with a valid record
-    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
+    # every run completed, with a valid record (the tuning candidates too)
+    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS + CANDIDATES}
     recs = records(results_dir)
-    assert sorted(recs) == RUN_IDS
+    assert sorted(recs) == sorted(RUN_IDS + CANDIDATES)
     for rec in recs.values():
         assert rec["status"] == "completed" and rec["summary"]["epochs_completed"] == 3
         assert rec["config"]["launcher"] == "horovodrun"
@@ -138,6 +159,14 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
     text = pdftext(res / "report.pdf")
     assert "local_mpi_n1_w2_b75_lrnone_r0" in text or "mpi" in text
     assert "0.53" in text and "0.74" in text  # the side-by-side with the reference study
+    # the tuning sweep: its candidates' record, tuned.csv and the report's section
+    assert recs[CANDIDATES[0]]["config"]["warmup_epochs"] == 1
+    assert recs[CANDIDATES[0]]["config"]["learning_rate"] == pytest.approx(2 * 4.7331e-4)
+    with open(res / "scaling" / "tuned.csv") as fh:
+        tuned = list(csv.DictReader(fh))
+    assert len(tuned) == 1 and tuned[0]["status"] in ("selected", "none_reached")
+    assert tuned[0]["candidate"] == "m2_wu1"
+    assert "Speedup at equal accuracy" in text and "Learning-rate re-tuning" in text
 
     # partial results: one run's record is gone, the report is built from the others
     # and names the missing run
@@ -149,6 +178,7 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir):
             "profiles/local",
             "--configfile",
             "config/test.yaml",
+            str(tune),
             "config/partial.yaml",
             "--config",
             f"results_dir={results_dir}",

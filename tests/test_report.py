@@ -15,7 +15,7 @@ import pytest
 from hvdscale.analysis.aggregate import aggregate, read_summary
 from hvdscale.analysis.plots import FIGURES
 from hvdscale.cli import main
-from hvdscale.config import PROJECT_ROOT, run_table
+from hvdscale.config import PROJECT_ROOT, run_table, validate_config
 from hvdscale.report import fmt
 from hvdscale.report.pdf import reference_rows
 
@@ -375,3 +375,59 @@ def test_report_date_comes_from_the_inputs(monkeypatch):
     assert report_date([]) == "no run records"
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     assert report_date(started) == "2023-11-14 22:13 UTC (SOURCE_DATE_EPOCH)"
+
+
+@needs_poppler
+def test_report_shows_speedup_at_equal_accuracy_with_intervals(tmp_path):
+    """A study with batch 75 and 1000, 3 repeats and a tuning sweep: the equal-accuracy
+    table with 95 % intervals, the batch-question sentence and the tuning heat map."""
+    import yaml
+
+    from hvdscale.analysis.tuning import read_tuned
+
+    raw = yaml.safe_load(CONFIG_FILE.read_text())
+    raw["training"]["repeats"] = 3
+    raw["scaling"]["sweeps"] = [
+        {
+            "name": "acc",
+            "partitions": ["local"],
+            "workers": [1, 2],
+            "backends": ["gloo"],
+            "batch_sizes": [75, 1000],
+            "lr_rules": ["none"],
+        }
+    ]
+    raw["scaling"]["tune"] = {
+        "partitions": ["local"],
+        "workers": [1, 2],
+        "backends": ["gloo"],
+        "batch_sizes": [75, 1000],
+        "lr_multipliers": [0.5, 1, 2],
+        "warmup_epochs": [0, 1],
+        "repeats": 3,
+    }
+    cfg = validate_config(raw)
+    F.write_study(tmp_path / "runs", cfg, train_samples=30000)
+    ar = F.study_allreduce(tmp_path / "allreduce", cfg)
+    out = pipeline(tmp_path, cfg, tmp_path / "runs", ar)
+    tuned_csv = tmp_path / "scaling" / "tuned.csv"
+    assert main(["select-tuned", "--runs", str(out["runs"]), "--out", str(tuned_csv)]) == 0
+    tuned = read_tuned(tuned_csv)
+    assert len(tuned) == 4
+    text = pdf_text(out["report"])
+    flat = " ".join(text.split())
+    assert "Speedup at equal accuracy" in text
+    assert "Time to target counts the training wall time from the start of training" in flat
+    assert "Sample budget" in flat
+    assert "Batch 75 -> 1000 per worker" in flat
+    assert "Learning-rate re-tuning" in text
+    summary = read_summary(out["summary"])
+    r = summary[summary.workers == 2].iloc[0]
+    assert r.n_repeats == 3 and fmt.isnum(r.speedup_lo)
+    # the interval as the tables print it
+    assert f"[{fmt.speedup(r.speedup_lo)}{fmt.EN_DASH}{fmt.speedup(r.speedup_hi)}]" in text
+    sel = tuned[(tuned.workers == 2) & tuned.speedup_ttt_lo.notna()]
+    assert len(sel)
+    t = sel.iloc[0]
+    assert f"[{fmt.speedup(t.speedup_ttt_lo)}{fmt.EN_DASH}{fmt.speedup(t.speedup_ttt_hi)}]" in text
+    check_plots(out["plots"])

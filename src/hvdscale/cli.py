@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.analysis.aggregate",
         "aggregate run records into runs.csv and summary.csv",
     ),
+    "select-tuned": (
+        "hvdscale.analysis.tuning",
+        "pick the best learning-rate candidate per tuning group (tuned.csv)",
+    ),
     "fit-costmodel": (
         "hvdscale.analysis.costmodel",
         "fit the ring-allreduce cost model and predict scaling",

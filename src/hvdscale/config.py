@@ -33,10 +33,14 @@ SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 RUN_SCHEMA = SCHEMA_DIR / "run.schema.json"
 
-# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}_r{repeat}
+# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}[_m{mult}_wu{warmup}]_r{repeat}
+# The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
+# re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
+# and warm-up epochs.
 RUN_ID_PATTERN = (
     r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
-    r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)_r(?P<repeat>[0-9]+)"
+    r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
+    r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?_r(?P<repeat>[0-9]+)"
 )
 
 
@@ -116,13 +120,50 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     cfg = copy.deepcopy(config) if config is not None else {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(cfg).__name__}")
+    _migrate_target(cfg)
     validator = _with_defaults(Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe_error(e) for e in errors))
     _fill_partition_defaults(cfg, schema)
+    _sync_target(cfg)
     _check_semantics(cfg)
     return cfg
+
+
+DEFAULT_TARGET_TEST_LOSS = 0.05  # the schema default of the deprecated key
+
+
+def _migrate_target(cfg: dict) -> None:
+    """training.target_test_loss (before training.target existed) -> an absolute target.
+
+    A validated config carries both (target_test_loss mirrors an absolute target, else
+    the schema default), so validating it again is a no-op; a config that sets both to
+    different targets is an error."""
+    tr = cfg.get("training")
+    if not isinstance(tr, dict) or "target_test_loss" not in tr:
+        return
+    loss = tr["target_test_loss"]
+    if "target" not in tr:
+        tr.pop("target_test_loss")
+        tr["target"] = {"mode": "absolute", "value": loss}
+        return
+    tgt = tr["target"] if isinstance(tr["target"], dict) else {}
+    mode, value = tgt.get("mode", "relative"), tgt.get("value", 5.0)
+    if (mode == "absolute" and loss != value) or (
+        mode != "absolute" and loss != DEFAULT_TARGET_TEST_LOSS
+    ):
+        raise ConfigError(
+            "invalid config:\n  config key training.target_test_loss: replaced by "
+            "training.target; set only one of them (the old key as the new one: "
+            f"training.target: {{mode: absolute, value: {loss!r}}})"
+        )
+
+
+def _sync_target(cfg: dict) -> None:
+    tr = cfg["training"]
+    absolute = tr["target"]["mode"] == "absolute"
+    tr["target_test_loss"] = tr["target"]["value"] if absolute else DEFAULT_TARGET_TEST_LOSS
 
 
 def _fill_partition_defaults(cfg: dict, schema: dict) -> None:
@@ -135,6 +176,12 @@ def _fill_partition_defaults(cfg: dict, schema: dict) -> None:
                 part[key] = copy.deepcopy(sub["default"])
     for sweep in cfg["scaling"]["sweeps"]:
         sweep.setdefault("name", "sweep")
+    tune = cfg["scaling"].get("tune")
+    if tune is not None:
+        props = schema["properties"]["scaling"]["properties"]["tune"]["properties"]
+        for key, sub in props.items():
+            if "default" in sub and key not in tune:
+                tune[key] = copy.deepcopy(sub["default"])
 
 
 def _check_semantics(cfg: dict) -> None:
@@ -165,6 +212,7 @@ def _check_semantics(cfg: dict) -> None:
                     f"config key scaling.sweeps.{i}.backends: 'nccl' needs GPUs but partition "
                     f"{p!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
                 )
+    problems += _tune_problems(cfg)
     if not problems:
         problems += _check_select(cfg)
     if problems:
@@ -180,6 +228,37 @@ def _check_select(cfg: dict) -> list[str]:
         problems.append(
             f"config key select: {describe(cfg['select'])!r} matches no run of the scaling matrix"
         )
+    return problems
+
+
+def _tune_problems(cfg: dict) -> list[str]:
+    tune = cfg["scaling"].get("tune")
+    if tune is None:
+        return []
+    problems = []
+    parts = cfg["scaling"]["partitions"]
+    for p in tune["partitions"]:
+        if p not in parts:
+            problems.append(
+                f"config key scaling.tune.partitions: got {p!r}; expected one of "
+                f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
+            )
+        elif "nccl" in tune["backends"] and parts[p]["gpus_per_node"] == 0:
+            problems.append(
+                f"config key scaling.tune.backends: 'nccl' needs GPUs but partition {p!r} "
+                "has gpus_per_node 0; use 'mpi' or 'gloo'"
+            )
+    for m in tune["lr_multipliers"]:
+        if abs(round(m * 100) - m * 100) > 1e-6:
+            problems.append(
+                f"config key scaling.tune.lr_multipliers: got {m!r}; expected at most 2 decimals"
+            )
+    for w in tune["warmup_epochs"]:
+        if w >= cfg["training"]["epochs"]:
+            problems.append(
+                f"config key scaling.tune.warmup_epochs: got {w!r}; expected fewer than "
+                f"training.epochs ({cfg['training']['epochs']})"
+            )
     return problems
 
 
@@ -249,12 +328,23 @@ class Run:
     repeat: int
     workers_per_node: int
     gpus_per_node: int
+    # a candidate of the re-tuning sweep: LR multiplier and warm-up epochs (else None)
+    lr_mult: float | None = None
+    tune_warmup: int | None = None
+
+    @property
+    def candidate(self) -> str:
+        """'' for a run of the scaling sweeps; 'm{mult}_wu{warmup}' for a tuning candidate."""
+        if self.lr_mult is None:
+            return ""
+        return f"m{format_multiplier(self.lr_mult)}_wu{self.tune_warmup}"
 
     @property
     def run_id(self) -> str:
+        cand = f"_{self.candidate}" if self.candidate else ""
         return (
             f"{self.partition}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
-            f"_lr{self.lr_rule}_r{self.repeat}"
+            f"_lr{self.lr_rule}{cand}_r{self.repeat}"
         )
 
     @property
@@ -265,7 +355,18 @@ class Run:
         d = asdict(self)
         d["run_id"] = self.run_id
         d["global_batch"] = self.global_batch
+        d["candidate"] = self.candidate
         return d
+
+
+def format_multiplier(m: float) -> str:
+    """An LR multiplier as a run_id component: 0.5 -> '0p5', 2 -> '2', 1.25 -> '1p25'."""
+    text = f"{round(float(m), 2):.2f}".rstrip("0").rstrip(".")
+    return text.replace(".", "p")
+
+
+def parse_multiplier(text: str) -> float:
+    return float(text.replace("p", "."))
 
 
 def run_table(cfg: dict) -> list[Run]:
@@ -301,13 +402,53 @@ def run_table(cfg: dict) -> list[Run]:
                 )
                 if run_selected(sel, run):
                     runs[run.run_id] = run
+    for run in tune_runs(cfg):
+        if run_selected(sel, run):
+            runs[run.run_id] = run
     return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
+
+
+def tune_runs(cfg: dict) -> list[Run]:
+    """Every candidate run of the re-tuning sweep (scaling.tune; none when it is null)."""
+    tune = cfg["scaling"].get("tune")
+    if not tune:
+        return []
+    parts = cfg["scaling"]["partitions"]
+    out = []
+    for p, w, be, b, lr, m, wu in itertools.product(
+        tune["partitions"],
+        tune["workers"],
+        tune["backends"],
+        tune["batch_sizes"],
+        tune["lr_rules"],
+        tune["lr_multipliers"],
+        tune["warmup_epochs"],
+    ):
+        part = parts[p]
+        for r in range(tune["repeats"]):
+            out.append(
+                Run(
+                    partition=p,
+                    backend=be,
+                    nodes=nodes_for(w, part),
+                    workers=w,
+                    batch=b,
+                    lr_rule=lr,
+                    repeat=r,
+                    workers_per_node=workers_per_node_for(w, part),
+                    gpus_per_node=part["gpus_per_node"],
+                    lr_mult=round(float(m), 2),
+                    tune_warmup=int(wu),
+                )
+            )
+    return out
 
 
 def _run_sort_key(runs: dict[str, Run]):
     def key(run_id: str):
         r = runs[run_id]
-        return (r.partition, r.backend, r.batch, r.lr_rule, r.workers, r.repeat)
+        cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
+        return (r.partition, r.backend, r.batch, r.lr_rule, cand, r.workers, r.repeat)
 
     return key
 
@@ -316,13 +457,17 @@ def parse_run_id(run_id: str) -> dict:
     m = re.fullmatch(RUN_ID_PATTERN, run_id)
     if not m:
         raise ConfigError(
-            f"run_id {run_id!r}: expected "
-            "{partition}_{backend}_n{nodes}_w{workers}_b{batch}"
-            "_lr{none|linear|sqrt}_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0"
+            f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}"
+            "_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}]_r{repeat}, "
+            "e.g. local_gloo_n1_w2_b75_lrnone_r0 or local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0"
         )
     d = m.groupdict()
     for k in ("nodes", "workers", "batch", "repeat"):
         d[k] = int(d[k])
+    d["candidate"] = f"m{d['lr_mult']}_wu{d['tune_warmup']}" if d["lr_mult"] is not None else ""
+    if d["lr_mult"] is not None:
+        d["lr_mult"] = parse_multiplier(d["lr_mult"])
+        d["tune_warmup"] = int(d["tune_warmup"])
     return d
 
 
@@ -363,6 +508,9 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
         k: copy.deepcopy(cfg[k])
         for k in ("seed", "results_dir", "data", "model", "training", "environment")
     }
+    # the target is resolved at aggregation time: editing it retrains nothing
+    sub["training"].pop("target", None)
+    sub["training"].pop("target_test_loss", None)
     sub["scaling"] = {
         "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
         "sweeps": [
@@ -378,6 +526,21 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     }
     # the repeat index must stay reachable: keep the repeat count
     sub["training"]["repeats"] = cfg["training"]["repeats"]
+    if run.lr_mult is not None:
+        # a tuning candidate: its own base rate and warm-up, reachable as a one-point tune
+        sub["training"]["learning_rate"] = cfg["training"]["learning_rate"] * run.lr_mult
+        sub["training"]["warmup_epochs"] = run.tune_warmup
+        sub["training"]["lr_warmup"] = run.tune_warmup > 0
+        sub["scaling"]["tune"] = {
+            "partitions": [run.partition],
+            "workers": [run.workers],
+            "backends": [run.backend],
+            "batch_sizes": [run.batch],
+            "lr_rules": [run.lr_rule],
+            "lr_multipliers": [run.lr_mult],
+            "warmup_epochs": [run.tune_warmup],
+            "repeats": cfg["scaling"]["tune"]["repeats"],
+        }
     return sub
 
 

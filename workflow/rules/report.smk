@@ -129,6 +129,8 @@ rule build_report:
         status=f"{RESULTS}/scaling/status.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
         references=f"{RESULTS}/scaling/references.csv",
+        epochs=f"{RESULTS}/scaling/epochs.csv",
+        tuned=f"{RESULTS}/scaling/tuned.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -147,7 +149,7 @@ rule build_report:
         "{params.hvd} report --config-file {params.configfiles} --config {input.config}"
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
-        " --references {input.references} --out {output} > {log} 2>&1"
+        " --references {input.references} --epochs {input.epochs} --tuned {input.tuned}"
 
 
 # One archive of the finished study (not part of `all`): `make export`, or ask for

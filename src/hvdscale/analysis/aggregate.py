@@ -22,9 +22,13 @@ Definitions
                   time, adding up to 1 (as the run record's own summary); other_share is
                   the part of the epoch wall time outside the four phases (test
                   evaluation, launch overhead)
-  time to target  training wall time (warm-up included) at the end of the first epoch
-                  whose test loss is at or below the config's target test loss
+  time to target  training wall time (warm-up and evaluation included, start-up
+                  excluded) at the end of the first epoch whose test loss is at or below
+                  the target (training.target, resolved here: analysis/target.py); a run
+                  that meets it in its first (warm-up) epoch is flagged target_in_warmup,
+                  and its configuration target_too_loose (no TTT speedup)
   S(n) = T(1)/T(n) with T the median over completed repeats; E(n) = S(n)/n;
+  95 % bootstrap intervals resampling both sides' repeats (analysis/stats.py);
   speedup per GPU = slope of an ordinary least-squares line through (n, S(n)) of a
   group (n = 1 included). A group without a completed 1-worker run keeps its rows,
   with has_baseline false and NaN speedups.
@@ -66,6 +70,7 @@ from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the reader
     read_summary,
     write_csv,
 )
+from hvdscale.analysis.target import resolve_targets, target_spec
 from hvdscale.config import config_hash, load_config, run_table
 from hvdscale.errors import UserError
 
@@ -133,9 +138,15 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     epochs = epochs[~epochs["run_id"].isin(list(bad))].reset_index(drop=True)
     status_df = status_frame(status, table)
     runs = runs.sort_values(
-        ["partition", "backend", "batch_per_worker", "lr_rule", "workers", "repeat"], kind="stable"
+        ["partition", "backend", "batch_per_worker", "lr_rule", "candidate", "workers", "repeat"],
+        kind="stable",
     ).reset_index(drop=True)
+    runs = resolve_targets(runs, epochs, target_spec(cfg))
     summary = summarise(runs, status_df)
+    if not summary.empty:
+        from hvdscale.analysis.schemas import SUMMARY_SCHEMA
+
+        SUMMARY_SCHEMA.validate(summary)
     return Aggregation(runs, summary, status_df, epochs, problems)
 
 

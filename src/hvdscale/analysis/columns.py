@@ -35,6 +35,9 @@ RECORD_CONFIG_FIELDS = [
 RUNS_COLUMNS = [
     "run_id",
     *RECORD_CONFIG_FIELDS,
+    "candidate",
+    "lr_multiplier",
+    "target_mode",
     "status",
     "exit_status",
     "error",
@@ -55,6 +58,8 @@ RUNS_COLUMNS = [
     "final_train_loss",
     "time_to_target_s",
     "reached_target",
+    "target_epoch",
+    "target_in_warmup",
     "train_time_s",
     "slurm_job_id",
     "hosts",
@@ -139,7 +144,10 @@ SUMMARY_COLUMNS = [
     "time_to_target_s",
     "time_to_target_min_s",
     "time_to_target_max_s",
+    "target_test_loss",
     "n_reached_target",
+    "n_target_in_warmup",
+    "target_too_loose",
     "has_baseline",
     "baseline_status",
     "baseline_epoch_time_s",
@@ -154,6 +162,14 @@ SUMMARY_COLUMNS = [
     "speedup_fit_intercept",
     "speedup_per_gpu_ttt",
     "fit_points",
+    "n_repeats",
+    "speedup_lo",
+    "speedup_hi",
+    "efficiency_lo",
+    "efficiency_hi",
+    "speedup_ttt_lo",
+    "speedup_ttt_hi",
+    "ci_note",
 ]
 # read as text, whatever the values look like
 STRING_COLUMNS = [
@@ -180,4 +196,7 @@ STRING_COLUMNS = [
     "utilisation_kind",
     "baseline_status",
     "timing_method",
+    "candidate",
+    "target_mode",
+    "ci_note",
 ]

@@ -36,7 +36,7 @@ class Figure:
     name: str
     title: str
     draw: str  # "module:function"; the function takes (runs, summary, epochs, costmodel)
-    section: str  # where the PDF report shows it: "results" or "costmodel"
+    section: str  # where the PDF report shows it: "results", "accuracy" or "costmodel"
 
     @property
     def caption_file(self) -> str:
@@ -77,6 +77,18 @@ FIGURES = (
     ),
     Figure("utilisation", "Device utilisation", f"{_SCALING}:fig_utilisation", "results"),
     Figure(
+        "speedup_ttt",
+        "Speedup at equal accuracy",
+        "hvdscale.analysis.fig_accuracy:fig_speedup_ttt",
+        "accuracy",
+    ),
+    Figure(
+        "tune_heatmap",
+        "Learning-rate re-tuning: final test loss",
+        "hvdscale.analysis.fig_accuracy:fig_tune_heatmap",
+        "accuracy",
+    ),
+    Figure(
         "costmodel",
         "Ring-allreduce cost model: measured vs predicted",
         "hvdscale.analysis.fig_costmodel:fig_costmodel",
@@ -101,7 +113,14 @@ def caption_values(cfg: dict | None) -> dict:
         return {}
     runs = run_table(cfg)
     batches = sorted({r.batch for r in runs}) or [0]
+    tgt = cfg["training"]["target"]
     return {
+        "target": (
+            f"test loss {tgt['value']:g}"
+            if tgt["mode"] == "absolute"
+            else f"within {tgt['value']:g} % of the best 1-worker test loss of the group"
+        ),
+        "epochs": cfg["training"]["epochs"],
         "n_parameters": f"{count_parameters(cfg):,}",
         "max_workers": max((r.workers for r in runs), default=0),
         "max_extrapolation_workers": cfg["report"]["max_extrapolation_workers"],

@@ -146,6 +146,13 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     c, eps = rec["config"], rec["epochs"]
     timed = [e for e in eps if not e["warmup"]]
     row = {k: c[k] for k in RECORD_CONFIG_FIELDS}
+    try:
+        rid = parse_run_id(rec["run_id"])
+    except ConfigError:  # the pandera check reports the malformed id
+        rid = {"candidate": "", "lr_mult": None}
+    row["candidate"] = rid["candidate"]
+    row["lr_multiplier"] = rid["lr_mult"] if rid["lr_mult"] is not None else math.nan
+    row["target_mode"] = "absolute"  # until aggregation resolves the configured target
     row.update(
         run_id=rec["run_id"],
         status=rec["status"],

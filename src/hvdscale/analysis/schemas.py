@@ -96,6 +96,7 @@ _TIMES_AND_LOSS = {
 RUNS_SCHEMA = pa.DataFrameSchema(
     {
         "run_id": Column(str, Check.str_matches(f"^{RUN_ID_PATTERN}$")),
+        "candidate": Column(str, nullable=True, required=False),
         **_CONFIG_COLUMNS,
         **_TIMES_AND_LOSS,
         "nodes": _int(1),
@@ -169,8 +170,40 @@ SUMMARY_SCHEMA = pa.DataFrameSchema(
         "has_baseline": Column(bool, coerce=True),
         "baseline_status": Column(str, Check.isin(["ok", "missing", "failed", "not_in_sweep"])),
         "speedup_per_gpu": _num(),
+        "target_test_loss": _num(Check.gt(0)),
+        "n_target_in_warmup": _int(0),
+        "target_too_loose": Column(bool, coerce=True),
+        "n_repeats": _int(0),
+        "speedup_lo": _num(Check.gt(0)),
+        "speedup_hi": _num(Check.gt(0)),
+        "efficiency_lo": _num(Check.gt(0)),
+        "efficiency_hi": _num(Check.gt(0)),
+        "speedup_ttt_lo": _num(Check.gt(0)),
+        "speedup_ttt_hi": _num(Check.gt(0)),
+        "ci_note": Column(str, nullable=True),
     },
-    checks=[Check(lambda df: ~df.duplicated(CONFIG_KEYS), name="one row per configuration")],
+    checks=[
+        Check(lambda df: ~df.duplicated(CONFIG_KEYS), name="one row per configuration"),
+        Check(
+            lambda df: (
+                (df["speedup_lo"].isna() & df["speedup_hi"].isna())
+                | (df["speedup_lo"] <= df["speedup_hi"])
+            ),
+            name="speedup interval lo <= hi (or no interval)",
+        ),
+        Check(
+            lambda df: df["speedup_lo"].isna() | (df["n_repeats"] >= 3),
+            name="an interval needs at least 3 completed repeats",
+        ),
+        Check(
+            lambda df: df["speedup_lo"].notna() | (df["ci_note"].fillna("") != ""),
+            name="no interval: ci_note says why",
+        ),
+        Check(
+            lambda df: ~df["target_too_loose"].astype(bool) | df["speedup_ttt"].isna(),
+            name="no time-to-target speedup where the target is too loose",
+        ),
+    ],
     strict=False,
     name="summary",
 )

@@ -1,6 +1,8 @@
 """summary.csv: one row per configuration with run counts, medians and min/max over
 completed repeats, and speedup, efficiency and speedup per GPU against the group's
-1-worker baseline (definitions in the aggregate module's doc)."""
+1-worker baseline with 95 % bootstrap intervals (definitions in the aggregate module's
+doc). Tuning candidates (scaling.tune) are not configurations of the summary: see
+analysis/tuning.py."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
+from hvdscale.analysis.stats import speedup_interval
+from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
+
+CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+_r[0-9]+$"
 
 
 def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -60,7 +66,12 @@ def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         agg[f"{out}{suffix}"] = (col, "median")
         agg[f"{out}_min{suffix}"] = (col, "min")
         agg[f"{out}_max{suffix}"] = (col, "max")
-    agg.update(n_reached_target=("reached_target", "sum"), n_completed_rec=("run_id", "count"))
+    agg.update(
+        n_reached_target=("reached_target", "sum"),
+        n_target_in_warmup=("target_in_warmup", "sum"),
+        target_test_loss=("target_test_loss", "median"),
+        n_completed_rec=("run_id", "count"),
+    )
     stats = (
         done.groupby(CONFIG_KEYS).agg(**agg).reset_index()
         if not done.empty
@@ -74,7 +85,15 @@ def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
 def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
     """Join the 1-worker configuration of each group; speedups and efficiencies."""
     base = out[out["workers"] == 1][
-        GROUP_KEYS + ["epoch_time_s", "time_to_target_s", "n_nan_loss", "n_failed", "n_malformed"]
+        GROUP_KEYS
+        + [
+            "epoch_time_s",
+            "time_to_target_s",
+            "n_nan_loss",
+            "n_failed",
+            "n_malformed",
+            "n_target_in_warmup",
+        ]
     ]
     base = base.rename(
         columns={
@@ -83,6 +102,7 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
             "n_nan_loss": "_b_nan",
             "n_failed": "_b_failed",
             "n_malformed": "_b_bad",
+            "n_target_in_warmup": "_b_loose",
         }
     )
     base["_b_exists"] = True
@@ -101,8 +121,51 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
     out["speedup_min"] = out["baseline_epoch_time_s"] / out["epoch_time_max_s"]
     out["speedup_max"] = out["baseline_epoch_time_s"] / out["epoch_time_min_s"]
     out["efficiency"] = out["speedup"] / out["workers"]
-    out["speedup_ttt"] = out["baseline_time_to_target_s"] / out["time_to_target_s"]
+    loose = (out["n_target_in_warmup"].fillna(0) > 0) | (out["_b_loose"].fillna(0) > 0)
+    out["target_too_loose"] = loose.astype(bool)
+    out["speedup_ttt"] = (out["baseline_time_to_target_s"] / out["time_to_target_s"]).where(
+        ~out["target_too_loose"]
+    )
     out["efficiency_ttt"] = out["speedup_ttt"] / out["workers"]
+    return out
+
+
+def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """95 % bootstrap intervals of speedup, efficiency and TTT speedup (analysis/stats.py)."""
+    done = runs[runs["status"] == "completed"]
+    per = {k: g for k, g in done.groupby(CONFIG_KEYS, sort=False)}
+    cols = {c: [] for c in ("n_repeats", "speedup_lo", "speedup_hi", "ttt_lo", "ttt_hi", "note")}
+    for row in out.itertuples(index=False):
+        key = tuple(getattr(row, k) for k in CONFIG_KEYS)
+        bkey = key[:-1] + (1,)
+        empty = done.iloc[0:0]
+        g, b = per.get(key, empty), per.get(bkey, empty)
+        name = "/".join(map(str, key))
+        lo, hi, note = speedup_interval(b["epoch_time_s"], g["epoch_time_s"], name)
+        if not row.has_baseline:
+            note = "no interval: no completed 1-worker baseline"
+        tlo, thi, tnote = speedup_interval(
+            b["time_to_target_s"],
+            g["time_to_target_s"],
+            name + "/ttt",
+            what="repeats that reached the target",
+        )
+        if row.target_too_loose:
+            tlo, thi, tnote = math.nan, math.nan, TOO_LOOSE
+        notes = [note] if note else []
+        if tnote and not note:
+            notes.append("time to target: " + tnote)
+        elif tnote == TOO_LOOSE:
+            notes.append(TOO_LOOSE)
+        for c, v in zip(cols, (len(g), lo, hi, tlo, thi, "; ".join(notes))):
+            cols[c].append(v)
+    out = out.copy()
+    out["n_repeats"] = pd.Series(cols["n_repeats"], index=out.index, dtype="int64")
+    out["speedup_lo"], out["speedup_hi"] = cols["speedup_lo"], cols["speedup_hi"]
+    out["efficiency_lo"] = out["speedup_lo"] / out["workers"]
+    out["efficiency_hi"] = out["speedup_hi"] / out["workers"]
+    out["speedup_ttt_lo"], out["speedup_ttt_hi"] = cols["ttt_lo"], cols["ttt_hi"]
+    out["ci_note"] = cols["note"]
     return out
 
 
@@ -129,6 +192,9 @@ def _speedup_fits(out: pd.DataFrame) -> pd.DataFrame:
 
 def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
+    if "candidate" in runs:
+        runs = runs[runs["candidate"].fillna("").astype(str) == ""]
+    status = status[~status["run_id"].astype(str).str.contains(CANDIDATE_ID, regex=True)]
     out = _configurations(runs, status).merge(_repeat_statistics(runs), on=CONFIG_KEYS, how="left")
     for s in STATUSES:
         col = f"n_{s}"
@@ -137,8 +203,10 @@ def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     n_rec = out["n_completed_rec"].fillna(0)
     out["n_completed"] = np.maximum(out["n_completed"], n_rec).astype("int64")
     out["n_reached_target"] = out["n_reached_target"].fillna(0).astype("int64")
+    out["n_target_in_warmup"] = out["n_target_in_warmup"].fillna(0).astype("int64")
     out["n_expected"] = out["n_expected"].fillna(0).astype("int64")
     out = _with_baseline(out)
     out = out.merge(_speedup_fits(out), on=GROUP_KEYS, how="left")
+    out = _intervals(out, runs)
     out = out.sort_values(CONFIG_KEYS, kind="stable").reset_index(drop=True)
     return out[SUMMARY_COLUMNS]

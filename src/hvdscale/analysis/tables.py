@@ -49,12 +49,18 @@ def _as_bool(values: pd.Series) -> pd.Series:
 
 
 def read_runs(path) -> pd.DataFrame:
-    return _read_csv(path, "runs table", RUNS_COLUMNS)
+    df = _read_csv(path, "runs table", RUNS_COLUMNS)
+    df["candidate"] = df["candidate"].fillna("")
+    for col in ("reached_target", "target_in_warmup"):
+        df[col] = _as_bool(df[col])
+    return df
 
 
 def read_summary(path) -> pd.DataFrame:
     df = _read_csv(path, "summary table", SUMMARY_COLUMNS)
     df["has_baseline"] = _as_bool(df["has_baseline"])
+    df["target_too_loose"] = _as_bool(df["target_too_loose"])
+    df["ci_note"] = df["ci_note"].fillna("")
     return df
 
 

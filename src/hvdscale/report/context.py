@@ -20,6 +20,8 @@ class ReportData:
     plots_dir: Path
     captions: dict[str, str] = field(default_factory=dict)  # figure name -> markup
     references: pd.DataFrame | None = None  # references.csv (hvdscale.study.references)
+    epochs: pd.DataFrame | None = None  # epochs.csv (time to any target)
+    tuned: pd.DataFrame | None = None  # tuned.csv (select_tuned); None: computed from runs
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""

@@ -20,6 +20,7 @@ import io
 import sys
 from pathlib import Path
 
+from hvdscale.report.accuracy import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
 from hvdscale.report.doc import Doc, canvas_maker
@@ -40,6 +41,7 @@ SECTIONS = [
     provenance_section,
     method_section,
     results_section,
+    accuracy_section,
     figures_section,
     reference_section,
     references_section,
@@ -101,6 +103,8 @@ def build_report(
     plots_dir,
     provenance=None,
     references=None,
+    epochs=None,
+    tuned=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
     from hvdscale.io import atomic_path
@@ -117,6 +121,8 @@ def build_report(
         plots_dir=Path(plots_dir),
         captions=figure_captions(cfg),
         references=references,
+        epochs=epochs,
+        tuned=tuned,
     )
     d = Doc()
     build_story(d, data)
@@ -144,6 +150,10 @@ def add_arguments(p):
     p.add_argument("--status", default="results/scaling/status.csv", help="(default: %(default)s)")
     p.add_argument(
         "--costmodel", help="costmodel.json (optional: without it the cost-model section says so)"
+    )
+    p.add_argument("--epochs", help="epochs.csv (default: next to --runs, when it exists)")
+    p.add_argument(
+        "--tuned", help="tuned.csv of select-tuned (default: computed from --runs and --status)"
     )
     p.add_argument("--plots-dir", default="results/plots", help="(default: %(default)s)")
     p.add_argument(
@@ -178,7 +188,13 @@ def run(args) -> int:
                 "no hash in the provenance",
                 file=sys.stderr,
             )
-    inputs = dict(runs=runs, summary=summary, status=status, cm=cm)
+    from hvdscale.analysis.aggregate import default_epochs_path, read_epochs
+    from hvdscale.analysis.tuning import read_tuned
+
+    epochs_path = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
+    epochs = read_epochs(epochs_path) if epochs_path.exists() else None
+    tuned = read_tuned(args.tuned) if args.tuned else None
+    inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
     from hvdscale.study.references import read_references
 

@@ -36,9 +36,11 @@ GROUP_HEADER = [
 CONFIG_NOTE = (
     "Every configuration: median (min-max) over completed repeats of the epoch time; "
     "throughput; speedup S and efficiency E of the epoch time and speedup of the time to "
-    "target (S TTT) against the 1-worker baseline of the group; sync and data shares of the "
-    "epoch time; final test loss and time to target (median over repeats that reached it). "
-    "Runs: completed/expected."
+    "target (S TTT) against the 1-worker baseline of the group, each with its 95 % bootstrap "
+    "interval over repeats [lo-hi] that resamples the baseline's repeats too (none with fewer "
+    "than 3 completed repeats: summary.csv's ci_note says why); sync and data shares of the "
+    "epoch time; final test loss and time to target (median over repeats that reached it; "
+    "'too loose': the target was met in the warm-up epoch). Runs: completed/expected repeats."
 )
 CONFIG_HEADER = [
     "Workers",
@@ -46,9 +48,9 @@ CONFIG_HEADER = [
     "Runs",
     "Epoch time (s)",
     "Samples/s",
-    "Speedup S",
-    "Eff. E",
-    "S (TTT)",
+    "Speedup S [95 % CI]",
+    "Eff. E [95 % CI]",
+    "S (TTT) [95 % CI]",
     "Sync",
     "Data",
     "Test loss",
@@ -106,8 +108,16 @@ def _group_table(d: Doc, summary: pd.DataFrame) -> None:
 
 
 def _config_row(x) -> list[str]:
+    from hvdscale.report.accuracy import with_ci
+
     def spread(f, mid, lo, hi):
         return fmt.spread(f(mid), f(lo), f(hi))
+
+    ttt = (
+        "too loose"
+        if x.target_too_loose
+        else with_ci(x.speedup_ttt, x.speedup_ttt_lo, x.speedup_ttt_hi)
+    )
 
     return [
         str(int(x.workers)),
@@ -115,9 +125,9 @@ def _config_row(x) -> list[str]:
         f"{int(x.n_completed)}/{int(x.n_expected)}",
         spread(fmt.seconds, x.epoch_time_s, x.epoch_time_min_s, x.epoch_time_max_s),
         fmt.rate(x.throughput),
-        spread(fmt.speedup, x.speedup, x.speedup_min, x.speedup_max),
-        fmt.efficiency(x.efficiency),
-        fmt.speedup(x.speedup_ttt),
+        with_ci(x.speedup, x.speedup_lo, x.speedup_hi),
+        with_ci(x.efficiency, x.efficiency_lo, x.efficiency_hi),
+        ttt,
         fmt.percent(x.sync_share),
         fmt.percent(x.data_share),
         fmt.loss(x.final_test_loss),
@@ -137,7 +147,7 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
         )
         rows.append([d.cell(head)] + [""] * 11)
         rows += [_config_row(x) for x in g.itertuples()]
-    widths = [12, 10, 9, 27, 16, 26, 10, 13, 13, 12, 17, 15]
+    widths = [10, 8, 8, 24, 14, 23, 21, 21, 11, 10, 15, 13]
     d.table(CONFIG_NOTE, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
 
 

@@ -1,0 +1,122 @@
+"""Figures of the speedup at equal accuracy: time-to-target speedup untuned and tuned
+against the number of workers, and the tuning heat map (final test loss over LR
+multiplier x global batch). Draw functions of the figure registry."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hvdscale.analysis.plotstyle import WIDTH, layout, legend_below, workers_axis
+from hvdscale.analysis.select import NoData, pref_backend, pref_lr
+from hvdscale.analysis.tuning import candidates, select_tuned
+
+_COLORS = ["#1b6ca8", "#d1495b", "#3a7d44", "#edae49", "#66a182", "#8d6a9f"]
+
+
+def _yerr(mid, lo, hi):
+    lo = np.where(np.isfinite(lo), mid - lo, 0.0)
+    hi = np.where(np.isfinite(hi), hi - mid, 0.0)
+    return np.vstack([lo, hi]).clip(min=0)
+
+
+def fig_speedup_ttt(runs, summary, epochs, cm):
+    import matplotlib.pyplot as plt
+
+    s = summary[summary["speedup_ttt"].notna()] if summary is not None else None
+    tuned = select_tuned(runs) if runs is not None else None
+    t = tuned[tuned["speedup_ttt"].notna()] if tuned is not None and len(tuned) else None
+    if (s is None or s.empty) and (t is None or t.empty):
+        raise NoData(
+            "no time-to-target speedup: no multi-worker configuration reached the target "
+            "with a 1-worker baseline that did (or the target is too loose)"
+        )
+    src = s if s is not None and not s.empty else t
+    part = sorted(src["partition"].unique())[0]
+    be = pref_backend(src[src["partition"] == part])
+    fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 3.3))
+    wmax = 1
+    handles, labels = [], []
+    batches = sorted(
+        set(s["batch_per_worker"] if s is not None else [])
+        | set(t["batch_per_worker"] if t is not None else [])
+    )
+    for i, b in enumerate(batches):
+        color = _COLORS[i % len(_COLORS)]
+        if s is not None and not s.empty:
+            g = s[(s["partition"] == part) & (s["backend"] == be) & (s["batch_per_worker"] == b)]
+            if len(g):
+                lr = pref_lr(g["lr_rule"])
+                g = g[g["lr_rule"] == lr].sort_values("workers")
+                y = g["speedup_ttt"].to_numpy(float)
+                h = ax.errorbar(
+                    g["workers"],
+                    y,
+                    yerr=_yerr(y, g["speedup_ttt_lo"].to_numpy(float), g["speedup_ttt_hi"]),
+                    color=color,
+                    marker="o",
+                    ls="-",
+                    capsize=3,
+                )
+                handles.append(h)
+                labels.append(f"batch {b}, untuned (LR {lr})")
+                wmax = max(wmax, int(g["workers"].max()))
+        if t is not None and not t.empty:
+            g = t[(t["partition"] == part) & (t["backend"] == be) & (t["batch_per_worker"] == b)]
+            if len(g):
+                g = g.sort_values("workers")
+                y = g["speedup_ttt"].to_numpy(float)
+                h = ax.errorbar(
+                    g["workers"],
+                    y,
+                    yerr=_yerr(y, g["speedup_ttt_lo"].to_numpy(float), g["speedup_ttt_hi"]),
+                    color=color,
+                    marker="s",
+                    ls="--",
+                    capsize=3,
+                    mfc="white",
+                )
+                handles.append(h)
+                labels.append(f"batch {b}, tuned")
+                wmax = max(wmax, int(g["workers"].max()))
+    ideal = np.array([1, max(wmax, 2)])
+    (hi,) = ax.plot(ideal, ideal, color="k", lw=0.8, ls=(0, (4, 3)))
+    handles.append(hi)
+    labels.append("ideal")
+    workers_axis(ax, list(range(1, max(wmax, 2) + 1)))
+    ax.set_ylabel("time-to-target speedup")
+    ax.set_title(f"{part}, {be}: speedup at equal accuracy")
+    rows = legend_below(fig, handles, labels, ncol=2)
+    layout(fig, rows)
+    return fig
+
+
+def fig_tune_heatmap(runs, summary, epochs, cm):
+    import matplotlib.pyplot as plt
+
+    c = candidates(runs) if runs is not None else None
+    if c is None or c.empty:
+        raise NoData("no completed tuning candidates (config scaling.tune)")
+    part = sorted(c["partition"].unique())[0]
+    c = c[c["partition"] == part]
+    be = pref_backend(c.assign(n_completed=c["n_repeats"]))
+    c = c[c["backend"] == be]
+    lr = sorted(c["lr_rule"].unique())[0]
+    c = c[c["lr_rule"] == lr]
+    # per cell the best warm-up setting (smallest median final test loss)
+    cell = c.groupby(["lr_multiplier", "global_batch"])["final_test_loss"].min().unstack()
+    mults, gbs = list(cell.index), list(cell.columns)
+    z = cell.to_numpy(float)
+    fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 0.9 + 0.45 * len(mults)))
+    im = ax.imshow(np.log10(z), cmap="viridis", aspect="auto", origin="lower")
+    for i in range(len(mults)):
+        for j in range(len(gbs)):
+            if np.isfinite(z[i, j]):
+                ax.text(j, i, f"{z[i, j]:.2e}", ha="center", va="center", fontsize=7, color="w")
+    ax.set_xticks(range(len(gbs)), [str(int(g)) for g in gbs])
+    ax.set_yticks(range(len(mults)), [f"{m:g}x" for m in mults])
+    ax.set_xlabel("global batch (workers x per-worker batch)")
+    ax.set_ylabel("LR multiplier")
+    ax.set_title(f"{part}, {be}, LR {lr}: final test loss (best warm-up)")
+    fig.colorbar(im, ax=ax, label="log10 final test loss")
+    layout(fig, 0)
+    return fig

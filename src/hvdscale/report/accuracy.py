@@ -1,0 +1,312 @@
+"""The report's "speedup at equal accuracy" section: the target and how time to target is
+measured, the sample budget, the table of time-to-target speedups untuned and tuned with
+95 % intervals and repeat counts, the answer to the reference study's batch 75 -> 1000
+question in one generated sentence, and the figures of the registry's "accuracy"
+section."""
+
+from __future__ import annotations
+
+import math
+import re
+from xml.sax.saxutils import escape
+
+import pandas as pd
+
+from hvdscale.analysis.figures import in_section
+from hvdscale.analysis.select import pref_lr
+from hvdscale.analysis.target import TOO_LOOSE, describe, target_spec, time_to
+from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
+from hvdscale.report import fmt
+from hvdscale.report.context import ReportData
+from hvdscale.report.doc import Doc
+
+TTT_NOTE = (
+    "Time to target counts the training wall time from the start of training: warm-up "
+    "epochs and the test evaluation after every epoch are included, the start-up (launch, "
+    "TensorFlow and Horovod initialisation, data loading, graph compilation) is not. It is "
+    "measured at epoch ends, so it is a multiple of the epoch times."
+)
+TABLE_NOTE = (
+    "Speedup at equal accuracy. Epoch S: speedup of the median epoch time; TTT S: speedup "
+    "of the time to the target test loss; untuned: the LR rule as configured (against the "
+    "1-worker run of its group); tuned: the best candidate of the re-tuning sweep at this "
+    "worker count against the best 1-worker candidate. Brackets: 95 % bootstrap interval "
+    "over repeats, resampling the baseline's repeats too; n: completed repeats "
+    "(untuned/tuned). No interval with fewer than 3 repeats."
+)
+HEADER = [
+    "Partition",
+    "Backend",
+    "Batch",
+    "Workers",
+    "Epoch S [95 % CI]",
+    "TTT S untuned [95 % CI]",
+    "TTT S tuned [95 % CI]",
+    "Tuned candidate",
+    "n",
+    "Note",
+]
+
+
+def short_note(note: str) -> str:
+    """A ci_note, shortened for a table cell."""
+    m = re.search(
+        r"fewer than (\d+) (.+?) \(this configuration (\d+), 1-worker baseline (\d+)\)", note
+    )
+    if m:
+        what = "runs reaching target" if "target" in m.group(2) else "repeats"
+        return f"no CI: {m.group(3)} {what}, baseline {m.group(4)} (< {m.group(1)})"
+    return note.replace("no interval: ", "no CI: ")
+
+
+def with_ci(x, lo, hi) -> str:
+    """'1.85 [1.71-1.98]'; just the value without an interval."""
+    if not fmt.isnum(x):
+        return fmt.MISSING
+    if fmt.isnum(lo) and fmt.isnum(hi):
+        return f"{fmt.speedup(x)} [{fmt.speedup(lo)}{fmt.EN_DASH}{fmt.speedup(hi)}]"
+    return fmt.speedup(x)
+
+
+def tuned_table(r: ReportData) -> pd.DataFrame:
+    if getattr(r, "tuned", None) is not None:
+        return r.tuned
+    if r.runs is None or r.runs.empty:
+        return pd.DataFrame(columns=TUNE_KEYS)
+    return select_tuned(r.runs, r.status)
+
+
+def _untuned(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (partition, backend, batch) the preferred LR rule's rows."""
+    if summary is None or summary.empty:
+        return pd.DataFrame(columns=list(summary.columns) if summary is not None else [])
+    keep = []
+    for _, g in summary.groupby(["partition", "backend", "batch_per_worker"], sort=True):
+        keep.append(g[g["lr_rule"] == pref_lr(g["lr_rule"])])
+    return pd.concat(keep, ignore_index=True)
+
+
+def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict]:
+    """One row per (partition, backend, batch, workers) of the untuned study or the sweep."""
+    u = _untuned(summary)
+    u_by = {tuple(x[k] for k in TUNE_KEYS): x for _, x in u.iterrows()}
+    t_by = {tuple(x[k] for k in TUNE_KEYS): x for _, x in tuned.iterrows()} if len(tuned) else {}
+    rows = []
+    for key in sorted(set(u_by) | set(t_by)):
+        x, t = u_by.get(key), t_by.get(key)
+        notes = []
+        row = dict(zip(TUNE_KEYS, key))
+        if x is not None:
+            row["lr_rule"] = x["lr_rule"]
+            row["epoch"] = with_ci(x["speedup"], x["speedup_lo"], x["speedup_hi"])
+            row["untuned"] = with_ci(x["speedup_ttt"], x["speedup_ttt_lo"], x["speedup_ttt_hi"])
+            row["n_untuned"] = int(x["n_completed"])
+            if x["target_too_loose"]:
+                notes.append(TOO_LOOSE)
+            elif int(x["n_completed"]) and not int(x["n_reached_target"]):
+                notes.append("untuned: target not reached within the budget")
+            elif x["ci_note"]:
+                notes.append("untuned: " + short_note(x["ci_note"]))
+        else:
+            row.update(lr_rule="", epoch=fmt.MISSING, untuned=fmt.MISSING, n_untuned=0)
+        if t is not None:
+            row["tuned"] = with_ci(t["speedup_ttt"], t["speedup_ttt_lo"], t["speedup_ttt_hi"])
+            row["candidate"] = (
+                f"{t['lr_rule']} x{t['lr_multiplier']:g}, warm-up {int(t['warmup_epochs'])}"
+                if t["status"] != "all_failed"
+                else "all failed"
+            )
+            row["n_tuned"] = int(t["n_repeats"]) if fmt.isnum(t["n_repeats"]) else 0
+            if t["status"] == "none_reached":
+                notes.append("tuned: no candidate reached the target within the budget")
+            elif t["ci_note"] and t["ci_note"] != TOO_LOOSE:
+                notes.append("tuned: " + short_note(t["ci_note"]))
+            elif t["ci_note"] == TOO_LOOSE:
+                notes.append("tuned: " + TOO_LOOSE)
+        else:
+            row.update(tuned=fmt.MISSING, candidate="not in the sweep", n_tuned=0)
+        row["note"] = "; ".join(dict.fromkeys(notes))
+        rows.append(row)
+    return rows
+
+
+def _best_at(runs, epochs, sel, target: float):
+    """(median time to ``target``, candidate label) of the best candidate among run rows
+    ``sel`` (grouped by LR rule and candidate); (NaN, '') where none reaches it."""
+    by_run = {rid: g.sort_values("epoch") for rid, g in epochs.groupby("run_id", sort=False)}
+    best = (math.nan, "")
+    for (lr, _cand), g in sel.groupby(["lr_rule", "candidate"]):
+        ttt = [time_to(by_run[rid], target)[0] for rid in g["run_id"] if rid in by_run]
+        ttt = [t for t in ttt if math.isfinite(t)]
+        if len(ttt) < len(g) or not ttt:
+            continue
+        med = float(pd.Series(ttt).median())
+        if not math.isfinite(best[0]) or med < best[0]:
+            m, wu = g["lr_multiplier"].iloc[0], int(g["warmup_epochs"].iloc[0])
+            best = (med, f"LR {lr} x{m:g}, warm-up {wu}")
+    return best
+
+
+def batch_question(
+    summary: pd.DataFrame,
+    runs: pd.DataFrame | None,
+    epochs: pd.DataFrame | None,
+    b0: int = 75,
+    b1: int = 1000,
+) -> str | None:
+    """One sentence answering the reference study's question, from the data: the
+    epoch-time speedup from batch b0 to b1 per worker (same partition, backend, workers,
+    LR rule as configured) and, at the same target test loss (that of batch b0), the
+    time-to-target speedup after re-tuning (the best candidate of the sweep at b1)."""
+    if summary is None or summary.empty:
+        return None
+    u = _untuned(summary)
+    u = u[u["epoch_time_s"].notna()]
+    best = None
+    for (part, be, w), g in u.groupby(["partition", "backend", "workers"]):
+        bt = g.set_index("batch_per_worker")
+        if b0 in bt.index and b1 in bt.index:
+            # the most workers at which batch b0 reached its target (else the most workers)
+            k = (not fmt.isnum(bt.at[b0, "time_to_target_s"]), -int(w), part, be)
+            if best is None or k < best[0]:
+                best = (k, part, be, int(w), bt)
+    if best is None:
+        return None
+    _, part, be, w, bt = best
+    x0, x1 = bt.loc[b0], bt.loc[b1]
+    ws = f"{w} worker{'s' if w > 1 else ''}"
+    text = (
+        f"Batch {b0} -> {b1} per worker ({part}, {be}, {ws}, LR {x0['lr_rule']}): the epoch "
+        f"is {fmt.speedup(x0['epoch_time_s'] / x1['epoch_time_s'])}x faster (reference "
+        f"study: {fmt.REFERENCE['batch_epoch_speedup']:.0f}x)"
+    )
+    target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
+    if not (fmt.isnum(target) and fmt.isnum(ttt0)):
+        return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
+    text += f"; to the target test loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
+    cand = runs[runs["candidate"] != ""] if runs is not None and "candidate" in runs else None
+    sel = (
+        cand[
+            (cand["status"] == "completed")
+            & (cand["partition"] == part)
+            & (cand["backend"] == be)
+            & (cand["workers"] == w)
+            & (cand["batch_per_worker"] == b1)
+        ]
+        if cand is not None
+        else None
+    )
+    if sel is not None and len(sel) and epochs is not None:
+        t1, label = _best_at(runs, epochs, sel, float(target))
+        if math.isfinite(t1):
+            ratio = ttt0 / t1
+            how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            return text + (
+                f", batch {b1} after re-tuning (best candidate: {label}) is {how} "
+                f"({fmt.seconds(t1)} s)."
+            )
+        return text + (
+            f", no re-tuning candidate at batch {b1} reached it within the sample budget: "
+            "the faster epoch buys no faster convergence here."
+        )
+    ttt1 = pd.NA
+    if runs is not None and epochs is not None:
+        plain = runs[(runs["candidate"] == "") & (runs["status"] == "completed")]
+        plain = plain[
+            (plain["partition"] == part)
+            & (plain["backend"] == be)
+            & (plain["workers"] == w)
+            & (plain["batch_per_worker"] == b1)
+            & (plain["lr_rule"] == x0["lr_rule"])
+        ].assign(candidate="-", lr_multiplier=1.0)
+        ttt1, _ = _best_at(runs, epochs, plain, float(target)) if len(plain) else (math.nan, "")
+    if fmt.isnum(ttt1):
+        ratio = ttt0 / ttt1
+        how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+        return text + f", batch {b1} without re-tuning (no sweep there) is {how}."
+    return text + f", batch {b1} without re-tuning does not reach it within the budget."
+
+
+def accuracy_section(d: Doc, r: ReportData) -> None:
+    d.section("Speedup at equal accuracy")
+    spec = target_spec(r.cfg)
+    d.p(escape(f"Target test loss: {describe(spec)}, resolved when the runs are aggregated. "))
+    d.p(escape(TTT_NOTE))
+    summary = r.summary
+    tuned = tuned_table(r)
+    if r.cfg is not None:
+        tr, data = r.cfg["training"], r.cfg["data"]
+        n_train = int(data["n_samples"] * data["train_fraction"])
+        budget = (
+            f"Sample budget: every run, tuning candidates included, trains {tr['epochs']} "
+            f"epochs over the same train split (about {n_train:,} samples, "
+            f"{tr['epochs'] * n_train:,} samples in all), whatever its batch size."
+        )
+        tune = r.cfg["scaling"].get("tune")
+        if tune:
+            n = len(tune["lr_rules"]) * len(tune["lr_multipliers"]) * len(tune["warmup_epochs"])
+            budget += (
+                f" Re-tuning sweep: {n} candidates per worker count and batch (LR rules "
+                f"{', '.join(tune['lr_rules'])}; LR multipliers "
+                f"{', '.join(f'{m:g}' for m in tune['lr_multipliers'])}; warm-up epochs "
+                f"{', '.join(str(w) for w in tune['warmup_epochs'])}), {tune['repeats']} "
+                f"repeat{'s' if tune['repeats'] > 1 else ''} each."
+            )
+        d.p(escape(budget))
+    if summary is not None and not summary.empty and summary["target_too_loose"].any():
+        n = int(summary["target_too_loose"].sum())
+        d.p(
+            escape(
+                f"{n} configuration{'s' if n > 1 else ''} met the target in the warm-up "
+                f"epoch (or the baseline did): {TOO_LOOSE}; no time-to-target speedup is "
+                "shown for them."
+            )
+        )
+    sentence = batch_question(summary, r.runs, getattr(r, "epochs", None))
+    if sentence:
+        d.p(escape(sentence))
+    rows = equal_accuracy_rows(summary, tuned)
+    if rows:
+        cells = [
+            [
+                x["partition"],
+                x["backend"],
+                str(int(x["batch_per_worker"])),
+                str(int(x["workers"])),
+                x["epoch"],
+                x["untuned"],
+                x["tuned"],
+                d.cell(x["candidate"]),
+                f"{x['n_untuned']}/{x['n_tuned']}",
+                d.cell(x["note"]),
+            ]
+            for x in rows
+        ]
+        widths = [13, 13, 10, 12, 23, 24, 24, 24, 7, 30]
+        d.table(TABLE_NOTE, HEADER, cells, widths, align_right_from=2)
+        has_tune = bool(r.cfg and r.cfg["scaling"].get("tune"))
+        if not has_tune:
+            d.p(
+                escape(
+                    "This study has no learning-rate re-tuning sweep (config scaling.tune; "
+                    "config/accuracy.yaml has one): the tuned columns are empty."
+                )
+            )
+        elif not any(fmt.isnum(_num(x["tuned"])) for x in rows if x["workers"] > 1):
+            d.p(
+                escape(
+                    "No multi-worker configuration has a tuned time-to-target speedup: even "
+                    "after re-tuning, more than one worker did not reach the 1-worker target "
+                    "within the sample budget. That is a result: the faster epoch does not "
+                    "buy a faster convergence here."
+                )
+            )
+    for fig in in_section("accuracy"):
+        r.figure(d, fig.name)
+
+
+def _num(text: str) -> float:
+    try:
+        return float(str(text).split(" ")[0])
+    except ValueError:
+        return math.nan
