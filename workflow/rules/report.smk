@@ -150,6 +150,7 @@ rule build_report:
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --references {input.references} --epochs {input.epochs} --tuned {input.tuned}"
+        " --out {output} > {log} 2>&1"
 
 
 # One archive of the finished study (not part of `all`): `make export`, or ask for
