@@ -86,6 +86,33 @@ def test_steps_per_epoch_is_the_smallest_ranks_full_batches():
         steps_per_epoch([50, 1000], 75, 1)
 
 
+def test_epoch_metrics_round_trip_and_reduction_without_horovod():
+    from hvdscale.train import EpochMetrics
+    from hvdscale.worker import WorkerInfo
+
+    m = EpochMetrics(0.5, 3.0, 6.0, 0.1, 0.2, 0.3, 0.4, 0.01, 1.0, 0.05)
+    assert EpochMetrics.from_vector(m.to_vector()) == m
+    assert m.phases == [0.1, 0.2, 0.3, 0.4] and m.test_loss == 0.5
+    assert m.allreduce(WorkerInfo(), name="x") == m  # one worker: sums and means are itself
+    with pytest.raises(ValueError, match="expected 10 values"):
+        EpochMetrics.from_vector([1.0, 2.0])
+    assert not EpochMetrics(float("nan"), 1, 1, 0, 0, 0, 0, 0, 0, 0).finite()
+
+
+def test_resume_state_from_a_checkpoint_state():
+    from hvdscale.train import ResumeState
+
+    fresh = ResumeState.from_state(None)
+    fresh.begin_attempt("t0")
+    assert fresh.start_epoch == 0 and not fresh.resumed and fresh.attempts[0]["start_epoch"] == 0
+    state = {"epoch": 1, "epochs": [{"epoch": 0}, {"epoch": 1}], "elapsed_s": 2.5}
+    state["attempts"] = [{"started_utc": "t0", "start_epoch": 0}]
+    r = ResumeState.from_state(state)
+    r.begin_attempt("t1")
+    assert r.start_epoch == 2 and r.resumed and r.elapsed_s == 2.5
+    assert [a["start_epoch"] for a in r.attempts] == [0, 2] and r.utilisation_samples == []
+
+
 # --------------------------------------------------------------------------- runs
 
 

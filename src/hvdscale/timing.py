@@ -186,6 +186,28 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
     }
 
 
+def timeline_check(
+    path: str | Path | None, measured_sync_s: float, epochs: int, workers: int
+) -> dict | None:
+    """The run record's ``timeline_check``: rank 0's measured sync time over this
+    attempt's epochs against the gradient allreduces in its Horovod timeline (None
+    without a timeline or with one worker; ``{"error": ...}`` for an unreadable one)."""
+    if path is None or not Path(path).is_file() or workers <= 1:
+        return None
+    try:
+        tl = parse_timeline(path, tensor_filter="grads")
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    return {
+        "timeline_span_s": round(tl["span_s"], 6),
+        "timeline_allreduce_s": round(tl["allreduce_s"], 6),
+        "timeline_negotiate_s": round(tl["negotiate_s"], 6),
+        "timeline_allreduce_ops": tl["allreduce_ops"],
+        "measured_sync_s_rank0": round(measured_sync_s, 6),
+        "epochs": epochs,
+    }
+
+
 def median(values) -> float | None:
     vals = sorted(
         v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))
