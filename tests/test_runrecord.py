@@ -316,7 +316,7 @@ def test_split_error_of_a_real_looking_epoch():
 # --------------------------------------------------------------------------- build_record
 
 
-def built_record():
+def built_record(fault_delay=None):
     """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
     validated config."""
     from hvdscale.config import find_run, validate_config
@@ -363,6 +363,7 @@ def built_record():
         timeline=None,
         timeline_check=None,
         data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
+        fault_delay=fault_delay,
     )
 
 
@@ -373,9 +374,10 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     rec = built_record()
     validate_record(rec)
     assert rec["config"]["global_batch"] == 150 and rec["config"]["samples_per_epoch"] == 4500
-    assert rec["config"]["model_bytes"] == 4 * 153441
+    assert rec["config"]["model_bytes"] == 4 * 153441 and "fault_delay" not in rec["config"]
     assert rec["epochs"][2]["test_loss"] is None  # non-finite -> null
     assert set(HISTORY_COLUMNS) <= set(rec["epochs"][0])
     row, epoch_rows = record_row(rec, "metrics.json")
     assert set(RUNS_COLUMNS) - {"config_hash_match"} <= set(row)
     assert len(epoch_rows) == 3
+    assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"

@@ -264,11 +264,13 @@ def build_record(
     timeline: str | None,
     timeline_check: dict | None,
     data: dict,
+    fault_delay: str | None = None,
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
     ``run``: the config's scaling-matrix row (hvdscale.config.find_run); ``cfg``: the full
-    validated config; ``utilisation``: kind, interval_s and samples.
+    validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
+    test-only fault hook's setting (hvdscale.train.fault), recorded only when set.
     """
     from hvdscale.model import model_bytes
 
@@ -290,6 +292,8 @@ def build_record(
         steps_per_epoch=steps_per_epoch,
         samples_per_epoch=steps_per_epoch * run.batch * workers,
     )
+    if fault_delay:
+        config["fault_delay"] = fault_delay
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,

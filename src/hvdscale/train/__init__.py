@@ -23,8 +23,8 @@ Example (one rank, without a launcher):
 Layout of the package: device (rank detection, CPU binding, device pinning), data (row
 planning, reading, normalisation, steps per epoch), checkpoint (find/save, ResumeState),
 optim (model, optimizer, LR schedule), step (the compiled step: a clock and a batch
-source), metrics (EpochMetrics and its allreduce), loop (the epochs), main (command line
-and the top-level function). The run record is built by
+source), metrics (EpochMetrics and its allreduce), loop (the epochs), fault (test-only
+delay hook), main (command line and the top-level function). The run record is built by
 hvdscale.runrecord. Nothing here imports TensorFlow or Horovod at module level.
 """
 
@@ -44,6 +44,7 @@ from hvdscale.train.data import (
     steps_per_epoch,
 )
 from hvdscale.train.device import bind_cpus, local_rank_and_size, pin_device
+from hvdscale.train.fault import FaultDelay
 from hvdscale.train.loop import LoopPlan, NanLoss, run_epoch_steps, train_epochs
 from hvdscale.train.main import (
     add_arguments,
@@ -60,6 +61,7 @@ __all__ = [
     "EVAL_BATCH",
     "Checkpointer",
     "EpochMetrics",
+    "FaultDelay",
     "LoopPlan",
     "NanLoss",
     "Optimisation",

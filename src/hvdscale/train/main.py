@@ -22,6 +22,7 @@ from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data
 from hvdscale.train.device import bind_cpus, pin_device
+from hvdscale.train.fault import FaultDelay
 from hvdscale.train.loop import LoopPlan, train_epochs
 from hvdscale.train.optim import Optimisation
 from hvdscale.train.step import StepProgram
@@ -95,6 +96,7 @@ def train_rank(args, out_dir: Path) -> int:
         f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}"
         + (f", bound to cores {bound}" if bound else "")
     )
+    fault = announce_fault(FaultDelay.from_env())
 
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
     optim = Optimisation.build(cfg, run_.lr_rule, worker.size, data.steps)
@@ -108,7 +110,7 @@ def train_rank(args, out_dir: Path) -> int:
     progress.begin_attempt(started_utc)
     environment = describe_environment(worker, device_desc, chash, progress.attempts[0])
 
-    program = build_program(optim, worker, data, run_.batch, device, tcfg)
+    program = build_program(optim, worker, data, run_.batch, device, tcfg, fault)
     data.release()
     program.warm_up(tcfg["steps_per_execution"])
     plan = LoopPlan.from_config(cfg, run_.run_id, data.steps, run_.batch * worker.size)
@@ -120,7 +122,9 @@ def train_rank(args, out_dir: Path) -> int:
         # exit 0 even after nan_loss: a non-zero exit would make the launcher kill rank 0
         # while it writes the record; rank 0's exit status speaks for the job
         return 0
-    record = run_record(run_, cfg, worker, optim, data, progress, result, sampler, environment)
+    record = run_record(
+        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+    )
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
     return EXIT_NAN if result.status == "nan_loss" else 0
@@ -129,7 +133,7 @@ def train_rank(args, out_dir: Path) -> int:
 # =========================================================================== helpers
 
 
-def build_program(optim, worker, data, batch: int, device: str, tcfg: dict) -> StepProgram:
+def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, fault) -> StepProgram:
     return StepProgram(
         model=optim.model,
         optimizer=optim.optimizer,
@@ -143,10 +147,13 @@ def build_program(optim, worker, data, batch: int, device: str, tcfg: dict) -> S
         in_device_memory=tcfg["data_in_device_memory"],
         compression=tcfg["horovod"]["compression"],
         backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        fault=fault,
     )
 
 
-def run_record(run_, cfg, worker, optim, data, progress, result, sampler, environment) -> dict:
+def run_record(
+    run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+) -> dict:
     """Rank 0's run record from the objects of the run."""
     env = os.environ.get("HOROVOD_TIMELINE")
     timeline = Path(env) if env else None
@@ -171,6 +178,7 @@ def run_record(run_, cfg, worker, optim, data, progress, result, sampler, enviro
             timeline, result.rank_sync_s, progress.epochs_this_attempt(), worker.size
         ),
         data={**data.info, "test_values": result.test_values},
+        fault_delay=fault.describe(),
     )
 
 
@@ -187,6 +195,17 @@ def root_logger(worker: WorkerInfo):
     if worker.is_root:
         return lambda msg: print(f"[hvdscale train] {msg}", flush=True)
     return lambda msg: None
+
+
+def announce_fault(fault: FaultDelay) -> FaultDelay:
+    if fault.active:
+        print(
+            f"hvdscale train: WARNING: fault injection {fault.describe()} s per step "
+            "(HVDSCALE_FAULT_DELAY; test only): the timings of this run are not results",
+            file=sys.stderr,
+            flush=True,
+        )
+    return fault
 
 
 def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first_attempt: dict):

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from hvdscale.train.fault import FaultDelay
 from hvdscale.worker import WorkerInfo
 
 EVAL_BATCH = 4096
@@ -171,6 +172,8 @@ class StepProgram:
 
     ``run_steps(start, n, timed)`` runs n optimizer steps (micro-batches) in one graph
     execution; the timed variant carries the phase timestamps (see hvdscale.timing).
+    ``fault``: a test-only delay inside one phase (hvdscale.train.fault; default from the
+    environment, off).
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class StepProgram:
         in_device_memory: bool,
         compression: str,
         backward_passes_per_step: int,
+        fault: FaultDelay | None = None,
     ):
         import tensorflow as tf
 
@@ -201,6 +205,7 @@ class StepProgram:
         self.bpps = int(backward_passes_per_step)
         self.vars = model.trainable_variables
         self.n_local = len(x_train)
+        self.fault = FaultDelay.from_env() if fault is None else fault
         hvd = worker.hvd
         self.compression = None
         if hvd is not None:
@@ -253,6 +258,7 @@ class StepProgram:
         tf = self.tf
         with clock.after(t_prev):
             x, y = self.source.fetch(j, feed)
+        x, y = self.fault.inject("data", [x, y])
         t1 = clock.stamp([x, y])
         with clock.after(t1):
             x = tf.identity(x)
@@ -270,14 +276,16 @@ class StepProgram:
     def _sync_and_update(self, grads, loss, clock):
         """Allreduce and apply every step: the compute, sync and update boundaries."""
         tf = self.tf
+        *grads, loss = self.fault.inject("compute", [*grads, loss])
         t2 = clock.stamp([*grads, loss])
         with clock.after(t2):
             grads = [tf.identity(g) for g in grads]
         grads = self._allreduce(grads)  # HVD: synchronisation phase
+        grads = self.fault.inject("sync", grads)
         t3 = clock.stamp(grads)
         with clock.after(t3):
             grads = [tf.identity(g) for g in grads]
-        done = self._apply(grads)
+        done = self.fault.inject("update", self._apply(grads))
         t4 = clock.stamp(done)
         return t2, t3, t4
 
@@ -286,19 +294,20 @@ class StepProgram:
         tf = self.tf
         acc_ops = [a.assign_add(g) for a, g in zip(self.acc, grads)]
         m = self.micro.assign_add(1)
-        t2 = clock.stamp(acc_ops + [loss])
+        t2 = clock.stamp(self.fault.inject("compute", acc_ops + [loss]))
 
         def sync_and_apply():
             with clock.after(t2):
                 avg = [a.read_value() / float(self.bpps) for a in self.acc]
             red = self._allreduce(avg)  # HVD: synchronisation phase
+            red = self.fault.inject("sync", red)
             t3 = clock.stamp(red)
             with clock.after(t3):
                 red = [tf.identity(g) for g in red]
             done = self._apply(red)
             with tf.control_dependencies(done):
                 resets = [a.assign(tf.zeros_like(a)) for a in self.acc]
-            t4 = clock.stamp(done + resets)
+            t4 = clock.stamp(self.fault.inject("update", done + resets))
             return t3, t4
 
         def skip():
