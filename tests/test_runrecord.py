@@ -307,6 +307,27 @@ def test_parse_timeline_tolerates_a_file_cut_off_mid_run(tmp_path):
     assert parse_timeline(p, "grads")["allreduce_ops"] == 2
 
 
+def test_timeline_check_reports_the_allreduce_to_sync_ratio(tmp_path):
+    from hvdscale.timing import timeline_check
+
+    p = tmp_path / "timeline.json"
+    p.write_text(json.dumps(_timeline_events()))
+    tc = timeline_check(p, measured_sync_s=440e-6, epochs=2, workers=2)
+    assert tc["timeline_allreduce_s"] == pytest.approx(220e-6)
+    assert tc["allreduce_to_sync_ratio"] == pytest.approx(0.5)
+    assert tc["timeline_allreduce_ops"] == 2 and tc["epochs"] == 2
+    assert timeline_check(p, 0.0, 2, 2)["allreduce_to_sync_ratio"] is None
+    assert timeline_check(p, 1.0, 2, 1) is None  # one worker: no allreduce to compare
+    assert timeline_check(tmp_path / "missing.json", 1.0, 2, 2) is None
+    assert timeline_check(None, 1.0, 2, 2) is None
+    rec = record()
+    rec["timeline_check"] = tc
+    validate_record(rec)
+    rec["timeline_check"]["allreduce_to_sync_ratio"] = -1.0
+    with pytest.raises(RecordError, match="allreduce_to_sync_ratio"):
+        validate_record(rec)
+
+
 def test_split_error_of_a_real_looking_epoch():
     e = epoch(1)
     assert split_error(e) == pytest.approx(abs(0.95 - 0.97) / 0.97)
