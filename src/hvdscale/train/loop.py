@@ -119,8 +119,7 @@ def train_epochs(
                 )
             if worker.is_root:
                 checkpointer.save(epoch, progress, prev + list(sampler.samples))
-            # HVD: nobody starts the next epoch before the checkpoint
-            worker.barrier(name=f"epoch_end_{epoch}")
+            worker.barrier(name=f"epoch_end_{epoch}")  # HVD: wait for the checkpoint
     except NanLoss as exc:
         result.status, result.error = "nan_loss", str(exc)
         print(f"ERROR: {plan.run_id}: {exc}", file=sys.stderr, flush=True)
