@@ -262,16 +262,22 @@ class StepProgram:
         t1 = clock.stamp([x, y])
         with clock.after(t1):
             x = tf.identity(x)
-        with tf.GradientTape() as tape:
-            pred = self.model(x, training=True)
-            loss = tf.reduce_mean(tf.square(pred - y))
-        grads = tape.gradient(loss, self.vars)
+        loss, grads = self._loss_and_grads(x, y)
         self.loss_sum.assign_add(tf.cast(loss, tf.float64))
         if self.bpps == 1:
             t2, t3, t4 = self._sync_and_update(grads, loss, clock)
         else:
             t2, t3, t4 = self._accumulate(grads, loss, clock)
         return clock.record(t_prev, t1, t2, t3, t4)
+
+    def _loss_and_grads(self, x, y):
+        """Forward and backward pass (the compute phase); a subclass may replace it, e.g.
+        with an XLA-compiled function (benchmarks)."""
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            pred = self.model(x, training=True)
+            loss = tf.reduce_mean(tf.square(pred - y))
+        return loss, tape.gradient(loss, self.vars)
 
     def _sync_and_update(self, grads, loss, clock):
         """Allreduce and apply every step: the compute, sync and update boundaries."""
