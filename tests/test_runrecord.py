@@ -307,7 +307,98 @@ def test_parse_timeline_tolerates_a_file_cut_off_mid_run(tmp_path):
     assert parse_timeline(p, "grads")["allreduce_ops"] == 2
 
 
+def test_timeline_check_reports_the_allreduce_to_sync_ratio(tmp_path):
+    from hvdscale.timing import timeline_check
+
+    p = tmp_path / "timeline.json"
+    p.write_text(json.dumps(_timeline_events()))
+    tc = timeline_check(p, measured_sync_s=440e-6, epochs=2, workers=2)
+    assert tc["timeline_allreduce_s"] == pytest.approx(220e-6)
+    assert tc["allreduce_to_sync_ratio"] == pytest.approx(0.5)
+    assert tc["timeline_allreduce_ops"] == 2 and tc["epochs"] == 2
+    assert timeline_check(p, 0.0, 2, 2)["allreduce_to_sync_ratio"] is None
+    assert timeline_check(p, 1.0, 2, 1) is None  # one worker: no allreduce to compare
+    assert timeline_check(tmp_path / "missing.json", 1.0, 2, 2) is None
+    assert timeline_check(None, 1.0, 2, 2) is None
+    rec = record()
+    rec["timeline_check"] = tc
+    validate_record(rec)
+    rec["timeline_check"]["allreduce_to_sync_ratio"] = -1.0
+    with pytest.raises(RecordError, match="allreduce_to_sync_ratio"):
+        validate_record(rec)
+
+
 def test_split_error_of_a_real_looking_epoch():
     e = epoch(1)
     assert split_error(e) == pytest.approx(abs(0.95 - 0.97) / 0.97)
     assert not math.isnan(e["time_other_s"])
+
+
+# --------------------------------------------------------------------------- build_record
+
+
+def built_record(fault_delay=None):
+    """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
+    validated config."""
+    from hvdscale.config import find_run, validate_config
+    from hvdscale.runrecord import build_record, epoch_entry
+
+    cfg = validate_config({"training": {"epochs": 3, "warmup_epochs": 1}})
+    run = find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0")
+    t = EpochTimer(30, 30, [0.01, 0.05, 0.02, 0.01], 0.001, train_wall=0.09, epoch_wall=0.1)
+    eps = [
+        epoch_entry(
+            epoch=i,
+            warmup=i < 1,
+            wall_s=0.1,
+            steps=30,
+            samples=4500,
+            throughput=45000.0,
+            timing=t.record_fields(),
+            train_loss=0.1 / (i + 1),
+            test_loss=float("nan") if i == 2 else 0.2 / (i + 1),
+            elapsed_s=0.1 * (i + 1),
+            utilisation_mean=None,
+            learning_rate=1e-3,
+            attempt=1,
+        )
+        for i in range(3)
+    ]
+    env = record()["environment"]
+    return build_record(
+        run=run,
+        cfg=cfg,
+        workers=2,
+        controller="gloo",
+        launcher="horovodrun",
+        status="completed",
+        error=None,
+        learning_rate_base=1e-3,
+        learning_rate=1e-3,
+        model_parameters=153441,
+        steps_per_epoch=30,
+        environment=env,
+        attempts=[{"started_utc": "2026-01-01T00:00:00Z", "start_epoch": 0}],
+        epochs=eps,
+        utilisation={"kind": "cpu", "interval_s": 0.25, "samples": []},
+        timeline=None,
+        timeline_check=None,
+        data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
+        fault_delay=fault_delay,
+    )
+
+
+def test_build_record_matches_the_schema_and_the_runs_table():
+    from hvdscale.analysis.columns import RUNS_COLUMNS
+    from hvdscale.analysis.records import record_row
+
+    rec = built_record()
+    validate_record(rec)
+    assert rec["config"]["global_batch"] == 150 and rec["config"]["samples_per_epoch"] == 4500
+    assert rec["config"]["model_bytes"] == 4 * 153441 and "fault_delay" not in rec["config"]
+    assert rec["epochs"][2]["test_loss"] is None  # non-finite -> null
+    assert set(HISTORY_COLUMNS) <= set(rec["epochs"][0])
+    row, epoch_rows = record_row(rec, "metrics.json")
+    assert set(RUNS_COLUMNS) - {"config_hash_match"} <= set(row)
+    assert len(epoch_rows) == 3
+    assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"

@@ -35,6 +35,7 @@ from conftest_train import (
 
 from hvdscale.errors import DataError, UserError
 from hvdscale.model import check_parameter_count, model_bytes, parameter_count
+from hvdscale.timing import PHASES
 from hvdscale.train import plan_rows, steps_per_epoch
 
 # --------------------------------------------------------------------------- unit
@@ -84,6 +85,53 @@ def test_steps_per_epoch_is_the_smallest_ranks_full_batches():
     assert steps_per_epoch([1109, 1110], 75, 4) == 12
     with pytest.raises(DataError, match="fewer than one step"):
         steps_per_epoch([50, 1000], 75, 1)
+
+
+def test_epoch_metrics_round_trip_and_reduction_without_horovod():
+    from hvdscale.train import EpochMetrics
+    from hvdscale.worker import WorkerInfo
+
+    m = EpochMetrics(0.5, 3.0, 6.0, 0.1, 0.2, 0.3, 0.4, 0.01, 1.0, 0.05)
+    assert EpochMetrics.from_vector(m.to_vector()) == m
+    assert m.phases == [0.1, 0.2, 0.3, 0.4] and m.test_loss == 0.5
+    assert m.allreduce(WorkerInfo(), name="x") == m  # one worker: sums and means are itself
+    with pytest.raises(ValueError, match="expected 10 values"):
+        EpochMetrics.from_vector([1.0, 2.0])
+    assert not EpochMetrics(float("nan"), 1, 1, 0, 0, 0, 0, 0, 0, 0).finite()
+
+
+def test_resume_state_from_a_checkpoint_state():
+    from hvdscale.train import ResumeState
+
+    fresh = ResumeState.from_state(None)
+    fresh.begin_attempt("t0")
+    assert fresh.start_epoch == 0 and not fresh.resumed and fresh.attempts[0]["start_epoch"] == 0
+    state = {"epoch": 1, "epochs": [{"epoch": 0}, {"epoch": 1}], "elapsed_s": 2.5}
+    state["attempts"] = [{"started_utc": "t0", "start_epoch": 0}]
+    r = ResumeState.from_state(state)
+    r.begin_attempt("t1")
+    assert r.start_epoch == 2 and r.resumed and r.elapsed_s == 2.5
+    assert [a["start_epoch"] for a in r.attempts] == [0, 2] and r.utilisation_samples == []
+
+
+@pytest.mark.parametrize(
+    "text,phase,seconds",
+    [(None, None, 0.0), ("", None, 0.0), ("sync:0.03", "sync", 0.03), ("data:1", "data", 1.0)],
+)
+def test_fault_delay_setting(text, phase, seconds):
+    from hvdscale.train import FaultDelay
+
+    f = FaultDelay.parse(text)
+    assert (f.phase, f.seconds, f.active) == (phase, seconds, phase is not None)
+    assert f.describe() == (None if phase is None else f"{phase}:{seconds:g}")
+
+
+@pytest.mark.parametrize("text", ["sync", "comms:0.1", "compute:x", "update:-1", "data:100"])
+def test_a_bad_fault_delay_is_a_clear_error(text):
+    from hvdscale.train import FaultDelay
+
+    with pytest.raises(UserError, match="HVDSCALE_FAULT_DELAY"):
+        FaultDelay.parse(text)
 
 
 # --------------------------------------------------------------------------- runs
@@ -295,7 +343,7 @@ def _flip_byte(path: Path, offset: int) -> None:
         fh.write(bytes([b[0] ^ 0xFF]))
 
 
-def _train_direct(cfg, rid, data, out):
+def _train_direct(cfg, rid, data, out, **env):
     return subprocess.run(
         [
             str(TRAIN_PY),
@@ -314,7 +362,7 @@ def _train_direct(cfg, rid, data, out):
         capture_output=True,
         text=True,
         timeout=300,
-        env=sub_env(),
+        env={**sub_env(), **env},
     )
 
 
@@ -404,12 +452,14 @@ def test_timeline_and_sync_time_cross_check(tmp_path, train_data):
     tc = rec["timeline_check"]
     steps = sum(e["steps"] for e in rec["epochs"])
     assert tc["timeline_allreduce_ops"] == 8 * steps  # 8 gradient tensors per step
-    # the in-graph sync phase contains what the timeline shows (negotiation + allreduce),
-    # plus the hand-over between TensorFlow and Horovod's background thread (about one
-    # cycle time per step; docs/timing.md)
-    assert tc["timeline_span_s"] >= tc["timeline_allreduce_s"]
-    assert tc["measured_sync_s_rank0"] >= 0.9 * tc["timeline_span_s"]
-    assert tc["measured_sync_s_rank0"] <= tc["timeline_span_s"] + steps * 0.02
+    # structural facts, no timing tolerance: the allreduces are part of the span, and every
+    # allreduce of a step runs between rank 0's sync boundaries of that step, so the
+    # measured sync phase contains them (docs/timing.md: what "sync" includes)
+    assert 0 < tc["timeline_allreduce_s"] <= tc["timeline_span_s"]
+    assert tc["allreduce_to_sync_ratio"] == pytest.approx(
+        tc["timeline_allreduce_s"] / tc["measured_sync_s_rank0"], rel=1e-3
+    )
+    assert 0 < tc["allreduce_to_sync_ratio"] <= 1
 
 
 @pytest.mark.slow
@@ -438,3 +488,47 @@ def test_linear_lr_rule_with_warmup(tmp_path, train_data):
     lrs = [e["learning_rate"] for e in rec["epochs"]]
     assert 5e-4 < lrs[0] < lrs[1] <= 1e-3 + 1e-9 and lrs[2] == pytest.approx(1e-3)
     assert [e["warmup"] for e in rec["epochs"]] == [True, True, False]
+
+
+# Phase attribution, shown by fault injection (HVDSCALE_FAULT_DELAY, docs/timing.md): a
+# known delay added to every step inside one phase must show up in exactly that phase.
+FAULT_DELAY_S = 0.1
+FAULT_TOLERANCE = 0.2  # of the delay: the faulted phase's growth, and any other phase's
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
+def test_an_injected_delay_lands_in_exactly_its_phase(tmp_path, train_data):
+    """One 1-rank run per phase (30 steps of batch 150, started directly, as a launcher's
+    rank would be); the reference for a phase is its time in the runs that delayed
+    another phase, so no extra undelayed run is needed. Not a timing tolerance on normal
+    runs: the check is that an injected 100 ms lands in the right phase (the sync phase
+    exists with one rank too: its boundaries are there, the allreduce is skipped)."""
+    cfg = write_config(tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0))
+    per_step = {}
+    for phase in PHASES:
+        out = tmp_path / phase
+        fault = f"{phase}:{FAULT_DELAY_S}"
+        r = _train_direct(
+            cfg, "local_gloo_n1_w1_b150_lrnone_r0", train_data, out, HVDSCALE_FAULT_DELAY=fault
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "fault injection" in r.stderr
+        rec = load_record(out)
+        assert rec["config"]["fault_delay"] == fault
+        ep = rec["epochs"][0]
+        per_step[phase] = {p: ep[f"time_{p}_s"] / ep["steps"] for p in PHASES}
+    growth = {}
+    for faulted in PHASES:
+        for p in PHASES:
+            ref = [per_step[r][p] for r in PHASES if r not in (p, faulted)]
+            growth[faulted, p] = per_step[faulted][p] - sum(ref) / len(ref)
+    shown = {k: round(v * 1e3, 2) for k, v in growth.items()}  # ms per step, for a failure
+    for faulted in PHASES:
+        assert abs(growth[faulted, faulted] - FAULT_DELAY_S) <= FAULT_TOLERANCE * FAULT_DELAY_S, (
+            shown
+        )
+        for p in PHASES:
+            if p != faulted:
+                assert growth[faulted, p] <= FAULT_TOLERANCE * FAULT_DELAY_S, shown

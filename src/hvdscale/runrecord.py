@@ -19,10 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-from hvdscale.common import git_commit  # noqa: F401 (re-exported for tests)
+from hvdscale.common import (
+    EXIT_NAN,
+    git_commit,  # noqa: F401 (re-exported for tests)
+)
 from hvdscale.config import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.timing import PHASES, median
+from hvdscale.timing import PHASES, TIMING_METHOD, median
 
 SCHEMA_VERSION = 1
 HISTORY_COLUMNS = [
@@ -151,6 +154,163 @@ def summarise(epochs: list[dict], target: float) -> dict:
         "best_test_loss": min(test_losses) if test_losses else None,
         "time_to_target_s": time_to_target(epochs, target),
         "epochs_completed": len(epochs),
+    }
+
+
+# --------------------------------------------------------------------------- the record
+
+# launcher book-keeping that says nothing about the configuration
+_HOROVOD_ENV_SKIP = (
+    "HOROVOD_GLOO_RENDEZVOUS",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_",
+    "HOROVOD_CROSS_",
+    "HOROVOD_HOSTNAME",
+)
+
+
+def horovod_env(environ=None) -> dict:
+    """The HOROVOD_* settings of this process (cycle time, timeline, operations, ...)."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: v
+        for k, v in sorted(environ.items())
+        if k.startswith("HOROVOD_") and not k.startswith(_HOROVOD_ENV_SKIP)
+    }
+
+
+def epoch_entry(
+    *,
+    epoch: int,
+    warmup: bool,
+    wall_s: float,
+    steps: int,
+    samples: int,
+    throughput: float,
+    timing: dict,
+    train_loss: float,
+    test_loss: float,
+    elapsed_s: float,
+    utilisation_mean: float | None,
+    learning_rate: float,
+    attempt: int,
+) -> dict:
+    """One element of the record's ``epochs`` (and a row of history.csv); ``timing`` is
+    hvdscale.timing.EpochTimer.record_fields()."""
+    return {
+        "epoch": epoch,
+        "warmup": warmup,
+        "wall_s": round(wall_s, 6),
+        "steps": steps,
+        "samples": samples,
+        "throughput": round(throughput, 3),
+        **timing,
+        "train_loss": finite_or_none(train_loss),
+        "test_loss": finite_or_none(test_loss),
+        "elapsed_s": round(elapsed_s, 6),
+        "utilisation_mean": utilisation_mean,
+        "learning_rate": learning_rate,
+        "attempt": attempt,
+    }
+
+
+def _record_config(run, cfg, workers, controller, launcher, lr_base, lr) -> dict:
+    """The run's configuration as the record states it (first part; build_record adds the
+    model, Horovod and step settings)."""
+    tcfg = cfg["training"]
+    return {
+        "partition": run.partition,
+        "backend": run.backend,
+        "nodes": run.nodes,
+        "workers": workers,
+        "workers_per_node": run.workers_per_node,
+        "batch_per_worker": run.batch,
+        "global_batch": run.batch * workers,
+        "lr_rule": run.lr_rule,
+        "learning_rate_base": lr_base,
+        "learning_rate": lr,
+        "lr_warmup": tcfg["lr_warmup"],
+        "epochs": tcfg["epochs"],
+        "warmup_epochs": tcfg["warmup_epochs"],
+        "threads_per_worker": tcfg["threads_per_worker"],
+        "launcher": launcher,
+        "cpu_binding": tcfg.get("cpu_binding", "auto"),
+        "controller": controller,
+        "repeat": run.repeat,
+        "seed": cfg["seed"],
+        "data_in_device_memory": tcfg["data_in_device_memory"],
+        "target_test_loss": tcfg["target_test_loss"],
+    }
+
+
+def build_record(
+    *,
+    run,
+    cfg: dict,
+    workers: int,
+    controller: str,
+    launcher: str,
+    status: str,
+    error: str | None,
+    learning_rate_base: float,
+    learning_rate: float,
+    model_parameters: int,
+    steps_per_epoch: int,
+    environment: dict | None,
+    attempts: list[dict],
+    epochs: list[dict],
+    utilisation: dict,
+    timeline: str | None,
+    timeline_check: dict | None,
+    data: dict,
+    fault_delay: str | None = None,
+) -> dict:
+    """The run record (metrics.json) of a training run, as run.schema.json describes it.
+
+    ``run``: the config's scaling-matrix row (hvdscale.config.find_run); ``cfg``: the full
+    validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
+    test-only fault hook's setting (hvdscale.train.fault), recorded only when set.
+    """
+    from hvdscale.model import model_bytes
+
+    tcfg = cfg["training"]
+    config = _record_config(
+        run, cfg, workers, controller, launcher, learning_rate_base, learning_rate
+    )
+    config.update(
+        model_parameters=model_parameters,
+        model_bytes=model_bytes(model_parameters),
+        horovod_env=horovod_env(),
+        steps_per_execution=tcfg["steps_per_execution"],
+        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        compression=tcfg["horovod"]["compression"],
+        instrument_every=tcfg["instrument_every"],
+        shard_policy=tcfg["shard_policy"],
+        hidden_units=cfg["model"]["hidden_units"],
+        activation=cfg["model"]["activation"],
+        steps_per_epoch=steps_per_epoch,
+        samples_per_epoch=steps_per_epoch * run.batch * workers,
+    )
+    if fault_delay:
+        config["fault_delay"] = fault_delay
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run.run_id,
+        "status": status,
+        "exit_status": EXIT_NAN if status == "nan_loss" else 0,
+        "error": error,
+        "config": config,
+        "environment": environment,
+        "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
+        "epochs": epochs,
+        "summary": summarise(epochs, tcfg["target_test_loss"]),
+        "utilisation": utilisation,
+        "timing_method": TIMING_METHOD,
+        "timeline": timeline,
+        "timeline_check": timeline_check,
+        "data": data,
+        "finished_utc": utc_now(),
     }
 
 

@@ -1,0 +1,289 @@
+"""``hvdscale train``: the command line and the top-level training function of one rank.
+
+``train_rank`` reads as the run's recipe, in the order Horovod's TF2 examples use: bind
+the CPUs, ``hvd.init()``, pin the device, read this rank's data, build the model, resume
+or broadcast the initial state, train the epochs, and (rank 0) write the run record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hvdscale.common import EXIT_NAN
+from hvdscale.config import config_hash, find_run, load_config
+from hvdscale.errors import UserError
+from hvdscale.runrecord import build_record, environment_block, utc_now, write_run_outputs
+from hvdscale.timing import timeline_check
+from hvdscale.train.checkpoint import Checkpointer
+from hvdscale.train.data import load_rank_data
+from hvdscale.train.device import bind_cpus, pin_device
+from hvdscale.train.fault import FaultDelay
+from hvdscale.train.loop import LoopPlan, train_epochs
+from hvdscale.train.optim import Optimisation
+from hvdscale.train.step import StepProgram
+from hvdscale.worker import WorkerInfo, detect_launcher, launcher_rank_env
+
+
+def add_arguments(p):
+    p.add_argument(
+        "--config",
+        required=True,
+        help="validated config snapshot as JSON (hvdscale write-config), "
+        "e.g. results/config/full.json",
+    )
+    p.add_argument(
+        "--run-id",
+        required=True,
+        help="run of the config's scaling matrix, e.g. local_gloo_n1_w2_b75_lrnone_r0",
+    )
+    p.add_argument(
+        "--data-dir", required=True, help="data directory with manifest.json, e.g. results/data"
+    )
+    p.add_argument("--out-dir", required=True, help="run directory, e.g. results/runs/RUN_ID")
+    p.add_argument(
+        "--no-horovod",
+        action="store_true",
+        help="run as a single process without importing Horovod (debugging; workers must be 1)",
+    )
+
+
+def run(args) -> int:
+    """Run one rank; leave OUT_DIR/.pids/rank-N.exit with the exit status (diagnostics:
+    a rank without it was killed or crashed hard)."""
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rank = launcher_rank_env()["rank"]
+    write_pid_file(out_dir, rank)
+    start_orphan_watchdog()
+    # a launcher's SIGTERM (clean-up after another rank failed) ends this rank through
+    # the normal exit path, so the exit marker says "143" and not "killed"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    code = 1
+    try:
+        code = train_rank(args, out_dir)
+        return code
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        raise
+    except UserError:
+        code = 2
+        raise
+    finally:
+        try:
+            (out_dir / ".pids" / f"rank-{rank}.exit").write_text(f"{code}\n")
+        except OSError:
+            pass
+
+
+def train_rank(args, out_dir: Path) -> int:
+    """Train this rank's part of the run; rank 0 writes the run record. Exit status."""
+    cfg = load_config(args.config)
+    run_ = find_run(cfg, args.run_id)
+    tcfg = cfg["training"]
+    started_utc = utc_now()
+
+    bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
+    worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
+    device, device_desc = pin_device(worker, tcfg["threads_per_worker"])  # HVD: one per rank
+    check_worker_count(run_, worker)
+    log = root_logger(worker)
+    log(
+        f"{run_.run_id}: {worker.size} worker(s), controller {worker.controller}, {device_desc}"
+        + (f", bound to cores {bound}" if bound else "")
+    )
+    fault = announce_fault(FaultDelay.from_env())
+
+    data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
+    optim = Optimisation.build(cfg, run_.lr_rule, worker.size, data.steps)
+    chash = config_hash(cfg)
+    checkpointer = Checkpointer(
+        out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, cfg["seed"]
+    )
+    checkpointer.enabled = tcfg["checkpoint"]
+    progress = checkpointer.restore(worker, log)  # HVD: rank 0 reads, then broadcasts
+    optim.broadcast(worker)  # HVD: rank 0's weights and optimizer state everywhere
+    progress.begin_attempt(started_utc)
+    environment = describe_environment(worker, device_desc, chash, progress.attempts[0])
+
+    program = build_program(optim, worker, data, run_.batch, device, tcfg, fault)
+    data.release()
+    program.warm_up(tcfg["steps_per_execution"])
+    plan = LoopPlan.from_config(cfg, run_.run_id, data.steps, run_.batch * worker.size)
+    sampler = make_sampler(worker)
+    result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
+
+    shutdown(worker)
+    if not worker.is_root:
+        # exit 0 even after nan_loss: a non-zero exit would make the launcher kill rank 0
+        # while it writes the record; rank 0's exit status speaks for the job
+        return 0
+    record = run_record(
+        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+    )
+    write_run_outputs(out_dir, record)
+    log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
+    return EXIT_NAN if result.status == "nan_loss" else 0
+
+
+# =========================================================================== helpers
+
+
+def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, fault) -> StepProgram:
+    return StepProgram(
+        model=optim.model,
+        optimizer=optim.optimizer,
+        worker=worker,
+        x_train=data.x_train,
+        y_train=data.y_train,
+        x_test=data.x_test,
+        y_test=data.y_test,
+        batch=batch,
+        device=device,
+        in_device_memory=tcfg["data_in_device_memory"],
+        compression=tcfg["horovod"]["compression"],
+        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        fault=fault,
+    )
+
+
+def run_record(
+    run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+) -> dict:
+    """Rank 0's run record from the objects of the run."""
+    env = os.environ.get("HOROVOD_TIMELINE")
+    timeline = Path(env) if env else None
+    return build_record(
+        run=run_,
+        cfg=cfg,
+        workers=worker.size,
+        controller=worker.controller,
+        launcher=detect_launcher(),
+        status=result.status,
+        error=result.error,
+        learning_rate_base=optim.lr_base,
+        learning_rate=optim.lr,
+        model_parameters=optim.n_params,
+        steps_per_epoch=data.steps,
+        environment=environment,
+        attempts=progress.attempts,
+        epochs=progress.history,
+        utilisation=utilisation_block(sampler, progress.utilisation_samples),
+        timeline=timeline.name if timeline is not None and timeline.is_file() else None,
+        timeline_check=timeline_check(
+            timeline, result.rank_sync_s, progress.epochs_this_attempt(), worker.size
+        ),
+        data={**data.info, "test_values": result.test_values},
+        fault_delay=fault.describe(),
+    )
+
+
+def check_worker_count(run_, worker: WorkerInfo) -> None:
+    if worker.size != run_.workers:
+        raise UserError(
+            f"run {run_.run_id} needs {run_.workers} workers but {worker.size} were started; "
+            "start it with hvdscale launch"
+        )
+
+
+def root_logger(worker: WorkerInfo):
+    """print() on rank 0, nothing elsewhere."""
+    if worker.is_root:
+        return lambda msg: print(f"[hvdscale train] {msg}", flush=True)
+    return lambda msg: None
+
+
+def announce_fault(fault: FaultDelay) -> FaultDelay:
+    if fault.active:
+        print(
+            f"hvdscale train: WARNING: fault injection {fault.describe()} s per step "
+            "(HVDSCALE_FAULT_DELAY; test only): the timings of this run are not results",
+            file=sys.stderr,
+            flush=True,
+        )
+    return fault
+
+
+def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first_attempt: dict):
+    """Every rank's host and device (all ranks take part); rank 0 gets the environment
+    block now, so that writing the record at the end is quick. None on other ranks."""
+    gathered = worker.allgather_object(
+        (worker.hostname, device_desc), name="hosts"
+    )  # HVD: allgather_object
+    if not worker.is_root:
+        return None
+    import tensorflow as tf
+
+    return environment_block(
+        config_hash=chash,
+        hostnames=[h for h, _ in gathered],
+        devices=[d for _, d in gathered],
+        tensorflow=tf.__version__,
+        horovod=_horovod_version(),
+        started_utc=first_attempt["started_utc"],
+    )
+
+
+def make_sampler(worker: WorkerInfo):
+    from hvdscale.utilisation import NullSampler, UtilisationSampler
+
+    return UtilisationSampler(interval_s=0.25) if worker.is_root else NullSampler()
+
+
+def utilisation_block(sampler, earlier_samples: list) -> dict:
+    return {
+        "kind": sampler.kind,
+        "interval_s": sampler.interval_s,
+        "samples": earlier_samples + list(sampler.samples),
+    }
+
+
+def shutdown(worker: WorkerInfo) -> None:
+    worker.barrier(name="train_end")  # HVD:
+    if worker.hvd is not None:
+        worker.hvd.shutdown()  # HVD: flush the timeline before rank 0 reads it
+
+
+def _horovod_version() -> str:
+    try:
+        import horovod
+
+        return horovod.__version__
+    except ImportError:
+        return "none"
+
+
+def write_pid_file(out_dir: Path, rank: int) -> None:
+    d = out_dir / ".pids"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n")
+
+
+def start_orphan_watchdog(interval_s: float = 1.0) -> None:
+    """Exit if the launcher that started this rank dies (e.g. SIGKILL of its process group).
+
+    A rank whose parent (mpirun, the horovodrun task shell, slurmstepd) disappears would
+    otherwise keep training as an orphan and race a restarted run for the checkpoint.
+    """
+    if os.environ.get("HVDSCALE_ORPHAN_WATCHDOG", "1") == "0":
+        return
+    parent = os.getppid()
+    if parent <= 1:
+        return
+
+    def watch():
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                print(
+                    f"hvdscale train: the launcher (pid {parent}) is gone; exiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(70)
+
+    threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
