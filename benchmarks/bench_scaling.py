@@ -402,9 +402,12 @@ def summarise(batches, paired, best, epochs, n_rep) -> list[dict]:
                 "ci_high": hi,
                 "n": len(vals),
                 "note": note,
+                # the runs behind the figure: lowest and highest load seen around them
                 "load": max(loads) if loads else None,
                 "load_before": min(loads) if loads else None,
                 "load_after": max(loads) if loads else None,
+                "load_min": min(loads) if loads else None,
+                "load_max": max(loads) if loads else None,
             }
         )
 
