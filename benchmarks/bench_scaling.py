@@ -17,10 +17,12 @@ per rank, the same per-worker batch, 1 intra-op and 1 inter-op thread per worker
               samples of all ranks / epoch clock.
 
 Phase 1, tuning (``--tune-repeats``, interleaved): every arm's candidate settings,
-1-worker (hvdscale; hvdstep = hvdscale's step code run by the benchmark worker; Keras
-steps_per_execution 1/64 x jit_compile off/on; MWMS the same) and 2-worker (hvdscale
-MPI; MWMS RING/AUTO x jit_compile off/on at steps_per_execution 64, RING/AUTO unpinned,
-RING with steps_per_execution 1). Each arm keeps its fastest candidate.
+1-worker (hvdscale with its config defaults; Keras steps_per_execution 1/64 x
+jit_compile off/on; MWMS steps_per_execution 64 x jit_compile off/on) and 2-worker
+(hvdscale MPI; MWMS at steps_per_execution 64: RING, AUTO, RING with jit_compile, RING
+unpinned; RING with steps_per_execution 1). Each arm keeps its fastest candidate
+(``--full-tuning`` adds MWMS 1-worker steps_per_execution 1, AUTO with jit_compile,
+AUTO unpinned and ``hvdstep``, hvdscale's step code run by the benchmark worker).
 
 Phase 2, paired repeats (``--repeats``): every repeat runs, back to back, each arm's
 best 1-worker configuration, hvdscale with 2 workers, the best MWMS with 2 workers and
@@ -99,16 +101,20 @@ class Arm:
         return {"hvdstep": "hvdscale"}.get(self.kind, self.kind)
 
 
-def candidates(quick: bool) -> tuple[list[Arm], list[Arm]]:
+def candidates(quick: bool, full: bool = False) -> tuple[list[Arm], list[Arm]]:
     if quick:
         one = [Arm("hvdscale", 1), Arm("keras", 1), Arm("mwms", 1)]
         two = [Arm("hvdscale", 2), Arm("mwms", 2)]
         return one, two
-    one = [Arm("hvdscale", 1), Arm("hvdstep", 1)]
-    one += [Arm(k, 1, spe=s, jit=j) for k in ("keras", "mwms") for s in (1, 64) for j in (0, 1)]
+    one = [Arm("hvdscale", 1)]
+    one += [Arm("keras", 1, spe=s, jit=j) for s in (1, 64) for j in (0, 1)]
+    one += [Arm("mwms", 1, jit=j) for j in (0, 1)]
     two = [Arm("hvdscale", 2), Arm("mwms", 2, spe=1)]
-    two += [Arm("mwms", 2, impl=i, jit=j) for i in ("ring", "auto") for j in (0, 1)]
-    two += [Arm("mwms", 2, impl=i, pin=0) for i in ("ring", "auto")]
+    two += [Arm("mwms", 2, impl=i) for i in ("ring", "auto")]
+    two += [Arm("mwms", 2, jit=1), Arm("mwms", 2, pin=0)]
+    if full:
+        one += [Arm("hvdstep", 1)] + [Arm("mwms", 1, spe=1, jit=j) for j in (0, 1)]
+        two += [Arm("mwms", 2, impl="auto", jit=1), Arm("mwms", 2, impl="auto", pin=0)]
     return one, two
 
 
@@ -486,6 +492,12 @@ def main(argv=None) -> int:
         default="linear",
         help="learning-rate rule of every 2-worker run (all arms alike; no effect on speed)",
     )
+    ap.add_argument("--full-tuning", action="store_true", help="more tuning candidates")
+    ap.add_argument(
+        "--paired-1w",
+        default="hvdscale,keras",
+        help="1-worker arms (their best settings) in every paired repeat (add mwms)",
+    )
     ap.add_argument(
         "--max-load",
         type=float,
@@ -507,7 +519,7 @@ def main(argv=None) -> int:
     cfg_path = work / f"config{a.samples}_e{a.epochs}.json"
     hvd("write-config", "--json", json.dumps(cfg), "--out", cfg_path)
     runner = Runner(a, cfg_path, data, work, a.lr_rule_2w)
-    one, two = candidates(a.quick)
+    one, two = candidates(a.quick, a.full_tuning)
     t_start, load0 = time.time(), load_avg()
     warn_load(load0, "the start of bench_scaling")
     print(
@@ -542,7 +554,13 @@ def main(argv=None) -> int:
     for rep in range(a.repeats):
         for batch in batches:
             plan = []
-            for fam in ("hvdscale", "keras", "mwms"):
+            fams = a.paired_1w.split(",")
+            # the family of the fastest 1-worker tuning candidate is always paired too
+            t1 = [(statistics.median(v), arm.family) for (b, arm), v in tune.items()]
+            t1 = [x for x, (b, arm) in zip(t1, tune) if b == batch and arm.workers == 1]
+            if t1 and max(t1)[1] not in fams:
+                fams.append(max(t1)[1])
+            for fam in fams:
                 if (batch, fam, 1) in best:
                     plan.append((arms_by_label[best[(batch, fam, 1)]], 1))
             plan.append((Arm("hvdscale", 2), 2))
