@@ -49,6 +49,7 @@ and benchmarks/results/bench_scaling_runs.csv (every run).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -472,6 +473,18 @@ def summarise(batches, paired, best, epochs, n_rep) -> list[dict]:
     return rows
 
 
+def save(a, batches, paired, best, rows) -> list[dict]:
+    """Write both CSVs from what has been measured so far; returns the summary rows."""
+    done = len({rep for P in paired.values() for reps in P.values() for rep in reps})
+    summary = summarise(batches, paired, best, a.epochs, done)
+    for r in summary:
+        r.update({"samples": a.samples, "lr_rule_2w": a.lr_rule_2w, "quick": int(a.quick)})
+    out = Path(a.out_dir)
+    write_csv("bench_scaling_runs", rows, out / "bench_scaling_runs.csv")
+    write_csv("bench_scaling", summary, out / "bench_scaling.csv")
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -491,6 +504,10 @@ def main(argv=None) -> int:
         choices=["none", "linear"],
         default="linear",
         help="learning-rate rule of every 2-worker run (all arms alike; no effect on speed)",
+    )
+    ap.add_argument(
+        "--tuning-from",
+        help="skip the tuning phase: take its rows (phase tune) from this runs CSV",
     )
     ap.add_argument("--full-tuning", action="store_true", help="more tuning candidates")
     ap.add_argument(
@@ -529,9 +546,24 @@ def main(argv=None) -> int:
     )
     rows: list[dict] = []
 
-    # phase 1: tuning, interleaved
+    # phase 1: tuning, interleaved (or taken from an earlier run's runs CSV)
     tune: dict = {}
-    for rep in range(a.tune_repeats):
+    if a.tuning_from:
+        every = {arm.label: arm for arm in sum(candidates(False, True), [])}
+        every.update({arm.label: arm for arm in sum(candidates(True), [])})
+        with open(a.tuning_from, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row["phase"] != "tune" or int(row["batch"]) not in batches:
+                    continue
+                arm = every[row["arm"]]
+                arm = Arm(**{**arm.__dict__, "workers": int(row["workers"])})
+                rows.append({k: v for k, v in row.items() if k not in ("machine",)})
+                if row["status"] == "ok":
+                    tune.setdefault((int(row["batch"]), arm), []).append(float(row["throughput"]))
+        one = [arm for (_b, arm) in tune if arm.workers == 1]
+        two = [arm for (_b, arm) in tune if arm.workers == 2]
+        one, two = list(dict.fromkeys(one)), list(dict.fromkeys(two))
+    for rep in range(0 if a.tuning_from else a.tune_repeats):
         for batch in batches:
             for arm in one + two:
                 r = measure(runner, arm, batch, "tune", rep, rows)
@@ -576,13 +608,9 @@ def main(argv=None) -> int:
                 if r:
                     r["loads"] = (rows[-1]["load_before"], rows[-1]["load_after"])
                     paired.setdefault(batch, {}).setdefault((arm.label, w), {})[rep] = r
+            save(a, batches, paired, best, rows)  # after every block: a stopped run keeps it
 
-    summary = summarise(batches, paired, best, a.epochs, a.repeats)
-    for r in summary:
-        r.update({"samples": a.samples, "lr_rule_2w": a.lr_rule_2w, "quick": int(a.quick)})
-    out = Path(a.out_dir)
-    write_csv("bench_scaling_runs", rows, out / "bench_scaling_runs.csv")
-    write_csv("bench_scaling", summary, out / "bench_scaling.csv")
+    summary = save(a, batches, paired, best, rows)
     print(f"\n{'batch':>5} {'metric':28s} {'arm':28s} {'w':>2} {'median':>10} {'95 % CI':>22}")
     for r in summary:
         ci = f"({r['ci_low']:.3g}-{r['ci_high']:.3g})" if r["ci_low"] is not None else "(n<3)"

@@ -8,7 +8,9 @@ clock around the epoch's step loop only (hvdscale: ``run_epoch_steps``' t_train,
 ``hvdscale train`` records it; Keras: on_epoch_begin .. on_epoch_end, see
 benchmarks/_keras_arm.py). Keras candidates: steps_per_execution 1 and 64 x
 jit_compile off and on. hvdscale variants: default (the config defaults), plain (no
-timed calls), host (batches from host arrays), spe1 (steps_per_execution 1).
+timed calls), host (batches from host arrays), spe1 (steps_per_execution 1), and for
+information xla (hvdscale's step with the forward and backward pass jit-compiled, a
+change hvdscale does not have).
 
 One epoch of everything is warm-up (not counted); then REPEATS rounds in which every
 variant trains one epoch, in turn (a change of the machine's load hits all of them).
@@ -17,7 +19,7 @@ best is computed per round and reported as a median with a bootstrap 95 % interv
 Target: ratio >= 1.0. Writes benchmarks/results/bench_train_overhead.csv.
 
   .venv-train/bin/python benchmarks/bench_train_overhead.py [--samples 30000] [--repeats 7]
-      [--variants default,plain] [--keras spe1jit0,spe1jit1,spe64jit0,spe64jit1] [--csv FILE]
+      [--variants default,plain,xla] [--keras spe1jit0,spe1jit1,spe64jit0,spe64jit1] [--csv FILE]
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=30000, help="training samples")
     ap.add_argument("--batch", type=int, default=75)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--variants", default="default,plain", help="hvdscale: default,plain,host,spe1")
+    ap.add_argument(
+        "--variants", default="default,plain,xla", help="hvdscale: default,plain,host,spe1,xla"
+    )
     ap.add_argument("--keras", default="spe1jit0,spe1jit1,spe64jit0,spe64jit1")
     ap.add_argument("--core", type=int, default=0, help="pin the process to this core")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_train_overhead.csv")
@@ -95,6 +99,48 @@ def main(argv=None) -> int:
     return 0
 
 
+def xla_program_class(tf, base):
+    """StepProgram whose forward and backward pass run in one XLA-compiled function
+    (``tf.function(jit_compile=True)``), everything else unchanged: what hvdscale would
+    gain from XLA (variant ``xla``; information for the owner of hvdscale.train)."""
+
+    class XlaStep(base):
+        def _one_step(self, j, xs, ys, t_prev, timed):
+            if not hasattr(self, "_grad_fn"):
+                model, tvars = self.model, self.vars
+
+                @tf.function(jit_compile=True)
+                def grad_fn(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                    return loss, tape.gradient(loss, tvars)
+
+                self._grad_fn = grad_fn
+            cd = tf.control_dependencies
+            with cd([t_prev] if timed else []):
+                x, y = self._fetch(j, xs, ys)
+            t1 = self._stamp_after([x, y]) if timed else None
+            with cd([t1] if timed else []):
+                x = tf.identity(x)
+            loss, grads = self._grad_fn(x, y)
+            self.loss_sum.assign_add(tf.cast(loss, tf.float64))
+            t2 = self._stamp_after(list(grads) + [loss]) if timed else None
+            with cd([t2] if timed else []):
+                grads = [tf.identity(g) for g in grads]
+            grads = self._allreduce(grads)
+            t3 = self._stamp_after(grads) if timed else None
+            with cd([t3] if timed else []):
+                grads = [tf.identity(g) for g in grads]
+            done = self._apply(grads)
+            t4 = self._stamp_after(done) if timed else None
+            if not timed:
+                return t_prev
+            self.timers.assign_add(tf.stack([t1 - t_prev, t2 - t1, t3 - t2, t4 - t3]))
+            return t4
+
+    return XlaStep
+
+
 def run(args):
     from hvdscale.worker import WorkerInfo
 
@@ -134,6 +180,11 @@ def run(args):
             spe=tcfg["steps_per_execution"],
             instrument_every=tcfg["instrument_every"],
         ),
+        "xla": dict(  # information only: forward+backward jit-compiled (not in hvdscale)
+            in_device_memory=tcfg["data_in_device_memory"],
+            spe=tcfg["steps_per_execution"],
+            instrument_every=tcfg["instrument_every"],
+        ),
         "spe1": dict(
             in_device_memory=tcfg["data_in_device_memory"],
             spe=1,
@@ -152,7 +203,7 @@ def run(args):
         model = build_model(cfg)
         opt = tf.keras.optimizers.Adam(learning_rate=lr)
         opt.build(model.trainable_variables)
-        progs[v] = StepProgram(
+        progs[v] = (xla_program_class(tf, StepProgram) if v == "xla" else StepProgram)(
             model=model,
             optimizer=opt,
             worker=worker,
