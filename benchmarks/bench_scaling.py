@@ -579,7 +579,8 @@ def main(argv=None) -> int:
             med = statistics.median(tune[(batch, arm)])
             if key not in best or med > statistics.median(tune[(batch, arms_by_label[best[key]])]):
                 best[key] = arm.label
-        print(f"  batch {batch}: best per arm: {[(k[1], k[2], v) for k, v in best.items()]}")
+        mine = [(k[1], k[2], v) for k, v in best.items() if k[0] == batch]
+        print(f"  batch {batch}: best per arm: {mine}")
 
     # phase 2: paired repeats
     paired: dict = {}
