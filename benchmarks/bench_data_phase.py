@@ -80,7 +80,9 @@ def main(argv=None) -> int:
 
     class Fixed(StepProgram):
         def _fetch(self, j, xs, ys):
-            return self.x_fixed, self.y_fixed
+            # identities created here, inside the step's control dependency on t_prev
+            # (the constants alone would let the timestamp run before t_prev)
+            return tf.identity(self.x_fixed), tf.identity(self.y_fixed)
 
     kinds = {"gather": StepProgram, "loopvar": LoopVar, "slice": Slice, "fixed": Fixed}
     rows = []
