@@ -214,8 +214,16 @@ def start(argv, cores: str | None, extra_env: dict | None = None) -> subprocess.
         argv = ["taskset", "-c", cores, *argv]
     e = env()
     e.update(extra_env or {})
+    # every arm in a session of its own, as horovodrun starts hvdscale's ranks: with the
+    # kernel's autogroup scheduling (sched_autogroup_enabled) a session is one scheduling
+    # group, so on a shared machine the arms compete for the cores on the same terms
     return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=e,
+        start_new_session=True,
     )
 
 
