@@ -354,7 +354,14 @@ def block_targets(res: Path) -> str:
         med = num(r.get("median") or r.get("ratio_vs_keras_best"))
         ok = med is not None and med >= target
         sure = lo is not None and lo >= target
-        word = ("met" if sure else "met (median only; the CI reaches below)") if ok else "not met"
+        if not ok:
+            word = "not met"
+        elif sure:
+            word = "met"
+        elif lo is None:
+            word = "met (median only; no interval, n < 3)"
+        else:
+            word = "met (median only; the CI reaches below)"
         return word, f2(med)
 
     for b in sorted({int(r["batch"]) for r in rows}):
