@@ -10,7 +10,7 @@ CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial plan export report compare test test-quick test-slurm \
         lint dry-run dry-run-thesis \
-        bench bench-data bench-train bench-dag bench-report bench-scaling bench-slurm clean
+        bench bench-data bench-train bench-dag bench-report bench-scaling bench-slurm perf-docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -61,12 +61,12 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-data bench-train bench-dag bench-report bench-scaling bench-slurm  ## every benchmark (prints figures)
+bench: bench-data bench-train bench-dag bench-report bench-scaling bench-slurm perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
 
 bench-data:  ## data stage at 1,000,000 curves vs dd
 	$(VENV)/bin/python benchmarks/bench_data.py
 
-bench-train:  ## hvdscale train vs plain Keras model.fit, 1 rank
+bench-train:  ## hvdscale train vs Keras model.fit at its best settings, 1 rank
 	.venv-train/bin/python benchmarks/bench_train_overhead.py
 
 bench-dag:  ## time to plan the thesis DAG
@@ -75,11 +75,14 @@ bench-dag:  ## time to plan the thesis DAG
 bench-report:  ## aggregation + report for 1,000 synthetic run records
 	$(VENV)/bin/python benchmarks/bench_report.py
 
-bench-scaling:  ## 1 vs 2 workers: naive Horovod, hvdscale, MultiWorkerMirroredStrategy
+bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirroredStrategy vs independent
 	$(VENV)/bin/python benchmarks/bench_scaling.py
 
 bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin (root)
 	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py
+
+perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
+	$(VENV)/bin/python scripts/gen_perf_docs.py
 
 clean:  ## remove results and Snakemake state (keeps the envs)
 	rm -rf results .snakemake

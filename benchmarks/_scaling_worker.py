@@ -1,19 +1,28 @@
-"""One rank of a bench_scaling.py comparison run (train env): naive Horovod Keras or
-TensorFlow's MultiWorkerMirroredStrategy, on the same data, model and threads as
-``hvdscale train``. Not a user command: bench_scaling.py starts it.
+"""One rank of a bench_scaling.py run (train env). Not a user command: bench_scaling.py
+starts it, pinned to a core with ``taskset`` exactly like every other arm.
 
-  naive: started by horovodrun (--gloo or --mpi) with Horovod's defaults; Keras
-         model.fit with hvd.DistributedOptimizer and BroadcastGlobalVariablesCallback,
-         as in Horovod's Keras example.
-  mwms:  started once per worker with TF_CONFIG (127.0.0.1 ports); model.fit under
-         tf.distribute.MultiWorkerMirroredStrategy with CPU collectives (RING or AUTO),
-         per-worker datasets (distribute_datasets_from_function), steps_per_execution as
-         hvdscale uses it (its best case).
+  keras    Keras ``model.fit`` on one worker (no distribution).
+  mwms     ``model.fit`` under tf.distribute.MultiWorkerMirroredStrategy, started once
+           per worker with TF_CONFIG on 127.0.0.1 (CPU collectives RING or AUTO).
+  hvdstep  hvdscale's own step code (StepProgram + run_epoch_steps, the functions
+           ``hvdscale train`` runs, config defaults) for one worker; the "independent"
+           control starts two of these at once, one per core, with ``--barrier``.
 
-Each rank reads only its own rows of the splits through hvdscale.train.prepare_data
-(the same rows as hvdscale train), trains, times every epoch with perf_counter around
-the step loop (on_epoch_begin .. on_epoch_end; no evaluation inside), then computes the
-sum of squared errors over its test rows and writes OUT.rankN.json.
+The same for every arm (and for ``hvdscale train``, which bench_scaling.py runs through
+``hvdscale launch``): the rank's rows from hvdscale.train.prepare_data, 1 intra-op and 1
+inter-op thread, the same number of steps per epoch (the smallest rank's full batches),
+the epoch's permutation drawn on the host with numpy *before* the clock starts
+(``default_rng([seed, epoch, rank])``, as hvdscale), the gather of each batch by that
+permutation *inside* the clock (hvdscale: tf.gather in the compiled step; Keras/MWMS: an
+index dataset mapped through tf.gather), and the clock itself: perf_counter around the
+epoch's step loop only (hvdscale: run_epoch_steps' t_train; Keras/MWMS: on_epoch_begin
+.. on_epoch_end of a ``fit`` call per epoch, whose iterator is created before
+on_epoch_begin). Evaluation is outside the clock everywhere. Epoch 0 is warm-up.
+
+``--barrier DIR --barrier-n N``: before every epoch each process leaves a file in DIR
+and waits until N processes have done so (the independent control's epochs overlap).
+Writes OUT.rankR.json: per-epoch times, samples per epoch, test SSE, and for hvdstep
+the phase sums (data, compute, sync, update) of every epoch.
 """
 
 from __future__ import annotations
@@ -28,9 +37,19 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def file_barrier(d: Path, tag: str, me: int, n: int, timeout_s: float = 300.0) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{tag}.{me}").touch()
+    t_end = time.monotonic() + timeout_s
+    while len(list(d.glob(f"{tag}.*"))) < n:
+        if time.monotonic() > t_end:
+            raise SystemExit(f"barrier {tag}: the other process did not arrive")
+        time.sleep(0.0005)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["naive", "mwms"], required=True)
+    ap.add_argument("--mode", choices=["keras", "mwms", "hvdstep"], required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--batch", type=int, required=True)
@@ -39,16 +58,13 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=0, help="mwms: this worker's index")
     ap.add_argument("--workers", type=int, default=1, help="mwms: number of workers")
     ap.add_argument("--port", type=int, default=23456, help="mwms: first port of the workers")
-    ap.add_argument(
-        "--impl",
-        choices=["ring", "auto"],
-        default="ring",
-        help="mwms: CPU collective implementation",
-    )
-    ap.add_argument("--spe", type=int, default=64, help="mwms: steps_per_execution")
-    ap.add_argument(
-        "--lr-scale", type=float, default=1.0, help="learning rate = config's x this (LR rule)"
-    )
+    ap.add_argument("--impl", choices=["ring", "auto"], default="ring", help="mwms collectives")
+    ap.add_argument("--spe", type=int, default=64, help="keras/mwms: steps_per_execution")
+    ap.add_argument("--jit", type=int, default=0, help="keras/mwms: compile(jit_compile=...)")
+    ap.add_argument("--lr-scale", type=float, default=1.0, help="learning rate x this")
+    ap.add_argument("--barrier", help="directory of a per-epoch file barrier")
+    ap.add_argument("--barrier-n", type=int, default=2)
+    ap.add_argument("--barrier-id", type=int, default=0)
     a = ap.parse_args()
 
     if a.mode == "mwms" and a.workers > 1:
@@ -58,89 +74,125 @@ def main() -> int:
                 "task": {"type": "worker", "index": a.rank},
             }
         )
-    hvd = None
-    if a.mode == "naive":
-        import horovod.tensorflow.keras as hvd  # HVD: Horovod's Keras binding, library defaults
+    worker = None
+    if a.mode == "hvdstep":
+        from hvdscale.worker import WorkerInfo
 
-        hvd.init()
-        rank, size = hvd.rank(), hvd.size()
+        worker = WorkerInfo.init()  # HVD: as hvdscale train (Horovod with one worker)
+        rank, size = 0, 1
     else:
         rank, size = a.rank, a.workers
     import numpy as np
     import tensorflow as tf
 
+    from hvdscale.config import validate_config
+    from hvdscale.model import build_model
+    from hvdscale.train import prepare_data, steps_per_epoch
+    from hvdscale.worker import WorkerInfo
+
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.set_visible_devices([], "GPU")
 
-    from hvdscale.config import validate_config
-    from hvdscale.model import build_model
-    from hvdscale.train import plan_rows, prepare_data
-    from hvdscale.worker import WorkerInfo
-
     cfg = validate_config(json.loads(Path(a.config).read_text()))
-    worker = WorkerInfo(rank=rank, size=size)  # only rank/size are used by prepare_data
-    x, y, xt, yt, _info = prepare_data(Path(a.data_dir), cfg, worker, a.batch)
+    tcfg = cfg["training"]
+    info = worker or WorkerInfo(rank=rank, size=size)  # prepare_data uses rank/size only
+    x, y, xt, yt, _info = prepare_data(Path(a.data_dir), cfg, info, a.batch)
     B = a.batch
-    # same number of steps on every rank (as hvdscale: the smallest rank's full batches)
+    from hvdscale.train import plan_rows
+
     counts = [
         int(e["n_samples"])
         for e in json.loads((Path(a.data_dir) / "manifest.json").read_text())["shards"]["train"]
     ]
-    n_min = min(
-        sum(hi - lo for _, lo, hi in plan_rows(counts, size, r, cfg["training"]["shard_policy"]))
+    per_rank = [
+        sum(hi - lo for _, lo, hi in plan_rows(counts, size, r, tcfg["shard_policy"]))
         for r in range(size)
-    )
-    steps = min(len(x), n_min) // B
-    x, y = x[: steps * B], y[: steps * B]
-    lr = cfg["training"]["learning_rate"] * a.lr_scale
+    ]
+    steps = steps_per_epoch(per_rank, B, 1)
+    n_local = len(x)
+    lr = tcfg["learning_rate"] * a.lr_scale
     tf.keras.utils.set_random_seed(cfg["seed"])
 
+    def perm_of(epoch):  # drawn outside the clock, as hvdscale train does
+        return np.random.default_rng([cfg["seed"], epoch, rank]).permutation(n_local)
+
+    def barrier(epoch):
+        if a.barrier:
+            file_barrier(Path(a.barrier), f"e{epoch}", a.barrier_id, a.barrier_n)
+
     times: list[float] = []
+    phases: list[list[float]] = []
 
-    class EpochClock(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.t0 = time.perf_counter()
+    if a.mode == "hvdstep":
+        from hvdscale.train import StepProgram, pin_device, run_epoch_steps
 
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.t0)
-
-    if a.mode == "naive":
+        device, _ = pin_device(worker, tcfg["threads_per_worker"])
         model = build_model(cfg)
-        opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(lr))  # HVD: defaults
-        model.compile(loss="mse", optimizer=opt)
-        cbs = [EpochClock(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # HVD:
-        model.fit(x, y, batch_size=B, epochs=a.epochs, shuffle=True, verbose=0, callbacks=cbs)
+        opt = tf.keras.optimizers.Adam(learning_rate=lr)
+        opt.build(model.trainable_variables)
+        prog = StepProgram(
+            model=model,
+            optimizer=opt,
+            worker=worker,
+            x_train=x,
+            y_train=y,
+            x_test=xt,
+            y_test=yt,
+            batch=B,
+            device=device,
+            in_device_memory=tcfg["data_in_device_memory"],
+            compression="none",
+            backward_passes_per_step=1,
+        )
+        spe, k_inst = tcfg["steps_per_execution"], tcfg["instrument_every"]
+        prog.warm_up(spe)
+        for epoch in range(a.epochs):
+            perm = perm_of(epoch)
+            barrier(epoch)
+            timer, (_loss, ph, _disp, t_train) = run_epoch_steps(prog, perm, steps, spe, k_inst)
+            times.append(t_train)
+            scale = steps / max(timer.timed_steps, 1)  # timed steps -> all steps
+            phases.append([float(p) * scale for p in ph])
+        sse, nvals = prog.test_sse()
     else:
-        impl = (
-            tf.distribute.experimental.CommunicationImplementation.RING
-            if a.impl == "ring"
-            else tf.distribute.experimental.CommunicationImplementation.AUTO
-        )
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=impl
+        from _keras_arm import KerasArm
+
+        strategy = None
+        if a.mode == "mwms":
+            impl = (
+                tf.distribute.experimental.CommunicationImplementation.RING
+                if a.impl == "ring"
+                else tf.distribute.experimental.CommunicationImplementation.AUTO
             )
-        )
-        n = len(x)
-
-        def dataset_fn(ctx):
-            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=cfg["seed"] + rank)
-            return ds.batch(B, drop_remainder=True).repeat().prefetch(2)
-
-        with strategy.scope():
-            model = build_model(cfg)
-            model.compile(
-                loss="mse", optimizer=tf.keras.optimizers.Adam(lr), steps_per_execution=a.spe
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=tf.distribute.experimental.CommunicationOptions(
+                    implementation=impl
+                )
             )
-        dist = strategy.distribute_datasets_from_function(dataset_fn)
-        model.fit(dist, epochs=a.epochs, steps_per_epoch=steps, verbose=0, callbacks=[EpochClock()])
+        arm = KerasArm(
+            tf,
+            lambda: build_model(cfg),
+            x,
+            y,
+            B,
+            steps,
+            lr=lr,
+            spe=a.spe,
+            jit=a.jit,
+            strategy=strategy,
+        )
+        for epoch in range(a.epochs):
+            perm = perm_of(epoch)
+            barrier(epoch)
+            times.append(arm.epoch(perm))
+        model = arm.model
+        # the rank's own test rows, outside any strategy (predict under MWMS shards input)
+        pred = np.concatenate(
+            [model(xt[i : i + 4096], training=False).numpy() for i in range(0, len(xt), 4096)]
+        )
+        sse, nvals = float(np.sum((pred.astype(np.float64) - yt) ** 2)), int(yt.size)
 
-    # the rank's own test rows, outside any strategy (model.predict under MWMS shards its input)
-    pred = np.concatenate(
-        [model(xt[i : i + 4096], training=False).numpy() for i in range(0, len(xt), 4096)]
-    )
-    sse = float(np.sum((pred.astype(np.float64) - yt) ** 2))
     out = {
         "mode": a.mode,
         "rank": rank,
@@ -149,11 +201,17 @@ def main() -> int:
         "steps": steps,
         "samples_per_epoch": steps * B * size,
         "epoch_times": times,
+        "phases": phases,
         "test_sse": sse,
-        "test_values": int(yt.size),
+        "test_values": nvals,
+        "spe": a.spe,
+        "jit": a.jit,
         "impl": a.impl if a.mode == "mwms" else None,
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
     Path(f"{a.out}.rank{rank}.json").write_text(json.dumps(out))
+    if worker is not None and worker.hvd is not None:
+        worker.hvd.shutdown()  # HVD:
     return 0
 
 

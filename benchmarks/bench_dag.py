@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
 """Time to plan the full thesis DAG: `snakemake -n` on config/thesis.yaml (every
 partition x workers x backend x batch x LR rule x repeat), through the SLURM profile
-when it exists. Target: under 5 s. Prints the median of --repeats runs."""
+when it exists. Target: under 5 s. Prints the median of --repeats runs (with a bootstrap
+95 % interval from 3 runs on) and writes benchmarks/results/bench_dag.csv."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import Measured, median_ci, write_csv  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=3, help="dry runs to time (default 3)")
+    ap.add_argument("--repeats", type=int, default=5, help="dry runs to time (default 5)")
     ap.add_argument("--configfile", default="config/thesis.yaml", help="config to plan")
+    ap.add_argument("--csv", help="default: benchmarks/results/bench_dag.csv")
     args = ap.parse_args()
     cmd = [
         sys.executable,
@@ -33,25 +36,47 @@ def main() -> int:
     if (ROOT / "profiles/slurm/config.yaml").exists():
         cmd[3:3] = ["--profile", "profiles/slurm"]
     times = []
-    for i in range(args.repeats):
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
-        if out.returncode != 0:
-            print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
-            return 1
-        print(f"run {i + 1}: {times[-1]:.2f} s")
+    with Measured("bench_dag") as meas:
+        for i in range(args.repeats):
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            times.append(time.perf_counter() - t0)
+            if out.returncode != 0:
+                print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
+                return 1
+            print(f"run {i + 1}: {times[-1]:.2f} s")
     jobs = subprocess.run(
         [sys.executable, "-m", "hvdscale.cli", "check-config", "--quiet", args.configfile],
         cwd=ROOT,
         capture_output=True,
         text=True,
     ).stdout.strip()
-    med = statistics.median(times)
+    med, lo, hi = median_ci(times)
     print(f"{jobs}")
     print(
         f"snakemake -n ({' '.join(cmd[3:])}): median {med:.2f} s over {args.repeats} runs "
-        f"(target < 5 s: {'met' if med < 5 else 'NOT met'})"
+        f"(target < 5 s: {'met' if med < 5 else 'NOT met'}); load {meas.before:.2f} -> "
+        f"{meas.after:.2f}"
+    )
+    write_csv(
+        "bench_dag",
+        [
+            {
+                "configfile": args.configfile,
+                "profile": "profiles/slurm" if "--profile" in cmd else "",
+                "jobs": jobs,
+                "seconds_median": med,
+                "seconds_ci_low": lo,
+                "seconds_ci_high": hi,
+                "seconds_min": min(times),
+                "seconds_max": max(times),
+                "repeats": args.repeats,
+                "target_s": 5.0,
+                "met": int(med < 5),
+                **meas.fields(),
+            }
+        ],
+        args.csv,
     )
     return 0
 

@@ -2,11 +2,12 @@
 
 Runs the real command line (``python -m hvdscale.cli ...``) the way Snakemake would with
 ``--cores W``: W generation processes at a time, then W validation processes, then the
-split (one job writing its output shards with W worker processes). Prints the wall time of
-each phase and in total, the peak RSS (largest single
-process), the bytes written, and the ratio to writing as many bytes with
-``dd if=/dev/zero bs=16M conv=fdatasync`` on the same file system. The temporary data
-are deleted afterwards (unless --keep).
+split (one job writing its output shards with W worker processes). Prints the wall time
+of each phase and in total, the peak RSS (largest single process), the bytes written,
+and the ratio to writing as many bytes with ``dd if=/dev/zero bs=16M conv=fdatasync`` on
+the same file system, and writes benchmarks/results/bench_data.csv (a run with
+--n-samples below the config's size is marked ``reduced_size``). The temporary data are
+deleted afterwards (unless --keep).
 
 Usage:
   .venv/bin/python benchmarks/bench_data.py                  # 1,000,000 curves, config/thesis.yaml
@@ -29,14 +30,15 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
+sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+from _results import load_avg, warn_load, write_csv  # noqa: E402
+
 from hvdscale.config import data_section, load_config  # noqa: E402
 
 
 def run_pool(cmds: list[list[str]], workers: int, log_dir: Path, tag: str) -> tuple[float, int]:
-    """Run commands, ``workers`` at a time.
-
-    Returns (wall seconds, max RSS in bytes over processes).
-    """
+    """Run commands, ``workers`` at a time; returns (wall seconds, max RSS in bytes over
+    processes)."""
     t0 = time.perf_counter()
     pending = list(enumerate(cmds))
     running: dict[int, tuple[int, object]] = {}
@@ -133,9 +135,11 @@ def main(argv=None) -> int:
         "--wait-tries", type=int, default=0, help="how often to wait 60 s for a quiet machine"
     )
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--csv", help="default: benchmarks/results/bench_data.csv")
     args = ap.parse_args(argv)
 
     cfg = data_section(load_config(args.config))
+    full_n = cfg["data"]["n_samples"]
     if args.n_samples:
         cfg["data"]["n_samples"] = args.n_samples
     if args.n_shards:
@@ -155,9 +159,8 @@ def main(argv=None) -> int:
         vals = [raw / f"shard-{k:04d}.validation.json" for k in range(S)]
         print(
             f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, "
-            f"{S} generation shards, "
-            f"{d['split_shards']['train']}+{d['split_shards']['test']} split shards, "
-            f"{args.workers} workers, "
+            f"{S} generation shards, {d['split_shards']['train']}+{d['split_shards']['test']} "
+            f"split shards, {args.workers} workers, "
             f"{os.cpu_count()} cores, load {load:.2f}, in {work}",
             flush=True,
         )
@@ -265,6 +268,35 @@ def main(argv=None) -> int:
         )
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        load_after = load_avg()
+        warn_load(load_after, "the end of bench_data")
+        reduced = args.n_samples is not None and args.n_samples < full_n
+        write_csv(
+            "bench_data",
+            [
+                {
+                    "config": Path(args.config).name,
+                    "n_samples": d["n_samples"],
+                    "reduced_size": int(reduced),
+                    "note": f"reduced from {full_n} curves" if reduced else "",
+                    "n_points": d["n_points"],
+                    "n_shards": S,
+                    "workers": args.workers,
+                    "cores": os.cpu_count(),
+                    **{f"{k}_s": v for k, v in res["seconds"].items()},
+                    "curves_per_s": d["n_samples"] / total,
+                    "peak_rss_mb": res["peak_rss_mb"]["max"],
+                    "bytes_written": nbytes,
+                    "dd_seconds_same_bytes": res["dd_seconds_same_bytes"],
+                    "ratio_to_dd": res["ratio_to_dd"],
+                    "write_rate_mb_s": res["write_rate_mb_s"],
+                    "load": max(load, load_after),
+                    "load_before": round(load, 2),
+                    "load_after": load_after,
+                }
+            ],
+            args.csv,
+        )
         print(json.dumps(res))
     finally:
         if args.keep:

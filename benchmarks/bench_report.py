@@ -25,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import Measured, write_csv  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -36,6 +38,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     ap.add_argument("--subprocess", action="store_true", help="one hvdscale process per step")
+    ap.add_argument("--csv", help="default: benchmarks/results/bench_report.csv")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="bench_report.") as tmp:
@@ -113,8 +116,9 @@ def main(argv=None) -> int:
                 str(root / "report.pdf"),
             ],
         }
-        times = {}
+        times, loads = {}, {}
         for name, cmd in steps.items():
+            meas = Measured(f"bench_report {name}").start()
             t = time.perf_counter()
             if args.subprocess:
                 rc = subprocess.run(
@@ -130,6 +134,8 @@ def main(argv=None) -> int:
                 with contextlib.redirect_stdout(io.StringIO()):
                     rc = cli_main(cmd)
             times[name] = time.perf_counter() - t
+            meas.stop()
+            loads[name] = meas.fields()
             if rc != 0:
                 print(f"{name}: exit status {rc}", file=sys.stderr)
                 return rc
@@ -147,6 +153,25 @@ def main(argv=None) -> int:
             f"{'total':<13} {total:6.2f} s  ({len(written)} runs, report {pages} pages, "
             f"{'one process per step' if args.subprocess else 'in-process'})"
         )
+        mode = "subprocess" if args.subprocess else "in-process"
+        rows = [
+            {"step": k, "seconds": v, "runs": len(written), "mode": mode, **loads[k]}
+            for k, v in times.items()
+        ]
+        allf = [x for f in loads.values() for x in (f["load_before"], f["load_after"])]
+        rows.append(
+            {
+                "step": "total",
+                "seconds": total,
+                "runs": len(written),
+                "mode": mode,
+                "pages": pages,
+                "load": max(allf),
+                "load_before": allf[0],
+                "load_after": allf[-1],
+            }
+        )
+        write_csv("bench_report", rows, args.csv)
     return 0
 
 

@@ -5,7 +5,9 @@ and started inside the job with `srun --mpi=pmix`, (c) through Snakemake and the
 SLURM executor plugin (profiles/test-slurm), in one script run, interleaved.
 
 Needs root (it starts scripts/slurm-cluster.sh if the cluster is not up and stops it
-again afterwards). Prints a table; --repeats sets the number of rounds.
+again afterwards). Prints a table; --repeats sets the number of rounds. Writes
+benchmarks/results/bench_slurm_overhead.csv (median, bootstrap 95 % interval from 3 rounds
+on, overhead against the direct launch, load before/after).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ RESULTS = "benchmarks/out/slurm-overhead"
 RUN_ID = "local_mpi_n1_w2_b75_lrnone_r0"
 PY = sys.executable
 HVD = [PY, "-m", "hvdscale.cli"]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import Measured, median_ci, write_csv  # noqa: E402
 
 
 def sh(cmd, env=None, check=True, **kw):
@@ -57,6 +61,7 @@ def main() -> int:
         "--repeats", type=int, default=3, help="rounds of (direct, sbatch, snakemake) (default 3)"
     )
     ap.add_argument("--epochs", type=int, default=4, help="epochs of the training run (default 4)")
+    ap.add_argument("--csv", help="default: benchmarks/results/bench_slurm_overhead.csv")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_slurm_overhead: needs root (it runs the local SLURM cluster)", file=sys.stderr)
@@ -103,7 +108,9 @@ def main() -> int:
         )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
         times = {"direct (mpirun)": [], "sbatch --wait + srun": [], "snakemake + SLURM plugin": []}
+        loads = []
         for i in range(args.repeats):
+            meas = Measured(f"bench_slurm_overhead round {i + 1}").start()
             out = res / "direct"
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
@@ -172,6 +179,8 @@ def main() -> int:
                 env=env,
             )
             times["snakemake + SLURM plugin"].append(time.perf_counter() - t0)
+            meas.stop()
+            loads += [meas.before, meas.after]
             print(
                 f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
                 flush=True,
@@ -179,9 +188,26 @@ def main() -> int:
         direct = statistics.median(times["direct (mpirun)"])
         print(f"\n2-worker run {RUN_ID}, {args.epochs} epochs, median of {args.repeats} rounds:")
         print(f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s}")
+        rows = []
         for k, v in times.items():
-            med = statistics.median(v)
+            med, lo, hi = median_ci(v)
             print(f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}")
+            rows.append(
+                {
+                    "path": k,
+                    "run_id": RUN_ID,
+                    "epochs": args.epochs,
+                    "repeats": args.repeats,
+                    "seconds_median": med,
+                    "seconds_ci_low": lo,
+                    "seconds_ci_high": hi,
+                    "overhead_s": med - direct,
+                    "load": max(loads),
+                    "load_before": loads[0],
+                    "load_after": loads[-1],
+                }
+            )
+        write_csv("bench_slurm_overhead", rows, args.csv)
     finally:
         if not was_up:
             sh(["bash", "scripts/slurm-cluster.sh", "down"], check=False)

@@ -1,72 +1,140 @@
-"""Throughput of hvdscale's training path against plain Keras ``model.fit`` (train env).
+"""Throughput of hvdscale's training path against Keras ``model.fit`` at its best
+settings, one rank (train env).
 
-One rank, one intra-/inter-op thread, the thesis network (153,441 parameters), batch 75,
-the same in-memory arrays for both. The hvdscale path is the step code ``hvdscale
-train`` runs (StepProgram + run_epoch_steps, Horovod initialised with one worker) with
-the config's default settings (instrumentation on, every instrument_every-th call);
-Keras is ``model.fit`` of the same model with the same optimizer. One epoch of each is
-a warm-up (not counted); then REPEATS epochs of each, interleaved (so a change of the
-machine's load hits both), report the median samples/s and the ratio. Target: ratio >=
-0.95, with the phase split adding up to the step loop time within 5 %.
+Both sides pinned to core 0, 1 intra-/inter-op thread, the thesis network (153,441
+parameters), the same in-memory arrays, batch 75, and the same timer scope: the epoch's
+permutation drawn with numpy before the clock, the gather of every batch inside it, the
+clock around the epoch's step loop only (hvdscale: ``run_epoch_steps``' t_train, as
+``hvdscale train`` records it; Keras: on_epoch_begin .. on_epoch_end, see
+benchmarks/_keras_arm.py). Keras candidates: steps_per_execution 1 and 64 x
+jit_compile off and on. hvdscale variants: default (the config defaults), plain (no
+timed calls), host (batches from host arrays), spe1 (steps_per_execution 1), and for
+information xla (hvdscale's step with the forward and backward pass jit-compiled, a
+change hvdscale does not have).
 
-Run when the machine is quiet (uptime load < 1):
-  .venv-train/bin/python benchmarks/bench_train_overhead.py [--samples 30000] [--repeats 5]
-      [--variants default,plain,host,spe1] [--json benchmarks/out/train_overhead.json]
+One epoch of everything is warm-up (not counted); then REPEATS rounds in which every
+variant trains one epoch, in turn (a change of the machine's load hits all of them).
+Keras best = the Keras candidate with the highest median; the ratio hvdscale / Keras
+best is computed per round and reported as a median with a bootstrap 95 % interval.
+Target: ratio >= 1.0. Writes benchmarks/results/bench_train_overhead.csv.
+
+  .venv-train/bin/python benchmarks/bench_train_overhead.py [--samples 30000] [--repeats 7]
+      [--variants default,plain,xla] [--keras spe1jit0,spe1jit1,spe64jit0,spe64jit1] [--csv FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import Measured, median_ci, write_csv  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--samples",
-        type=int,
-        default=30000,
-        help="training samples (default 30000: the default config's train split)",
-    )
+    ap.add_argument("--samples", type=int, default=30000, help="training samples")
     ap.add_argument("--batch", type=int, default=75)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument(
-        "--variants",
-        default="default,plain,host,spe1",
-        help="hvdscale variants besides Keras: default (config defaults), plain (no timed calls), "
-        "host (batches from host arrays), spe1 (steps_per_execution 1)",
+        "--variants", default="default,plain,xla", help="hvdscale: default,plain,host,spe1,xla"
     )
-    ap.add_argument(
-        "--keras-spe",
-        type=int,
-        default=64,
-        help="also time model.fit compiled with this steps_per_execution "
-        "(information only; 1: skip)",
-    )
-    ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--keras", default="spe1jit0,spe1jit1,spe64jit0,spe64jit1")
+    ap.add_argument("--core", type=int, default=0, help="pin the process to this core")
+    ap.add_argument("--csv", help="default: benchmarks/results/bench_train_overhead.csv")
     args = ap.parse_args(argv)
-    load0 = os.getloadavg()[0]
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {args.core})  # before any thread exists, like every arm
 
+    with Measured("bench_train_overhead") as meas:
+        res, keras_cfg, hvd_cfg, extra = run(args)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    kbest = max(keras_cfg, key=lambda k: med[k])
+    rows = []
+    for k, v in res.items():
+        m, lo, hi = median_ci(v)
+        rm, rlo, rhi = median_ci([a / b for a, b in zip(v, res[kbest])])
+        kind = "keras" if k in keras_cfg else "hvdscale"
+        rows.append(
+            {
+                "variant": k,
+                "kind": kind,
+                **(keras_cfg.get(k) or hvd_cfg.get(k)),
+                "samples_per_s": m,
+                "samples_per_s_ci_low": lo,
+                "samples_per_s_ci_high": hi,
+                "ratio_vs_keras_best": rm,
+                "ratio_ci_low": rlo,
+                "ratio_ci_high": rhi,
+                "keras_best": kbest,
+                "repeats": len(v),
+                "samples": args.samples,
+                "batch": args.batch,
+                "core": args.core,
+                **extra.get(k, {}),
+                **meas.fields(),
+            }
+        )
+    print(
+        f"{args.samples} samples, batch {args.batch}, {args.repeats} rounds, core {args.core}; "
+        f"load {meas.before:.2f} before, {meas.after:.2f} after"
+    )
+    for r in rows:
+        ci = (
+            f"({r['ratio_ci_low']:.3f}-{r['ratio_ci_high']:.3f})"
+            if r["ratio_ci_low"] is not None
+            else "(n<3)"
+        )
+        print(
+            f"  {r['kind']:8s} {r['variant']:10s} {r['samples_per_s']:9.0f} samples/s  "
+            f"/ keras best ({kbest}) {r['ratio_vs_keras_best']:.3f} {ci}"
+        )
+    write_csv("bench_train_overhead", rows, args.csv)
+    return 0
+
+
+def xla_program_class(tf, base):
+    """StepProgram whose forward and backward pass run in one XLA-compiled function
+    (``tf.function(jit_compile=True)``), everything else unchanged: what hvdscale would
+    gain from XLA (variant ``xla``; information for the owner of hvdscale.train)."""
+
+    class XlaStep(base):
+        def _loss_and_grads(self, x, y):
+            if not hasattr(self, "_grad_fn"):
+                model, tvars = self.model, self.vars
+
+                @tf.function(jit_compile=True)
+                def grad_fn(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                    return loss, tape.gradient(loss, tvars)
+
+                self._grad_fn = grad_fn
+            loss, grads = self._grad_fn(x, y)
+            return loss, list(grads)
+
+    return XlaStep
+
+
+def run(args):
     from hvdscale.worker import WorkerInfo
 
     worker = WorkerInfo.init()  # HVD: as in hvdscale train (one worker)
     import numpy as np
     import tensorflow as tf
+    from _keras_arm import KerasArm
 
     from hvdscale.config import validate_config
     from hvdscale.model import build_model
     from hvdscale.train import StepProgram, pin_device, run_epoch_steps
 
-    device, desc = pin_device(worker, 1)
+    device, _desc = pin_device(worker, 1)
     cfg = validate_config({})
     tcfg = cfg["training"]
     rng = np.random.default_rng(0)
@@ -75,13 +143,48 @@ def main(argv=None) -> int:
     y = rng.standard_normal((n, 2)).astype(np.float32)
     x_test, y_test = x[: n // 4], y[: n // 4]
     steps = n // B
+    lr = tcfg["learning_rate"]
 
-    def make_program(in_device_memory):
+    hvd_cfg = {
+        "default": dict(
+            in_device_memory=tcfg["data_in_device_memory"],
+            spe=tcfg["steps_per_execution"],
+            instrument_every=tcfg["instrument_every"],
+        ),
+        "plain": dict(
+            in_device_memory=tcfg["data_in_device_memory"],
+            spe=tcfg["steps_per_execution"],
+            instrument_every=0,
+        ),
+        "host": dict(
+            in_device_memory=False,
+            spe=tcfg["steps_per_execution"],
+            instrument_every=tcfg["instrument_every"],
+        ),
+        "xla": dict(  # information only: forward+backward jit-compiled (not in hvdscale)
+            in_device_memory=tcfg["data_in_device_memory"],
+            spe=tcfg["steps_per_execution"],
+            instrument_every=tcfg["instrument_every"],
+        ),
+        "spe1": dict(
+            in_device_memory=tcfg["data_in_device_memory"],
+            spe=1,
+            instrument_every=tcfg["instrument_every"],
+        ),
+    }
+    hvd_cfg = {v: hvd_cfg[v] for v in args.variants.split(",") if v}
+    keras_cfg = {}
+    for k in filter(None, args.keras.split(",")):
+        spe, jit = k.removeprefix("spe").split("jit")
+        keras_cfg[f"keras_{k}"] = {"spe": int(spe), "jit": int(jit)}
+
+    progs = {}
+    for v, o in hvd_cfg.items():
         tf.keras.utils.set_random_seed(1)
         model = build_model(cfg)
-        opt = tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"])
+        opt = tf.keras.optimizers.Adam(learning_rate=lr)
         opt.build(model.trainable_variables)
-        prog = StepProgram(
+        progs[v] = (xla_program_class(tf, StepProgram) if v == "xla" else StepProgram)(
             model=model,
             optimizer=opt,
             worker=worker,
@@ -91,131 +194,41 @@ def main(argv=None) -> int:
             y_test=y_test,
             batch=B,
             device=device,
-            in_device_memory=in_device_memory,
+            in_device_memory=o["in_device_memory"],
             compression="none",
             backward_passes_per_step=1,
         )
-        return prog
-
-    variants = {
-        "default": dict(
-            dev=tcfg["data_in_device_memory"],
-            spe=tcfg["steps_per_execution"],
-            k=tcfg["instrument_every"],
-        ),
-        "plain": dict(dev=tcfg["data_in_device_memory"], spe=tcfg["steps_per_execution"], k=0),
-        "host": dict(dev=False, spe=tcfg["steps_per_execution"], k=tcfg["instrument_every"]),
-        "spe1": dict(dev=tcfg["data_in_device_memory"], spe=1, k=tcfg["instrument_every"]),
-    }
-    chosen = [v for v in args.variants.split(",") if v]
-    progs = {}
-    for v in chosen:
-        p = make_program(variants[v]["dev"])
-        p.warm_up(variants[v]["spe"])
-        progs[v] = p
-
-    def hvd_epoch(v, epoch):
-        p, o = progs[v], variants[v]
-        perm = np.random.default_rng([1, epoch]).permutation(n)
-        timer, (loss_sum, phases, dispatch, t_train) = run_epoch_steps(
-            p, perm, steps, o["spe"], o["k"]
-        )
-        timer.phase_sums = list(phases)
-        timer.dispatch_sum = dispatch
-        timer.train_wall = t_train
-        tot = timer.totals()
-        split = sum(tot[f"time_{ph}_s"] for ph in ("data", "compute", "sync", "update"))
-        return steps * B / t_train, abs(split - t_train) / t_train if timer.timed_steps else None
-
-    tf.keras.utils.set_random_seed(1)
-    kmodel = build_model(cfg)
-    kmodel.compile(
-        optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]), loss="mse"
-    )
-
-    def keras_epoch(m=None):
-        t0 = time.perf_counter()
-        (m or kmodel).fit(x, y, batch_size=B, epochs=1, shuffle=True, verbose=0)
-        return (n // B * B) / (time.perf_counter() - t0)
-
-    kmodel_spe = None
-    if args.keras_spe > 1:  # for information: Keras with the same steps per call
+        progs[v].warm_up(o["spe"])
+    arms = {}
+    for k, o in keras_cfg.items():
         tf.keras.utils.set_random_seed(1)
-        kmodel_spe = build_model(cfg)
-        kmodel_spe.compile(
-            optimizer=tf.keras.optimizers.Adam(learning_rate=tcfg["learning_rate"]),
-            loss="mse",
-            steps_per_execution=args.keras_spe,
+        arms[k] = KerasArm(
+            tf, lambda: build_model(cfg), x, y, B, steps, lr=lr, spe=o["spe"], jit=o["jit"]
         )
+    data_share: dict = {v: [] for v in hvd_cfg}
 
-    # warm-up (not counted)
-    keras_epoch()
-    if kmodel_spe is not None:
-        keras_epoch(kmodel_spe)
-    for v in chosen:
-        hvd_epoch(v, 0)
-    res = {"keras": []}
-    if kmodel_spe is not None:
-        res["keras_spe"] = []
-    split = {v: [] for v in chosen}
-    for v in chosen:
-        res[v] = []
+    def one_epoch(k, epoch):
+        perm = np.random.default_rng([1, epoch]).permutation(n)  # outside the clock
+        if k in arms:
+            return steps * B / arms[k].epoch(perm)
+        o = hvd_cfg[k]
+        timer, (_l, ph, _d, t_train) = run_epoch_steps(
+            progs[k], perm, steps, o["spe"], o["instrument_every"]
+        )
+        if timer.timed_steps:
+            data_share[k].append(float(ph[0]) / float(sum(ph)))
+        return steps * B / t_train
+
+    names = list(keras_cfg) + list(hvd_cfg)
+    for k in names:  # warm-up (tracing, first calls)
+        one_epoch(k, 0)
+    res = {k: [] for k in names}
     for r in range(args.repeats):
-        res["keras"].append(keras_epoch())
-        if kmodel_spe is not None:
-            res["keras_spe"].append(keras_epoch(kmodel_spe))
-        for v in chosen:
-            thr, err = hvd_epoch(v, r + 1)
-            res[v].append(thr)
-            split[v].append(err)
-    load = os.getloadavg()[0]  # includes this benchmark's own thread
-    med = {k: statistics.median(v) for k, v in res.items()}
-    print(
-        f"device {desc}; {n} samples, batch {B}, {args.repeats} repeats (median); "
-        f"load average {load0:.2f} "
-        f"before, {load:.2f} after"
-    )
-    print(f"{'keras model.fit':28s} {med['keras']:9.0f} samples/s  (reference)")
-    if kmodel_spe is not None:
-        print(
-            f"{'keras fit, ' + str(args.keras_spe) + ' steps/call':28s} "
-            f"{med['keras_spe']:9.0f} samples/s  "
-            f"ratio {med['keras_spe'] / med['keras']:.3f}  (information only)"
-        )
-    for v in chosen:
-        o = variants[v]
-        errs = [e for e in split[v] if e is not None]
-        serr = f"split adds up within {max(errs):.1%}" if errs else "no timed steps"
-        print(
-            f"{'hvdscale ' + v:28s} {med[v]:9.0f} samples/s  ratio {med[v] / med['keras']:.3f}  "
-            f"(device memory {o['dev']}, steps/call {o['spe']}, "
-            f"instrument_every {o['k'] or 'off'}; "
-            f"{serr})"
-        )
-    out = {
-        "keras_samples_per_s": med["keras"],
-        "keras_spe_samples_per_s": med.get("keras_spe"),
-        "load_average_before": load0,
-        "load_average_after": load,
-        "samples": n,
-        "batch": B,
-        "repeats": args.repeats,
-        "runs": res,
-        "variants": {
-            v: {
-                "samples_per_s": med[v],
-                "ratio": med[v] / med["keras"],
-                **variants[v],
-                "split_error_max": max([e for e in split[v] if e is not None], default=None),
-            }
-            for v in chosen
-        },
-    }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    ok = med.get("default", med["keras"]) / med["keras"] >= 0.95
-    return 0 if ok else 1
+        order = names if r % 2 == 0 else names[::-1]
+        for k in order:
+            res[k].append(one_epoch(k, r + 1))
+    extra = {k: {"data_share": statistics.median(v) if v else None} for k, v in data_share.items()}
+    return res, keras_cfg, hvd_cfg, extra
 
 
 if __name__ == "__main__":
