@@ -139,12 +139,16 @@ def effective_launcher(launcher: str, backend: str) -> str:
     rendezvous (under mpirun/srun Horovod's controller is MPI, and
     HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
     --gloo; inside a SLURM allocation its hosts come from the allocation."""
+    if backend == "gloo" and launcher == "srun":  # issue 12: srun + own rendezvous, no ssh
+        return "srun"
     return "horovodrun" if backend == "gloo" else launcher
 
 
 def controller_for(launcher: str, backend: str) -> str:
     """The Horovod controller a launcher/backend pair uses."""
     if backend == "gloo":
+        if launcher == "srun":  # issue 12: hvdscale.gloo_slurm
+            return "gloo"
         if launcher != "horovodrun":
             raise UserError(f"backend 'gloo' needs launcher horovodrun (got {launcher!r})")
         return "gloo"
@@ -184,16 +188,11 @@ def hosts_argument(job: Job, hosts: list[str] | None) -> str:
 
 
 def slurm_hostnames() -> list[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return []
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.split() if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
+    # issue 12: SLURM_JOB_NODELIST, SLURM_NODELIST or squeue (the plugin's job step strips
+    # SLURM_JOB_NODELIST)
+    from hvdscale.gloo_slurm import slurm_hostnames as _slurm_hostnames
+
+    return _slurm_hostnames()
 
 
 def build_launch(
@@ -235,6 +234,14 @@ def build_launch(
             "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
         }
     )
+    # issue 12: the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST)
+    from hvdscale import gloo_slurm
+
+    env.update(gloo_slurm.rank_env_from_slurm())
+    if launcher == "srun" and job.backend == "gloo":  # issue 12: Gloo across nodes, no ssh
+        return gloo_slurm.build_gloo_srun(
+            job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
+        )
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
     cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
     N = job.workers
@@ -609,7 +616,10 @@ def run(args) -> int:
     for n in spec.notes:
         print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
     t0 = time.time()
-    status, tail = run_spec(spec, timeout_s=args.timeout)
+    from hvdscale.gloo_slurm import rendezvous_for  # issue 12: Horovod's Gloo rendezvous
+
+    with rendezvous_for(spec, python):  # issue 12: a no-op unless gloo under srun
+        status, tail = run_spec(spec, timeout_s=args.timeout)
     took = time.time() - t0
     if status < 0:  # killed by a signal
         status = 128 - status
