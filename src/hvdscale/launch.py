@@ -238,6 +238,9 @@ def build_launch(
     from hvdscale import gloo_slurm
 
     env.update(gloo_slurm.rank_env_from_slurm())
+    from hvdscale import site_settings  # issue 12: NCCL_* from training.nccl, every launcher
+
+    env.update(site_settings.nccl_env(training))
     if launcher == "srun" and job.backend == "gloo":  # issue 12: Gloo across nodes, no ssh
         return gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
@@ -268,7 +271,7 @@ def build_launch(
         # friends, so srun cannot take them from the allocation.
         argv = [
             srun,
-            "--mpi=pmix",
+            site_settings.srun_mpi(training),  # issue 12: training.srun_mpi (default pmix)
             "-n",
             str(N),
             "-N",

@@ -645,6 +645,9 @@ def run(args) -> int:
     # a launcher's SIGTERM (clean-up after another rank failed) ends this rank through
     # the normal exit path, so the exit marker says "143" and not "killed"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from hvdscale import timelimit  # issue 12: SIGUSR1 before the SLURM time limit
+
+    timelimit.install()  # issue 12
     code = 1
     try:
         code = _train(args, out_dir)
@@ -691,6 +694,7 @@ def _train(args, out_dir: Path) -> int:
         utc_now,
         write_run_outputs,
     )
+    from hvdscale.site_settings import nccl_env_now  # issue 12
     from hvdscale.timing import TIMING_METHOD, parse_timeline
     from hvdscale.utilisation import NullSampler, UtilisationSampler
 
@@ -913,6 +917,10 @@ def _train(args, out_dir: Path) -> int:
             worker.barrier(
                 name=f"epoch_end_{epoch}"
             )  # HVD: nobody starts the next epoch before the checkpoint
+            from hvdscale import timelimit  # issue 12: stop before the SLURM time limit
+
+            if timelimit.stop_requested(worker, epoch, epochs_total):  # issue 12
+                return timelimit.stopped(log, run_.run_id, epoch, out_dir, worker.is_root)
     except NanLoss as exc:
         status, error_msg = "nan_loss", str(exc)
         print(f"ERROR: {run_.run_id}: {exc}", file=sys.stderr, flush=True)
@@ -991,6 +999,7 @@ def _train(args, out_dir: Path) -> int:
             "model_parameters": n_params,
             "model_bytes": model_bytes(n_params),
             "horovod_env": horovod_env,
+            "nccl_env": nccl_env_now(),  # issue 12: NCCL_* the ranks ran with
             "steps_per_execution": spe,
             "backward_passes_per_step": bpps,
             "compression": tcfg["horovod"]["compression"],

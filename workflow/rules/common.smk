@@ -185,8 +185,18 @@ def res_mem_mb(wildcards):
     return _partition(wildcards)["mem_mb_per_node"]
 
 
-def res_runtime(wildcards):
-    return _partition(wildcards)["runtime_min"]
+def res_runtime(wildcards, attempt):
+    # issue 12: per-attempt runtime (partition runtime_min_retry for retries)
+    from hvdscale.timelimit import runtime_for
+
+    return runtime_for(_partition(wildcards), attempt)
+
+
+def res_slurm_cluster(wildcards):
+    # issue 12: partition `cluster` -> the plugin's slurm_cluster (sbatch --clusters)
+    from hvdscale.site_settings import slurm_cluster
+
+    return slurm_cluster(_partition(wildcards))
 
 
 def res_gres(wildcards):
@@ -208,7 +218,12 @@ def res_mpi(wildcards):
 
 def res_slurm_extra(wildcards):
     # --ntasks-per-node here: the plugin's tasks_per_node cannot be combined with tasks
-    return f"--ntasks-per-node={_job(wildcards)['workers_per_node']} --exclusive"
+    extra = f"--ntasks-per-node={_job(wildcards)['workers_per_node']} --exclusive"
+    # issue 12: SIGUSR1 training.time_limit_margin_s before the time limit
+    from hvdscale.timelimit import signal_option
+
+    sig = signal_option(CFG["training"])
+    return f"{extra} {sig}" if sig else extra
 
 
 def local_threads(wildcards):

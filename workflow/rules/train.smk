@@ -41,6 +41,7 @@ rule train_run:
     resources:
         # mapped to sbatch flags by snakemake-executor-plugin-slurm (profiles/slurm)
         slurm_partition=res_partition,
+        slurm_cluster=res_slurm_cluster,  # issue 12
         slurm_account=res_account,
         constraint=res_constraint,
         nodes=res_nodes,
@@ -80,6 +81,7 @@ rule measure_allreduce:
     threads: local_threads
     resources:
         slurm_partition=res_partition,
+        slurm_cluster=res_slurm_cluster,  # issue 12
         slurm_account=res_account,
         constraint=res_constraint,
         nodes=res_nodes,
