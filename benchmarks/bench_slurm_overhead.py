@@ -5,7 +5,9 @@ and started inside the job with `srun --mpi=pmix`, (c) through Snakemake and the
 SLURM executor plugin (profiles/test-slurm), in one script run, interleaved.
 
 Needs root (it starts scripts/slurm-cluster.sh if the cluster is not up and stops it
-again afterwards). Prints a table; --repeats sets the number of rounds.
+again afterwards). Prints a table (overhead in seconds and as a share of a 10-minute
+training job) and appends it to benchmarks/results/slurm_overhead.csv (commit, machine,
+load, date). --repeats sets the number of rounds.
 """
 
 from __future__ import annotations
@@ -37,6 +39,39 @@ def sh(cmd, env=None, check=True, **kw):
         check=check,
         **kw,
     )
+
+
+JOB_S = 600.0  # the overhead as a share of a 10-minute training job
+CSV = ROOT / "benchmarks" / "results" / "slurm_overhead.csv"
+
+
+def write_csv(rows: list[dict], loads: list[float]) -> None:
+    """benchmarks/results/slurm_overhead.csv: one row per path and run of this script
+    (appended), with the commit, machine, load (1-min average: min/median/max over the
+    rounds) and date."""
+    import csv
+    import platform
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from hvdscale.common import git_commit
+
+    meta = {
+        "commit": git_commit(ROOT),
+        "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.machine()}",
+        "load_min": round(min(loads), 2),
+        "load_median": round(statistics.median(loads), 2),
+        "load_max": round(max(loads), 2),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    CSV.parent.mkdir(parents=True, exist_ok=True)
+    new = not CSV.exists()
+    with open(CSV, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[*meta, *rows[0]])
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({**meta, **r})
+    print(f"wrote {CSV.relative_to(ROOT)}")
 
 
 def cluster_env() -> dict:
@@ -103,6 +138,7 @@ def main() -> int:
         )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
         times = {"direct (mpirun)": [], "sbatch --wait + srun": [], "snakemake + SLURM plugin": []}
+        loads = [os.getloadavg()[0]]
         for i in range(args.repeats):
             out = res / "direct"
             shutil.rmtree(out, ignore_errors=True)
@@ -172,16 +208,36 @@ def main() -> int:
                 env=env,
             )
             times["snakemake + SLURM plugin"].append(time.perf_counter() - t0)
+            loads.append(os.getloadavg()[0])
             print(
                 f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
                 flush=True,
             )
         direct = statistics.median(times["direct (mpirun)"])
         print(f"\n2-worker run {RUN_ID}, {args.epochs} epochs, median of {args.repeats} rounds:")
-        print(f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s}")
+        print(
+            f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s} "
+            f"{'% of 10 min':>11s}"
+        )
+        rows = []
         for k, v in times.items():
             med = statistics.median(v)
-            print(f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}")
+            over = med - direct
+            share = 100 * over / JOB_S
+            print(f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {over:11.1f} {share:10.2f}%")
+            rows.append(
+                {
+                    "path": k,
+                    "median_s": round(med, 3),
+                    "min_s": round(min(v), 3),
+                    "max_s": round(max(v), 3),
+                    "overhead_s": round(over, 3),
+                    "share_of_10min_job_pct": round(share, 3),
+                    "repeats": args.repeats,
+                    "epochs": args.epochs,
+                }
+            )
+        write_csv(rows, loads)
     finally:
         if not was_up:
             sh(["bash", "scripts/slurm-cluster.sh", "down"], check=False)
