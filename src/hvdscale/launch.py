@@ -241,6 +241,9 @@ def build_launch(
     from hvdscale import site_settings  # issue 12: NCCL_* from training.nccl, every launcher
 
     env.update(site_settings.nccl_env(training))
+    from hvdscale import timelimit  # issue 12: SIGUSR1 from the launcher before the limit
+
+    env.update(timelimit.launch_env(training, out_dir, job.workers))
     if launcher == "srun" and job.backend == "gloo":  # issue 12: Gloo across nodes, no ssh
         return gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
@@ -344,6 +347,9 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
         bufsize=1,
         errors="replace",
     )
+    from hvdscale import timelimit  # issue 12
+
+    timelimit.watch(proc, spec.env)  # issue 12: SIGUSR1 to the ranks before the time limit
     threads = [
         threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
         threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True),

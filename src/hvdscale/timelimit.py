@@ -1,9 +1,12 @@
 """SLURM time limits (issue 12): warn, checkpoint, stop, resume with a longer runtime.
 
 - The training job asks SLURM for SIGUSR1 ``training.time_limit_margin_s`` seconds
-  before its time limit (``sbatch --signal=USR1@N``, through the rule's slurm_extra). No
-  ``B:``: SLURM signals the job's steps, i.e. the ranks started by srun, and not the
-  batch shell that runs Snakemake's job step and ``hvdscale launch``.
+  before its time limit (``sbatch --signal=USR1@N``, through the rule's slurm_extra;
+  multi-rank jobs only). No ``B:``: SLURM signals the job's steps, i.e. the ranks
+  started by srun, and not the batch shell that runs Snakemake's job step and
+  ``hvdscale launch``. As SLURM sends it only to steps that exist then, and only at its
+  30-second time-limit checks, ``hvdscale launch`` also sends SIGUSR1 itself at the same
+  moment (:func:`watch`: to srun, which forwards it to every rank).
 - Every rank catches SIGUSR1 (:func:`install`, before TensorFlow is imported). At the
   end of each epoch, after the epoch's checkpoint, the ranks agree (one allreduce of a
   flag, max) whether any of them got it (:func:`stop_requested`); if so they all stop
@@ -13,8 +16,8 @@
   ``runtime_min_retry`` of the partition (:func:`runtime_for`; per-attempt runtime).
 
 A 1-worker run is a plain (non-MPI) plugin job whose own job step (Snakemake under
-``srun -n1``) is signalled too and dies of SIGUSR1; its retry resumes from the last
-epoch's checkpoint all the same.
+``srun -n1``) would die of SLURM's SIGUSR1, so it gets no ``--signal``; the launcher's
+signal alone warns it.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ SIGNAL_NAME = "USR1"
 _received: list[float] = []
 
 
-def signal_option(training: dict) -> str | None:
-    """The sbatch option that asks for the warning, or None when it is turned off."""
+def signal_option(training: dict, workers: int = 2) -> str | None:
+    """The sbatch option that asks for the warning, or None when it is turned off (and
+    for 1-worker jobs, see the module doc)."""
     margin = int(training.get("time_limit_margin_s", 120) or 0)
-    return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 else None
+    return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 and workers > 1 else None
 
 
 def runtime_for(partition: dict, attempt: int) -> int:
@@ -43,6 +47,84 @@ def runtime_for(partition: dict, attempt: int) -> int:
     if attempt > 1 and retry:
         return int(retry)
     return int(partition["runtime_min"])
+
+
+MARGIN_ENV = "HVDSCALE_TIME_LIMIT_MARGIN_S"
+READY_ENV = "HVDSCALE_TIME_LIMIT_READY"  # "<out_dir>/.pids:<workers>": the ranks' pid files
+
+
+def launch_env(training: dict, out_dir=None, workers: int = 0) -> dict[str, str]:
+    """Launcher environment for :func:`watch` (inside SLURM jobs only)."""
+    margin = int(training.get("time_limit_margin_s", 120) or 0)
+    if margin <= 0 or not os.environ.get("SLURM_JOB_ID"):
+        return {}
+    env = {MARGIN_ENV: str(margin)}
+    if out_dir is not None and workers:
+        from pathlib import Path
+
+        env[READY_ENV] = f"{Path(out_dir).resolve() / '.pids'}:{workers}"
+    return env
+
+
+def job_end_time(job_id: str) -> float | None:
+    """The job's end time (its time limit) as a POSIX time, from squeue; None if unknown."""
+    import subprocess
+    import time
+
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30
+        )
+        return time.mktime(time.strptime(out.stdout.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def watch(proc, env: dict[str, str]) -> None:
+    """Send SIGUSR1 to the launcher's child (srun forwards it to every rank) at the job's
+    end time minus the margin, once every rank has started (its pid file exists, so its
+    handler is about to be installed).
+
+    SLURM's own ``--signal`` reaches only the job steps that exist at that moment and is
+    sent by slurmctld's 30-second time-limit check, so a short job, or one whose ranks
+    start late, would miss it; and in a 1-worker job it would also hit the plugin's own
+    step (Snakemake under ``srun -n1``). The launcher knows when its ranks run.
+    """
+    import threading
+    import time
+    from pathlib import Path
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if not env.get(MARGIN_ENV) or not job:
+        return
+    end = job_end_time(job)
+    if end is None:
+        return
+    fire_at = end - int(env[MARGIN_ENV])
+    pids, _, workers = env.get(READY_ENV, "").rpartition(":")
+
+    def ready() -> bool:
+        if not pids:
+            return True
+        return len(list(Path(pids).glob("rank-*.pid"))) >= int(workers or 0)
+
+    def run() -> None:
+        while proc.poll() is None:
+            now = time.time()
+            if now >= fire_at and (ready() or now >= fire_at + 60):
+                time.sleep(1.0)  # the last rank's handler comes right after its pid file
+                if proc.poll() is None:
+                    print(
+                        f"hvdscale launch: {int(end - time.time())} s to the SLURM time limit: "
+                        "SIGUSR1 to the ranks",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    proc.send_signal(signal.SIGUSR1)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=run, name="time-limit-watch", daemon=True).start()
 
 
 def install() -> None:

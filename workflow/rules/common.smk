@@ -222,7 +222,7 @@ def res_slurm_extra(wildcards):
     # issue 12: SIGUSR1 training.time_limit_margin_s before the time limit
     from hvdscale.timelimit import signal_option
 
-    sig = signal_option(CFG["training"])
+    sig = signal_option(CFG["training"], _job(wildcards)["workers"])
     return f"{extra} {sig}" if sig else extra
 
 
