@@ -1027,6 +1027,9 @@ def _train(args, out_dir: Path) -> int:
         "data": {**data_info, "test_values": n_test_values},
         "finished_utc": utc_now(),
     }
+    from hvdscale.labelproof import prove  # issue 12: every run proves its label
+
+    record["label_proof"] = prove(record, timeline_path)  # issue 12
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {status})")
     return EXIT_NAN if status == "nan_loss" else 0
