@@ -110,7 +110,10 @@ def environment_block(
         "config_hash": config_hash,
         "started_utc": started_utc,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        # issue 12: HVDSCALE_SLURM_NODELIST from hvdscale launch when the plugin's job
+        # step stripped SLURM_JOB_NODELIST (ranks not started by srun)
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST")
+        or os.environ.get("HVDSCALE_SLURM_NODELIST"),
         "devices": list(devices),
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
