@@ -232,24 +232,26 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
 def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
     alpha_cluster, results_dir, tmp_path
 ):
-    """1-minute limit, SIGUSR1 45 s before it: the 2-rank run stops after an epoch with
-    exit status 4; Snakemake's retry (5-minute limit) resumes from the checkpoint.
-    Horovod's cycle time makes every step wait ~10 ms, so the run lasts past the
-    warning on any machine (slurmctld checks time limits every 30 s)."""
+    """2-minute limit, SIGUSR1 80 s before it (from hvdscale launch, and from slurmctld
+    at its next 30-second check): the 2-rank run stops after an epoch with exit status
+    4; Snakemake's retry (5-minute limit) resumes from the checkpoint. Horovod's cycle
+    time makes every step wait >= 10 ms (140 steps per epoch), so the 30 epochs last
+    past the warning on any machine, and the first epoch ends before the limit on a
+    loaded one."""
     env = alpha_cluster
     run_id = "alpha_mpi_n1_w2_b8_lrnone_r0"
-    epochs = 60
+    epochs = 30
     override = tmp_path / "timelimit.yaml"
     override.write_text(
         yaml.safe_dump(
             {
                 "training": {
                     "epochs": epochs,
-                    "time_limit_margin_s": 45,
+                    "time_limit_margin_s": 80,
                     "horovod": {"cycle_time_ms": 10},
                 },
                 "scaling": {
-                    "partitions": {"alpha": {"runtime_min": 1, "runtime_min_retry": 5}},
+                    "partitions": {"alpha": {"runtime_min": 2, "runtime_min_retry": 5}},
                     "sweeps": [
                         {
                             "name": "timelimit",
@@ -287,8 +289,8 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
     assert attempts[0]["ended"] == "time_limit" and attempts[0]["exit_status"] == 4, attempts
     assert attempts[0]["epochs_done"] == attempts[1]["start_epoch"]
     shown = show_job(first, env)
-    assert field(shown, "TimeLimit") == "00:01:00" and field(shown, "JobState") == "FAILED"
-    assert "--signal=USR1@45" in out.stdout + out.stderr
+    assert field(shown, "TimeLimit") == "00:02:00" and field(shown, "JobState") == "FAILED"
+    assert "--signal=USR1@80" in out.stdout + out.stderr
     # the retry got the partition's runtime_min_retry and finished the run
     shown = show_job(second, env)
     assert field(shown, "TimeLimit") == "00:05:00" and field(shown, "JobState") == "COMPLETED"
