@@ -81,7 +81,7 @@ def field(text: str, name: str) -> str:
     return m.group(1)
 
 
-def snakemake(args: list[str], env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+def snakemake(args: list[str], env: dict, timeout: float = 2400) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*SNAKEMAKE, "--profile", "profiles/test-slurm", *args],
         cwd=ROOT,
@@ -234,7 +234,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
 ):
     """2-minute limit, SIGUSR1 80 s before it (from hvdscale launch, and from slurmctld
     at its next 30-second check): the 2-rank run stops after an epoch with exit status
-    4; Snakemake's retry (5-minute limit) resumes from the checkpoint. Horovod's cycle
+    4; Snakemake's retry (10-minute limit) resumes from the checkpoint. Horovod's cycle
     time makes every step wait >= 10 ms (140 steps per epoch), so the 30 epochs last
     past the warning on any machine, and the first epoch ends before the limit on a
     loaded one."""
@@ -251,7 +251,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
                     "horovod": {"cycle_time_ms": 10},
                 },
                 "scaling": {
-                    "partitions": {"alpha": {"runtime_min": 2, "runtime_min_retry": 5}},
+                    "partitions": {"alpha": {"runtime_min": 2, "runtime_min_retry": 10}},
                     "sweeps": [
                         {
                             "name": "timelimit",
@@ -293,4 +293,4 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
     assert "--signal=USR1@80" in out.stdout + out.stderr
     # the retry got the partition's runtime_min_retry and finished the run
     shown = show_job(second, env)
-    assert field(shown, "TimeLimit") == "00:05:00" and field(shown, "JobState") == "COMPLETED"
+    assert field(shown, "TimeLimit") == "00:10:00" and field(shown, "JobState") == "COMPLETED"
