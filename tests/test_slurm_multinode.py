@@ -215,7 +215,8 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
         assert field(shown, "OverSubscribe") == "NO"
         assert field(shown, "MinMemoryNode") == f"{MEM_MB}M"
         assert field(shown, "TresPerNode") == f"gres:gpu:{gpus}"
-        assert field(shown, "JOB_GRES") == f"gpu:{gpus * nodes}"
+        # requested gpu:N per node; --exclusive allocates all 8 GPUs of every node
+        assert field(shown, "JOB_GRES") == f"gpu:{GPUS * nodes}"
         assert re.search(rf"NtasksPerN:B:S:C={per_node}:", shown), shown
         assert run_id in field(shown, "Comment")
         log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
