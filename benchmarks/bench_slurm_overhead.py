@@ -53,6 +53,9 @@ def cluster_env() -> dict:
     return env
 
 
+JOB_S = 600.0  # the overhead as a share of a 10-minute training job
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -191,7 +194,11 @@ def main() -> int:
         rows = []
         for k, v in times.items():
             med, lo, hi = median_ci(v)
-            print(f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}")
+            share = 100 * (med - direct) / JOB_S
+            print(
+                f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}"
+                f" {share:10.2f}% of a 10-minute job"
+            )
             rows.append(
                 {
                     "path": k,
@@ -202,6 +209,7 @@ def main() -> int:
                     "seconds_ci_low": lo,
                     "seconds_ci_high": hi,
                     "overhead_s": med - direct,
+                    "share_of_10min_job_pct": share,
                     "load": max(loads),
                     "load_before": loads[0],
                     "load_after": loads[-1],

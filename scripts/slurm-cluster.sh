@@ -15,9 +15,12 @@ network namespaces, veth pairs, a bridge and two /etc/hosts lines; `down` remove
 all of them again.
 
 Commands:
-  up [--nodes 1|2]  start the cluster (default: 1 node) and wait until its nodes are
+  up [--nodes 1|2] [--emulate alpha]
+                    start the cluster (default: 1 node) and wait until its nodes are
                     idle. Idempotent: when it is already up in the same mode it only
-                    checks; when it is up in the other mode it is restarted.
+                    checks; when it is up in another mode it is restarted.
+                    --emulate alpha (two nodes only) declares thesis-like GPU nodes:
+                    see "Emulated partition" below.
   down              cancel every job, stop all daemons of this cluster, remove the
                     two-node network. Fine when already down. Logs are kept.
   status            daemons, nodes and jobs. Exit 0: up, 1: partly up, 3: down.
@@ -44,6 +47,19 @@ Modes:
            create directory ... File exists"). Debian's slurmd needs no
            --enable-multiple-slurmd this way.
 
+Emulated partition (--nodes 2 --emulate alpha; issue 12):
+           node1 and node2 are declared as Taurus "alpha" nodes, the partition
+           alpha of config/thesis.yaml: Gres=gpu:8, CPUs=48, RealMemory=990000 per
+           node (override with HVD_SLURM_EMULATE_GPUS/_CPUS/_MEM_MB), accepted by
+           slurmd through SlurmdParameters=config_overrides. The GPUs are gres
+           entries whose File= are character devices made with
+           `mknod <dir>/dev/nvidiaN c 1 3` (SLURM rejects regular files: "not a
+           valid character or block device"); there is no GPU behind them, so
+           training runs on the CPU and says so in its run record, while SLURM
+           places and binds them as on the real cluster (srun --gpus-per-task=1
+           gives every rank its own CUDA_VISIBLE_DEVICES). Partitions: local
+           (default) and alpha, both over node1 and node2.
+
 Cluster:    ClusterName=hvdlocal, partition `local` (Default=YES), MinJobAge=600
             (so `squeue` can report finished jobs; no slurmdbd, no sacct),
             select/cons_tres with CR_Core_Memory, DefMemPerCPU=1024,
@@ -63,6 +79,8 @@ Environment:
                          (default 10.213.0); used only on the veths created here
   HVD_SLURM_MEM_HEADROOM_MB  memory left to the machine (default 2048)
   HVD_SLURM_TIMEOUT      seconds to wait for daemons/nodes (default 60)
+  HVD_SLURM_EMULATE_GPUS / HVD_SLURM_EMULATE_CPUS / HVD_SLURM_EMULATE_MEM_MB
+                         per-node hardware of --emulate alpha (8 / 48 / 990000)
 
 Requires: root; Debian packages slurm-wlm munge (and iproute2 util-linux for
 --nodes 2). Missing packages are named with the exact apt-get line.
@@ -81,6 +99,10 @@ TIMEOUT="${HVD_SLURM_TIMEOUT:-60}"
 CLUSTER_NAME=hvdlocal
 BRIDGE=hvdbr0
 HOSTS_MARK="# hvdscale-slurm-local"
+# issue 12: emulated thesis partition (--emulate alpha)
+EMU_GPUS="${HVD_SLURM_EMULATE_GPUS:-8}"
+EMU_CPUS="${HVD_SLURM_EMULATE_CPUS:-48}"
+EMU_MEM_MB="${HVD_SLURM_EMULATE_MEM_MB:-990000}"
 
 CONF="$DIR/etc/slurm.conf"
 MUNGE_KEY="$DIR/munge/munge.key"
@@ -194,7 +216,8 @@ log_tails() {
 
 # --------------------------------------------------------------------------- config
 write_config() {
-    local nodes="$1" host ncpu mem_total_mb mem_mb node_lines ctld_addr
+    local nodes="$1" emulate="${2:-}" host ncpu mem_total_mb mem_mb node_lines ctld_addr
+    local gres_types="" partitions
     host="$(hostname -s)"
     ncpu="$(nproc)"
     mem_total_mb=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024))
@@ -210,6 +233,23 @@ write_config() {
         node_lines="NodeName=node1 NodeHostname=node1 NodeAddr=$SUBNET.11 CPUs=1 RealMemory=$mem_mb State=UNKNOWN
 NodeName=node2 NodeHostname=node2 NodeAddr=$SUBNET.12 CPUs=1 RealMemory=$mem_mb State=UNKNOWN"
         printf 'node1\nnode2\n' >"$DIR/run/nodes"
+    fi
+    partitions="PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    : >"$DIR/etc/gres.conf"
+    if [[ "$emulate" == alpha ]]; then
+        # thesis-like GPU nodes, taken on trust by slurmd (SlurmdParameters=config_overrides)
+        local i last=$((EMU_GPUS - 1))
+        mkdir -p "$DIR/dev"
+        for ((i = 0; i < EMU_GPUS; i++)); do
+            # SLURM wants character devices for GPU gres; /dev/null's numbers will do
+            [[ -c "$DIR/dev/nvidia$i" ]] || { rm -f "$DIR/dev/nvidia$i"; mknod "$DIR/dev/nvidia$i" c 1 3; }
+        done
+        gres_types="GresTypes=gpu"
+        node_lines="NodeName=node1 NodeHostname=node1 NodeAddr=$SUBNET.11 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPUS State=UNKNOWN
+NodeName=node2 NodeHostname=node2 NodeAddr=$SUBNET.12 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPUS State=UNKNOWN"
+        printf 'AutoDetect=off\nNodeName=node[1-2] Name=gpu File=%s/dev/nvidia[0-%d]\n' "$DIR" "$last" >"$DIR/etc/gres.conf"
+        partitions="$partitions
+PartitionName=alpha Nodes=ALL MaxTime=INFINITE State=UP"
     fi
     : >"$DIR/etc/plugstack.conf"   # isolate from /etc/slurm/plugstack.conf
     cat >"$CONF" <<EOF
@@ -263,10 +303,11 @@ Waittime=0
 # per-node TmpFS: the PMIx plugin makes its per-step dirs there (spmix_appdir_*);
 # with a shared /tmp the two "nodes" of two-node mode would collide on them
 TmpFS=$DIR/nodes/%n/tmp
+$gres_types
 $node_lines
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$partitions
 EOF
-    echo "$nodes" >"$MODE_FILE"
+    echo "$nodes${emulate:+-$emulate}" >"$MODE_FILE"
     cat >"$DIR/env.sh" <<EOF
 export SLURM_CONF=$CONF
 export HVD_SLURM_DIR=$DIR
@@ -469,7 +510,7 @@ do_down() {
         munged --stop --socket="$MUNGE_SOCKET" >/dev/null 2>&1 || true
         wait_gone "$munge_pid" || kill_pids "$munge_pid"
     fi
-    if [[ "$(cat "$MODE_FILE" 2>/dev/null || true)" == 2 ]] || ip link show "$BRIDGE" >/dev/null 2>&1 \
+    if [[ "$(cat "$MODE_FILE" 2>/dev/null || true)" == 2* ]] || ip link show "$BRIDGE" >/dev/null 2>&1 \
         || grep -qF "$HOSTS_MARK" /etc/hosts 2>/dev/null; then
         net_down
     fi
@@ -482,16 +523,21 @@ do_down() {
 }
 
 cmd_up() {
-    local nodes=1
+    local nodes=1 emulate="" mode
     while (($#)); do
         case "$1" in
             --nodes) nodes="${2:-}"; shift 2 || die "--nodes needs a value (1 or 2)" ;;
             --nodes=*) nodes="${1#--nodes=}"; shift ;;
+            --emulate) emulate="${2:-}"; shift 2 || die "--emulate needs a value (alpha)" ;;
+            --emulate=*) emulate="${1#--emulate=}"; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "up: unknown option '$1' (see --help)" ;;
         esac
     done
     [[ "$nodes" == 1 || "$nodes" == 2 ]] || die "--nodes must be 1 or 2, got '$nodes'"
+    [[ -z "$emulate" || "$emulate" == alpha ]] || die "--emulate: only 'alpha' is known, got '$emulate'"
+    [[ -z "$emulate" || "$nodes" == 2 ]] || die "--emulate alpha needs --nodes 2"
+    mode="$nodes${emulate:+-$emulate}"
     require_root up
     require_packages "$nodes"
     ((${#DIR} <= 80)) || die "HVD_SLURM_DIR '$DIR' is too long for a unix socket path (max 80 chars)"
@@ -503,21 +549,21 @@ cmd_up() {
     state="$(daemons_state)"
     current="$(cat "$MODE_FILE" 2>/dev/null || true)"
     if [[ "${state%% *}" != 0 ]]; then
-        if [[ "$current" == "$nodes" && "${state%% *}" == "${state##* }" ]]; then
-            log "already up ($nodes-node mode); checking nodes"
+        if [[ "$current" == "$mode" && "${state%% *}" == "${state##* }" ]]; then
+            log "already up ($mode mode); checking nodes"
             conf_link_add
-            wait_idle || die "cluster is up but its nodes are not idle; try: $0 down && $0 up --nodes $nodes"
+            wait_idle || die "cluster is up but its nodes are not idle; try: $0 down && $0 up --nodes $nodes${emulate:+ --emulate $emulate}"
             log "cluster is up: $(slurm_env sinfo -h -o '%P %D %T %N' | tr '\n' ' ')"
             return 0
         fi
-        log "cluster is up in ${current:-unknown}-node mode or only partly up ($state daemons); restarting in $nodes-node mode"
+        log "cluster is up in ${current:-unknown} mode or only partly up ($state daemons); restarting in $mode mode"
         do_down
     fi
 
     mkdir -p "$DIR"/{etc,munge,run,ctld}
     chmod 0755 "$DIR" "$DIR/run"   # munged wants a socket dir everyone can enter
     chmod 0700 "$DIR/munge"
-    write_config "$nodes"
+    write_config "$nodes" "$emulate"
     trap 'rc=$?; if ((rc)); then log "start failed; stopping what was started (logs kept in $DIR)"; do_down || true; fi' EXIT
     start_munge
     conf_link_add
@@ -529,7 +575,7 @@ cmd_up() {
     for node in $(node_list); do start_slurmd "$node" "$nodes"; done
     wait_idle || die "nodes did not become idle within ${TIMEOUT}s"
     trap - EXIT
-    log "cluster is up ($nodes-node mode): $(slurm_env sinfo -h -o '%P %D %T %N' | tr '\n' ' ')"
+    log "cluster is up ($mode mode): $(slurm_env sinfo -h -o '%P %D %T %N' | tr '\n' ' ')"
     log "use it with: eval \"\$($0 env)\""
 }
 

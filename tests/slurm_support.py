@@ -122,7 +122,7 @@ def run_cluster_script(
 
 
 def cluster_mode() -> str:
-    """'1', '2' or 'down', as reported by ``slurm-cluster.sh status``."""
+    """'1', '2', '2-alpha' or 'down', as reported by ``slurm-cluster.sh status``."""
     proc = run_cluster_script("status", timeout=60)
     m = re.search(r"^mode:\s+(\S+)", proc.stdout, re.MULTILINE)
     if proc.returncode != 0 or not m:
@@ -148,9 +148,11 @@ def bring_up(nodes: int = 1) -> dict[str, str]:
 
 
 def restore(mode: str) -> None:
-    """Put the cluster back into ``mode`` ('1', '2' or 'down')."""
+    """Put the cluster back into ``mode`` ('1', '2', '2-alpha' or 'down')."""
     if mode in ("1", "2"):
         run_cluster_script("up", "--nodes", mode, check=True)
+    elif mode == "2-alpha":  # issue 12: emulated thesis partition
+        run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", check=True)
     else:
         run_cluster_script("down", check=True)
 

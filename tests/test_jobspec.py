@@ -34,6 +34,7 @@ def test_multi_node_gpu_layout(thesis):
     assert job.gres == "gpu:4" and job.mpi == "srun" and not job.overlap
     assert job.slurm_resources() == {
         "slurm_partition": "gpu2",
+        "slurm_cluster": None,
         "slurm_account": None,
         "constraint": None,
         "nodes": 8,
@@ -43,7 +44,7 @@ def test_multi_node_gpu_layout(thesis):
         "mem_mb": 62000,
         "runtime": 240,
         "gres": "gpu:4",
-        "slurm_extra": "--ntasks-per-node=4 --exclusive",
+        "slurm_extra": "--ntasks-per-node=4 --exclusive --signal=USR1@120",
         "mpi": "srun",
     }
     assert tuple(job.slurm_resources()) == RESOURCE_KEYS
@@ -52,7 +53,7 @@ def test_multi_node_gpu_layout(thesis):
 def test_partial_node_requests_only_the_gpus_it_uses(thesis):
     job = JobSpec.for_workers(thesis, "alpha", "nccl", 2)  # 8 A100 per node
     assert (job.nodes, job.workers_per_node, job.gres) == (1, 2, "gpu:2")
-    assert job.slurm_extra == "--ntasks-per-node=2 --exclusive"
+    assert job.slurm_extra == "--ntasks-per-node=2 --exclusive --signal=USR1@120"
 
 
 def test_one_worker_is_a_plain_job_whose_srun_overlaps(thesis):
@@ -101,8 +102,12 @@ def test_cpu_partition_account_and_constraint():
 
 def test_runtime_per_attempt(thesis):
     job = JobSpec.for_workers(thesis, "alpha", "nccl", 8)
-    # a resubmitted run resumes from its checkpoint: the same limit for every attempt
-    assert [job.slurm_resources(a)["runtime"] for a in (1, 2, 3)] == [120, 120, 120]
+    # a retry (e.g. after the time limit) resumes from its checkpoint with runtime_min_retry
+    assert [job.slurm_resources(a)["runtime"] for a in (1, 2, 3)] == [120, 240, 240]
+    part = {**thesis["scaling"]["partitions"]["alpha"], "runtime_min_retry": None}
+    cfg = {**thesis, "scaling": {**thesis["scaling"], "partitions": {"alpha": part}}}
+    same = JobSpec.for_workers(cfg, "alpha", "nccl", 8)
+    assert [same.runtime(a) for a in (1, 2)] == [120, 120]
     with pytest.raises(ValueError):
         job.runtime(0)
 
@@ -155,8 +160,12 @@ def _before_jobspec(cfg: dict, partition: str, backend: str, nodes: int, workers
     slots = part["gpus_per_node"] or part["workers_per_node"]
     wpn = min(workers, slots)  # config.Run.workers_per_node
     gpus = min(part["gpus_per_node"], wpn) if part["gpus_per_node"] else 0
+    margin = cfg["training"].get("time_limit_margin_s", 120)
+    # issue 12: SIGUSR1 before the time limit for multi-rank jobs, --clusters per partition
+    signal = f" --signal=USR1@{margin}" if margin and workers > 1 else ""
     res = {
         "slurm_partition": partition,
+        "slurm_cluster": part.get("cluster") or None,
         "slurm_account": part["account"] or None,
         "constraint": part["constraint"] or None,
         "nodes": nodes,
@@ -166,7 +175,7 @@ def _before_jobspec(cfg: dict, partition: str, backend: str, nodes: int, workers
         "mem_mb": part["mem_mb_per_node"],
         "runtime": part["runtime_min"],
         "gres": f"gpu:{gpus}" if gpus else None,
-        "slurm_extra": f"--ntasks-per-node={wpn} --exclusive",
+        "slurm_extra": f"--ntasks-per-node={wpn} --exclusive{signal}",
         "mpi": "srun" if workers > 1 else None,
     }
     return {k: str(v) for k, v in res.items() if v is not None}

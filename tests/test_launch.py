@@ -122,7 +122,8 @@ def test_nccl_sets_gpu_operations(launcher):
     assert "HOROVOD_CPU_OPERATIONS" not in s.env
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+# issue 12: srun + gloo starts its own rendezvous (tests/test_gloo_slurm.py)
+@pytest.mark.parametrize("launcher", ["mpirun"])
 def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
     # Gloo needs horovodrun's rendezvous: mpirun/srun + gloo would crash in hvd.init()
     s = spec(launcher, "gloo")
@@ -299,8 +300,9 @@ def test_dry_run_prints_the_command_without_tensorflow(tmp_path):
         "srun",
         "--dry-run",
     )
-    assert r.returncode == 0 and "horovodrun -np 2 -H localhost:2 --gloo" in r.stdout
-    assert "# backend gloo needs horovodrun" in r.stdout
+    # issue 12: gloo under srun: srun --mpi=none + Horovod's rendezvous, no horovodrun
+    assert r.returncode == 0 and "srun --mpi=none -n 2" in r.stdout, r.stdout + r.stderr
+    assert "hvdscale.gloo_slurm exec" in r.stdout and "horovodrun" not in r.stdout
 
 
 def test_user_errors_are_one_line(tmp_path):

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 
 from hvdscale.common import ALLREDUCE_ID
 from hvdscale.errors import UserError
+from hvdscale.timelimit import signal_option
 
 # The resources of the rules that start ranks, in the order the rules declare them.
 # A value None leaves the resource unset (no sbatch flag).
 RESOURCE_KEYS = (
     "slurm_partition",
+    "slurm_cluster",
     "slurm_account",
     "constraint",
     "nodes",
@@ -92,6 +94,10 @@ class JobSpec:
     account: str = ""
     constraint: str = ""
     threads_per_worker: int = 1
+    cluster: str = ""  # the partition's SLURM cluster (sbatch --clusters), "" for the default
+    runtime_min_retry: int | None = None  # time limit of attempts 2, 3, ... (None: runtime_min)
+    signal: str | None = None  # sbatch --signal=... before the time limit (hvdscale.timelimit)
+    srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
 
     # ----------------------------------------------------------------- construction
 
@@ -112,6 +118,10 @@ class JobSpec:
             account=part.get("account", ""),
             constraint=part.get("constraint", ""),
             threads_per_worker=cfg["training"].get("threads_per_worker", 1),
+            cluster=part.get("cluster") or "",
+            runtime_min_retry=part.get("runtime_min_retry"),
+            signal=signal_option(cfg["training"], workers),
+            srun_mpi=cfg["training"].get("srun_mpi") or "pmix",
         )
 
     @classmethod
@@ -180,7 +190,8 @@ class JobSpec:
     @property
     def slurm_extra(self) -> str:
         # --ntasks-per-node here: the plugin's tasks_per_node cannot be combined with tasks
-        return f"--ntasks-per-node={self.workers_per_node} --exclusive"
+        extra = f"--ntasks-per-node={self.workers_per_node} --exclusive"
+        return f"{extra} {self.signal}" if self.signal else extra
 
     @property
     def local_threads(self) -> int:
@@ -188,17 +199,20 @@ class JobSpec:
         return self.workers * self.threads_per_worker
 
     def runtime(self, attempt: int = 1) -> int | None:
-        """Time limit in minutes of attempt ``attempt`` (1, 2, ...). Every attempt gets
-        the partition's runtime_min: a resubmitted training run resumes from its
-        checkpoint, so it needs no more time than the first attempt."""
+        """Time limit in minutes of attempt ``attempt`` (1, 2, ...): the partition's
+        runtime_min, and runtime_min_retry (when set) for the retries of a job that hit
+        its limit (it resumes from its checkpoint)."""
         if attempt < 1:
             raise ValueError(f"attempt {attempt}: counts from 1")
+        if attempt > 1 and self.runtime_min_retry:
+            return int(self.runtime_min_retry)
         return self.runtime_min
 
     def slurm_resources(self, attempt: int = 1) -> dict[str, int | str | None]:
         """Snakemake resources of the job (keys RESOURCE_KEYS; None: leave unset)."""
         return {
             "slurm_partition": self.partition,
+            "slurm_cluster": self.cluster or None,
             "slurm_account": self.account or None,
             "constraint": self.constraint or None,
             "nodes": self.nodes,
@@ -219,7 +233,7 @@ class JobSpec:
         cannot take them from the allocation."""
         argv = [
             srun,
-            "--mpi=pmix",
+            f"--mpi={self.srun_mpi}",
             "-n",
             str(self.tasks),
             "-N",

@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdscale import gloo_slurm, site_settings, timelimit
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import PROJECT_ROOT, find_run, load_config
 from hvdscale.errors import UserError
@@ -128,12 +129,16 @@ def effective_launcher(launcher: str, backend: str) -> str:
     rendezvous (under mpirun/srun Horovod's controller is MPI, and
     HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
     --gloo; inside a SLURM allocation its hosts come from the allocation."""
+    if backend == "gloo" and launcher == "srun":  # srun + our own rendezvous, no ssh
+        return "srun"
     return "horovodrun" if backend == "gloo" else launcher
 
 
 def controller_for(launcher: str, backend: str) -> str:
     """The Horovod controller a launcher/backend pair uses."""
     if backend == "gloo":
+        if launcher == "srun":  # hvdscale.gloo_slurm
+            return "gloo"
         if launcher != "horovodrun":
             raise UserError(f"backend 'gloo' needs launcher horovodrun (got {launcher!r})")
         return "gloo"
@@ -181,6 +186,16 @@ def build_launch(
             "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
         }
     )
+    # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's
+    # job step strips SLURM_JOB_NODELIST)
+    env.update(gloo_slurm.rank_env_from_slurm())
+    env.update(site_settings.nccl_env(training))  # NCCL_* from training.nccl, every launcher
+    # SIGUSR1 from the launcher before the time limit (hvdscale.timelimit)
+    env.update(timelimit.launch_env(training, out_dir, job.workers))
+    if launcher == "srun" and job.backend == "gloo":  # Gloo across nodes without ssh
+        return gloo_slurm.build_gloo_srun(
+            job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
+        )
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
     cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
     N = job.workers
@@ -265,6 +280,7 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
         bufsize=1,
         errors="replace",
     )
+    timelimit.watch(proc, spec.env)  # SIGUSR1 to the ranks before the time limit
     threads = [
         threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
         threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True),
@@ -494,7 +510,8 @@ def run(args) -> int:
     for n in spec.notes:
         print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
     t0 = time.time()
-    status, tail = run_spec(spec, timeout_s=args.timeout)
+    with gloo_slurm.rendezvous_for(spec, python):  # Horovod's Gloo rendezvous (gloo + srun)
+        status, tail = run_spec(spec, timeout_s=args.timeout)
     took = time.time() - t0
     if status < 0:  # killed by a signal
         status = 128 - status

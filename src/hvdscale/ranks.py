@@ -4,8 +4,6 @@ markers each rank leaves in ``OUT_DIR/.pids/``. Pure Python, no TensorFlow."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 from hvdscale.errors import UserError
@@ -13,17 +11,12 @@ from hvdscale.jobspec import JobSpec
 
 
 def slurm_hostnames() -> list[str]:
-    """Hosts of the current SLURM allocation (``scontrol show hostnames``); [] outside one."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return []
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.split() if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
+    """Hosts of the current SLURM allocation ([] outside one): SLURM_JOB_NODELIST,
+    SLURM_NODELIST or squeue, since the plugin's job step strips SLURM_JOB_NODELIST
+    (hvdscale.gloo_slurm)."""
+    from hvdscale.gloo_slurm import slurm_hostnames as allocation_hostnames
+
+    return allocation_hostnames()
 
 
 def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:

@@ -113,7 +113,10 @@ def environment_block(
         "config_hash": config_hash,
         "started_utc": started_utc,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        # issue 12: HVDSCALE_SLURM_NODELIST from hvdscale launch when the plugin's job
+        # step stripped SLURM_JOB_NODELIST (ranks not started by srun)
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST")
+        or os.environ.get("HVDSCALE_SLURM_NODELIST"),
         "devices": list(devices),
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
@@ -273,6 +276,7 @@ def build_record(
     test-only fault hook's setting (hvdscale.train.fault), recorded only when set.
     """
     from hvdscale.model import model_bytes
+    from hvdscale.site_settings import nccl_env_now
 
     tcfg = cfg["training"]
     config = _record_config(
@@ -282,6 +286,7 @@ def build_record(
         model_parameters=model_parameters,
         model_bytes=model_bytes(model_parameters),
         horovod_env=horovod_env(),
+        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
         steps_per_execution=tcfg["steps_per_execution"],
         backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
         compression=tcfg["horovod"]["compression"],

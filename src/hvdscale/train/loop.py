@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hvdscale import timelimit
 from hvdscale.runrecord import epoch_entry
 from hvdscale.train.checkpoint import Checkpointer, ResumeState
 from hvdscale.train.metrics import EpochMetrics
@@ -57,6 +58,7 @@ class LoopResult:
     error: str | None = None
     test_values: int | None = None  # test values of all ranks (last epoch)
     rank_sync_s: float = 0.0  # this rank's measured sync time over this attempt's epochs
+    exit_code: int | None = None  # set when the run stops early (SLURM time limit)
 
 
 def run_epoch_steps(program: StepProgram, perm: np.ndarray, steps: int, spe: int, k_inst: int):
@@ -120,6 +122,11 @@ def train_epochs(
             if worker.is_root:
                 checkpointer.save(epoch, progress, prev + list(sampler.samples))
             worker.barrier(name=f"epoch_end_{epoch}")  # HVD: wait for the checkpoint
+            if timelimit.stop_requested(worker, epoch, plan.epochs):  # SIGUSR1 before the limit
+                result.exit_code = timelimit.stopped(
+                    log, plan.run_id, epoch, checkpointer.out_dir, worker.is_root
+                )
+                break
     except NanLoss as exc:
         result.status, result.error = "nan_loss", str(exc)
         print(f"ERROR: {plan.run_id}: {exc}", file=sys.stderr, flush=True)

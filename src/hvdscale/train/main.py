@@ -14,9 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+from hvdscale import timelimit
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, find_run, load_config
 from hvdscale.errors import UserError
+from hvdscale.labelproof import prove
 from hvdscale.runrecord import build_record, environment_block, utc_now, write_run_outputs
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
@@ -63,6 +65,7 @@ def run(args) -> int:
     # a launcher's SIGTERM (clean-up after another rank failed) ends this rank through
     # the normal exit path, so the exit marker says "143" and not "killed"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    timelimit.install()  # SIGUSR1 before the SLURM time limit: checkpoint, exit 4
     code = 1
     try:
         code = train_rank(args, out_dir)
@@ -118,6 +121,8 @@ def train_rank(args, out_dir: Path) -> int:
     result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
 
     shutdown(worker)
+    if result.exit_code is not None:  # stopped before the time limit: the retry resumes
+        return result.exit_code
     if not worker.is_root:
         # exit 0 even after nan_loss: a non-zero exit would make the launcher kill rank 0
         # while it writes the record; rank 0's exit status speaks for the job
@@ -125,6 +130,7 @@ def train_rank(args, out_dir: Path) -> int:
     record = run_record(
         run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
     )
+    record["label_proof"] = prove(record, os.environ.get("HOROVOD_TIMELINE"))
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
     return EXIT_NAN if result.status == "nan_loss" else 0

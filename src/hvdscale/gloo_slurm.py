@@ -1,0 +1,392 @@
+"""Gloo across SLURM nodes without ssh (issue 12).
+
+``horovodrun --gloo`` starts remote ranks by ssh, which many clusters forbid on compute
+nodes. Inside a SLURM allocation ``hvdscale launch --launcher srun`` therefore runs a
+gloo run in three pieces, the same ones horovodrun uses, with srun in place of ssh:
+
+1. the launcher works out the slot plan (sequential fill: ``workers_per_node`` ranks on
+   the first node, then the next; the same plan as Horovod's ``get_host_assignments``)
+   from the allocation's host list;
+2. it starts Horovod's own ``RendezvousServer`` (``horovod.runner.http.http_server``) in
+   the train env (``python -m hvdscale.gloo_slurm serve``), initialised with that plan,
+   and learns its port;
+3. ``srun --mpi=none --distribution=block`` starts every rank through
+   ``python -m hvdscale.gloo_slurm exec -- PROGRAM``, which turns SLURM_PROCID into the
+   variables Horovod's Gloo controller reads (HOROVOD_RANK/SIZE, HOROVOD_LOCAL_RANK/SIZE,
+   HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), checks that srun placed the rank where the
+   plan says, and execs PROGRAM. HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
+   HOROVOD_CONTROLLER=gloo and HOROVOD_CPU_OPERATIONS=gloo come with srun's environment.
+
+The host list comes from ``scontrol show hostnames`` of SLURM_JOB_NODELIST, else
+SLURM_NODELIST, else ``squeue -j $SLURM_JOB_ID -h -o %N``: the Snakemake SLURM plugin's
+job step (snakemake-executor-plugin-slurm-jobstep) removes every SLURM_* variable but
+the job id before it runs a rule. The same lookup fills ``slurm_nodelist`` of the run
+record (HVDSCALE_SLURM_NODELIST, set by the launcher for the ranks).
+
+Pure Python in the workflow env (no Horovod import) except ``serve``, which runs in the
+train env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hvdscale.errors import UserError
+
+#: environment of the launcher -> ranks: the plan, read by ``exec`` and ``serve``
+PLAN_HOSTS = "HVDSCALE_GLOO_HOSTS"
+PLAN_PER_NODE = "HVDSCALE_GLOO_PER_NODE"
+PLAN_WORKERS = "HVDSCALE_GLOO_WORKERS"
+NODELIST = "HVDSCALE_SLURM_NODELIST"
+PORT_PLACEHOLDER = "<port>"
+#: Gloo's rendezvous waits 30 s by default; ranks that import TensorFlow on busy or
+#: oversubscribed nodes reach hvd.init() minutes apart
+DEFAULT_GLOO_TIMEOUT_S = "600"
+
+
+# =========================================================================== host list
+
+
+def _run(argv: list[str], timeout: float = 30) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def slurm_nodelist(env: dict[str, str] | None = None) -> str | None:
+    """The allocation's node list in SLURM's compressed form (``node[1-2]``), or None
+    outside SLURM: SLURM_JOB_NODELIST, SLURM_NODELIST, ``squeue -j JOBID -h -o %N``."""
+    env = os.environ if env is None else env
+    for key in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", NODELIST):
+        if env.get(key):
+            return env[key]
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return None
+    out = _run(["squeue", "-j", job, "-h", "-o", "%N"])
+    return out.splitlines()[0].strip() if out else None
+
+
+def slurm_hostnames(env: dict[str, str] | None = None) -> list[str]:
+    """The allocation's host names, in SLURM's order ([] outside SLURM)."""
+    nodelist = slurm_nodelist(env)
+    if not nodelist:
+        return []
+    out = _run(["scontrol", "show", "hostnames", nodelist])
+    return out.split() if out else []
+
+
+def rank_env_from_slurm(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables the launcher adds for every rank inside SLURM (record: slurm_nodelist)."""
+    env = os.environ if env is None else env
+    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+        return {}
+    nodelist = slurm_nodelist(env)
+    return {NODELIST: nodelist} if nodelist else {}
+
+
+# =========================================================================== slot plan
+
+
+@dataclass(frozen=True)
+class Slot:
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+    def env(self) -> dict[str, str]:
+        """What Horovod's Gloo controller reads (horovod.runner.gloo_run.create_slot_env_vars)."""
+        return {
+            "HOROVOD_HOSTNAME": self.hostname,
+            "HOROVOD_RANK": str(self.rank),
+            "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }
+
+
+def slot_plan(workers: int, per_node: int, hosts: list[str]) -> list[Slot]:
+    """Sequential fill: ranks 0..per_node-1 on hosts[0], the next per_node on hosts[1], ...
+    (Horovod's get_host_assignments for ``h1:per_node,h2:per_node,...``)."""
+    if workers < 1 or per_node < 1:
+        raise UserError(f"gloo plan: {workers} workers, {per_node} per node")
+    nodes = -(-workers // per_node)
+    if len(hosts) < nodes:
+        raise UserError(
+            f"{workers} workers at {per_node} per node need {nodes} node(s) but the host list "
+            f"has {len(hosts)}: {', '.join(hosts) or '(empty)'}"
+        )
+    local_sizes = [min(per_node, workers - n * per_node) for n in range(nodes)]
+    slots = []
+    for rank in range(workers):
+        node, local = divmod(rank, per_node)
+        slots.append(
+            Slot(
+                hostname=hosts[node],
+                rank=rank,
+                local_rank=local,
+                cross_rank=node,
+                size=workers,
+                local_size=local_sizes[node],
+                cross_size=sum(1 for s in local_sizes if s > local),
+            )
+        )
+    return slots
+
+
+def plan_from_env(env: dict[str, str] | None = None) -> list[Slot]:
+    env = os.environ if env is None else env
+    try:
+        hosts = [h for h in env[PLAN_HOSTS].split(",") if h]
+        return slot_plan(int(env[PLAN_WORKERS]), int(env[PLAN_PER_NODE]), hosts)
+    except KeyError as exc:
+        raise UserError(
+            f"gloo plan: {exc.args[0]} is not set (start ranks with hvdscale launch)"
+        ) from None
+
+
+def rendezvous_address(hosts: list[str]) -> str:
+    """An address of this machine that the other hosts of the plan can reach."""
+    me = socket.gethostname().split(".")[0]
+    others = [h for h in hosts if h.split(".")[0] != me]
+    for host in others:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((socket.gethostbyname(host), 9))  # no packet: picks the route
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+# =========================================================================== launch spec
+
+
+def build_gloo_srun(
+    *,
+    job,
+    program_argv: list[str],
+    env: dict[str, str],
+    hosts: list[str] | None,
+    srun: str = "srun",
+    srun_extra: list[str] | None = None,
+):
+    """argv/env of ``srun`` starting ``job.workers`` Gloo ranks (see the module doc).
+
+    ``env`` is the launcher's environment for the ranks (HOROVOD_* of the backend, ...);
+    the rendezvous port is filled in by :func:`rendezvous_for` when the run starts.
+    """
+    from hvdscale.launch import LaunchSpec
+
+    if not hosts:
+        hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
+    if not hosts:
+        raise UserError(
+            f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
+            "(SLURM_JOB_NODELIST, SLURM_NODELIST or squeue -j $SLURM_JOB_ID) "
+            "or pass --hosts host1,host2,..."
+        )
+    hosts = [h.partition(":")[0] for h in hosts][: job.nodes]
+    slot_plan(job.workers, job.workers_per_node, hosts)  # raises when it does not fit
+    env = dict(env)
+    env.update(
+        {
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address(hosts),
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": PORT_PLACEHOLDER,
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": os.environ.get(
+                "HOROVOD_GLOO_TIMEOUT_SECONDS", DEFAULT_GLOO_TIMEOUT_S
+            ),
+            PLAN_HOSTS: ",".join(hosts),
+            PLAN_PER_NODE: str(job.workers_per_node),
+            PLAN_WORKERS: str(job.workers),
+            "HVDSCALE_LAUNCHER": "srun",
+        }
+    )
+    argv = [
+        srun,
+        "--mpi=none",
+        "-n",
+        str(job.workers),
+        "-N",
+        str(job.nodes),
+        f"--ntasks-per-node={job.workers_per_node}",
+        f"--cpus-per-task={job.cpus_per_task}",
+        "--distribution=block",
+        "--kill-on-bad-exit=1",
+        *(srun_extra or []),
+    ]
+    if job.workers == 1:
+        argv.append("--overlap")  # as for MPI runs: the plugin's own step holds the CPUs
+    python = program_argv[0]
+    argv += [python, "-m", "hvdscale.gloo_slurm", "exec", "--", *program_argv]
+    return LaunchSpec(
+        argv=argv,
+        env=env,
+        controller="gloo",
+        launcher="srun",
+        notes=[
+            "gloo without ssh: Horovod's rendezvous server runs next to this launcher "
+            f"(port chosen at start), srun starts the ranks on {', '.join(hosts)}"
+        ],
+    )
+
+
+@contextlib.contextmanager
+def rendezvous_for(spec, python: str | None = None) -> Iterator[None]:
+    """Run Horovod's RendezvousServer (train env) while the ranks of ``spec`` run; fills
+    HOROVOD_GLOO_RENDEZVOUS_PORT. A no-op for every other launch."""
+    if spec.env.get("HOROVOD_GLOO_RENDEZVOUS_PORT") != PORT_PLACEHOLDER:
+        yield
+        return
+    python = python or spec.argv[spec.argv.index("hvdscale.gloo_slurm") - 2]
+    env = dict(os.environ)
+    env.update(spec.env)
+    proc = subprocess.Popen(
+        [python, "-m", "hvdscale.gloo_slurm", "serve"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        m = re.fullmatch(r"RENDEZVOUS_PORT=(\d+)\s*", line)
+        if not m:
+            proc.kill()
+            raise UserError(
+                f"Horovod's rendezvous server did not start ({python} -m hvdscale.gloo_slurm "
+                f"serve said {line.strip()!r}, exit {proc.wait()})"
+            )
+        spec.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = m.group(1)
+        print(
+            "hvdscale launch: Gloo rendezvous at "
+            f"{spec.env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{m.group(1)} (pid {proc.pid})",
+            file=sys.stderr,
+            flush=True,
+        )
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# =========================================================================== in the ranks
+
+
+def serve() -> int:
+    """Start Horovod's RendezvousServer with the plan from the environment; print its
+    port; serve until stdin closes or SIGTERM."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    env = os.environ
+    hosts = [h for h in env[PLAN_HOSTS].split(",") if h]
+    per_node, workers = int(env[PLAN_PER_NODE]), int(env[PLAN_WORKERS])
+    nodes = -(-workers // per_node)
+    spec = ",".join(
+        f"{h}:{min(per_node, workers - i * per_node)}" for i, h in enumerate(hosts[:nodes])
+    )
+    plan = get_host_assignments(parse_hosts(spec), workers)
+    mine = slot_plan(workers, per_node, hosts)
+    theirs = [
+        (s.hostname, s.rank, s.local_rank, s.cross_rank, s.size, s.local_size, s.cross_size)
+        for s in plan
+    ]
+    ours = [
+        (s.hostname, s.rank, s.local_rank, s.cross_rank, s.size, s.local_size, s.cross_size)
+        for s in mine
+    ]
+    if theirs != ours:  # the ranks' environment must describe Horovod's plan exactly
+        print(f"gloo plan mismatch: horovod {theirs} vs ours {ours}", file=sys.stderr)
+        return 2
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    server.init(plan)
+    print(f"RENDEZVOUS_PORT={port}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        sys.stdin.read()  # until the launcher closes the pipe (or exits)
+    finally:
+        server.stop()
+    return 0
+
+
+def exec_rank(program: list[str]) -> int:
+    """Set this rank's Horovod Gloo variables from SLURM_PROCID and exec ``program``."""
+    env = os.environ
+    if not program:
+        raise UserError("gloo_slurm exec: no program given")
+    slots = plan_from_env(env)
+    if "SLURM_PROCID" not in env:
+        raise UserError("gloo_slurm exec: SLURM_PROCID is not set (start it with srun)")
+    rank = int(env["SLURM_PROCID"])
+    if not 0 <= rank < len(slots):
+        raise UserError(f"gloo_slurm exec: SLURM_PROCID {rank} but the plan has {len(slots)}")
+    slot = slots[rank]
+    node_id = env.get("SLURM_NODEID")
+    local_id = env.get("SLURM_LOCALID")
+    if (node_id is not None and int(node_id) != slot.cross_rank) or (
+        local_id is not None and int(local_id) != slot.local_rank
+    ):
+        raise UserError(
+            f"gloo_slurm exec: srun placed rank {rank} as local id {local_id} on node {node_id}; "
+            f"the Gloo plan says local rank {slot.local_rank} on node {slot.cross_rank} "
+            "(srun needs --distribution=block and the plan's tasks per node)"
+        )
+    new_env = dict(env)
+    new_env.update(slot.env())
+    os.execvpe(program[0], program, new_env)
+    return 127  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hvdscale.gloo_slurm", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("serve", help="run Horovod's Gloo rendezvous server for the plan in the env")
+    e = sub.add_parser("exec", help="set this srun task's Horovod Gloo env and exec PROGRAM")
+    e.add_argument("program", nargs=argparse.REMAINDER)
+    sub.add_parser("hosts", help="print the allocation's host names and node list")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            return serve()
+        if args.cmd == "exec":
+            prog = args.program[1:] if args.program[:1] == ["--"] else args.program
+            return exec_rank(prog)
+        print(" ".join(slurm_hostnames()))
+        print(slurm_nodelist() or "")
+        return 0
+    except UserError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

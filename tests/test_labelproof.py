@@ -1,0 +1,89 @@
+"""Every run proves its label (hvdscale.labelproof, issue 12): world size, hosts, ranks
+per host, devices, controller and the collective in Horovod's timeline against the
+run_id. Records and timelines in the format training writes (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+from hvdscale.labelproof import main, prove
+
+
+def record(backend="gloo", workers=2, nodes=1, per_node=2, hosts=None, controller=None):
+    return {
+        "run_id": f"p_{backend}_n{nodes}_w{workers}_b75_lrnone_r0",
+        "config": {
+            "backend": backend,
+            "workers": workers,
+            "nodes": nodes,
+            "workers_per_node": per_node,
+            "controller": controller or ("mpi" if backend == "nccl" else backend),
+        },
+        "environment": {
+            "hostnames": hosts or ["h1"] * workers,
+            "devices": ["CPU (1 thread)"] * workers,
+        },
+    }
+
+
+def timeline(path, activity: str, tensors=("grads_0", "grads_1")):
+    """A Horovod timeline: one trace process per tensor, ALLREDUCE with the backend's
+    activity nested inside (as Horovod 0.28 writes it)."""
+    ev = []
+    for pid, name in enumerate(tensors, 1):
+        ev.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+        for step in range(3):
+            t = 1000 * step
+            ev += [
+                {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": pid, "tid": 0, "ts": t},
+                {"ph": "E", "pid": pid, "tid": 0, "ts": t + 10},
+                {"name": "ALLREDUCE", "ph": "B", "pid": pid, "tid": 0, "ts": t + 10},
+                {"name": activity, "ph": "B", "pid": pid, "tid": 0, "ts": t + 11},
+                {"ph": "E", "pid": pid, "tid": 0, "ts": t + 20},
+                {"ph": "E", "pid": pid, "tid": 0, "ts": t + 21},
+            ]
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in ev) + ",\n")  # left open
+    return path
+
+
+def test_gloo_run_proves_gloo_and_mpi_run_proves_mpi(tmp_path):
+    p = prove(record("gloo"), timeline(tmp_path / "g.json", "GLOO_ALLREDUCE"))
+    assert p["ok"] and p["collective"] == "GLOO_ALLREDUCE", p
+    assert p["collective_counts"] == {"GLOO_ALLREDUCE": 6}
+    p = prove(record("mpi"), timeline(tmp_path / "m.json", "MPI_ALLREDUCE"))
+    assert p["ok"] and p["collective"] == "MPI_ALLREDUCE" and p["devices"] == {"CPU": 2}
+
+
+def test_a_mislabelled_run_is_caught(tmp_path):
+    # labelled gloo, but MPI carried the gradients and the controller was MPI
+    p = prove(record("gloo", controller="mpi"), timeline(tmp_path / "t.json", "MPI_ALLREDUCE"))
+    assert not p["ok"]
+    assert any("MPI_ALLREDUCE" in m and "GLOO_ALLREDUCE" in m for m in p["problems"])
+    assert any("controller was mpi" in m for m in p["problems"])
+    # labelled nccl, ran on the CPU with MPI
+    p = prove(record("nccl"), timeline(tmp_path / "n.json", "MPI_ALLREDUCE"))
+    assert not p["ok"] and any("ran on the CPU" in m for m in p["problems"])
+
+
+def test_hosts_and_sequential_fill():
+    hosts = ["node1"] * 8 + ["node2"] * 8
+    p = prove(record("mpi", 16, 2, 8, hosts=hosts))
+    assert p["ok"] and p["ranks_per_host"] == {"node1": 8, "node2": 8}
+    assert p["collective"] is None and not p["timeline_checked"]  # no timeline: not claimed
+    p = prove(record("mpi", 16, 2, 8, hosts=["node1", "node2"] * 8))  # round robin
+    assert not p["ok"] and any("sequential fill" in m for m in p["problems"])
+    p = prove(record("mpi", 16, 2, 8, hosts=["node1"] * 16))
+    assert not p["ok"] and any("1 distinct host" in m for m in p["problems"])
+    p = prove(record("mpi", 4, 1, 8, hosts=["node1"] * 3))
+    assert not p["ok"] and any("world size 3" in m for m in p["problems"])
+
+
+def test_cli_exit_status(tmp_path, capsys):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d, rec, act in ((good, record("gloo"), "GLOO_ALLREDUCE"), (bad, record("gloo"), "MPI")):
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps(rec))
+        timeline(d / "timeline.json", act if act != "MPI" else "MPI_ALLREDUCE")
+    assert main([str(good)]) == 0
+    assert main([str(good), str(bad)]) == 1
+    assert "MISLABELLED" in capsys.readouterr().out

@@ -1,0 +1,297 @@
+"""Multi-node for real (issue 12), on the local cluster in emulated-Taurus mode
+(`scripts/slurm-cluster.sh up --nodes 2 --emulate alpha`: node1 and node2 in their own
+network namespaces, each declared with 8 GPUs as gres, 48 CPUs and 990000 MB).
+
+- the scheduler accepts the thesis's job shapes and `srun --gpus-per-task=1` gives each
+  rank its own CUDA_VISIBLE_DEVICES;
+- the scaled-down thesis config (.test/slurm-thesis.yaml) runs through the Snakemake
+  SLURM plugin (profiles/test-slurm) with 1, 2, 4, 8 and 16 workers: nodes, tasks per
+  node, CPUs per task, gres, exclusive and memory as `scontrol show job` reports them,
+  16 ranks filling node1 (ranks 0-7) and then node2 (8-15) under srun --mpi=pmix, and a
+  16-rank gloo run across both nodes started by srun with Horovod's rendezvous from
+  `hvdscale launch` (no ssh: no ssh server runs here);
+- a run that reaches its time limit is warned by SIGUSR1, checkpoints, exits 4 and is
+  resumed by the retry, which gets a longer time limit.
+
+Real slurmctld/slurmd, real sbatch/srun, real Horovod (TensorFlow on the CPU: the GPUs
+are emulated, and the run records say CPU). Needs root and Debian's slurm-wlm + munge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from slurm_support import (
+    PROJECT_ROOT,
+    cluster_env,
+    cluster_mode,
+    horovod_skip_reason,
+    restore,
+    run,
+    run_cluster_script,
+    slurm_skip_reason,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.horovod]
+
+ROOT = PROJECT_ROOT
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+THESIS_TEST_CONFIG = ".test/slurm-thesis.yaml"
+GPUS, CPUS, MEM_MB = 8, 48, 990000  # per emulated alpha node (slurm-cluster.sh defaults)
+
+
+@pytest.fixture(scope="module")
+def alpha_cluster():
+    reason = slurm_skip_reason(2) or horovod_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    before = cluster_mode()
+    up = run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    env = cluster_env()
+    env["PYTHONPATH"] = str(ROOT / "src")
+    yield env
+    restore(before)
+
+
+@pytest.fixture(scope="module")
+def results_dir():
+    """One results directory for the module: the runs of both plugin tests share the
+    data stage (same data section), so it runs once."""
+    name = "results-test-slurm-multinode"
+    shutil.rmtree(ROOT / name, ignore_errors=True)
+    yield name
+    shutil.rmtree(ROOT / name, ignore_errors=True)
+
+
+def show_job(job_id: str, env: dict) -> str:
+    return run(["scontrol", "show", "job", "-d", job_id], env).stdout
+
+
+def field(text: str, name: str) -> str:
+    m = re.search(rf"(?:^|\s){re.escape(name)}=(\S+)", text)
+    assert m, f"{name} not in:\n{text}"
+    return m.group(1)
+
+
+def snakemake(args: list[str], env: dict, timeout: float = 2400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*SNAKEMAKE, "--profile", "profiles/test-slurm", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=timeout,
+    )
+
+
+# --------------------------------------------------------------------------- partition
+
+
+def test_emulated_partition_accepts_thesis_requests_and_binds_one_gpu_per_rank(
+    alpha_cluster, tmp_path
+):
+    env = alpha_cluster
+    nodes = run(["sinfo", "-h", "-N", "-p", "alpha", "-o", "%N %c %m %G %T"], env).stdout
+    assert nodes.split("\n")[:2] == [
+        f"node1 {CPUS} {MEM_MB} gpu:{GPUS} idle",
+        f"node2 {CPUS} {MEM_MB} gpu:{GPUS} idle",
+    ], nodes
+    script = tmp_path / "shape.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "srun -l --gpus-per-task=1 bash -c "
+        "'echo host=$(hostname) local=$SLURM_LOCALID cvd=$CUDA_VISIBLE_DEVICES'\n"
+    )
+    out = tmp_path / "shape.out"
+    # the thesis's 16-worker shape on alpha: 2 exclusive nodes, 8 tasks (GPUs) per node,
+    # 48 / 8 = 6 CPUs per task, all 8 GPUs and the whole memory of each node
+    sub = run(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "-p",
+            "alpha",
+            "-N",
+            "2",
+            "-n",
+            "16",
+            "--ntasks-per-node=8",
+            f"--cpus-per-task={CPUS // GPUS}",
+            f"--gres=gpu:{GPUS}",
+            "--exclusive",
+            f"--mem={MEM_MB}",
+            "-o",
+            str(out),
+            str(script),
+        ],
+        env,
+        timeout=300,
+    )
+    job = sub.stdout.strip().split(";")[0]
+    text = out.read_text()
+    ranks = {
+        int(m[0]): (m[1], int(m[2]), m[3])
+        for m in re.findall(r"^\s*(\d+): host=(\S+) local=(\d+) cvd=(\S*)$", text, re.M)
+    }
+    assert sorted(ranks) == list(range(16)), text
+    for r, (host, local, cvd) in ranks.items():
+        assert host == ("node1" if r < 8 else "node2") and local == r % 8, text
+        assert cvd == str(local), f"rank {r}: CUDA_VISIBLE_DEVICES={cvd!r}\n{text}"
+    shown = show_job(job, env)
+    assert field(shown, "JobState") == "COMPLETED"
+    assert field(shown, "NumNodes") == "2" and field(shown, "NumTasks") == "16"
+    assert field(shown, "CPUs/Task") == str(CPUS // GPUS)
+    assert field(shown, "OverSubscribe") == "NO"  # --exclusive
+    assert field(shown, "MinMemoryNode") == f"{MEM_MB}M"
+    assert field(shown, "TresPerNode") == f"gres:gpu:{GPUS}"
+    assert field(shown, "JOB_GRES") == f"gpu:{2 * GPUS}"  # 8 GPUs on each of 2 nodes
+
+
+# --------------------------------------------------------------------------- thesis shapes
+
+RUNS = {  # run_id -> (nodes, tasks per node, gres GPUs per node)
+    "alpha_mpi_n1_w1_b75_lrnone_r0": (1, 1, 1),
+    "alpha_mpi_n1_w2_b75_lrnone_r0": (1, 2, 2),
+    "alpha_mpi_n1_w4_b75_lrnone_r0": (1, 4, 4),
+    "alpha_mpi_n1_w8_b75_lrnone_r0": (1, 8, 8),
+    "alpha_mpi_n2_w16_b75_lrnone_r0": (2, 8, 8),
+    "alpha_gloo_n2_w16_b75_lrnone_r0": (2, 8, 8),
+}
+
+
+def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
+    env = alpha_cluster
+    for node in ("node1", "node2"):  # no ssh server on the nodes: gloo must do without
+        listening = subprocess.run(
+            ["ip", "netns", "exec", f"hvd-{node}", "ss", "-Hltn", "sport = :22"],
+            capture_output=True,
+            text=True,
+        )
+        assert listening.returncode == 0 and not listening.stdout.strip(), listening
+    targets = [f"{results_dir}/runs/{r}/metrics.json" for r in RUNS]
+    out = snakemake(
+        [
+            "--configfile",
+            THESIS_TEST_CONFIG,
+            "--config",
+            f"results_dir={results_dir}",
+            "--",
+            *targets,
+        ],
+        env,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    for run_id, (nodes, per_node, gpus) in RUNS.items():
+        rec = json.loads((ROOT / results_dir / "runs" / run_id / "metrics.json").read_text())
+        workers = int(re.search(r"_w(\d+)_", run_id).group(1))
+        envb = rec["environment"]
+        assert rec["status"] == "completed" and rec["config"]["workers"] == workers
+        assert rec["config"]["launcher"] == "srun"
+        assert rec["config"]["controller"] == ("gloo" if "_gloo_" in run_id else "mpi")
+        hosts = envb["hostnames"]  # in rank order
+        if nodes == 2:  # sequential fill: ranks 0-7 on node1, 8-15 on node2
+            assert hosts == ["node1"] * 8 + ["node2"] * 8, hosts
+            nodelist = "node[1-2]"
+        else:
+            assert len(hosts) == workers and len(set(hosts)) == 1, hosts
+            nodelist = hosts[0]
+        assert all(d.startswith("CPU") for d in envb["devices"])  # emulated GPUs: CPU training
+        # the plugin's job step strips SLURM_JOB_NODELIST; the launcher finds it anyway
+        assert envb["slurm_nodelist"] == nodelist, envb
+        shown = show_job(envb["slurm_job_id"], env)
+        assert field(shown, "Partition") == "alpha" and field(shown, "JobState") == "COMPLETED"
+        assert field(shown, "NumNodes") == str(nodes)
+        assert field(shown, "NumTasks") == str(workers)
+        assert field(shown, "CPUs/Task") == str(CPUS // GPUS)
+        assert field(shown, "OverSubscribe") == "NO"
+        assert field(shown, "MinMemoryNode") == f"{MEM_MB}M"
+        assert field(shown, "TresPerNode") == f"gres:gpu:{gpus}"
+        # requested gpu:N per node; --exclusive allocates all 8 GPUs of every node
+        assert field(shown, "JOB_GRES") == f"gpu:{GPUS * nodes}"
+        assert re.search(rf"NtasksPerN:B:S:C={per_node}:", shown), shown
+        assert run_id in field(shown, "Comment")
+        log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
+        if "_gloo_" in run_id:
+            assert "srun --mpi=none" in log and "Gloo rendezvous at" in log
+            assert "horovodrun" not in log
+        else:
+            assert "srun --mpi=pmix" in log
+
+
+# --------------------------------------------------------------------------- time limit
+
+
+def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
+    alpha_cluster, results_dir, tmp_path
+):
+    """2-minute limit, SIGUSR1 80 s before it (from hvdscale launch, and from slurmctld
+    at its next 30-second check): the 2-rank run stops after an epoch with exit status
+    4; Snakemake's retry (10-minute limit) resumes from the checkpoint. Horovod's cycle
+    time makes every step wait >= 10 ms (140 steps per epoch), so the 30 epochs last
+    past the warning on any machine, and the first epoch ends before the limit on a
+    loaded one."""
+    env = alpha_cluster
+    run_id = "alpha_mpi_n1_w2_b8_lrnone_r0"
+    epochs = 30
+    override = tmp_path / "timelimit.yaml"
+    override.write_text(
+        yaml.safe_dump(
+            {
+                "training": {
+                    "epochs": epochs,
+                    "time_limit_margin_s": 80,
+                    "horovod": {"cycle_time_ms": 10},
+                },
+                "scaling": {
+                    "partitions": {"alpha": {"runtime_min": 2, "runtime_min_retry": 10}},
+                    "sweeps": [
+                        {
+                            "name": "timelimit",
+                            "partitions": ["alpha"],
+                            "workers": [2],
+                            "backends": ["mpi"],
+                            "batch_sizes": [8],
+                            "lr_rules": ["none"],
+                        }
+                    ],
+                },
+            }
+        )
+    )
+    out = snakemake(
+        [
+            "--configfile",
+            THESIS_TEST_CONFIG,
+            str(override),
+            "--config",
+            f"results_dir={results_dir}",
+            "--",
+            f"{results_dir}/runs/{run_id}/metrics.json",
+        ],
+        env,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    rec = json.loads((ROOT / results_dir / "runs" / run_id / "metrics.json").read_text())
+    assert rec["status"] == "completed" and len(rec["epochs"]) == epochs
+    attempts = rec["resume"]["attempts"]
+    assert rec["resume"]["resumed"] is True and len(attempts) == 2, attempts
+    first, second = attempts[0]["slurm_job_id"], attempts[1]["slurm_job_id"]
+    assert first != second and 1 <= attempts[1]["start_epoch"] < epochs
+    # the first job asked for the warning, got it, checkpointed and stopped with exit 4
+    assert attempts[0]["ended"] == "time_limit" and attempts[0]["exit_status"] == 4, attempts
+    assert attempts[0]["epochs_done"] == attempts[1]["start_epoch"]
+    shown = show_job(first, env)
+    assert field(shown, "TimeLimit") == "00:02:00" and field(shown, "JobState") == "FAILED"
+    assert "--signal=USR1@80" in out.stdout + out.stderr
+    # the retry got the partition's runtime_min_retry and finished the run
+    shown = show_job(second, env)
+    assert field(shown, "TimeLimit") == "00:10:00" and field(shown, "JobState") == "COMPLETED"
