@@ -96,7 +96,8 @@ def test_cpu_partition_account_and_constraint():
     assert (res["nodes"], res["cpus_per_task"], res["mem_mb"], res["runtime"]) == (2, 6, 60000, 90)
     assert (res["slurm_account"], res["constraint"]) == ("p_scaling", "fast&big")
     assert res["gres"] is None and res["tasks_per_gpu"] is None
-    assert res["slurm_extra"] == "--ntasks-per-node=4 --exclusive"
+    # multi-rank jobs ask for SIGUSR1 before the time limit (training.time_limit_margin_s)
+    assert res["slurm_extra"] == "--ntasks-per-node=4 --exclusive --signal=USR1@120"
     assert job.local_threads == 18
 
 

@@ -227,13 +227,13 @@ class JobSpec:
             "mpi": self.mpi,
         }
 
-    def srun_args(self, srun: str = "srun") -> list[str]:
+    def srun_args(self, srun: str = "srun", mpi: str | None = None) -> list[str]:
         """srun's argv (before the program) inside the job's allocation. Everything is
         explicit: the Snakemake SLURM job step strips SLURM_NTASKS and friends, so srun
         cannot take them from the allocation."""
         argv = [
             srun,
-            f"--mpi={self.srun_mpi}",
+            f"--mpi={mpi or self.srun_mpi}",  # training.srun_mpi: pmix, pmi2, ...
             "-n",
             str(self.tasks),
             "-N",

@@ -219,7 +219,7 @@ def build_launch(
             argv += ["-x", k]
     else:  # srun inside an allocation; the environment is exported by default
         # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
-        argv = job.srun_args(srun)
+        argv = job.srun_args(srun, mpi=training.get("srun_mpi"))
         if job.gpus_per_node:
             notes.append(
                 "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
