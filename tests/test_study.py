@@ -372,6 +372,39 @@ def test_describe_system(tmp_path):
     info = collect_system()
     assert info["cores"] == os.cpu_count() and info["cpu_model"]
     assert isinstance(info["gpus"], list) and isinstance(info["interfaces"], list)
-    assert "lo" not in info["interfaces"]
+    assert all(set(i) == {"name", "addresses"} for i in info["interfaces"])
+    assert "lo" not in [i["name"] for i in info["interfaces"]]
+    assert info["errors"] == {} and info["nodes"] == [info["hostname"]]
+    for k in ("cuda_driver", "cuda_build", "cudnn", "nccl", "mpi", "mpi_implementation"):
+        assert isinstance(info[k], str)
+    assert collect_system(nodes=["n2", "n1", "n2"])["nodes"] == ["n1", "n2"]
     assert main(["describe-system", "--out", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["kernel"] == info["kernel"]
+
+
+def test_describe_system_gpu_and_mpi_from_tools(tmp_path, monkeypatch):
+    """nvidia-smi and mpirun as a GPU node has them (stubs on PATH); a probe that raises
+    is named in errors and the others still describe the machine."""
+    from hvdscale.study import system
+
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-smi").write_text(
+        "#!/bin/sh\n"
+        'if [ -n "$1" ]; then echo "NVIDIA A100-SXM4-40GB, 535.104.05, 40960 MiB"; '
+        'else echo "| Driver Version: 535.104.05   CUDA Version: 12.2 |"; fi\n'
+    )
+    (stub / "mpirun").write_text("#!/bin/sh\necho 'HYDRA build details:' >&2\n")
+    for f in stub.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub}:{os.environ['PATH']}")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    monkeypatch.setattr(system, "_interfaces", lambda: 1 / 0)
+    info = system.collect_system()
+    assert info["gpus"] == [
+        {"model": "NVIDIA A100-SXM4-40GB", "driver": "535.104.05", "memory": "40960 MiB"}
+    ]
+    assert info["cuda_driver"] == "12.2" and info["nccl_socket_ifname"] == "ib0"
+    assert info["mpi_implementation"] == "MPICH"
+    assert info["interfaces"] == [] and "ZeroDivisionError" in info["errors"]["interfaces"]
+    assert system._nccl_version(21805) == "2.18.5" and system._nccl_version(2708) == "2.7.8"
