@@ -337,7 +337,7 @@ def test_split_error_of_a_real_looking_epoch():
 # --------------------------------------------------------------------------- build_record
 
 
-def built_record(fault_delay=None):
+def built_record(fault_delay=None, system=None):
     """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
     validated config."""
     from hvdscale.config import find_run, validate_config
@@ -385,6 +385,7 @@ def built_record(fault_delay=None):
         timeline_check=None,
         data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
         fault_delay=fault_delay,
+        system=system,
     )
 
 
@@ -404,3 +405,32 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     assert set(RUNS_COLUMNS) - {"config_hash_match", *TARGET_COLUMNS} <= set(row)
     assert len(epoch_rows) == 3
     assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"
+    assert "system" not in rec  # optional: records without it stay valid
+
+
+def test_a_record_with_the_system_description_validates():
+    """Rank 0's system_block (collect_system on this machine) goes into the record as
+    the optional ``system``, and a broken or schema-violating description never raises."""
+    from hvdscale.runrecord import system_block
+
+    system = system_block(["node2", "node1", "node2"])
+    assert system["nodes"] == ["node1", "node2"] and system["errors"] == {}
+    rec = built_record(system=system)
+    validate_record(rec)
+    assert rec["system"]["cpu_model"] and isinstance(rec["system"]["interfaces"], list)
+    with pytest.raises(RecordError, match="system"):
+        validate_record({**rec, "system": {"errors": {}, "gpus": "A100"}})
+
+
+def test_system_block_never_raises(monkeypatch):
+    from hvdscale.runrecord import system_block
+    from hvdscale.study import system as system_mod
+
+    monkeypatch.setattr(system_mod, "collect_system", lambda nodes: 1 / 0)
+    broken = system_block(["n1"])
+    assert "ZeroDivisionError" in broken["errors"]["collect_system"]
+    validate_record(built_record(system=broken))
+    monkeypatch.setattr(system_mod, "collect_system", lambda nodes: {"cores": "two"})
+    bad = system_block(["n1"])
+    assert bad["nodes"] == ["n1"] and "cores" in bad["errors"]["schema"]
+    validate_record(built_record(system=bad))

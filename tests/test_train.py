@@ -160,6 +160,13 @@ def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
     assert float(rows[-1]["test_loss"]) == pytest.approx(rec["epochs"][-1]["test_loss"])
     assert (out / "checkpoint" / "LATEST").read_text().strip() == "epoch-0003"
     assert not (out / "failure.json").exists()
+    # issue 13: rank 0's system description (the probes worked on this CPU machine)
+    system = rec["system"]
+    assert system["errors"] == {} and system["nodes"] == sorted(
+        set(rec["environment"]["hostnames"])
+    )
+    assert system["cpu_model"] and system["horovod_gloo"] is True and system["gpus"] == []
+    assert system["cuda_build"] == "" and system["mpi"] == rec["environment"]["mpi"]
 
 
 @pytest.mark.slow

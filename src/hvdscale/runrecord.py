@@ -123,6 +123,31 @@ def environment_block(
     }
 
 
+def system_block(nodes: list[str]) -> dict:
+    """The record's optional ``system`` (hvdscale.study.system.collect_system with the
+    run's hosts as node names), checked against the run schema here so that writing the
+    record cannot fail on it. Never raises: what failed is in ``errors``."""
+    try:
+        from hvdscale.study.system import collect_system
+
+        system = collect_system(nodes=nodes)
+        from jsonschema import Draft202012Validator
+
+        sub = load_run_schema()["properties"]["system"]
+        problems = [
+            f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+            for e in Draft202012Validator(sub).iter_errors(system)
+        ]
+        if problems:
+            return {
+                "nodes": sorted(set(map(str, nodes))),
+                "errors": {"schema": "; ".join(problems)[:500]},
+            }
+        return system
+    except Exception as exc:  # a description must never cost the run its record
+        return {"errors": {"collect_system": f"{type(exc).__name__}: {exc}"[:500]}}
+
+
 # --------------------------------------------------------------------------- summary
 
 
@@ -268,12 +293,14 @@ def build_record(
     timeline_check: dict | None,
     data: dict,
     fault_delay: str | None = None,
+    system: dict | None = None,
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
     ``run``: the config's scaling-matrix row (hvdscale.config.find_run); ``cfg``: the full
     validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
-    test-only fault hook's setting (hvdscale.train.fault), recorded only when set.
+    test-only fault hook's setting (hvdscale.train.fault), recorded only when set;
+    ``system``: system_block() of rank 0, recorded only when given (optional field).
     """
     from hvdscale.model import model_bytes
     from hvdscale.site_settings import nccl_env_now
@@ -299,7 +326,7 @@ def build_record(
     )
     if fault_delay:
         config["fault_delay"] = fault_delay
-    return {
+    record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
         "status": status,
@@ -317,6 +344,9 @@ def build_record(
         "data": data,
         "finished_utc": utc_now(),
     }
+    if system is not None:
+        record["system"] = system
+    return record
 
 
 # --------------------------------------------------------------------------- validation

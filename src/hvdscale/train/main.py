@@ -19,7 +19,13 @@ from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, find_run, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
-from hvdscale.runrecord import build_record, environment_block, utc_now, write_run_outputs
+from hvdscale.runrecord import (
+    build_record,
+    environment_block,
+    system_block,
+    utc_now,
+    write_run_outputs,
+)
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data
@@ -111,7 +117,7 @@ def train_rank(args, out_dir: Path) -> int:
     progress = checkpointer.restore(worker, log)  # HVD: rank 0 reads, then broadcasts
     optim.broadcast(worker)  # HVD: rank 0's weights and optimizer state everywhere
     progress.begin_attempt(started_utc)
-    environment = describe_environment(worker, device_desc, chash, progress.attempts[0])
+    environment, system = describe_environment(worker, device_desc, chash, progress.attempts[0])
 
     program = build_program(optim, worker, data, run_.batch, device, tcfg, fault)
     data.release()
@@ -128,7 +134,7 @@ def train_rank(args, out_dir: Path) -> int:
         # while it writes the record; rank 0's exit status speaks for the job
         return 0
     record = run_record(
-        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment, system
     )
     record["label_proof"] = prove(record, os.environ.get("HOROVOD_TIMELINE"))
     write_run_outputs(out_dir, record)
@@ -158,7 +164,7 @@ def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, faul
 
 
 def run_record(
-    run_, cfg, worker, optim, data, progress, result, sampler, fault, environment
+    run_, cfg, worker, optim, data, progress, result, sampler, fault, environment, system=None
 ) -> dict:
     """Rank 0's run record from the objects of the run."""
     env = os.environ.get("HOROVOD_TIMELINE")
@@ -185,6 +191,7 @@ def run_record(
         ),
         data={**data.info, "test_values": result.test_values},
         fault_delay=fault.describe(),
+        system=system,
     )
 
 
@@ -216,15 +223,19 @@ def announce_fault(fault: FaultDelay) -> FaultDelay:
 
 def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first_attempt: dict):
     """Every rank's host and device (all ranks take part); rank 0 gets the environment
-    block now, so that writing the record at the end is quick. None on other ranks."""
+    block and the system description now, so that writing the record at the end is
+    quick. (None, None) on other ranks."""
     gathered = worker.allgather_object(
         (worker.hostname, device_desc), name="hosts"
     )  # HVD: allgather_object
     if not worker.is_root:
-        return None
+        return None, None
     import tensorflow as tf
 
-    return environment_block(
+    # issue 13: rank 0 describes the system (CPU, GPUs, CUDA/cuDNN/NCCL, MPI, network,
+    # nodes) now; never raises (what failed is in system.errors)
+    system = system_block([h for h, _ in gathered])
+    environment = environment_block(
         config_hash=chash,
         hostnames=[h for h, _ in gathered],
         devices=[d for _, d in gathered],
@@ -232,6 +243,7 @@ def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first
         horovod=_horovod_version(),
         started_utc=first_attempt["started_utc"],
     )
+    return environment, system
 
 
 def make_sampler(worker: WorkerInfo):
