@@ -598,3 +598,53 @@ def study_allreduce(outdir: str | Path, cfg: dict, seed: int = 0) -> list[Path]:
 
 def deep_copy(rec: dict) -> dict:
     return copy.deepcopy(rec)
+
+
+def synthetic_system(rec: dict) -> dict:
+    """A ``system`` object (hvdscale.study.system.collect_system's shape) for a synthetic
+    record, from its partition's PERF entry and hosts."""
+    perf = _perf(rec["config"]["partition"])
+    gpu = perf["kind"] == "gpu"
+    return {
+        "hostname": rec["environment"]["hostnames"][0],
+        "nodes": sorted(set(rec["environment"]["hostnames"])),
+        "cpu_model": perf["cpu"],
+        "cores": 24,
+        "memory_mb": 64000,
+        "gpus": [{"model": f"NVIDIA {perf['gpu']}", "driver": "535.104.05", "memory": "12288 MiB"}]
+        * (4 if gpu else 0),
+        "cuda_driver": "12.2" if gpu else "",
+        "cuda_build": "12.2" if gpu else "",
+        "cudnn": "8" if gpu else "",
+        "nccl": "2.18.5" if gpu else "",
+        "mpi": "mpirun (Open MPI) 4.1.4",
+        "mpi_implementation": "Open MPI",
+        "mpi_version": "4.1.4",
+        "horovod_mpi": True,
+        "horovod_gloo": True,
+        "interfaces": [
+            {"name": "ib0", "addresses": ["10.0.0.1"]},
+            {"name": "ib:mlx5_0", "addresses": []},
+        ]
+        if gpu
+        else [{"name": "eth0", "addresses": ["192.0.2.2"]}],
+        "nccl_socket_ifname": "ib0" if gpu else "",
+        "kernel": "5.14.0",
+        "os": "Linux-5.14.0-x86_64-with-glibc2.34",
+        "python": "3.11.9",
+        "errors": {},
+    }
+
+
+def add_systems(runs_dir: str | Path, skip: int = 0) -> int:
+    """Give the records under ``runs_dir`` a synthetic ``system`` (all but the first
+    ``skip``, in sorted order, which stay as records before issue 13); how many got one."""
+    n = 0
+    for i, path in enumerate(sorted(Path(runs_dir).glob("*/metrics.json"))):
+        if i < skip:
+            continue
+        rec = json.loads(path.read_text())
+        rec["system"] = synthetic_system(rec)
+        path.write_text(json.dumps(rec))
+        n += 1
+    return n

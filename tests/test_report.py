@@ -431,3 +431,72 @@ def test_report_shows_speedup_at_equal_accuracy_with_intervals(tmp_path):
     t = sel.iloc[0]
     assert f"[{fmt.speedup(t.speedup_ttt_lo)}{fmt.EN_DASH}{fmt.speedup(t.speedup_ttt_hi)}]" in text
     check_plots(out["plots"])
+
+
+def test_system_rows_per_partition_with_and_without_descriptions():
+    """systems.csv: one row per partition; distinct values joined, nodes united; a record
+    from before issue 13 still gives nodes, CPU model and MPI from its environment."""
+    from hvdscale.analysis.systems import COLUMNS, csv_text, system_rows
+
+    recs = [
+        F._base_record(rid)
+        for rid in (
+            "alpha_nccl_n1_w2_b75_lrnone_r0",
+            "alpha_nccl_n2_w4_b75_lrnone_r0",
+            "local_gloo_n1_w1_b75_lrnone_r0",
+        )
+    ]
+    for rec in recs[:2]:
+        rec["system"] = F.synthetic_system(rec)
+    recs[1]["system"]["errors"] = {"gpus": "TimeoutExpired: nvidia-smi"}
+    rows = system_rows(recs)
+    assert [r["partition"] for r in rows] == ["alpha", "local"]
+    alpha, local = rows
+    assert (alpha["runs"], alpha["described"], local["described"]) == ("2", "2", "0")
+    assert alpha["nodes"] == ", ".join(sorted(set(recs[1]["environment"]["hostnames"])))
+    assert alpha["gpu_model"].startswith("NVIDIA ") and alpha["nccl"] == "2.18.5"
+    assert alpha["interfaces"] == "ib0 (10.0.0.1), ib:mlx5_0"
+    assert alpha["horovod_controllers"] == "mpi, gloo" and "TimeoutExpired" in alpha["errors"]
+    assert local["cpu_model"] == recs[2]["environment"]["cpu_model"]
+    assert local["mpi"] == "Open MPI 4.1.4" and local["gpu_model"] == ""
+    assert csv_text(rows).splitlines()[0] == ",".join(COLUMNS)
+    assert csv_text(rows) == csv_text(system_rows(list(reversed(recs))))  # order-free
+
+
+@needs_poppler
+def test_report_has_a_system_description_per_partition(tmp_path):
+    cfg = F.load_test_config("config.yaml", repeats=1)
+    F.write_study(tmp_path / "runs", cfg)
+    assert F.add_systems(tmp_path / "runs", skip=1) == len(run_table(cfg)) - 1
+    out = pipeline(tmp_path, cfg, tmp_path / "runs", F.study_allreduce(tmp_path / "ar", cfg))
+    systems = tmp_path / "scaling" / "systems.csv"
+    assert (
+        main(
+            ["tabulate-systems", "--runs-dir", str(tmp_path / "runs")]
+            + ["--runs", str(out["runs"]), "--out", str(systems)]
+        )
+        == 0
+    )
+    report = tmp_path / "with-systems.pdf"
+    args = ["report", "--config-file", str(CONFIG_FILE), "--config", str(tmp_path / "config")]
+    args[-1] += "/full.json"
+    for k in ("runs", "summary", "status", "costmodel"):
+        args += [f"--{k}", str(out[k])]
+    args += ["--plots-dir", str(out["plots"]), "--systems", str(systems), "--out", str(report)]
+    assert main(args) == 0
+    text = pdf_text(report)
+    n = len(run_table(cfg))
+    for needle in (
+        "System description",
+        "System of partition local",
+        f"({n} run(s); {n - 1} with a system description",
+        "Generic x86-64",
+        "Open MPI",
+        "4.1.4",
+        "eth0 (192.0.2.2)",
+        "localhost1",
+        "Network interfaces",
+        "cuDNN",
+    ):
+        assert needle in text, needle
+    assert "System description" not in pdf_text(out["report"])  # no --systems: no section

@@ -83,6 +83,11 @@ def test_archive_holds_inputs_products_and_provenance(study):
     names = set(members)
     assert {"MANIFEST.json", "system.json", *configs, "envs/workflow.lock.txt"} <= names
     assert f"{RESULTS}/report.pdf" in names and f"{RESULTS}/scaling/references.csv" in names
+    assert f"{RESULTS}/scaling/systems.csv" in names  # issue 13 item 5
+    systems = pd.read_csv(io.BytesIO(members[f"{RESULTS}/scaling/systems.csv"]), dtype=str)
+    assert list(systems["partition"]) == ["local"]
+    assert systems.iloc[0]["runs"] == systems.iloc[0]["described"] == "12"
+    assert systems.iloc[0]["cpu_model"] and systems.iloc[0]["nodes"]
     assert len([n for n in names if n.endswith("/metrics.json")]) == 12
     assert not [n for n in names if "checkpoint" in n]
     with tarfile.open(res / "study.tar.gz") as tar:

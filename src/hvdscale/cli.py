@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.analysis.aggregate",
         "aggregate run records into runs.csv and summary.csv",
     ),
+    "tabulate-systems": (
+        "hvdscale.analysis.systems",
+        "the run records' system descriptions per partition (systems.csv)",
+    ),
     "select-tuned": (
         "hvdscale.analysis.tuning",
         "pick the best learning-rate candidate per tuning group (tuned.csv)",

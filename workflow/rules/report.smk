@@ -104,6 +104,26 @@ rule check_references:
         " --summary {input.summary} --out {output} > {log} 2>&1"
 
 
+# the system description per partition (issue 13): what rank 0 of each run recorded
+rule tabulate_systems:
+    input:
+        config=f"{RESULTS}/config/full.json",
+        records=run_records,
+        runs=f"{RESULTS}/scaling/runs.csv",
+    output:
+        f"{RESULTS}/scaling/systems.csv",
+    log:
+        f"{RESULTS}/logs/tabulate_systems.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        runsdir=runs_dir_of_input_config,
+    shell:
+        "{params.hvd} tabulate-systems --runs-dir {params.runsdir} --runs {input.runs}"
+        " --out {output} > {log} 2>&1"
+
+
 # config key strict: the run fails (after the report) when a value is worse than its
 # reference beyond the tolerance; the marker says none was
 rule enforce_references:
@@ -131,6 +151,7 @@ rule build_report:
         references=f"{RESULTS}/scaling/references.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
         tuned=f"{RESULTS}/scaling/tuned.csv",
+        systems=f"{RESULTS}/scaling/systems.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -150,7 +171,7 @@ rule build_report:
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --references {input.references} --epochs {input.epochs} --tuned {input.tuned}"
-        " --out {output} > {log} 2>&1"
+        " --systems {input.systems} --out {output} > {log} 2>&1"
 
 
 # One archive of the finished study (not part of `all`): `make export`, or ask for
@@ -163,6 +184,7 @@ rule export_study:
         allreduce=allreduce_tables,
         report=f"{RESULTS}/report.pdf",
         references=f"{RESULTS}/scaling/references.csv",
+        systems=f"{RESULTS}/scaling/systems.csv",
     output:
         f"{RESULTS}/study.tar.gz",
     log:

@@ -22,6 +22,7 @@ class ReportData:
     references: pd.DataFrame | None = None  # references.csv (hvdscale.study.references)
     epochs: pd.DataFrame | None = None  # epochs.csv (time to any target)
     tuned: pd.DataFrame | None = None  # tuned.csv (select_tuned); None: computed from runs
+    systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""

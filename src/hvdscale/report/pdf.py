@@ -1,7 +1,8 @@
 """Typeset the scaling report (results/report.pdf) with reportlab.
 
 Sections: provenance (git commit, config file and hash, package versions of both
-environments, hosts and hardware, dates); how every time was measured; tables of
+environments, hosts and hardware, dates); the system description per partition
+(systems.csv, when given); how every time was measured; tables of
 speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
 never shown without the test loss it reached); the figures with numbered captions; a
 side-by-side comparison with the reference study; the cost-model fit and its
@@ -32,6 +33,7 @@ from hvdscale.report.overview import (
 )
 from hvdscale.report.reference import reference_rows, reference_section  # noqa: F401
 from hvdscale.report.results import figures_section, results_section
+from hvdscale.report.systems_section import systems_section
 from hvdscale.study.references import references_section
 
 # The report, in order: each section is a function (Doc, ReportData) in its own module;
@@ -39,6 +41,7 @@ from hvdscale.study.references import references_section
 SECTIONS = [
     title_section,
     provenance_section,
+    systems_section,
     method_section,
     results_section,
     accuracy_section,
@@ -105,6 +108,7 @@ def build_report(
     references=None,
     epochs=None,
     tuned=None,
+    systems=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
     from hvdscale.io import atomic_path
@@ -123,6 +127,7 @@ def build_report(
         references=references,
         epochs=epochs,
         tuned=tuned,
+        systems=systems,
     )
     d = Doc()
     build_story(d, data)
@@ -162,6 +167,9 @@ def add_arguments(p):
     p.add_argument(
         "--references", help="references.csv (optional: the 'Against the references' section)"
     )
+    p.add_argument(
+        "--systems", help="systems.csv (optional: the 'System description' section per partition)"
+    )
     p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
 
 
@@ -196,6 +204,7 @@ def run(args) -> int:
     tuned = read_tuned(args.tuned) if args.tuned else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
+    from hvdscale.analysis.systems import read_systems
     from hvdscale.study.references import read_references
 
     build_report(
@@ -205,6 +214,7 @@ def run(args) -> int:
         plots_dir=args.plots_dir,
         provenance=prov,
         references=read_references(args.references),
+        systems=read_systems(args.systems),
         **inputs,
     )
     print(f"report: wrote {args.out}")

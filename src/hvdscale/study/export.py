@@ -12,12 +12,14 @@
                     history.csv, config.json, failure.json; no checkpoints),
                     {results}/allreduce/*.csv
   products          {results}/scaling/*.csv, costmodel.json, references.csv,
-                    {results}/plots/*.pdf|png, {results}/report.pdf
+                    systems.csv (the system description per partition, from the
+                    run records), {results}/plots/*.pdf|png, {results}/report.pdf
 
 ``hvdscale rebuild ARCHIVE --out DIR`` (``make report FROM=ARCHIVE``) extracts the
 inputs and config files into DIR and runs, in DIR and with the workflow env only (in
 this process), what the Snakemake rules run: aggregate, fit-costmodel, check-references,
-plot, report. It then compares every product with the archived bytes and exits 1 if one differs.
+tabulate-systems, plot, report. It then compares every product with the archived bytes
+and exits 1 if one differs.
 
 Example
   hvdscale export --config-file config/config.yaml --out study.tar.gz
@@ -41,7 +43,8 @@ FORMAT = 1
 PREFIX = "study/"
 RUN_FILES = ("metrics.json", "history.csv", "config.json", "failure.json")
 SCALING = ("runs.csv", "summary.csv", "status.csv", "epochs.csv", "costmodel.json")
-OPTIONAL_PRODUCTS = ("scaling/references.csv",)
+# optional: archives of studies from before these products existed
+OPTIONAL_PRODUCTS = ("scaling/references.csv", "scaling/systems.csv")
 
 
 def sha256(data: bytes) -> str:
@@ -158,12 +161,16 @@ def read_archive(path) -> dict[str, bytes]:
 
 
 def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
-    """The commands of the report rules (workflow/rules/report.smk), in their order."""
+    """The commands of the report rules (workflow/rules/report.smk), in their order
+    (tabulate-systems and the report's --systems only where the archive has systems.csv)."""
     from hvdscale.config import count_parameters
 
     r = manifest["results_dir"]
     s = f"{r}/scaling"
-    return [
+    systems = f"{s}/systems.csv" in manifest["products"]
+    tabulate = ["tabulate-systems", "--runs-dir", f"{r}/runs", "--runs", f"{s}/runs.csv"]
+    tabulate += ["--out", f"{s}/systems.csv"]
+    steps = [
         ["aggregate", "--runs-dir", f"{r}/runs", "--config", f"{r}/config/full.json"]
         + ["--out-runs", f"{s}/runs.csv", "--out-summary", f"{s}/summary.csv"]
         + ["--out-status", f"{s}/status.csv", "--out-epochs", f"{s}/epochs.csv"],
@@ -173,6 +180,7 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
         + ["--out", f"{s}/costmodel.json"],
         ["check-references", "--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
         + ["--summary", f"{s}/summary.csv", "--out", f"{s}/references.csv"],
+        *([tabulate] if systems else []),
         ["plot", "--runs", f"{s}/runs.csv", "--summary", f"{s}/summary.csv"]
         + ["--epochs", f"{s}/epochs.csv", "--costmodel", f"{s}/costmodel.json"]
         + ["--outdir", f"{r}/plots"],
@@ -180,8 +188,11 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
         + ["--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
         + ["--summary", f"{s}/summary.csv", "--status", f"{s}/status.csv"]
         + ["--costmodel", f"{s}/costmodel.json", "--plots-dir", f"{r}/plots"]
-        + ["--references", f"{s}/references.csv", "--out", f"{r}/report.pdf"],
+        + ["--references", f"{s}/references.csv"]
+        + (["--systems", f"{s}/systems.csv"] if systems else [])
+        + ["--out", f"{r}/report.pdf"],
     ]
+    return steps
 
 
 @contextlib.contextmanager

@@ -1,0 +1,191 @@
+"""The system description per partition (results/scaling/systems.csv), from the run
+records' optional ``system`` object (rank 0's hvdscale.study.system.collect_system):
+CPU model, cores, memory, GPU model, driver, CUDA, cuDNN and NCCL versions, MPI
+implementation and version, Horovod's controllers, network interfaces, node names,
+kernel and OS.
+
+One row per partition of runs.csv. A field lists every distinct value of the
+partition's runs ('; ' between them; node names are the union of the runs' hosts); ''
+where no run had it. Records written before runs described the system (no ``system``)
+still give nodes, CPU model and MPI from their ``environment``; ``described`` counts the
+runs that carried a description, ``errors`` names the probes that failed in any run.
+Only the records decide the bytes (no clock, no machine), so a rebuild is identical.
+
+Example
+  hvdscale tabulate-systems --runs-dir results/runs --runs results/scaling/runs.csv \\
+      --out results/scaling/systems.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from hvdscale.errors import UserError
+
+COLUMNS = [
+    "partition",
+    "runs",
+    "described",
+    "nodes",
+    "cpu_model",
+    "cores",
+    "memory_mb",
+    "gpu_model",
+    "gpu_driver",
+    "gpu_memory",
+    "cuda_driver",
+    "cuda_build",
+    "cudnn",
+    "nccl",
+    "mpi_implementation",
+    "mpi_version",
+    "mpi",
+    "horovod_controllers",
+    "interfaces",
+    "nccl_socket_ifname",
+    "kernel",
+    "os",
+    "errors",
+]
+# the report's labels, in its order (partition, runs, described: in the heading)
+LABELS = {
+    "nodes": "Nodes",
+    "cpu_model": "CPU model",
+    "cores": "Cores per node",
+    "memory_mb": "Memory per node (MB)",
+    "gpu_model": "GPU model",
+    "gpu_driver": "GPU driver",
+    "gpu_memory": "GPU memory",
+    "cuda_driver": "CUDA (driver)",
+    "cuda_build": "CUDA (TensorFlow build)",
+    "cudnn": "cuDNN",
+    "nccl": "NCCL (Horovod build)",
+    "mpi_implementation": "MPI implementation",
+    "mpi_version": "MPI version",
+    "mpi": "mpirun --version",
+    "horovod_controllers": "Horovod controllers built",
+    "interfaces": "Network interfaces",
+    "nccl_socket_ifname": "NCCL_SOCKET_IFNAME",
+    "kernel": "Kernel",
+    "os": "OS",
+    "errors": "Probes that failed",
+}
+SEP = "; "
+
+
+def _interfaces(items) -> str:
+    return ", ".join(
+        f"{i.get('name', '?')} ({' '.join(i['addresses'])})" if i.get("addresses") else i["name"]
+        for i in items or []
+        if isinstance(i, dict) and i.get("name")
+    )
+
+
+def _controllers(s: dict) -> str:
+    built = [name for name in ("mpi", "gloo") if s.get(f"horovod_{name}")]
+    known = any(s.get(f"horovod_{n}") is not None for n in ("mpi", "gloo"))
+    return ", ".join(built) if built else ("none" if known else "")
+
+
+def record_values(rec: dict) -> dict[str, list[str]]:
+    """One record's values per column (lists: several GPUs, several hosts)."""
+    env = rec.get("environment") or {}
+    s = rec.get("system")
+    gpus = (s or {}).get("gpus") or []
+    if s is None:  # a record from before issue 13: what the environment block says
+        return {
+            "nodes": list(env.get("hostnames") or []),
+            "cpu_model": [env.get("cpu_model") or ""],
+            "mpi": [env.get("mpi") if env.get("mpi") not in (None, "none") else ""],
+        }
+
+    def one(key):
+        v = s.get(key)
+        return [] if v is None else [str(v)]
+
+    return {
+        "nodes": list(s.get("nodes") or env.get("hostnames") or []),
+        **{k: one(k) for k in ("cpu_model", "cores", "memory_mb", "cuda_driver")},
+        "gpu_model": [g.get("model", "") for g in gpus],
+        "gpu_driver": [g.get("driver", "") for g in gpus],
+        "gpu_memory": [g.get("memory", "") for g in gpus],
+        **{k: one(k) for k in ("cuda_build", "cudnn", "nccl", "mpi_implementation")},
+        **{k: one(k) for k in ("mpi_version", "mpi", "nccl_socket_ifname", "kernel", "os")},
+        "horovod_controllers": [_controllers(s)],
+        "interfaces": [_interfaces(s.get("interfaces"))],
+        "errors": sorted(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
+    }
+
+
+def system_rows(records: list[dict]) -> list[dict]:
+    """The table: one row (column -> text) per partition, partitions sorted."""
+    by_part: dict[str, list[dict]] = {}
+    for rec in records:
+        by_part.setdefault(str(rec["config"]["partition"]), []).append(rec)
+    rows = []
+    for part in sorted(by_part):
+        recs = by_part[part]
+        values: dict[str, set[str]] = {c: set() for c in COLUMNS[3:]}
+        for rec in recs:
+            for k, vs in record_values(rec).items():
+                values[k].update(v for v in vs if v != "")
+        row = {"partition": part, "runs": str(len(recs))}
+        row["described"] = str(sum(1 for r in recs if r.get("system") is not None))
+        row["nodes"] = ", ".join(sorted(values.pop("nodes")))
+        row.update({k: SEP.join(sorted(v)) for k, v in values.items()})
+        rows.append(row)
+    return rows
+
+
+def csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def load_records(runs_dir, runs_csv) -> list[dict]:
+    """The records of the runs in runs.csv (valid records of the run table), in its order."""
+    runs_dir = Path(runs_dir)
+    try:
+        with open(runs_csv, newline="") as fh:
+            ids = [row["run_id"] for row in csv.DictReader(fh)]
+    except (OSError, KeyError) as exc:
+        raise UserError(f"runs table {runs_csv}: cannot be read ({exc})") from None
+    out = []
+    for run_id in ids:
+        path = runs_dir / run_id / "metrics.json"
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot be read ({exc}); run 'hvdscale aggregate'") from None
+    return out
+
+
+def read_systems(path) -> list[dict] | None:
+    """systems.csv as rows of text, or None when not given or not there."""
+    if not path or not Path(path).exists():
+        return None
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def add_arguments(p):
+    p.add_argument("--runs-dir", required=True, help="run directories, e.g. results/runs")
+    p.add_argument(
+        "--runs", required=True, help="runs.csv of hvdscale aggregate (which records count)"
+    )
+    p.add_argument("--out", required=True, help="systems.csv to write")
+
+
+def run(args) -> int:
+    from hvdscale.io import write_text_atomic
+
+    rows = system_rows(load_records(args.runs_dir, args.runs))
+    write_text_atomic(args.out, csv_text(rows))
+    print(f"tabulate-systems: wrote {args.out} ({len(rows)} partition(s))")
+    return 0
