@@ -37,6 +37,7 @@ def test_dry_run_default_config(tmp_path):
         ("write_allreduce_config", 2),
         ("measure_allreduce", 2),
         ("aggregate_runs", 1),
+        ("tabulate_systems", 1),
         ("build_report", 1),
     ]:
         assert any(line.split()[:2] == [rule, str(count)] for line in text.splitlines()), (
