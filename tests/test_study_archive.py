@@ -49,6 +49,7 @@ def study():
     shutil.rmtree(res, ignore_errors=True)
     cfg = F.load_test_config("config.yaml", repeats=3)
     F.write_study(res / "runs", cfg)
+    F.add_systems(res / "runs", skip=2)  # two records as before runs described the system
     # the allreduce sweeps under the names the rules expect ({partition}_{backend}_n_w)
     tables = {p.stem: p for p in F.study_allreduce(res / "tmp-allreduce", cfg)}
     (res / "allreduce").mkdir()
@@ -86,8 +87,9 @@ def test_archive_holds_inputs_products_and_provenance(study):
     assert f"{RESULTS}/scaling/systems.csv" in names  # issue 13 item 5
     systems = pd.read_csv(io.BytesIO(members[f"{RESULTS}/scaling/systems.csv"]), dtype=str)
     assert list(systems["partition"]) == ["local"]
-    assert systems.iloc[0]["runs"] == systems.iloc[0]["described"] == "12"
-    assert systems.iloc[0]["cpu_model"] and systems.iloc[0]["nodes"]
+    row = systems.iloc[0]
+    assert (row["runs"], row["described"]) == ("12", "10")
+    assert row["cpu_model"] == "Generic x86-64" and row["interfaces"] == "eth0 (192.0.2.2)"
     assert len([n for n in names if n.endswith("/metrics.json")]) == 12
     assert not [n for n in names if "checkpoint" in n]
     with tarfile.open(res / "study.tar.gz") as tar:
