@@ -8,7 +8,7 @@ RUFF ?= $(VENV)/bin/ruff
 SNAKEFMT ?= $(VENV)/bin/snakefmt
 CONFIG ?= config/config.yaml
 
-.PHONY: help setup run report-partial plan export report compare test test-quick test-slurm \
+.PHONY: help setup run report-partial plan export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
         bench bench-data bench-train bench-dag bench-report bench-scaling bench-slurm perf-docs clean
 
@@ -41,13 +41,16 @@ compare:  ## compare two studies: make compare A=old.tar.gz B=results [OUT=compa
 	$(VENV)/bin/python -m hvdscale.cli compare $(A) $(B) --out $(or $(OUT),comparison)
 
 test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration and real-SLURM tests
-	$(PYTEST) -m "" tests
+	$(PYTEST) -m "not multinode" --durations=15 tests
 
 test-quick:  ## fast tests for iteration (no slow, no SLURM)
 	$(PYTEST) -m "not slow and not slurm" -x -q tests
 
 test-slurm: setup  ## only the tests on the local SLURM cluster (root)
-	$(PYTEST) -m slurm tests
+	$(PYTEST) -m "slurm and not multinode" tests
+
+test-multinode: setup  ## thesis job shapes (1-16 ranks) and the time-limit retry on two emulated nodes (~10-20 min; not in CI)
+	$(PYTEST) -m multinode --durations=0 tests
 
 lint:  ## snakemake --lint, snakefmt --check, ruff check, ruff format --check
 	$(SNAKEMAKE) --lint

@@ -168,6 +168,7 @@ RUNS = {  # run_id -> (nodes, tasks per node, gres GPUs per node)
 }
 
 
+@pytest.mark.multinode
 def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
     env = alpha_cluster
     for node in ("node1", "node2"):  # no ssh server on the nodes: gloo must do without
@@ -230,6 +231,7 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
 # --------------------------------------------------------------------------- time limit
 
 
+@pytest.mark.multinode
 def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
     alpha_cluster, results_dir, tmp_path
 ):
