@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import json
 import os
 import re
 import sys
@@ -36,9 +35,20 @@ import numpy as np
 
 from hvdscale import __version__
 from hvdscale.data import h5
-from hvdscale.data.check import MANIFEST_NAME, MANIFEST_VERSION, sha256_file, shard_name
+from hvdscale.data.check import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    read_json_object,
+    sha256_file,
+    shard_name,
+)
 from hvdscale.data.generate import tune_malloc
-from hvdscale.data.physics import GeneratorParams, load_data_config, split_is_train
+from hvdscale.data.physics import (
+    GeneratorParams,
+    add_data_config_argument,
+    load_data_config,
+    split_is_train,
+)
 from hvdscale.data.stats import RunningStats
 from hvdscale.errors import DataError
 from hvdscale.io import atomic_path, write_json_atomic
@@ -51,15 +61,12 @@ BLOCK = 8192
 
 
 def _load_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: validation file not found") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable validation JSON file: {exc}") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: not a validation report (expected a JSON object)")
-    return obj
+    return read_json_object(
+        path,
+        missing="validation file not found",
+        kind="validation JSON file",
+        not_object="not a validation report (expected a JSON object)",
+    )
 
 
 def match_validations(
@@ -427,12 +434,7 @@ def _remove_stale(outdir: Path, counts: dict) -> None:
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} "
-        "(hvdscale write-config --section data)",
-    )
+    add_data_config_argument(p)
     p.add_argument("--shards", required=True, nargs="+", help="all generated HDF5 shards")
     p.add_argument(
         "--validations",
