@@ -43,6 +43,7 @@ from hvdscale.runtable import (
     tune_runs,
 )
 
+# the re-exported names (declared so linters keep the imports)
 __all__ = [
     "ALLREDUCE_TRAINING_KEYS",
     "RUN_ID_PATTERN",

@@ -64,6 +64,7 @@ from hvdscale.launchspec import (
 )
 from hvdscale.ranks import rank_exit_codes
 
+# the re-exported names (declared so linters keep the imports)
 __all__ = [
     "LAUNCHERS",
     "PASS_ENV",
