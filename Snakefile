@@ -8,6 +8,10 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# the workflow description of Snakemake's HTML report (snakemake --report)
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 
 

@@ -98,7 +98,7 @@ def main() -> int:
             )
         )
         target = f"{RESULTS}/runs/{RUN_ID}/metrics.json"
-        smk = [PY, "-m", "snakemake", "--configfile", "config/test.yaml", str(override)]
+        smk = [PY, "-m", "snakemake", "--configfile", ".test/config/config.yaml", str(override)]
         print("preparing the data (local profile) ...", flush=True)
         sh(
             [

@@ -131,68 +131,80 @@ def run(args) -> int:
         tf.config.set_visible_devices(
             gpus[worker.local_rank % len(gpus)], "GPU"
         )  # HVD: one GPU per local rank
-    hvd = worker.hvd
-    if hvd is None:
+    if worker.hvd is None:
         raise UserError("measure-allreduce needs Horovod (train env)")
     backend = args.backend or os.environ.get("HOROVOD_CPU_OPERATIONS", worker.controller).lower()
     hosts = worker.allgather_object(worker.hostname, name="ar_hosts")  # HVD:
     nodes = args.nodes or len(set(hosts))
-    p = worker.size
-    rows = []
     device = "/GPU:0" if gpus else "/CPU:0"
+    rows = []
     for nbytes in sizes:
-        n = max(1, nbytes // 4)
-        with tf.device(device):
-            x = tf.ones([n], tf.float32)
-        times = []
-        for it in range(args.warmup_iterations + args.iterations):
-            worker.barrier(name="ar_barrier")
-            t0 = time.perf_counter()
-            y = hvd.allreduce(x, op=hvd.Sum, name=f"ar_{nbytes}")  # HVD: the measured collective
-            _ = y[0].numpy()  # completion
-            dt = time.perf_counter() - t0
-            if it >= args.warmup_iterations:
-                times.append(dt)
-        if abs(float(y[0].numpy()) - p) > 1e-3 * p:
-            raise RuntimeError(
-                f"allreduce of {nbytes} bytes returned {float(y[0].numpy())}, expected {p}"
-            )
-        slowest = worker.allreduce(
-            times, op="max", name=f"ar_times_{nbytes}"
-        )  # HVD: slowest rank per iteration
-        med = float(np.median(slowest))
-        algbw = (4 * n) / med if med > 0 else 0.0
-        rows.append(
-            {
-                "partition": args.partition,
-                "backend": backend,
-                "workers": p,
-                "nodes": nodes,
-                "bytes": 4 * n,
-                "time_s": med,
-                "p10": float(np.percentile(slowest, 10)),
-                "p90": float(np.percentile(slowest, 90)),
-                "algbw": algbw,
-                "busbw": bus_bandwidth(algbw, p),
-                "iterations": args.iterations,
-            }
-        )
+        n, slowest = _time_allreduce(tf, worker, device, nbytes, args)
+        rows.append(_size_row(args, backend, worker.size, nodes, n, slowest))
         if worker.is_root:
             print(
-                f"[measure-allreduce] {4 * n:>10d} B  {med * 1e6:10.1f} us  "
+                f"[measure-allreduce] {4 * n:>10d} B  {rows[-1]['time_s'] * 1e6:10.1f} us  "
                 f"busbw {rows[-1]['busbw'] / 1e9:8.3f} GB/s",
                 flush=True,
             )
     worker.barrier(name="ar_end")
     if worker.is_root:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in r.items()})
-        write_text_atomic(args.out, buf.getvalue())
+        _write_rows(args.out, rows)
         print(
-            f"[measure-allreduce] wrote {args.out} ({len(rows)} sizes, {p} workers)",
+            f"[measure-allreduce] wrote {args.out} ({len(rows)} sizes, {worker.size} workers)",
             file=sys.stderr,
         )
     return 0
+
+
+def _time_allreduce(tf, worker, device: str, nbytes: int, args) -> tuple[int, list]:
+    """(float32 elements, slowest rank's seconds per timed iteration) for one message size."""
+    hvd, p = worker.hvd, worker.size
+    n = max(1, nbytes // 4)
+    with tf.device(device):
+        x = tf.ones([n], tf.float32)
+    times = []
+    for it in range(args.warmup_iterations + args.iterations):
+        worker.barrier(name="ar_barrier")
+        t0 = time.perf_counter()
+        y = hvd.allreduce(x, op=hvd.Sum, name=f"ar_{nbytes}")  # HVD: the measured collective
+        _ = y[0].numpy()  # completion
+        dt = time.perf_counter() - t0
+        if it >= args.warmup_iterations:
+            times.append(dt)
+    if abs(float(y[0].numpy()) - p) > 1e-3 * p:
+        raise RuntimeError(
+            f"allreduce of {nbytes} bytes returned {float(y[0].numpy())}, expected {p}"
+        )
+    slowest = worker.allreduce(
+        times, op="max", name=f"ar_times_{nbytes}"
+    )  # HVD: slowest rank per iteration
+    return n, slowest
+
+
+def _size_row(args, backend: str, p: int, nodes: int, n: int, slowest) -> dict:
+    """One CSV row: median and percentiles of the slowest rank's time, bandwidths."""
+    med = float(np.median(slowest))
+    algbw = (4 * n) / med if med > 0 else 0.0
+    return {
+        "partition": args.partition,
+        "backend": backend,
+        "workers": p,
+        "nodes": nodes,
+        "bytes": 4 * n,
+        "time_s": med,
+        "p10": float(np.percentile(slowest, 10)),
+        "p90": float(np.percentile(slowest, 90)),
+        "algbw": algbw,
+        "busbw": bus_bandwidth(algbw, p),
+        "iterations": args.iterations,
+    }
+
+
+def _write_rows(path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in r.items()})
+    write_text_atomic(path, buf.getvalue())

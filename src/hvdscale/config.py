@@ -10,46 +10,63 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import itertools
 import json
-import math
-import re
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
 from hvdscale.common import PROJECT_ROOT
-from hvdscale.errors import UserError
+from hvdscale.errors import ConfigError
 
 # the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
 # slots_per_node and nodes_for stay importable from here
-from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
+from hvdscale.jobspec import nodes_for as nodes_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
+
+# the run table (scaling matrix, run ids, per-run config slices) lives in
+# hvdscale.runtable; its names stay importable from here
+from hvdscale.runtable import (
+    ALLREDUCE_TRAINING_KEYS,
+    RUN_ID_PATTERN,
+    RUN_ID_WILDCARD,
+    Run,
+    allreduce_config,
+    allreduce_jobs,
+    find_run,
+    format_multiplier,
+    iter_run_ids,
+    learning_rate_for,
+    parse_multiplier,
+    parse_run_id,
+    run_config,
+    run_table,
+    tune_runs,
+)
+
+# the re-exported names (declared so linters keep the imports)
+__all__ = [
+    "ALLREDUCE_TRAINING_KEYS",
+    "RUN_ID_PATTERN",
+    "RUN_ID_WILDCARD",
+    "ConfigError",
+    "Run",
+    "allreduce_config",
+    "allreduce_jobs",
+    "find_run",
+    "format_multiplier",
+    "iter_run_ids",
+    "learning_rate_for",
+    "parse_multiplier",
+    "parse_run_id",
+    "run_config",
+    "run_table",
+    "tune_runs",
+]
 
 # PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.common)
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 RUN_SCHEMA = SCHEMA_DIR / "run.schema.json"
-
-# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}[_m{mult}_wu{warmup}]_r{repeat}
-# The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
-# re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
-# and warm-up epochs.
-RUN_ID_PATTERN = (
-    r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
-    r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
-    r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?_r(?P<repeat>[0-9]+)"
-)
-
-
-# the same without named groups (Snakemake wildcard constraints)
-RUN_ID_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", RUN_ID_PATTERN)
-
-
-class ConfigError(UserError, ValueError):
-    """A config value is invalid; the message names the key, the value and what is allowed."""
 
 
 def load_schema(path: Path = CONFIG_SCHEMA) -> dict:
@@ -312,293 +329,6 @@ def data_section(cfg: dict) -> dict:
     Training edits leave it unchanged, so they don't regenerate data.
     """
     return {"seed": cfg["seed"], "data": cfg["data"]}
-
-
-# --------------------------------------------------------------------------- run table
-
-
-@dataclass(frozen=True)
-class Run:
-    partition: str
-    backend: str
-    nodes: int
-    workers: int
-    batch: int
-    lr_rule: str
-    repeat: int
-    workers_per_node: int
-    gpus_per_node: int
-    # a candidate of the re-tuning sweep: LR multiplier and warm-up epochs (else None)
-    lr_mult: float | None = None
-    tune_warmup: int | None = None
-
-    @property
-    def candidate(self) -> str:
-        """'' for a run of the scaling sweeps; 'm{mult}_wu{warmup}' for a tuning candidate."""
-        if self.lr_mult is None:
-            return ""
-        return f"m{format_multiplier(self.lr_mult)}_wu{self.tune_warmup}"
-
-    @property
-    def run_id(self) -> str:
-        cand = f"_{self.candidate}" if self.candidate else ""
-        return (
-            f"{self.partition}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
-            f"_lr{self.lr_rule}{cand}_r{self.repeat}"
-        )
-
-    @property
-    def global_batch(self) -> int:
-        return self.workers * self.batch
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["run_id"] = self.run_id
-        d["global_batch"] = self.global_batch
-        d["candidate"] = self.candidate
-        return d
-
-
-def format_multiplier(m: float) -> str:
-    """An LR multiplier as a run_id component: 0.5 -> '0p5', 2 -> '2', 1.25 -> '1p25'."""
-    text = f"{round(float(m), 2):.2f}".rstrip("0").rstrip(".")
-    return text.replace(".", "p")
-
-
-def parse_multiplier(text: str) -> float:
-    return float(text.replace("p", "."))
-
-
-def run_table(cfg: dict) -> list[Run]:
-    """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates;
-    only those of the config's selection (key ``select``, hvdscale.study.select)."""
-    from hvdscale.study.select import parse, run_selected, sweep_selected
-
-    sel = parse(cfg.get("select"))
-    runs: dict[str, Run] = {}
-    parts = cfg["scaling"]["partitions"]
-    for sweep in cfg["scaling"]["sweeps"]:
-        if not sweep_selected(sel, sweep):
-            continue
-        for p, w, be, b, lr in itertools.product(
-            sweep["partitions"],
-            sweep["workers"],
-            sweep["backends"],
-            sweep["batch_sizes"],
-            sweep["lr_rules"],
-        ):
-            part = parts[p]
-            for r in range(cfg["training"]["repeats"]):
-                run = Run(
-                    partition=p,
-                    backend=be,
-                    nodes=nodes_for(w, part),
-                    workers=w,
-                    batch=b,
-                    lr_rule=lr,
-                    repeat=r,
-                    workers_per_node=workers_per_node_for(w, part),
-                    gpus_per_node=part["gpus_per_node"],
-                )
-                if run_selected(sel, run):
-                    runs[run.run_id] = run
-    for run in tune_runs(cfg):
-        if run_selected(sel, run):
-            runs[run.run_id] = run
-    return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
-
-
-def tune_runs(cfg: dict) -> list[Run]:
-    """Every candidate run of the re-tuning sweep (scaling.tune; none when it is null)."""
-    tune = cfg["scaling"].get("tune")
-    if not tune:
-        return []
-    parts = cfg["scaling"]["partitions"]
-    out = []
-    for p, w, be, b, lr, m, wu in itertools.product(
-        tune["partitions"],
-        tune["workers"],
-        tune["backends"],
-        tune["batch_sizes"],
-        tune["lr_rules"],
-        tune["lr_multipliers"],
-        tune["warmup_epochs"],
-    ):
-        part = parts[p]
-        for r in range(tune["repeats"]):
-            out.append(
-                Run(
-                    partition=p,
-                    backend=be,
-                    nodes=nodes_for(w, part),
-                    workers=w,
-                    batch=b,
-                    lr_rule=lr,
-                    repeat=r,
-                    workers_per_node=workers_per_node_for(w, part),
-                    gpus_per_node=part["gpus_per_node"],
-                    lr_mult=round(float(m), 2),
-                    tune_warmup=int(wu),
-                )
-            )
-    return out
-
-
-def _run_sort_key(runs: dict[str, Run]):
-    def key(run_id: str):
-        r = runs[run_id]
-        cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
-        return (r.partition, r.backend, r.batch, r.lr_rule, cand, r.workers, r.repeat)
-
-    return key
-
-
-def parse_run_id(run_id: str) -> dict:
-    m = re.fullmatch(RUN_ID_PATTERN, run_id)
-    if not m:
-        raise ConfigError(
-            f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}"
-            "_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}]_r{repeat}, "
-            "e.g. local_gloo_n1_w2_b75_lrnone_r0 or local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0"
-        )
-    d = m.groupdict()
-    for k in ("nodes", "workers", "batch", "repeat"):
-        d[k] = int(d[k])
-    d["candidate"] = f"m{d['lr_mult']}_wu{d['tune_warmup']}" if d["lr_mult"] is not None else ""
-    if d["lr_mult"] is not None:
-        d["lr_mult"] = parse_multiplier(d["lr_mult"])
-        d["tune_warmup"] = int(d["tune_warmup"])
-    return d
-
-
-def find_run(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> Run:
-    """The run ``run_id`` of the config's matrix (pass ``runs``, a run_id -> Run dict, to
-    avoid expanding the matrix again on every call)."""
-    if runs is None:
-        runs = {r.run_id: r for r in run_table(cfg)}
-    if run_id in runs:
-        return runs[run_id]
-    parse_run_id(run_id)  # raises a clear error for a malformed id
-    raise ConfigError(f"run_id {run_id!r}: not in the scaling matrix of this config")
-
-
-def learning_rate_for(base: float, rule: str, workers: int) -> float:
-    if rule == "none":
-        return base
-    if rule == "linear":
-        return base * workers
-    if rule == "sqrt":
-        return base * math.sqrt(workers)
-    raise ConfigError(f"lr_rule {rule!r}: expected none, linear or sqrt")
-
-
-def iter_run_ids(cfg: dict) -> Iterable[str]:
-    return (r.run_id for r in run_table(cfg))
-
-
-def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> dict:
-    """The part of the config one training run depends on.
-
-    It is itself a valid config (one partition, one single-point sweep), so the training
-    code reads it with validate_config/find_run. Editing another sweep, another
-    partition or the report settings leaves it, and so the completed run, untouched.
-    """
-    run = find_run(cfg, run_id, runs)
-    sub = {
-        k: copy.deepcopy(cfg[k])
-        for k in ("seed", "results_dir", "data", "model", "training", "environment")
-    }
-    # the target is resolved at aggregation time: editing it retrains nothing
-    sub["training"].pop("target", None)
-    sub["training"].pop("target_test_loss", None)
-    sub["scaling"] = {
-        "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
-        "sweeps": [
-            {
-                "name": "run",
-                "partitions": [run.partition],
-                "workers": [run.workers],
-                "backends": [run.backend],
-                "batch_sizes": [run.batch],
-                "lr_rules": [run.lr_rule],
-            }
-        ],
-    }
-    # the repeat index must stay reachable: keep the repeat count
-    sub["training"]["repeats"] = cfg["training"]["repeats"]
-    if run.lr_mult is not None:
-        # a tuning candidate: its own base rate and warm-up, reachable as a one-point tune
-        sub["training"]["learning_rate"] = cfg["training"]["learning_rate"] * run.lr_mult
-        sub["training"]["warmup_epochs"] = run.tune_warmup
-        sub["training"]["lr_warmup"] = run.tune_warmup > 0
-        sub["scaling"]["tune"] = {
-            "partitions": [run.partition],
-            "workers": [run.workers],
-            "backends": [run.backend],
-            "batch_sizes": [run.batch],
-            "lr_rules": [run.lr_rule],
-            "lr_multipliers": [run.lr_mult],
-            "warmup_epochs": [run.tune_warmup],
-            "repeats": cfg["scaling"]["tune"]["repeats"],
-        }
-    return sub
-
-
-# training keys an allreduce sweep depends on (launcher, OMP threads, Horovod knobs)
-ALLREDUCE_TRAINING_KEYS = ("launcher", "threads_per_worker", "horovod")
-
-
-def allreduce_config(cfg: dict, allreduce_id: str) -> dict:
-    """The part of the config one allreduce sweep depends on.
-
-    A valid config in itself: the sweep's partition, the train environment, the
-    training keys of ALLREDUCE_TRAINING_KEYS and one sweep naming the job's backend
-    and worker count (batch size and LR rule are placeholders: the sweep trains
-    nothing). Editing the report, other sweeps, data or other training settings
-    leaves it, and so the measured sweep, untouched.
-    """
-    job = JobSpec.for_allreduce_id(cfg, allreduce_id)
-    return {
-        "environment": copy.deepcopy(cfg["environment"]),
-        "training": {k: copy.deepcopy(cfg["training"][k]) for k in ALLREDUCE_TRAINING_KEYS},
-        "scaling": {
-            "partitions": {
-                job.partition: copy.deepcopy(cfg["scaling"]["partitions"][job.partition])
-            },
-            "sweeps": [
-                {
-                    "name": "allreduce",
-                    "partitions": [job.partition],
-                    "workers": [job.workers],
-                    "backends": [job.backend],
-                    "batch_sizes": [1],
-                    "lr_rules": ["none"],
-                }
-            ],
-        },
-    }
-
-
-def allreduce_jobs(cfg: dict) -> list[dict]:
-    """One allreduce size sweep per (partition, backend, nodes, workers >= 2) of the run table."""
-    seen = {}
-    for r in run_table(cfg):
-        if r.workers < 2:
-            continue
-        key = f"{r.partition}_{r.backend}_n{r.nodes}_w{r.workers}"
-        seen.setdefault(
-            key,
-            {
-                "id": key,
-                "partition": r.partition,
-                "backend": r.backend,
-                "nodes": r.nodes,
-                "workers": r.workers,
-                "workers_per_node": r.workers_per_node,
-                "gpus_per_node": r.gpus_per_node,
-            },
-        )
-    return [seen[k] for k in sorted(seen)]
 
 
 def count_parameters(cfg: dict) -> int:

@@ -7,3 +7,7 @@ class UserError(Exception):
 
 class DataError(UserError):
     """A data file is missing, truncated, corrupt or fails validation."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value is invalid; the message names the key, the value and what is allowed."""

@@ -196,7 +196,7 @@ def build_gloo_srun(
     ``env`` is the launcher's environment for the ranks (HOROVOD_* of the backend, ...);
     the rendezvous port is filled in by :func:`rendezvous_for` when the run starts.
     """
-    from hvdscale.launch import LaunchSpec
+    from hvdscale.launchspec import LaunchSpec
 
     if not hosts:
         hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]

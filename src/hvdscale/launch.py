@@ -37,200 +37,48 @@ from __future__ import annotations
 import collections
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale import gloo_slurm, site_settings, timelimit
+from hvdscale import gloo_slurm, timelimit
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import PROJECT_ROOT, find_run, load_config
 from hvdscale.errors import UserError
 from hvdscale.jobspec import JobSpec
-from hvdscale.ranks import hosts_argument, rank_exit_codes
 
-LAUNCHERS = ("horovodrun", "mpirun", "srun")
-PROGRAMS = ("train", "measure-allreduce")
-# environment passed to every rank (besides HOROVOD_*)
-PASS_ENV = (
-    "PATH",
-    "LD_LIBRARY_PATH",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "HOME",
-    "TF_CPP_MIN_LOG_LEVEL",
-    "PYTHONUNBUFFERED",
-    "HVDSCALE_LAUNCHER",
-    "OMP_NUM_THREADS",
-    "HVDSCALE_ORPHAN_WATCHDOG",
-    "HVDSCALE_FAULT_DELAY",  # test-only delay in one phase of the step (docs/timing.md)
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NODELIST",
-    "CUDA_VISIBLE_DEVICES",
+# the launch specification (pure functions) lives in hvdscale.launchspec; these names are
+# re-exported for existing callers
+from hvdscale.launchspec import (
+    LAUNCHERS,
+    PASS_ENV,
+    LaunchSpec,
+    build_launch,
+    controller_for,
+    effective_launcher,
+    horovod_env,
 )
+from hvdscale.ranks import rank_exit_codes
 
+# the re-exported names (declared so linters keep the imports)
+__all__ = [
+    "LAUNCHERS",
+    "PASS_ENV",
+    "LaunchSpec",
+    "build_launch",
+    "controller_for",
+    "effective_launcher",
+    "horovod_env",
+]
+
+PROGRAMS = ("train", "measure-allreduce")
 
 # the former name of JobSpec (same positional fields), kept for existing callers
 Job = JobSpec
-
-
-@dataclass
-class LaunchSpec:
-    argv: list[str]
-    env: dict[str, str]  # variables set for the launcher (and passed on to the ranks)
-    controller: str  # gloo | mpi
-    launcher: str
-    notes: list[str] = field(default_factory=list)
-
-    def shell(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.argv)}".strip()
-
-
-# =========================================================================== pure functions
-
-
-def horovod_env(training: dict, backend: str, timeline_path: str | None = None) -> dict[str, str]:
-    """HOROVOD_* variables for a run from the config's training section and backend."""
-    env: dict[str, str] = {}
-    if backend == "gloo":
-        env["HOROVOD_CPU_OPERATIONS"] = "gloo"
-    elif backend == "mpi":
-        env["HOROVOD_CPU_OPERATIONS"] = "mpi"
-    elif backend == "nccl":
-        env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
-    else:
-        raise UserError(f"backend {backend!r}: expected nccl, mpi or gloo")
-    hv = training.get("horovod", {})
-    if hv.get("cycle_time_ms") is not None:
-        env["HOROVOD_CYCLE_TIME"] = f"{float(hv['cycle_time_ms']):g}"
-    if hv.get("fusion_threshold_mb") is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(
-            int(round(float(hv["fusion_threshold_mb"]) * 1024 * 1024))
-        )
-    if backend == "mpi" and hv.get("mpi_yield_when_idle", True):
-        # Open MPI busy-polls while it waits; with a rank's threads bound to its own core
-        # the polling of Horovod's background thread takes the core from TensorFlow's
-        # compute (measured +40 % compute time at batch 1000 on 2 cores). Yield instead.
-        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    if timeline_path:
-        env["HOROVOD_TIMELINE"] = str(timeline_path)
-    return env
-
-
-def effective_launcher(launcher: str, backend: str) -> str:
-    """The launcher that can run ``backend``: Gloo collectives need horovodrun's Gloo
-    rendezvous (under mpirun/srun Horovod's controller is MPI, and
-    HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
-    --gloo; inside a SLURM allocation its hosts come from the allocation."""
-    if backend == "gloo" and launcher == "srun":  # srun + our own rendezvous, no ssh
-        return "srun"
-    return "horovodrun" if backend == "gloo" else launcher
-
-
-def controller_for(launcher: str, backend: str) -> str:
-    """The Horovod controller a launcher/backend pair uses."""
-    if backend == "gloo":
-        if launcher == "srun":  # hvdscale.gloo_slurm
-            return "gloo"
-        if launcher != "horovodrun":
-            raise UserError(f"backend 'gloo' needs launcher horovodrun (got {launcher!r})")
-        return "gloo"
-    if backend == "nccl" and launcher == "horovodrun":
-        return "gloo"  # NCCL does the GPU collectives; the controller only coordinates
-    return "mpi"
-
-
-def build_launch(
-    *,
-    launcher: str,
-    job: JobSpec,
-    program_argv: list[str],
-    training: dict,
-    out_dir: str | Path | None = None,
-    hosts: list[str] | None = None,
-    horovodrun: str = "horovodrun",
-    mpirun: str = "mpirun",
-    srun: str = "srun",
-    timeline: bool | None = None,
-    is_root_user: bool | None = None,
-    cpu_count: int | None = None,
-) -> LaunchSpec:
-    """The one place that turns (launcher, backend, workers, nodes, workers_per_node)
-    into the launcher's argv and the ranks' environment."""
-    if launcher not in LAUNCHERS:
-        raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
-    notes = []
-    if effective_launcher(launcher, job.backend) != launcher:
-        notes.append(
-            f"backend gloo needs horovodrun's Gloo rendezvous: starting with horovodrun --gloo "
-            f"instead of {launcher}"
-            + (" (remote ranks via ssh to the allocation's nodes)" if job.nodes > 1 else "")
-        )
-        launcher = effective_launcher(launcher, job.backend)
-    controller = controller_for(launcher, job.backend)
-    timeline = training.get("timeline", False) if timeline is None else timeline
-    tl_path = str(Path(out_dir).resolve() / "timeline.json") if (timeline and out_dir) else None
-    env = horovod_env(training, job.backend, tl_path)
-    env.update(
-        {
-            "HVDSCALE_LAUNCHER": launcher,
-            "PYTHONUNBUFFERED": "1",
-            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
-            "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
-        }
-    )
-    # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's
-    # job step strips SLURM_JOB_NODELIST)
-    env.update(gloo_slurm.rank_env_from_slurm())
-    env.update(site_settings.nccl_env(training))  # NCCL_* from training.nccl, every launcher
-    # SIGUSR1 from the launcher before the time limit (hvdscale.timelimit)
-    env.update(timelimit.launch_env(training, out_dir, job.workers))
-    if launcher == "srun" and job.backend == "gloo":  # Gloo across nodes without ssh
-        return gloo_slurm.build_gloo_srun(
-            job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
-        )
-    is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
-    cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
-    N = job.workers
-    if launcher == "horovodrun":
-        argv = [horovodrun, "-np", str(N), "-H", hosts_argument(job, hosts), f"--{controller}"]
-        if controller == "mpi" and is_root_user:
-            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    elif launcher == "mpirun":
-        argv = [mpirun, "-np", str(N), "--bind-to", "none", "--map-by", "slot"]
-        if job.nodes > 1 or hosts:
-            argv += ["-H", hosts_argument(job, hosts)]
-        if job.nodes == 1 and N > cpu_count:
-            argv.append("--oversubscribe")
-            notes.append(f"{N} ranks on {cpu_count} cores: --oversubscribe")
-        if is_root_user:
-            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-        passed = sorted(set(env) | {k for k in PASS_ENV if k in os.environ})
-        for k in passed:
-            if k.startswith("OMPI_"):
-                continue
-            argv += ["-x", k]
-    else:  # srun inside an allocation; the environment is exported by default
-        # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
-        argv = job.srun_args(srun, mpi=training.get("srun_mpi"))
-        if job.gpus_per_node:
-            notes.append(
-                "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
-            )
-    return LaunchSpec(
-        argv=argv + list(program_argv),
-        env=env,
-        controller=controller,
-        launcher=launcher,
-        notes=notes,
-    )
 
 
 def default_train_python(cfg: dict) -> str:
@@ -436,51 +284,10 @@ def run(args) -> int:
     launcher = args.launcher or training["launcher"]
     python = args.train_python or default_train_python(cfg)
     job, ident = job_for(cfg, args.program, args.run_id, args.allreduce_id)
-
     if args.program == "train":
-        if not args.data_dir or not args.out_dir:
-            raise UserError("train needs --data-dir and --out-dir")
-        out_dir = Path(args.out_dir)
-        failure_path = out_dir / "failure.json"
-        prog = [
-            python,
-            "-m",
-            "hvdscale.cli",
-            "train",
-            "--config",
-            str(Path(args.config).resolve()),
-            "--run-id",
-            ident,
-            "--data-dir",
-            str(Path(args.data_dir).resolve()),
-            "--out-dir",
-            str(out_dir.resolve()),
-        ]
+        out_dir, failure_path, prog = _train_program(args, python, ident)
     else:
-        if not args.out:
-            raise UserError("measure-allreduce needs --out CSV")
-        out_dir = Path(args.out_dir) if args.out_dir else Path(args.out).parent
-        failure_path = Path(str(args.out) + ".failure.json")
-        prog = [
-            python,
-            "-m",
-            "hvdscale.cli",
-            "measure-allreduce",
-            "--out",
-            str(Path(args.out).resolve()),
-            "--partition",
-            job.partition,
-            "--backend",
-            job.backend,
-            "--nodes",
-            str(job.nodes),
-        ]
-        if args.sizes:
-            prog += ["--sizes", args.sizes]
-        if args.iterations:
-            prog += ["--iterations", str(args.iterations)]
-        if args.warmup_iterations:
-            prog += ["--warmup-iterations", str(args.warmup_iterations)]
+        out_dir, failure_path, prog = _allreduce_program(args, python, job)
     hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
     spec = build_launch(
         launcher=launcher,
@@ -498,14 +305,7 @@ def run(args) -> int:
         for n in spec.notes:
             print(f"# {n}")
         return 0
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if failure_path.exists():
-        failure_path.unlink()  # stale: from an earlier attempt
-    if args.program == "train":
-        pids = out_dir / ".pids"
-        if pids.is_dir():
-            shutil.rmtree(pids, ignore_errors=True)
+    _clear_stale(args.program, out_dir, failure_path)
     print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)
     for n in spec.notes:
         print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
@@ -515,40 +315,14 @@ def run(args) -> int:
     took = time.time() - t0
     if status < 0:  # killed by a signal
         status = 128 - status
-
-    from hvdscale.runrecord import read_record, write_failure
-
     if args.program == "train":
-        record = (
-            read_record(out_dir / "metrics.json") if (out_dir / "metrics.json").exists() else None
-        )
-        fresh = record is not None and (out_dir / "metrics.json").stat().st_mtime >= t0 - 1
-        if record is not None and fresh and record["status"] == "completed" and status == 0:
-            print(f"hvdscale launch: {ident}: completed in {took:.1f} s", file=sys.stderr)
-            return 0
-        if record is not None and fresh and record["status"] == "nan_loss":
-            print(
-                f"ERROR: {ident}: training diverged ({record.get('error')}); the run record "
-                f"{out_dir / 'metrics.json'} has status nan_loss and stays for the report",
-                file=sys.stderr,
-            )
-            return 0
-        if status == 0:
-            status = 1  # a launcher that says 0 without a valid record is a failure too
-            msg = "the ranks exited 0 but no valid metrics.json was written"
-        else:
-            msg = describe_failure(tail, status, out_dir, job.workers)
+        done, status, msg = _train_outcome(ident, out_dir, status, tail, t0, took, job.workers)
     else:
-        if status == 0 and Path(args.out).is_file():
-            print(
-                f"hvdscale launch: {ident}: allreduce sweep written to {args.out} in {took:.1f} s",
-                file=sys.stderr,
-            )
-            return 0
-        msg = (
-            describe_failure(tail, status, None, job.workers) if status else "no output CSV written"
-        )
-        status = status or 1
+        done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
+    if done:
+        return 0
+    from hvdscale.runrecord import write_failure
+
     write_failure(
         failure_path,
         run_id=ident,
@@ -561,3 +335,89 @@ def run(args) -> int:
     )
     print(f"ERROR: {ident}: failed ({msg}); see {failure_path}", file=sys.stderr)
     return status if 0 < status < 256 else 1
+
+
+def _train_program(args, python: str, ident: str) -> tuple[Path, Path, list[str]]:
+    """(run directory, failure.json, the ranks' command) of a training run."""
+    if not args.data_dir or not args.out_dir:
+        raise UserError("train needs --data-dir and --out-dir")
+    out_dir = Path(args.out_dir)
+    prog = [
+        *(python, "-m", "hvdscale.cli", "train"),
+        *("--config", str(Path(args.config).resolve())),
+        *("--run-id", ident),
+        *("--data-dir", str(Path(args.data_dir).resolve())),
+        *("--out-dir", str(out_dir.resolve())),
+    ]
+    return out_dir, out_dir / "failure.json", prog
+
+
+def _allreduce_program(args, python: str, job: JobSpec) -> tuple[Path, Path, list[str]]:
+    """(output directory, OUT.failure.json, the ranks' command) of an allreduce sweep."""
+    if not args.out:
+        raise UserError("measure-allreduce needs --out CSV")
+    out_dir = Path(args.out_dir) if args.out_dir else Path(args.out).parent
+    prog = [
+        *(python, "-m", "hvdscale.cli", "measure-allreduce"),
+        *("--out", str(Path(args.out).resolve())),
+        *("--partition", job.partition),
+        *("--backend", job.backend),
+        *("--nodes", str(job.nodes)),
+    ]
+    if args.sizes:
+        prog += ["--sizes", args.sizes]
+    if args.iterations:
+        prog += ["--iterations", str(args.iterations)]
+    if args.warmup_iterations:
+        prog += ["--warmup-iterations", str(args.warmup_iterations)]
+    return out_dir, Path(str(args.out) + ".failure.json"), prog
+
+
+def _clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:
+    """Create the output directory; remove the failure record and rank pids of an earlier try."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if failure_path.exists():
+        failure_path.unlink()  # stale: from an earlier attempt
+    if program == "train":
+        pids = out_dir / ".pids"
+        if pids.is_dir():
+            shutil.rmtree(pids, ignore_errors=True)
+
+
+def _train_outcome(
+    ident: str, out_dir: Path, status: int, tail: str, t0: float, took: float, workers: int
+) -> tuple[bool, int, str]:
+    """(succeeded, exit status, failure message) of a training run from its fresh record."""
+    from hvdscale.runrecord import read_record
+
+    metrics = out_dir / "metrics.json"
+    record = read_record(metrics) if metrics.exists() else None
+    fresh = record is not None and metrics.stat().st_mtime >= t0 - 1
+    if record is not None and fresh and record["status"] == "completed" and status == 0:
+        print(f"hvdscale launch: {ident}: completed in {took:.1f} s", file=sys.stderr)
+        return True, 0, ""
+    if record is not None and fresh and record["status"] == "nan_loss":
+        print(
+            f"ERROR: {ident}: training diverged ({record.get('error')}); the run record "
+            f"{metrics} has status nan_loss and stays for the report",
+            file=sys.stderr,
+        )
+        return True, 0, ""
+    if status == 0:
+        # a launcher that says 0 without a valid record is a failure too
+        return False, 1, "the ranks exited 0 but no valid metrics.json was written"
+    return False, status, describe_failure(tail, status, out_dir, workers)
+
+
+def _allreduce_outcome(
+    ident: str, out: str, status: int, tail: str, took: float, workers: int
+) -> tuple[bool, int, str]:
+    """(succeeded, exit status, failure message) of an allreduce sweep from its CSV."""
+    if status == 0 and Path(out).is_file():
+        print(
+            f"hvdscale launch: {ident}: allreduce sweep written to {out} in {took:.1f} s",
+            file=sys.stderr,
+        )
+        return True, 0, ""
+    msg = describe_failure(tail, status, None, workers) if status else "no output CSV written"
+    return False, status or 1, msg

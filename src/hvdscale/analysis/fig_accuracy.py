@@ -47,35 +47,14 @@ def fig_speedup_ttt(runs, summary, epochs, cm):
             if len(g):
                 lr = pref_lr(g["lr_rule"])
                 g = g[g["lr_rule"] == lr].sort_values("workers")
-                y = g["speedup_ttt"].to_numpy(float)
-                h = ax.errorbar(
-                    g["workers"],
-                    y,
-                    yerr=_yerr(y, g["speedup_ttt_lo"].to_numpy(float), g["speedup_ttt_hi"]),
-                    color=color,
-                    marker="o",
-                    ls="-",
-                    capsize=3,
-                )
-                handles.append(h)
+                handles.append(_ttt_errorbar(ax, g, color=color, marker="o", ls="-"))
                 labels.append(f"batch {b}, untuned (LR {lr})")
                 wmax = max(wmax, int(g["workers"].max()))
         if t is not None and not t.empty:
             g = t[(t["partition"] == part) & (t["backend"] == be) & (t["batch_per_worker"] == b)]
             if len(g):
                 g = g.sort_values("workers")
-                y = g["speedup_ttt"].to_numpy(float)
-                h = ax.errorbar(
-                    g["workers"],
-                    y,
-                    yerr=_yerr(y, g["speedup_ttt_lo"].to_numpy(float), g["speedup_ttt_hi"]),
-                    color=color,
-                    marker="s",
-                    ls="--",
-                    capsize=3,
-                    mfc="white",
-                )
-                handles.append(h)
+                handles.append(_ttt_errorbar(ax, g, color=color, marker="s", ls="--", mfc="white"))
                 labels.append(f"batch {b}, tuned")
                 wmax = max(wmax, int(g["workers"].max()))
     ideal = np.array([1, max(wmax, 2)])
@@ -88,6 +67,18 @@ def fig_speedup_ttt(runs, summary, epochs, cm):
     rows = legend_below(fig, handles, labels, ncol=2)
     layout(fig, rows)
     return fig
+
+
+def _ttt_errorbar(ax, g, **style):
+    """Time-to-target speedup of a group over workers, with its interval as error bars."""
+    y = g["speedup_ttt"].to_numpy(float)
+    return ax.errorbar(
+        g["workers"],
+        y,
+        yerr=_yerr(y, g["speedup_ttt_lo"].to_numpy(float), g["speedup_ttt_hi"]),
+        capsize=3,
+        **style,
+    )
 
 
 def fig_tune_heatmap(runs, summary, epochs, cm):

@@ -55,17 +55,25 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def read_json_object(
+    path: Path, missing: str, kind: str = "JSON file", not_object: str = "expected a JSON object"
+) -> dict:
+    """A JSON object from ``path``; DataError "{path}: ..." if absent, unreadable or no object."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: {missing}") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable {kind}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: {not_object}")
+    return obj
+
+
 def load_manifest(data_dir: str | Path) -> dict:
     """Read and structurally check ``data_dir/manifest.json``; DataError if absent or malformed."""
     path = Path(data_dir) / MANIFEST_NAME
-    try:
-        m = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: not found (run the data stage: hvdscale split-dataset)") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable JSON file: {exc}") from None
-    if not isinstance(m, dict):
-        raise DataError(f"{path}: expected a JSON object")
+    m = read_json_object(path, missing="not found (run the data stage: hvdscale split-dataset)")
     missing = [k for k in _REQUIRED if k not in m]
     if missing:
         raise DataError(f"{path}: key(s) {', '.join(missing)} missing")

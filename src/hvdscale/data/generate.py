@@ -21,7 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from hvdscale.data import h5
-from hvdscale.data.physics import GeneratorParams, generate_block, load_data_config
+from hvdscale.data.physics import (
+    GeneratorParams,
+    add_data_config_argument,
+    generate_block,
+    load_data_config,
+)
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
 
@@ -126,12 +131,7 @@ def generate_shard(
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} "
-        "(hvdscale write-config --section data)",
-    )
+    add_data_config_argument(p)
     p.add_argument(
         "--shard", required=True, type=int, help="generation shard index K, 0 <= K < data.n_shards"
     )

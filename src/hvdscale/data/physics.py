@@ -177,6 +177,16 @@ def load_data_config(path: str | Path) -> dict:
     return sec
 
 
+def add_data_config_argument(p) -> None:
+    """``--config``: the data-stage config JSON of generate-shard, validate-shard, split-dataset."""
+    p.add_argument(
+        "--config",
+        required=True,
+        help="data-stage config JSON {'seed': ..., 'data': {...}} "
+        "(hvdscale write-config --section data)",
+    )
+
+
 # --------------------------------------------------------------------------- random numbers
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import json
 import os
 import re
 import sys
@@ -36,9 +35,21 @@ import numpy as np
 
 from hvdscale import __version__
 from hvdscale.data import h5
-from hvdscale.data.check import MANIFEST_NAME, MANIFEST_VERSION, sha256_file, shard_name
+from hvdscale.data.check import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    read_json_object,
+    sha256_file,
+    shard_name,
+)
 from hvdscale.data.generate import tune_malloc
-from hvdscale.data.physics import GeneratorParams, load_data_config, split_is_train
+from hvdscale.data.physics import (
+    GeneratorParams,
+    add_data_config_argument,
+    load_data_config,
+    split_is_train,
+)
+from hvdscale.data.stats import RunningStats
 from hvdscale.errors import DataError
 from hvdscale.io import atomic_path, write_json_atomic
 
@@ -50,15 +61,12 @@ BLOCK = 8192
 
 
 def _load_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: validation file not found") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable validation JSON file: {exc}") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: not a validation report (expected a JSON object)")
-    return obj
+    return read_json_object(
+        path,
+        missing="validation file not found",
+        kind="validation JSON file",
+        not_object="not a validation report (expected a JSON object)",
+    )
 
 
 def match_validations(
@@ -122,47 +130,6 @@ def match_validations(
             "(a shard is missing from --shards)"
         )
     return matched
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-class RunningStats:
-    """Per-column count, mean and sum of squared deviations (Chan et al.), in float64."""
-
-    def __init__(self, k: int):
-        self.n = 0
-        self.mean = np.zeros(k)
-        self.m2 = np.zeros(k)
-
-    def add(self, x: np.ndarray) -> None:
-        """Add rows: ``x`` has shape (m, k) or (m, p, k); statistics per last-axis column."""
-        k = x.shape[-1]
-        x = x.reshape(-1, k)
-        m = x.shape[0]
-        if m == 0:
-            return
-        part = RunningStats(k)
-        part.n = m
-        for c in range(k):
-            col = x[:, c].astype(np.float64)
-            part.mean[c] = col.sum() / m
-            col -= part.mean[c]
-            part.m2[c] = float(np.square(col, out=col).sum())
-        self.merge(part)
-
-    def merge(self, other: RunningStats) -> None:
-        if other.n == 0:
-            return
-        n = self.n + other.n
-        delta = other.mean - self.mean
-        self.mean = self.mean + delta * (other.n / n)
-        self.m2 = self.m2 + other.m2 + delta * delta * (self.n * other.n / n)
-        self.n = n
-
-    def result(self) -> tuple[list[float], list[float]]:
-        std = np.sqrt(self.m2 / self.n) if self.n else np.zeros_like(self.m2)
-        return [float(v) for v in self.mean], [float(v) for v in std]
 
 
 # --------------------------------------------------------------------------- writing
@@ -279,7 +246,23 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
     counts = {"train": int(d["split_shards"]["train"]), "test": int(d["split_shards"]["test"])}
     outdir = Path(outdir)
     matched = match_validations([Path(s) for s in shards], [Path(v) for v in validations], params)
+    tasks, n_train = _plan_split_tasks(params, d, frac, counts, matched)
+    results = _write_split_tasks(tasks, outdir, workers, progress, t0)
+    # leaving the stack renamed every shard into place (all or none)
+    _remove_stale(outdir, counts)
+    manifest = _build_manifest(params, frac, n_train, tasks, results)
+    write_json_atomic(outdir / "validation.json", _validation_summary(params, matched))
+    write_json_atomic(outdir / MANIFEST_NAME, manifest)
+    if progress:
+        progress(
+            f"wrote {params.n_samples} samples ({n_train} train) "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
+    return manifest
 
+
+def _plan_split_tasks(params, d: dict, frac: float, counts: dict, matched: list):
+    """One write task per output shard, with the input row ranges it reads; and n_train."""
     all_ids = np.arange(params.n_samples, dtype=np.int64)
     is_train = split_is_train(params.seed, all_ids, frac)
     n_train = int(is_train.sum())
@@ -296,12 +279,6 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
         for k, size in enumerate(sizes):
             first, last = int(ids_s[at]), int(ids_s[at + size - 1])
             at += size
-            sources = []
-            for m in matched:
-                a, b = m["report"]["id_start"], m["report"]["id_stop"]
-                lo, hi = max(a, first), min(b, last + 1)
-                if lo < hi:
-                    sources.append((str(m["shard"]), lo - a, hi - a))
             tasks.append(
                 {
                     "split": s,
@@ -310,7 +287,7 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
                     "n": size,
                     "first_id": first,
                     "last_id": last,
-                    "sources": sources,
+                    "sources": _task_sources(matched, first, last),
                     "params": params.as_dict(),
                     "train_fraction": frac,
                     "chunk": int(d["chunk_samples"]),
@@ -318,8 +295,22 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
                     "file": f"{s}/{shard_name(k)}",
                 }
             )
-    del all_ids, is_train
+    return tasks, n_train
 
+
+def _task_sources(matched: list, first: int, last: int) -> list:
+    """(input shard, row start, row stop) for every input shard overlapping [first, last]."""
+    sources = []
+    for m in matched:
+        a, b = m["report"]["id_start"], m["report"]["id_stop"]
+        lo, hi = max(a, first), min(b, last + 1)
+        if lo < hi:
+            sources.append((str(m["shard"]), lo - a, hi - a))
+    return sources
+
+
+def _write_split_tasks(tasks: list, outdir: Path, workers: int, progress, t0: float) -> dict:
+    """Write every output shard (all renamed into place or none); results by file name."""
     results: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
         for t in tasks:  # every output exists only as a temporary file until all are written
@@ -352,9 +343,11 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
             results[name] = res
         with contextlib.suppress(FileNotFoundError):
             (outdir / MANIFEST_NAME).unlink()  # the old manifest no longer describes the files
-    # leaving the stack renamed every shard into place (all or none)
-    _remove_stale(outdir, counts)
+    return results
 
+
+def _build_manifest(params, frac: float, n_train: int, tasks: list, results: dict) -> dict:
+    """The dataset manifest: shard entries and train-split normalisation statistics."""
     cstats, lstats = RunningStats(3), RunningStats(2)
     entries: dict[str, list] = {s: [] for s in SPLITS}
     for t in tasks:  # fixed order: the statistics do not depend on the worker count
@@ -374,7 +367,7 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
         )
     cmean, cstd = cstats.result()
     lmean, lstd = lstats.result()
-    manifest = {
+    return {
         "manifest_version": MANIFEST_VERSION,
         "format_version": h5.FORMAT_VERSION,
         "created_by": f"hvdscale {__version__}",
@@ -401,7 +394,11 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
             "labels": {"names": list(h5.LABEL_NAMES), "mean": lmean, "std": lstd},
         },
     }
-    summary = {
+
+
+def _validation_summary(params, matched: list) -> dict:
+    """validation.json of the split: the input shards and their validation reports."""
+    return {
         "passed": True,
         "n_shards": len(matched),
         "n_samples": params.n_samples,
@@ -419,14 +416,6 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
             for m in matched
         ],
     }
-    write_json_atomic(outdir / "validation.json", summary)
-    write_json_atomic(outdir / MANIFEST_NAME, manifest)
-    if progress:
-        progress(
-            f"wrote {params.n_samples} samples ({n_train} train) "
-            f"in {time.perf_counter() - t0:.1f} s"
-        )
-    return manifest
 
 
 _SHARD_RE = re.compile(r"shard-(\d{4,})\.h5")
@@ -445,12 +434,7 @@ def _remove_stale(outdir: Path, counts: dict) -> None:
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} "
-        "(hvdscale write-config --section data)",
-    )
+    add_data_config_argument(p)
     p.add_argument("--shards", required=True, nargs="+", help="all generated HDF5 shards")
     p.add_argument(
         "--validations",

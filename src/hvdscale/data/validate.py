@@ -37,7 +37,12 @@ import numpy as np
 from hvdscale.data import h5
 from hvdscale.data.check import sha256_file
 from hvdscale.data.generate import tune_malloc
-from hvdscale.data.physics import NOISE_BOUND_SIGMAS, GeneratorParams, load_data_config
+from hvdscale.data.physics import (
+    NOISE_BOUND_SIGMAS,
+    GeneratorParams,
+    add_data_config_argument,
+    load_data_config,
+)
 from hvdscale.errors import DataError
 from hvdscale.io import write_json_atomic
 
@@ -295,12 +300,7 @@ def validate_shard(cfg: dict, path: str | Path) -> dict:
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="data-stage config JSON {'seed': ..., 'data': {...}} "
-        "(hvdscale write-config --section data)",
-    )
+    add_data_config_argument(p)
     p.add_argument("--shard", required=True, help="generated HDF5 shard to validate")
     p.add_argument(
         "--out",

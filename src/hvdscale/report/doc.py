@@ -190,6 +190,25 @@ class Doc:
         self.story.append(KeepTogether([Image(str(path), width=w, height=h), cap]))
 
 
+def a4_document(buf, **meta):
+    """The reports' A4 page template (margins, invariant mode: the same story gives the same
+    bytes); ``meta``: the PDF's title, author, subject, creator."""
+    from reportlab.lib.pagesizes import A4
+    from reportlab.lib.units import mm
+    from reportlab.platypus import SimpleDocTemplate
+
+    return SimpleDocTemplate(
+        buf,
+        pagesize=A4,
+        leftMargin=15 * mm,
+        rightMargin=15 * mm,
+        topMargin=18 * mm,
+        bottomMargin=16 * mm,
+        invariant=1,
+        **meta,
+    )
+
+
 def canvas_maker(header_left: str, header_right: str):
     from reportlab.lib import colors
     from reportlab.lib.units import mm

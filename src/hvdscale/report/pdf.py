@@ -24,7 +24,7 @@ from pathlib import Path
 from hvdscale.report.accuracy import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
-from hvdscale.report.doc import Doc, canvas_maker
+from hvdscale.report.doc import Doc, a4_document, canvas_maker
 from hvdscale.report.overview import (
     method_section,
     missing_section,
@@ -69,26 +69,16 @@ def figure_captions(cfg: dict | None) -> dict[str, str]:
 def typeset(story: list, info: dict) -> bytes:
     """The PDF's bytes: the same story and info give the same bytes (reportlab's
     invariant mode: fixed creation date and document ID, no file name inside)."""
-    from reportlab.lib.pagesizes import A4
-    from reportlab.lib.units import mm
-    from reportlab.platypus import SimpleDocTemplate
-
     commit = info["git_commit"]
     dirty = "+dirty" if commit.endswith("+dirty") else ""
     header_right = f"{info['config_file']}  |  commit {commit[:12]}{dirty}"
     buf = io.BytesIO()
-    doc = SimpleDocTemplate(
+    doc = a4_document(
         buf,
-        pagesize=A4,
-        leftMargin=15 * mm,
-        rightMargin=15 * mm,
-        topMargin=18 * mm,
-        bottomMargin=16 * mm,
         title="Horovod scaling study",
         author="hvdscale",
         subject=f"scaling report for {info['config_file']}",
         creator="hvdscale report",
-        invariant=1,
     )
     doc.build(story, canvasmaker=canvas_maker("hvdscale scaling report", header_right))
     return buf.getvalue()

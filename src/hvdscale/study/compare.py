@@ -223,12 +223,8 @@ def _with_ci(v, lo, hi, metric) -> str:
 
 def write_pdf(path, a: Study, b: Study, table: pd.DataFrame, prov: list[dict]) -> None:
     """The short comparison PDF (deterministic like the report: invariant mode)."""
-    from reportlab.lib.pagesizes import A4
-    from reportlab.lib.units import mm
-    from reportlab.platypus import SimpleDocTemplate
-
     from hvdscale.io import atomic_path
-    from hvdscale.report.doc import Doc, canvas_maker
+    from hvdscale.report.doc import Doc, a4_document, canvas_maker
 
     d = Doc()
     d.p(f"Comparison of two studies: A = {a.name}, B = {b.name}", "title")
@@ -274,17 +270,8 @@ def write_pdf(path, a: Study, b: Study, table: pd.DataFrame, prov: list[dict]) -
         align_right_from=1,
     )
     buf = io.BytesIO()
-    doc = SimpleDocTemplate(
-        buf,
-        pagesize=A4,
-        leftMargin=15 * mm,
-        rightMargin=15 * mm,
-        topMargin=18 * mm,
-        bottomMargin=16 * mm,
-        title="hvdscale study comparison",
-        author="hvdscale",
-        creator="hvdscale compare",
-        invariant=1,
+    doc = a4_document(
+        buf, title="hvdscale study comparison", author="hvdscale", creator="hvdscale compare"
     )
     doc.build(
         d.story, canvasmaker=canvas_maker("hvdscale study comparison", f"A {a.name}  |  B {b.name}")

@@ -201,19 +201,20 @@ def _inside(directory: Path, env: dict[str, str | None]):
     old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
     try:
         os.chdir(directory)
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(env)
         yield
     finally:
         os.chdir(old_cwd)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(old_env)
+
+
+def _set_environ(env: dict[str, str | None]) -> None:
+    """Set these environment variables; unset those given as None."""
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _run_step(step: list[str]) -> str:

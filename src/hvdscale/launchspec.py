@@ -1,0 +1,233 @@
+"""How a run's ranks are started: the launcher's argv and the ranks' environment.
+
+Pure functions (no process is started): ``build_launch`` turns a launcher, a job layout
+(``JobSpec``) and the config's training section into a ``LaunchSpec``; ``hvdscale.launch``
+runs it. See ``hvdscale.launch`` for the launchers and the Horovod variables.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdscale import gloo_slurm, site_settings, timelimit
+from hvdscale.errors import UserError
+from hvdscale.jobspec import JobSpec
+from hvdscale.ranks import hosts_argument
+
+LAUNCHERS = ("horovodrun", "mpirun", "srun")
+PROGRAMS = ("train", "measure-allreduce")
+# environment passed to every rank (besides HOROVOD_*)
+PASS_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HOME",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "PYTHONUNBUFFERED",
+    "HVDSCALE_LAUNCHER",
+    "OMP_NUM_THREADS",
+    "HVDSCALE_ORPHAN_WATCHDOG",
+    "HVDSCALE_FAULT_DELAY",  # test-only delay in one phase of the step (docs/timing.md)
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]  # variables set for the launcher (and passed on to the ranks)
+    controller: str  # gloo | mpi
+    launcher: str
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+def horovod_env(training: dict, backend: str, timeline_path: str | None = None) -> dict[str, str]:
+    """HOROVOD_* variables for a run from the config's training section and backend."""
+    env: dict[str, str] = {}
+    if backend == "gloo":
+        env["HOROVOD_CPU_OPERATIONS"] = "gloo"
+    elif backend == "mpi":
+        env["HOROVOD_CPU_OPERATIONS"] = "mpi"
+    elif backend == "nccl":
+        env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+    else:
+        raise UserError(f"backend {backend!r}: expected nccl, mpi or gloo")
+    hv = training.get("horovod", {})
+    if hv.get("cycle_time_ms") is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{float(hv['cycle_time_ms']):g}"
+    if hv.get("fusion_threshold_mb") is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(
+            int(round(float(hv["fusion_threshold_mb"]) * 1024 * 1024))
+        )
+    if backend == "mpi" and hv.get("mpi_yield_when_idle", True):
+        # Open MPI busy-polls while it waits; with a rank's threads bound to its own core
+        # the polling of Horovod's background thread takes the core from TensorFlow's
+        # compute (measured +40 % compute time at batch 1000 on 2 cores). Yield instead.
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if timeline_path:
+        env["HOROVOD_TIMELINE"] = str(timeline_path)
+    return env
+
+
+def effective_launcher(launcher: str, backend: str) -> str:
+    """The launcher that can run ``backend``: Gloo collectives need horovodrun's Gloo
+    rendezvous (under mpirun/srun Horovod's controller is MPI, and
+    HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
+    --gloo; inside a SLURM allocation its hosts come from the allocation."""
+    if backend == "gloo" and launcher == "srun":  # srun + our own rendezvous, no ssh
+        return "srun"
+    return "horovodrun" if backend == "gloo" else launcher
+
+
+def controller_for(launcher: str, backend: str) -> str:
+    """The Horovod controller a launcher/backend pair uses."""
+    if backend == "gloo":
+        if launcher == "srun":  # hvdscale.gloo_slurm
+            return "gloo"
+        if launcher != "horovodrun":
+            raise UserError(f"backend 'gloo' needs launcher horovodrun (got {launcher!r})")
+        return "gloo"
+    if backend == "nccl" and launcher == "horovodrun":
+        return "gloo"  # NCCL does the GPU collectives; the controller only coordinates
+    return "mpi"
+
+
+def build_launch(
+    *,
+    launcher: str,
+    job: JobSpec,
+    program_argv: list[str],
+    training: dict,
+    out_dir: str | Path | None = None,
+    hosts: list[str] | None = None,
+    horovodrun: str = "horovodrun",
+    mpirun: str = "mpirun",
+    srun: str = "srun",
+    timeline: bool | None = None,
+    is_root_user: bool | None = None,
+    cpu_count: int | None = None,
+) -> LaunchSpec:
+    """The one place that turns (launcher, backend, workers, nodes, workers_per_node)
+    into the launcher's argv and the ranks' environment."""
+    if launcher not in LAUNCHERS:
+        raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    notes: list[str] = []
+    launcher = _resolve_launcher(launcher, job, notes)
+    controller = controller_for(launcher, job.backend)
+    env = _launch_env(training, job, launcher, out_dir, timeline)
+    if launcher == "srun" and job.backend == "gloo":  # Gloo across nodes without ssh
+        return gloo_slurm.build_gloo_srun(
+            job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
+        )
+    is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
+    cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
+    if launcher == "horovodrun":
+        argv = _horovodrun_argv(horovodrun, job, hosts, controller, env, is_root_user)
+    elif launcher == "mpirun":
+        argv = _mpirun_argv(mpirun, job, hosts, env, notes, is_root_user, cpu_count)
+    else:  # srun inside an allocation; the environment is exported by default
+        argv = _srun_argv(srun, job, training, notes)
+    return LaunchSpec(
+        argv=argv + list(program_argv),
+        env=env,
+        controller=controller,
+        launcher=launcher,
+        notes=notes,
+    )
+
+
+def _resolve_launcher(launcher: str, job: JobSpec, notes: list[str]) -> str:
+    """The launcher that can run the job's backend; a note when it is not ``launcher``."""
+    if effective_launcher(launcher, job.backend) != launcher:
+        notes.append(
+            f"backend gloo needs horovodrun's Gloo rendezvous: starting with horovodrun --gloo "
+            f"instead of {launcher}"
+            + (" (remote ranks via ssh to the allocation's nodes)" if job.nodes > 1 else "")
+        )
+        launcher = effective_launcher(launcher, job.backend)
+    return launcher
+
+
+def _launch_env(
+    training: dict, job: JobSpec, launcher: str, out_dir, timeline: bool | None
+) -> dict[str, str]:
+    """The ranks' environment: Horovod, threads, SLURM node list, NCCL, time-limit signal."""
+    timeline = training.get("timeline", False) if timeline is None else timeline
+    tl_path = str(Path(out_dir).resolve() / "timeline.json") if (timeline and out_dir) else None
+    env = horovod_env(training, job.backend, tl_path)
+    env.update(
+        {
+            "HVDSCALE_LAUNCHER": launcher,
+            "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
+            "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
+        }
+    )
+    # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's
+    # job step strips SLURM_JOB_NODELIST)
+    env.update(gloo_slurm.rank_env_from_slurm())
+    env.update(site_settings.nccl_env(training))  # NCCL_* from training.nccl, every launcher
+    # SIGUSR1 from the launcher before the time limit (hvdscale.timelimit)
+    env.update(timelimit.launch_env(training, out_dir, job.workers))
+    return env
+
+
+# Open MPI refuses to run as root without these
+_OMPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def _horovodrun_argv(
+    horovodrun: str, job: JobSpec, hosts, controller: str, env: dict, is_root_user: bool
+) -> list[str]:
+    argv = [
+        horovodrun,
+        "-np",
+        str(job.workers),
+        "-H",
+        hosts_argument(job, hosts),
+        f"--{controller}",
+    ]
+    if controller == "mpi" and is_root_user:
+        env.update(_OMPI_AS_ROOT)
+    return argv
+
+
+def _mpirun_argv(
+    mpirun: str, job: JobSpec, hosts, env: dict, notes: list, is_root_user: bool, cpu_count: int
+) -> list[str]:
+    N = job.workers
+    argv = [mpirun, "-np", str(N), "--bind-to", "none", "--map-by", "slot"]
+    if job.nodes > 1 or hosts:
+        argv += ["-H", hosts_argument(job, hosts)]
+    if job.nodes == 1 and N > cpu_count:
+        argv.append("--oversubscribe")
+        notes.append(f"{N} ranks on {cpu_count} cores: --oversubscribe")
+    if is_root_user:
+        env.update(_OMPI_AS_ROOT)
+    passed = sorted(set(env) | {k for k in PASS_ENV if k in os.environ})
+    for k in passed:
+        if k.startswith("OMPI_"):
+            continue
+        argv += ["-x", k]
+    return argv
+
+
+def _srun_argv(srun: str, job: JobSpec, training: dict, notes: list) -> list[str]:
+    # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
+    argv = job.srun_args(srun, mpi=training.get("srun_mpi"))
+    if job.gpus_per_node:
+        notes.append(
+            "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
+        )
+    return argv
