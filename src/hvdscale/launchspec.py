@@ -131,7 +131,7 @@ def build_launch(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
         )
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
-    cpu_count = os.cpu_count() or 1 if cpu_count is None else cpu_count
+    cpu_count = (os.cpu_count() or 1) if cpu_count is None else cpu_count
     if launcher == "horovodrun":
         argv = _horovodrun_argv(horovodrun, job, hosts, controller, env, is_root_user)
     elif launcher == "mpirun":
