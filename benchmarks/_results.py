@@ -24,7 +24,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -97,25 +96,12 @@ def wait_for_load(max_load: float, max_wait_s: float, poll_s: float = 5.0) -> fl
 
 
 def git_commit() -> str:
-    """Short commit of the working tree, with ``+dirty`` when tracked files differ."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
+    """Short commit of the working tree (12 hex digits), ``+dirty`` when tracked files
+    differ: hvdscale.common.git_commit, shortened for the CSVs."""
+    from hvdscale.common import git_commit as full_commit
+
+    commit = full_commit(ROOT)
+    return commit if commit == "unknown" else commit[:12] + commit[40:]
 
 
 def machine() -> str:
