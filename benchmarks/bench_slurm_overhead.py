@@ -56,6 +56,18 @@ def cluster_env() -> dict:
 JOB_S = 600.0  # the overhead as a share of a 10-minute training job
 
 
+def launch_argv(cfg: str, out: Path, launcher: str) -> list[str]:
+    """`hvdscale launch` of the benchmark's run with ``launcher``, writing to ``out``."""
+    return [*HVD, "launch", "--config", cfg, "--run-id", RUN_ID] + [
+        "--data-dir",
+        f"{RESULTS}/data",
+        "--out-dir",
+        str(out),
+        "--launcher",
+        launcher,
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -117,42 +129,12 @@ def main() -> int:
             out = res / "direct"
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
-            sh(
-                [
-                    *HVD,
-                    "launch",
-                    "--config",
-                    cfg,
-                    "--run-id",
-                    RUN_ID,
-                    "--data-dir",
-                    f"{RESULTS}/data",
-                    "--out-dir",
-                    str(out),
-                    "--launcher",
-                    "mpirun",
-                ]
-            )
+            sh(launch_argv(cfg, out, "mpirun"))
             times["direct (mpirun)"].append(time.perf_counter() - t0)
 
             out = res / "sbatch"
             shutil.rmtree(out, ignore_errors=True)
-            wrap = " ".join(
-                [
-                    *HVD,
-                    "launch",
-                    "--config",
-                    cfg,
-                    "--run-id",
-                    RUN_ID,
-                    "--data-dir",
-                    f"{RESULTS}/data",
-                    "--out-dir",
-                    str(out),
-                    "--launcher",
-                    "srun",
-                ]
-            )
+            wrap = " ".join(launch_argv(cfg, out, "srun"))
             t0 = time.perf_counter()
             sh(
                 [
