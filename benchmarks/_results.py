@@ -10,10 +10,21 @@ Every row a benchmark writes carries the same provenance columns:
   date         UTC time the CSV was written (ISO 8601)
   load         the highest 1-minute load average seen around the measurement
   load_before  1-minute load average just before the measurement
-  load_after   1-minute load average just after it
+  load_after   1-minute load average just after it (a 2-worker arm raises it to about 2
+               by itself: no criterion of quietness)
 
-``load`` above ``LOAD_WARN`` (1.0) is printed as a warning when it is measured: the
-figures of a busy machine are noisier and usually lower. The results are committed on
+and the quality columns of issue 17 (benchmarks/_quiet.py):
+
+  foreign_cpu     CPU used by processes outside the arm's own process tree while it ran,
+                  as a fraction of one core
+  irq_cpu         irq+softirq time while it ran (fraction of one core; information)
+  valid           false when foreign_cpu exceeds 0.1 (or could not be measured)
+  invalid_reason  why
+  quiet_wait_s    how long the quiet guard waited before the arm
+
+Every measurement (``Measured``) first waits for a quiet machine (``GUARD``, a
+``QuietGuard``; ``--max-load``, ``--quiet-timeout``) and stops the benchmark with
+``NotQuiet`` when the machine stays busy. Benchmarks run alone. The results are committed on
 purpose (they are data, not build output): regenerate the page with ``make perf-docs``.
 """
 
@@ -29,18 +40,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from _quiet import CpuMeter, NotQuiet, QuietGuard, add_quiet_args, load_avg, validity
+
+__all__ = ["NotQuiet", "add_quiet_args"]  # re-exported for the benchmarks
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LOAD_WARN = 1.0
 PROVENANCE = ["commit", "machine", "date", "load", "load_before", "load_after"]
-
-
-def load_avg() -> float:
-    """The 1-minute load average (0.0 where the OS has none)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return 0.0
+QUALITY = ["foreign_cpu", "irq_cpu", "valid", "invalid_reason", "quiet_wait_s"]
 
 
 def warn_load(value: float, what: str) -> None:
@@ -52,22 +60,69 @@ def warn_load(value: float, what: str) -> None:
         )
 
 
-class Measured:
-    """Records the load before and after a measurement and warns when either exceeds
-    LOAD_WARN: ``with Measured("keras b75") as m: ...``, then ``m.fields()`` (or
-    ``m = Measured(...).start()`` ... ``m.stop()``)."""
+GUARD = QuietGuard()  # configure_quiet(args) sets its threshold and timeout
 
-    def __init__(self, what: str):
+
+def configure_quiet(args) -> QuietGuard:
+    """Apply a benchmark's ``--max-load`` / ``--quiet-timeout`` (add_quiet_args) to the
+    shared guard (None: keep the environment's or the default)."""
+    if getattr(args, "max_load", None) is not None:
+        GUARD.max_load = args.max_load
+    if getattr(args, "quiet_timeout", None) is not None:
+        GUARD.timeout_s = args.quiet_timeout
+    return GUARD
+
+
+def quiet_main(fn):
+    """Decorator of a benchmark's ``main``: a machine that stays busy (NotQuiet) ends it
+    with exit status 3 and the guard's message instead of a traceback."""
+
+    def main(argv=None) -> int:
+        try:
+            return fn(argv)
+        except NotQuiet as exc:
+            print(f"{Path(sys.argv[0]).name} stopped: {exc}", file=sys.stderr, flush=True)
+            return 3
+
+    main.__doc__, main.__name__ = fn.__doc__, fn.__name__
+    return main
+
+
+class Measured:
+    """One arm's measurement: ``start()`` waits for a quiet machine (GUARD; NotQuiet when
+    it stays busy), records the load before and starts the foreign-CPU meter; ``stop()``
+    records the load after and the foreign CPU share, and warns. ``with Measured("keras
+    b75") as m: ...``, then ``m.fields()`` for the CSV row. ``names``: processes outside
+    this tree that belong to the arm (bench_slurm_overhead: the SLURM daemons)."""
+
+    def __init__(
+        self,
+        what: str,
+        guard: QuietGuard | None = None,
+        meter: CpuMeter | None = None,
+        names: tuple[str, ...] = (),
+    ):
         self.what = what
+        self.guard = guard
+        self.meter = meter if meter is not None else CpuMeter(names=names)
         self.before = self.after = 0.0
+        self.waited = 0.0
+        self.foreign: float | None = None
+        self.irq: float | None = None
 
     def start(self) -> Measured:
+        _load, self.waited = (self.guard or GUARD).wait(self.what)
         self.before = load_avg()
+        self.meter.start()
         return self
 
     def stop(self) -> None:
+        self.foreign, self.irq = self.meter.stop()
         self.after = load_avg()
-        warn_load(max(self.before, self.after), f"{self.what} ({self.before} -> {self.after})")
+        warn_load(self.before, f"{self.what} ({self.before} -> {self.after})")
+        ok, why = validity(self.foreign)
+        if not ok:
+            print(f"WARNING: {self.what}: row invalid: {why}", file=sys.stderr, flush=True)
 
     def __enter__(self):
         return self.start()
@@ -77,22 +132,40 @@ class Measured:
         return False
 
     def fields(self) -> dict:
+        ok, why = validity(self.foreign)
         return {
             "load": max(self.before, self.after),
             "load_before": self.before,
             "load_after": self.after,
+            "foreign_cpu": self.foreign,
+            "irq_cpu": self.irq,
+            "valid": "true" if ok else "false",
+            "invalid_reason": why,
+            "quiet_wait_s": self.waited,
         }
 
 
-def wait_for_load(max_load: float, max_wait_s: float, poll_s: float = 5.0) -> float:
-    """Wait up to ``max_wait_s`` for the 1-minute load to drop below ``max_load`` (a quieter
-    moment on a shared machine); returns the load when it gives up or succeeds."""
-    t_end = time.monotonic() + max_wait_s
-    load = load_avg()
-    while load >= max_load and time.monotonic() < t_end:
-        time.sleep(poll_s)
-        load = load_avg()
-    return load
+def merge_fields(parts: list[dict]) -> dict:
+    """The fields of several measurements behind one row: load before of the first, after
+    of the last, the highest load and foreign CPU; valid only when every part is."""
+    if not parts:
+        return {}
+    fc = [p.get("foreign_cpu") for p in parts]
+    worst = None if any(f is None for f in fc) else max(fc)
+    ok, why = validity(worst)
+    if ok and any(p.get("valid") == "false" for p in parts):
+        ok, why = False, next(p["invalid_reason"] for p in parts if p.get("valid") == "false")
+    irq = [p.get("irq_cpu") for p in parts if p.get("irq_cpu") is not None]
+    return {
+        "load": max(p["load"] for p in parts),
+        "load_before": parts[0]["load_before"],
+        "load_after": parts[-1]["load_after"],
+        "foreign_cpu": worst,
+        "irq_cpu": max(irq) if irq else None,
+        "valid": "true" if ok else "false",
+        "invalid_reason": why,
+        "quiet_wait_s": sum(p.get("quiet_wait_s") or 0.0 for p in parts),
+    }
 
 
 def git_commit() -> str:
@@ -136,7 +209,7 @@ def write_csv(name: str, rows: Sequence[dict], out: Path | str | None = None) ->
     for r in rows:
         row = {**common, "load": now, "load_before": now, "load_after": now, **r}
         full.append(row)
-    keys = list(PROVENANCE)
+    keys = list(PROVENANCE) + [k for k in QUALITY if any(k in r for r in full)]
     for r in full:
         keys += [k for k in r if k not in keys]
     with open(path, "w", newline="") as fh:

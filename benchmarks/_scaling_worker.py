@@ -19,6 +19,9 @@ epoch's step loop only (hvdscale: run_epoch_steps' t_train; Keras/MWMS: on_epoch
 .. on_epoch_end of a ``fit`` call per epoch, whose iterator is created before
 on_epoch_begin). Evaluation is outside the clock everywhere. Epoch 0 is warm-up.
 
+``--instrument-every 0`` (the independent control): no call is instrumented, the epoch
+clock times uninstrumented calls only, as hvdscale's headline epoch times (issue 17).
+
 ``--barrier DIR --barrier-n N``: before every epoch each process leaves a file in DIR
 and waits until N processes have done so (the independent control's epochs overlap).
 Writes OUT.rankR.json: per-epoch times, samples per epoch, test SSE, and for hvdstep
@@ -65,6 +68,12 @@ def main() -> int:
     ap.add_argument("--barrier", help="directory of a per-epoch file barrier")
     ap.add_argument("--barrier-n", type=int, default=2)
     ap.add_argument("--barrier-id", type=int, default=0)
+    ap.add_argument(
+        "--instrument-every",
+        type=int,
+        default=None,
+        help="hvdstep: every k-th call timed per phase (default: the config's; 0: none)",
+    )
     a = ap.parse_args()
 
     if a.mode == "mwms" and a.workers > 1:
@@ -146,14 +155,17 @@ def main() -> int:
             backward_passes_per_step=1,
         )
         spe, k_inst = tcfg["steps_per_execution"], tcfg["instrument_every"]
+        if a.instrument_every is not None:
+            k_inst = a.instrument_every
         prog.warm_up(spe)
         for epoch in range(a.epochs):
             perm = perm_of(epoch)
             barrier(epoch)
             timer, (_loss, ph, _disp, t_train) = run_epoch_steps(prog, perm, steps, spe, k_inst)
             times.append(t_train)
-            scale = steps / max(timer.timed_steps, 1)  # timed steps -> all steps
-            phases.append([float(p) * scale for p in ph])
+            if timer.timed_steps:
+                scale = steps / timer.timed_steps  # timed steps -> all steps
+                phases.append([float(p) * scale for p in ph])
         sse, nvals = prog.test_sse()
     else:
         from _keras_arm import KerasArm

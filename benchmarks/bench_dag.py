@@ -14,15 +14,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _results import Measured, median_ci, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    median_ci,
+    quiet_main,
+    write_csv,
+)
 
 
-def main() -> int:
+@quiet_main
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=5, help="dry runs to time (default 5)")
     ap.add_argument("--configfile", default="config/thesis.yaml", help="config to plan")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_dag.csv")
-    args = ap.parse_args()
+    add_quiet_args(ap)
+    args = ap.parse_args(argv)
+    configure_quiet(args)
     cmd = [
         sys.executable,
         "-m",

@@ -31,7 +31,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
-from _results import load_avg, warn_load, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    quiet_main,
+    write_csv,
+)
 
 from hvdscale.config import data_section, load_config  # noqa: E402
 
@@ -84,17 +90,7 @@ def dd_seconds(target_dir: Path, nbytes: int) -> float:
     return dt
 
 
-def wait_quiet(max_load: float, tries: int, pause: float) -> float:
-    load = os.getloadavg()[0]
-    for _ in range(tries):
-        if load < max_load:
-            break
-        print(f"load average {load:.2f} >= {max_load}; waiting {pause:.0f} s", file=sys.stderr)
-        time.sleep(pause)
-        load = os.getloadavg()[0]
-    return load
-
-
+@quiet_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,18 +121,11 @@ def main(argv=None) -> int:
         help="parent directory of the temporary data (default: system tmp)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
-    ap.add_argument(
-        "--max-load",
-        type=float,
-        default=1.0,
-        help="wait until the 1-min load average is below this",
-    )
-    ap.add_argument(
-        "--wait-tries", type=int, default=0, help="how often to wait 60 s for a quiet machine"
-    )
+    add_quiet_args(ap)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_data.csv")
     args = ap.parse_args(argv)
+    configure_quiet(args)
 
     cfg = data_section(load_config(args.config))
     full_n = cfg["data"]["n_samples"]
@@ -145,7 +134,8 @@ def main(argv=None) -> int:
     if args.n_shards:
         cfg["data"]["n_shards"] = args.n_shards
     d = cfg["data"]
-    load = wait_quiet(args.max_load, args.wait_tries, 60.0)
+    meas = Measured("bench_data").start()  # waits for a quiet machine
+    load = meas.before
 
     work = Path(tempfile.mkdtemp(prefix="hvdscale-bench-data.", dir=args.tmpdir))
     try:
@@ -268,8 +258,7 @@ def main(argv=None) -> int:
         )
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
-        load_after = load_avg()
-        warn_load(load_after, "the end of bench_data")
+        meas.stop()  # dd included: the whole stage is one arm
         reduced = args.n_samples is not None and args.n_samples < full_n
         write_csv(
             "bench_data",
@@ -290,9 +279,7 @@ def main(argv=None) -> int:
                     "dd_seconds_same_bytes": res["dd_seconds_same_bytes"],
                     "ratio_to_dd": res["ratio_to_dd"],
                     "write_rate_mb_s": res["write_rate_mb_s"],
-                    "load": max(load, load_after),
-                    "load_before": round(load, 2),
-                    "load_after": load_after,
+                    **meas.fields(),
                 }
             ],
             args.csv,

@@ -34,9 +34,17 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import Measured, median_ci, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    median_ci,
+    quiet_main,
+    write_csv,
+)
 
 
+@quiet_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -45,7 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="75,1000")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--csv")
+    add_quiet_args(ap)
     a = ap.parse_args(argv)
+    configure_quiet(a)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
 

@@ -26,9 +26,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _results import Measured, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    merge_fields,
+    quiet_main,
+    write_csv,
+)
 
 
+@quiet_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -39,7 +47,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     ap.add_argument("--subprocess", action="store_true", help="one hvdscale process per step")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_report.csv")
+    add_quiet_args(ap)
     args = ap.parse_args(argv)
+    configure_quiet(args)
 
     with tempfile.TemporaryDirectory(prefix="bench_report.") as tmp:
         root = Path(args.workdir or tmp)
@@ -158,7 +168,6 @@ def main(argv=None) -> int:
             {"step": k, "seconds": v, "runs": len(written), "mode": mode, **loads[k]}
             for k, v in times.items()
         ]
-        allf = [x for f in loads.values() for x in (f["load_before"], f["load_after"])]
         rows.append(
             {
                 "step": "total",
@@ -166,9 +175,7 @@ def main(argv=None) -> int:
                 "runs": len(written),
                 "mode": mode,
                 "pages": pages,
-                "load": max(allf),
-                "load_before": allf[0],
-                "load_after": allf[-1],
+                **merge_fields(list(loads.values())),
             }
         )
         write_csv("bench_report", rows, args.csv)

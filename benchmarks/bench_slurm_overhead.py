@@ -28,7 +28,18 @@ RUN_ID = "local_mpi_n1_w2_b75_lrnone_r0"
 PY = sys.executable
 HVD = [PY, "-m", "hvdscale.cli"]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _results import Measured, median_ci, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    median_ci,
+    merge_fields,
+    quiet_main,
+    write_csv,
+)
+
+# the arm's processes outside this process tree: the daemons that run the SLURM paths' jobs
+SLURM_NAMES = ("slurmctld", "slurmd", "slurmstepd", "munged")
 
 
 def sh(cmd, env=None, check=True, **kw):
@@ -68,7 +79,36 @@ def launch_argv(cfg: str, out: Path, launcher: str) -> list[str]:
     ]
 
 
-def main() -> int:
+def run_path(path: str, cfg: str, res: Path, env: dict, smk: list, target: str) -> float:
+    """Wall time of one training run through ``path``."""
+    if path.startswith("direct"):
+        out = res / "direct"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        sh(launch_argv(cfg, out, "mpirun"))
+        return time.perf_counter() - t0
+    if path.startswith("sbatch"):
+        out = res / "sbatch"
+        shutil.rmtree(out, ignore_errors=True)
+        wrap = " ".join(launch_argv(cfg, out, "srun"))
+        t0 = time.perf_counter()
+        sh(
+            ["sbatch", "--wait", "-p", "local", "-N", "1", "-n", "2", "--cpus-per-task=1"]
+            + ["--exclusive", "-o", str(res / "sbatch-%j.log"), "--wrap", wrap],
+            env=env,
+        )
+        return time.perf_counter() - t0
+    shutil.rmtree(res / "runs" / RUN_ID / "checkpoint", ignore_errors=True)
+    t0 = time.perf_counter()
+    sh(
+        [*smk, "--profile", "profiles/test-slurm", "--forcerun", "train_run", "--", target],
+        env=env,
+    )
+    return time.perf_counter() - t0
+
+
+@quiet_main
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -77,7 +117,9 @@ def main() -> int:
     )
     ap.add_argument("--epochs", type=int, default=4, help="epochs of the training run (default 4)")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_slurm_overhead.csv")
-    args = ap.parse_args()
+    add_quiet_args(ap)
+    args = ap.parse_args(argv)
+    configure_quiet(args)
     if os.geteuid() != 0:
         print("bench_slurm_overhead: needs root (it runs the local SLURM cluster)", file=sys.stderr)
         return 1
@@ -123,49 +165,13 @@ def main() -> int:
         )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
         times = {"direct (mpirun)": [], "sbatch --wait + srun": [], "snakemake + SLURM plugin": []}
-        loads = []
+        fields: dict = {k: [] for k in times}
         for i in range(args.repeats):
-            meas = Measured(f"bench_slurm_overhead round {i + 1}").start()
-            out = res / "direct"
-            shutil.rmtree(out, ignore_errors=True)
-            t0 = time.perf_counter()
-            sh(launch_argv(cfg, out, "mpirun"))
-            times["direct (mpirun)"].append(time.perf_counter() - t0)
-
-            out = res / "sbatch"
-            shutil.rmtree(out, ignore_errors=True)
-            wrap = " ".join(launch_argv(cfg, out, "srun"))
-            t0 = time.perf_counter()
-            sh(
-                [
-                    "sbatch",
-                    "--wait",
-                    "-p",
-                    "local",
-                    "-N",
-                    "1",
-                    "-n",
-                    "2",
-                    "--cpus-per-task=1",
-                    "--exclusive",
-                    "-o",
-                    str(res / "sbatch-%j.log"),
-                    "--wrap",
-                    wrap,
-                ],
-                env=env,
-            )
-            times["sbatch --wait + srun"].append(time.perf_counter() - t0)
-
-            shutil.rmtree(res / "runs" / RUN_ID / "checkpoint", ignore_errors=True)
-            t0 = time.perf_counter()
-            sh(
-                [*smk, "--profile", "profiles/test-slurm", "--forcerun", "train_run", "--", target],
-                env=env,
-            )
-            times["snakemake + SLURM plugin"].append(time.perf_counter() - t0)
-            meas.stop()
-            loads += [meas.before, meas.after]
+            for path in times:  # every path is an arm: quiet guard, load, foreign CPU
+                meas = Measured(f"bench_slurm_overhead {path}, round {i + 1}", names=SLURM_NAMES)
+                with meas:
+                    times[path].append(run_path(path, cfg, res, env, smk, target))
+                fields[path].append(meas.fields())
             print(
                 f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
                 flush=True,
@@ -192,9 +198,7 @@ def main() -> int:
                     "seconds_ci_high": hi,
                     "overhead_s": med - direct,
                     "share_of_10min_job_pct": share,
-                    "load": max(loads),
-                    "load_before": loads[0],
-                    "load_after": loads[-1],
+                    **merge_fields(fields[k]),
                 }
             )
         write_csv("bench_slurm_overhead", rows, args.csv)

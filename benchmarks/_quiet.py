@@ -1,0 +1,319 @@
+"""Measure alone: the quiet guard and the foreign-CPU meter of every benchmark (issue 17).
+
+On a 2-core machine anything else running at the same time takes the cores the arms are
+measured on, so a benchmark
+
+1. waits, before each arm (``QuietGuard.wait``), until the 1-minute load average is below
+   ``--max-load`` (default 0.5; environment ``HVDSCALE_BENCH_MAX_LOAD``), and gives up
+   after ``--quiet-timeout`` seconds (default 600; ``HVDSCALE_BENCH_QUIET_TIMEOUT``) with
+   ``NotQuiet``, whose message names the load and the busiest processes;
+2. records per row ``foreign_cpu``: the CPU time that processes *outside* the arm's own
+   process tree used while the arm ran, as a fraction of one core (``CpuMeter``):
+   user+nice+system+steal of /proc/stat (psutil where there is none) minus the arm's own
+   usage (``getrusage`` of this process and its reaped children, or psutil samples of its
+   live process tree, whichever is larger). irq+softirq time is recorded apart
+   (``irq_cpu``): the kernel charges it to no process, and most of it is the arm's own
+   network traffic (Gloo's and gRPC's loopback TCP), so it is no sign of a foreign
+   process;
+3. marks a row with ``foreign_cpu`` above ``FOREIGN_CPU_MAX`` (0.1) invalid
+   (``valid`` false, ``invalid_reason``); docs/performance.md shows no figure of it.
+
+The load average after an arm is no criterion: a 2-worker arm raises it to about 2 by
+itself. No heavy imports here: scripts/gen_perf_docs.py uses ``row_validity``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+MAX_LOAD_DEFAULT = 0.5
+QUIET_TIMEOUT_DEFAULT = 600.0
+FOREIGN_CPU_MAX = 0.1
+ENV_MAX_LOAD = "HVDSCALE_BENCH_MAX_LOAD"
+ENV_TIMEOUT = "HVDSCALE_BENCH_QUIET_TIMEOUT"
+NO_FOREIGN = "no foreign_cpu recorded (measured before the quiet guard of issue 17)"
+
+
+class NotQuiet(RuntimeError):
+    """The machine did not become quiet before the guard's timeout."""
+
+
+def load_avg() -> float:
+    """The 1-minute load average (0.0 where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return 0.0
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"environment {name}={raw!r}: expected a number") from None
+
+
+def busiest(n: int = 3, exclude: Iterable[int] = ()) -> str:
+    """The ``n`` processes with the most CPU time in the last second (psutil), for the
+    guard's message: ``"python3 (pid 12, 0.98 core), ..."``; '' without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return ""
+    skip = set(exclude) | {os.getpid()}
+    procs = [p for p in psutil.process_iter(["name"]) if p.pid not in skip]
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(1.0)
+    use = []
+    for p in procs:
+        try:
+            use.append((p.cpu_percent(None) / 100.0, p.info["name"], p.pid))
+        except psutil.Error:
+            pass
+    top = [u for u in sorted(use, reverse=True)[:n] if u[0] >= 0.05]
+    return ", ".join(f"{name} (pid {pid}, {c:.2f} core)" for c, name, pid in top)
+
+
+class QuietGuard:
+    """Waits until the 1-minute load is below ``max_load`` (polling every ``poll_s``), at
+    most ``timeout_s``; then raises NotQuiet. The load source, sleep and clock can be
+    replaced (tests)."""
+
+    def __init__(
+        self,
+        max_load: float | None = None,
+        timeout_s: float | None = None,
+        poll_s: float = 5.0,
+        load: Callable[[], float] = load_avg,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        culprits: Callable[[], str] = busiest,
+    ):
+        self.max_load = _env_float(ENV_MAX_LOAD, MAX_LOAD_DEFAULT) if max_load is None else max_load
+        self.timeout_s = (
+            _env_float(ENV_TIMEOUT, QUIET_TIMEOUT_DEFAULT) if timeout_s is None else timeout_s
+        )
+        self.poll_s, self.load, self.sleep, self.clock = poll_s, load, sleep, clock
+        self.culprits = culprits
+
+    def wait(self, what: str = "the next arm") -> tuple[float, float]:
+        """(load, seconds waited) once the load is below the threshold; NotQuiet after
+        the timeout."""
+        t0 = self.clock()
+        load = self.load()
+        told = False
+        while load >= self.max_load:
+            waited = self.clock() - t0
+            if waited >= self.timeout_s:
+                raise NotQuiet(self.message(load, waited, what))
+            if not told:
+                print(
+                    f"quiet guard: load {load:.2f} >= {self.max_load:g} before {what}; waiting "
+                    f"(at most {self.timeout_s:g} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                told = True
+            self.sleep(min(self.poll_s, max(self.timeout_s - waited, 0.0)) or self.poll_s)
+            load = self.load()
+        return load, round(self.clock() - t0, 1)
+
+    def message(self, load: float, waited: float, what: str) -> str:
+        top = self.culprits()
+        return (
+            f"machine not quiet: the 1-minute load average was {load:.2f} (threshold "
+            f"{self.max_load:g}) after waiting {waited:.0f} s before {what}. Likely cause: "
+            "something else is running on this machine (another benchmark, a test suite, a "
+            "build, another session's training)"
+            + (f"; busiest now: {top}" if top else "")
+            + ". Benchmarks run alone (benchmarks/README.md): stop the other work, or set "
+            f"--max-load / {ENV_MAX_LOAD} and --quiet-timeout / {ENV_TIMEOUT}."
+        )
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """System-wide CPU seconds since boot: (user+nice+system+steal, irq+softirq), from
+    /proc/stat or psutil; None where neither exists."""
+    try:
+        with open("/proc/stat") as fh:
+            f = fh.readline().split()
+        if f[0] == "cpu":
+            v = [float(x) for x in f[1:9]] + [0.0] * 8
+            hz = float(os.sysconf("SC_CLK_TCK"))
+            # user nice system idle iowait irq softirq steal (guest is inside user)
+            return (v[0] + v[1] + v[2] + v[7]) / hz, (v[5] + v[6]) / hz
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        t = psutil.cpu_times()
+        g = lambda k: float(getattr(t, k, 0.0))  # noqa: E731
+        return g("user") + g("nice") + g("system") + g("steal"), g("irq") + g("softirq")
+    except ImportError:
+        return None
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that were waited for (their own
+    waited-for descendants included, as the kernel adds them up)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class TreeSampler(threading.Thread):
+    """Samples (psutil) the CPU time of every live descendant of this process, plus the
+    processes named ``names`` and their descendants (bench_slurm_overhead: the SLURM
+    daemons run its jobs outside this tree). ``total()``: the sum of the last value seen
+    of each process, a lower bound of what the tree used since ``start``."""
+
+    def __init__(self, names: tuple[str, ...] = (), poll_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.names, self.poll_s = set(names), poll_s
+        self.seen: dict[tuple[int, float], float] = {}
+        self.base: dict[tuple[int, float], float] = {}
+        self._stop = threading.Event()
+        try:
+            import psutil
+
+            self.psutil = psutil
+        except ImportError:
+            self.psutil = None
+        self._sample(self.base)  # what existed before is not the arm's
+
+    def _procs(self):
+        ps = self.psutil
+        me = ps.Process()
+        roots = [me]
+        if self.names:
+            roots += [p for p in ps.process_iter(["name"]) if p.info["name"] in self.names]
+        out = {}
+        for r in roots:
+            for p in [r, *r.children(recursive=True)] if r is not me else r.children(True):
+                out[p.pid] = p
+        return out.values()
+
+    def _sample(self, into: dict) -> None:
+        if self.psutil is None:
+            return
+        try:
+            procs = list(self._procs())
+        except self.psutil.Error:
+            return
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                into[(p.pid, p.create_time())] = t.user + t.system
+            except self.psutil.Error:
+                pass
+
+    def run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._sample(self.seen)
+
+    def finish(self) -> float:
+        self._stop.set()
+        self._sample(self.seen)
+        return sum(v - self.base.get(k, 0.0) for k, v in self.seen.items())
+
+
+class CpuMeter:
+    """``start()`` ... ``stop()`` -> (foreign_cpu, irq_cpu) as fractions of one core over
+    the wall time between them (None, None where the system's CPU time is unknown). The
+    sources can be replaced (tests)."""
+
+    def __init__(
+        self,
+        total: Callable[[], tuple[float, float] | None] = cpu_seconds,
+        own: Callable[[], float] = own_cpu_seconds,
+        clock: Callable[[], float] = time.monotonic,
+        sample_tree: bool = True,
+        names: tuple[str, ...] = (),
+    ):
+        self.total, self.own, self.clock = total, own, clock
+        self.sample_tree, self.names = sample_tree, names
+        self.sampler: TreeSampler | None = None
+
+    def start(self) -> CpuMeter:
+        if self.sample_tree:
+            self.sampler = TreeSampler(self.names)
+            self.sampler.start()
+        self.t0, self.total0, self.own0 = self.clock(), self.total(), self.own()
+        self.self0 = _self_cpu()
+        return self
+
+    def stop(self) -> tuple[float | None, float | None]:
+        wall = self.clock() - self.t0
+        total1, own_ru = self.total(), self.own() - self.own0
+        own = own_ru
+        if self.sampler is not None:
+            own = max(own_ru, _self_cpu() - self.self0 + self.sampler.finish())
+        if self.total0 is None or total1 is None or wall <= 0:
+            return None, None
+        busy = total1[0] - self.total0[0]
+        irq = total1[1] - self.total0[1]
+        return round(max(busy - own, 0.0) / wall, 3), round(max(irq, 0.0) / wall, 3)
+
+
+def _self_cpu() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    return s.ru_utime + s.ru_stime
+
+
+def validity(foreign_cpu: float | None, limit: float = FOREIGN_CPU_MAX) -> tuple[bool, str]:
+    """(valid, reason) of a measurement with this foreign CPU share."""
+    if foreign_cpu is None:
+        return False, "foreign CPU not measurable on this system"
+    if foreign_cpu > limit:
+        return False, (
+            f"foreign_cpu {foreign_cpu:.2f} > {limit:g}: other processes ran during the arm"
+        )
+    return True, ""
+
+
+def row_validity(row: dict) -> tuple[bool, str]:
+    """(valid, reason) of a CSV row (strings): no foreign_cpu (an old row) -> invalid;
+    foreign_cpu above the limit -> invalid; ``valid`` false -> invalid with its reason."""
+    raw = (row.get("foreign_cpu") or "").strip()
+    if not raw:
+        return False, NO_FOREIGN
+    try:
+        fc = float(raw)
+    except ValueError:
+        return False, f"foreign_cpu {raw!r} is not a number"
+    ok, why = validity(fc)
+    if not ok:
+        return ok, why
+    if str(row.get("valid", "true")).strip().lower() in ("false", "0", "no"):
+        return False, row.get("invalid_reason") or "marked invalid"
+    return True, ""
+
+
+def add_quiet_args(ap) -> None:
+    """The guard's options on a benchmark's ArgumentParser."""
+    ap.add_argument(
+        "--max-load",
+        type=float,
+        default=None,
+        help=f"before each arm wait until the 1-minute load is below this (default "
+        f"{MAX_LOAD_DEFAULT}; env {ENV_MAX_LOAD})",
+    )
+    ap.add_argument(
+        "--quiet-timeout",
+        type=float,
+        default=None,
+        help=f"give up waiting for a quiet machine after this many seconds (default "
+        f"{QUIET_TIMEOUT_DEFAULT:g}; env {ENV_TIMEOUT})",
+    )
