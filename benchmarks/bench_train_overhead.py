@@ -8,9 +8,9 @@ clock around the epoch's step loop only (hvdscale: ``run_epoch_steps``' t_train,
 ``hvdscale train`` records it; Keras: on_epoch_begin .. on_epoch_end, see
 benchmarks/_keras_arm.py). Keras candidates: steps_per_execution 1 and 64 x
 jit_compile off and on. hvdscale variants: default (the config defaults), plain (no
-timed calls), inst (every 10th call timed), host (batches from host arrays), spe1 (steps_per_execution 1), and for
-information xla (hvdscale's step with the forward and backward pass jit-compiled, a
-change hvdscale does not have).
+timed calls), inst (every 10th call timed), host (batches from host arrays), spe1
+(steps_per_execution 1), and for information xla (hvdscale's step with the forward
+and backward pass jit-compiled, a change hvdscale does not have).
 
 One epoch of everything is warm-up (not counted); then REPEATS rounds in which every
 variant trains one epoch, in turn (a change of the machine's load hits all of them).
