@@ -111,8 +111,7 @@ class Measured:
         self.irq: float | None = None
 
     def start(self) -> Measured:
-        _load, self.waited = (self.guard or GUARD).wait(self.what)
-        self.before = load_avg()
+        self.before, self.waited = (self.guard or GUARD).wait(self.what)
         self.meter.start()
         return self
 
