@@ -12,7 +12,6 @@ the CSVs disagree; tests/test_perf_docs.py runs it. ``make perf-docs`` rewrites 
 from __future__ import annotations
 
 import argparse
-import csv
 import difflib
 import re
 import sys
@@ -20,6 +19,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+from _perf_common import (  # noqa: E402
+    INVALID,
+    QCOLS,
+    ci,
+    f2,
+    missing,
+    num,
+    provenance,
+    quality,
+    read,
+    short_reason,
+    shown,
+    table,
+    thousands,
+)
+from _quiet import FOREIGN_CPU_MAX, row_validity  # noqa: E402
+
 PAGE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(
@@ -30,65 +48,7 @@ BLOCK = re.compile(
 # the targets of issue 11 (what the page checks the measurements against)
 TARGET_EFF_VS_CEILING = 0.90
 TARGET_RATIO = 1.0
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def read(results: Path, name: str) -> list[dict] | None:
-    p = results / f"{name}.csv"
-    if not p.is_file():
-        return None
-    with open(p, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def num(v) -> float | None:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def f2(v, nd=2) -> str:
-    x = num(v)
-    return "" if x is None else f"{x:.{nd}f}"
-
-
-def thousands(v) -> str:
-    x = num(v)
-    return "" if x is None else f"{x:,.0f}"
-
-
-def ci(row: dict, lo="ci_low", hi="ci_high", nd=2) -> str:
-    a, b = num(row.get(lo)), num(row.get(hi))
-    if a is None or b is None:
-        return "no interval (n < 3)"
-    return f"{a:.{nd}f}-{b:.{nd}f}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out) + "\n"
-
-
-def provenance(rows: list[dict], name: str) -> str:
-    commits = sorted({r.get("commit", "") for r in rows})
-    machines = sorted({r.get("machine", "") for r in rows})
-    dates = sorted({r.get("date", "") for r in rows})
-    loads = [x for r in rows for x in (num(r.get("load_before")), num(r.get("load_after"))) if x]
-    lr = f"{min(loads):.2f}-{max(loads):.2f}" if loads else "not recorded"
-    warn = " (above 1.0: noisy)" if loads and max(loads) > 1.0 else ""
-    return (
-        f"Source: `benchmarks/results/{name}.csv`; commit {', '.join(commits)}; "
-        f"{'; '.join(machines)}; {dates[0] if dates else ''}"
-        f"{' to ' + dates[-1] if len(dates) > 1 else ''}; 1-minute load {lr}{warn}.\n"
-    )
-
-
-def missing(name: str, how: str) -> str:
-    return f"Not measured in this revision (no `benchmarks/results/{name}.csv`); run `{how}`.\n"
+TARGET_INSTRUMENTATION = 0.02  # issue 17: instrumentation overhead on epoch time
 
 
 # --------------------------------------------------------------------------- blocks
@@ -124,9 +84,11 @@ def block_scaling_summary(res: Path) -> str:
             r = pick(rows, b, metric, arm, w)
             if r is None:
                 continue
+            ok, qc = quality(r)
             note = r.get("note", "")
-            body.append([b, text, f"**{f2(r['median'])}**", ci(r), r["n"], note])
-    out = table(["batch", "figure", "median", "95 % CI", "repeats", "against"], body)
+            med, interval = shown(ok, f"**{f2(r['median'])}**"), shown(ok, ci(r))
+            body.append([b, text, med, interval, r["n"], note, *qc])
+    out = table(["batch", "figure", "median", "95 % CI", "repeats", "against", *QCOLS], body)
     return out + "\n" + provenance(rows, "bench_scaling")
 
 
@@ -138,18 +100,19 @@ def block_scaling_throughput(res: Path) -> str:
     for r in rows:
         if r["metric"] != "throughput":
             continue
-        body.append(
-            [
-                r["batch"],
-                r["arm"],
-                r["workers"],
-                thousands(r["median"]),
-                ci(r, nd=0).replace(".", ""),
-                r["n"],
-            ]
-        )
-    out = table(["batch", "arm (best settings)", "workers", "samples/s", "95 % CI", "n"], body)
-    return out + "\n" + provenance(rows, "bench_scaling")
+        ok, qc = quality(r)
+        thr, interval = thousands(r["median"]), ci(r, nd=0).replace(".", "")
+        body.append([r["batch"], r["arm"], r["workers"], shown(ok, thr), shown(ok, interval)])
+        body[-1] += [r["n"], *qc]
+    head = ["batch", "arm (best settings)", "workers", "samples/s", "95 % CI", "n", *QCOLS]
+    return table(head, body) + "\n" + provenance(rows, "bench_scaling")
+
+
+def run_cells(r: dict) -> list[str]:
+    """samples/s, load after and the quality cells of one run of bench_scaling_runs."""
+    ok, qc = quality(r)
+    thr = thousands(r["throughput"]) if r["status"] == "ok" else "failed"
+    return [shown(ok, thr), f2(r["load_after"]), *qc]
 
 
 def block_scaling_runs(res: Path) -> str:
@@ -158,19 +121,10 @@ def block_scaling_runs(res: Path) -> str:
         return missing("bench_scaling_runs", "make bench-scaling")
     body = []
     for r in rows:
-        if r["phase"] != "tune":
-            continue
-        body.append(
-            [
-                r["batch"],
-                r["arm"],
-                r["workers"],
-                thousands(r["throughput"]) if r["status"] == "ok" else "failed",
-                f"{f2(r['load_before'])} / {f2(r['load_after'])}",
-            ]
-        )
-    out = table(["batch", "candidate", "workers", "samples/s", "load before / after"], body)
-    return out + "\n" + provenance(rows, "bench_scaling_runs")
+        if r["phase"] == "tune":
+            body.append([r["batch"], r["arm"], r["workers"], *run_cells(r)])
+    head = ["batch", "candidate", "workers", "samples/s", "load after", *QCOLS]
+    return table(head, body) + "\n" + provenance(rows, "bench_scaling_runs")
 
 
 def block_paired_runs(res: Path) -> str:
@@ -182,22 +136,13 @@ def block_paired_runs(res: Path) -> str:
         if r["phase"] != "paired":
             continue
         share = num(r.get("data_share"))
-        body.append(
-            [
-                r["repeat"],
-                r["batch"],
-                r["arm"],
-                r["workers"],
-                thousands(r["throughput"]) if r["status"] == "ok" else "failed",
-                f"{100 * share:.1f} %" if share is not None else "",
-                f"{f2(r['load_before'])} / {f2(r['load_after'])}",
-            ]
-        )
-    out = table(
-        ["repeat", "batch", "arm", "workers", "samples/s", "data share", "load before / after"],
-        body,
-    )
-    return out + "\n" + provenance(rows, "bench_scaling_runs")
+        share_s = f"{100 * share:.1f} %" if share is not None else ""
+        cells = run_cells(r)
+        ok = row_validity(r)[0]
+        body.append([r["repeat"], r["batch"], r["arm"], r["workers"], cells[0]])
+        body[-1] += [shown(ok, share_s) if share_s else "", *cells[1:]]
+    head = ["repeat", "batch", "arm", "workers", "samples/s", "data share", "load after"]
+    return table(head + QCOLS, body) + "\n" + provenance(rows, "bench_scaling_runs")
 
 
 def block_train_overhead(res: Path) -> str:
@@ -206,6 +151,9 @@ def block_train_overhead(res: Path) -> str:
         return missing("bench_train_overhead", "make bench-train")
     body = []
     for r in rows:
+        if r["kind"] == "overhead":
+            continue  # the instrumentation block shows it
+        ok, qc = quality(r)
         if r["kind"] == "keras":
             settings = (
                 f"steps_per_execution {r['spe']}, jit_compile {'on' if r['jit'] == '1' else 'off'}"
@@ -215,24 +163,37 @@ def block_train_overhead(res: Path) -> str:
                 f"steps_per_execution {r['spe']}, instrument_every {r['instrument_every']}, "
                 f"data in device memory {r['in_device_memory']}"
             )
-        body.append(
-            [
-                r["variant"],
-                settings,
-                thousands(r["samples_per_s"]),
-                f"**{f2(r['ratio_vs_keras_best'], 3)}**"
-                if r["kind"] != "keras"
-                else f2(r["ratio_vs_keras_best"], 3),
-                ci(r, "ratio_ci_low", "ratio_ci_high", 3),
-            ]
-        )
+        ratio = f2(r["ratio_vs_keras_best"], 3)
+        ratio = f"**{ratio}**" if r["kind"] != "keras" else ratio
+        interval = ci(r, "ratio_ci_low", "ratio_ci_high", 3)
+        body.append([r["variant"], settings, shown(ok, thousands(r["samples_per_s"]))])
+        body[-1] += [shown(ok, ratio), shown(ok, interval), *qc]
     r0 = rows[0]
-    out = table(["variant", "settings", "samples/s", "/ Keras best", "95 % CI"], body)
+    out = table(["variant", "settings", "samples/s", "/ Keras best", "95 % CI", *QCOLS], body)
     out += (
         f"\nKeras best: `{r0['keras_best']}`; {r0['samples']} samples, batch {r0['batch']}, "
         f"{r0['repeats']} rounds, core {r0['core']}.\n"
     )
     return out + "\n" + provenance(rows, "bench_train_overhead")
+
+
+def block_instrumentation(res: Path) -> str:
+    rows = read(res, "bench_train_overhead") or []
+    r = next((r for r in rows if r.get("variant") == "instrumentation_overhead"), None)
+    if r is None:
+        return (
+            "Not measured in this revision (no `instrumentation_overhead` row in "
+            "`benchmarks/results/bench_train_overhead.csv`); run `make bench-train`.\n"
+        )
+    ok, qc = quality(r)
+    pct = lambda k: f"{100 * num(r[k]):.2f} %" if num(r.get(k)) is not None else ""  # noqa: E731
+    interval = (
+        f"{pct('overhead_ci_low')}-{pct('overhead_ci_high')}" if pct("overhead_ci_low") else ""
+    )
+    body = [[r["instrument_every"], shown(ok, f"**{pct('overhead')}**")]]
+    body[-1] += [shown(ok, interval or "no interval (n < 3)"), r["repeats"], *qc]
+    head = ["instrument_every", "overhead on epoch time", "95 % CI", "rounds", *QCOLS]
+    return table(head, body) + "\n" + provenance([r], "bench_train_overhead")
 
 
 def block_data(res: Path) -> str:
@@ -241,33 +202,13 @@ def block_data(res: Path) -> str:
         return missing("bench_data", "make bench-data")
     body = []
     for r in rows:
-        body.append(
-            [
-                f"{int(r['n_samples']):,}" + (" (reduced)" if r.get("reduced_size") == "1" else ""),
-                r["workers"],
-                f2(r["generate_s"]),
-                f2(r["validate_s"]),
-                f2(r["split_s"]),
-                f2(r["total_s"]),
-                thousands(r["curves_per_s"]),
-                r["peak_rss_mb"],
-                f2(r["ratio_to_dd"]),
-            ]
-        )
-    out = table(
-        [
-            "curves",
-            "workers",
-            "generate s",
-            "validate s",
-            "split s",
-            "total s",
-            "curves/s",
-            "peak RSS MiB",
-            "total / dd",
-        ],
-        body,
-    )
+        ok, qc = quality(r)
+        figs = [f2(r[k]) for k in ("generate_s", "validate_s", "split_s", "total_s")]
+        figs += [thousands(r["curves_per_s"]), r["peak_rss_mb"], f2(r["ratio_to_dd"])]
+        size = f"{int(r['n_samples']):,}" + (" (reduced)" if r.get("reduced_size") == "1" else "")
+        body.append([size, r["workers"], *(shown(ok, x) for x in figs), *qc])
+    head = ["curves", "workers", "generate s", "validate s", "split s", "total s", "curves/s"]
+    out = table(head + ["peak RSS MiB", "total / dd", *QCOLS], body)
     notes = sorted({r["note"] for r in rows if r.get("note")})
     if notes:
         out += "\n" + "; ".join(notes) + ".\n"
@@ -278,28 +219,27 @@ def block_dag(res: Path) -> str:
     rows = read(res, "bench_dag")
     if not rows:
         return missing("bench_dag", "make bench-dag")
-    body = [
-        [
-            r["configfile"],
-            r["profile"] or "none",
-            r["jobs"],
-            f"**{f2(r['seconds_median'])}**",
-            ci(r, "seconds_ci_low", "seconds_ci_high"),
-            r["repeats"],
-            f"< {f2(r['target_s'], 0)} s: {'met' if r['met'] == '1' else 'not met'}",
-        ]
-        for r in rows
-    ]
-    out = table(["config", "profile", "plan", "median s", "95 % CI", "runs", "target"], body)
-    return out + "\n" + provenance(rows, "bench_dag")
+    body = []
+    for r in rows:
+        ok, qc = quality(r)
+        verdict = f"< {f2(r['target_s'], 0)} s: {'met' if r['met'] == '1' else 'not met'}"
+        body.append([r["configfile"], r["profile"] or "none", r["jobs"]])
+        body[-1] += [shown(ok, f"**{f2(r['seconds_median'])}**")]
+        body[-1] += [shown(ok, ci(r, "seconds_ci_low", "seconds_ci_high")), r["repeats"]]
+        body[-1] += [shown(ok, verdict), *qc]
+    head = ["config", "profile", "plan", "median s", "95 % CI", "runs", "target", *QCOLS]
+    return table(head, body) + "\n" + provenance(rows, "bench_dag")
 
 
 def block_report(res: Path) -> str:
     rows = read(res, "bench_report")
     if not rows:
         return missing("bench_report", "make bench-report")
-    body = [[r["step"], f2(r["seconds"]), r["runs"], r["mode"]] for r in rows]
-    out = table(["step", "seconds", "run records", "mode"], body)
+    body = []
+    for r in rows:
+        ok, qc = quality(r)
+        body.append([r["step"], shown(ok, f2(r["seconds"])), r["runs"], r["mode"], *qc])
+    out = table(["step", "seconds", "run records", "mode", *QCOLS], body)
     return out + "\n" + provenance(rows, "bench_report")
 
 
@@ -307,17 +247,13 @@ def block_slurm(res: Path) -> str:
     rows = read(res, "bench_slurm_overhead")
     if not rows:
         return missing("bench_slurm_overhead", "make bench-slurm")
-    body = [
-        [
-            r["path"],
-            f2(r["seconds_median"], 1),
-            ci(r, "seconds_ci_low", "seconds_ci_high", 1),
-            f2(r["overhead_s"], 1),
-            r["repeats"],
-        ]
-        for r in rows
-    ]
-    out = table(["path", "median s", "95 % CI", "overhead s", "rounds"], body)
+    body = []
+    for r in rows:
+        ok, qc = quality(r)
+        figs = [f2(r["seconds_median"], 1), ci(r, "seconds_ci_low", "seconds_ci_high", 1)]
+        figs += [f2(r["overhead_s"], 1)]
+        body.append([r["path"], *(shown(ok, x) for x in figs), r["repeats"], *qc])
+    out = table(["path", "median s", "95 % CI", "overhead s", "rounds", *QCOLS], body)
     return out + "\n" + provenance(rows, "bench_slurm_overhead")
 
 
@@ -327,53 +263,112 @@ def block_data_phase(res: Path) -> str:
         return missing("bench_data_phase", ".venv-train/bin/python benchmarks/bench_data_phase.py")
     body = []
     for r in rows:
+        ok, qc = quality(r)
         share = num(r.get("data_share"))
-        body.append(
-            [
-                r["batch"],
-                r["variant"],
-                f2(r["data_ms_per_step"], 4),
-                ci(r, "data_ms_ci_low", "data_ms_ci_high", 4),
-                f2(r["step_ms"], 3),
-                f"{100 * share:.1f} %" if share is not None else "",
-            ]
-        )
-    out = table(["batch", "variant", "data ms/step", "95 % CI", "step ms", "data share"], body)
-    return out + "\n" + provenance(rows, "bench_data_phase")
+        figs = [f2(r["data_ms_per_step"], 4), ci(r, "data_ms_ci_low", "data_ms_ci_high", 4)]
+        figs += [f2(r["step_ms"], 3), f"{100 * share:.1f} %" if share is not None else ""]
+        body.append([r["batch"], r["variant"], *(shown(ok, x) if x else x for x in figs), *qc])
+    head = ["batch", "variant", "data ms/step", "95 % CI", "step ms", "data share", *QCOLS]
+    return table(head, body) + "\n" + provenance(rows, "bench_data_phase")
+
+
+def block_allreduce_bare(res: Path) -> str:
+    rows = read(res, "bench_allreduce_bare")
+    if not rows:
+        return missing("bench_allreduce_bare", "make bench-allreduce")
+    body = []
+    for r in rows:
+        if r.get("row") != "summary":
+            continue
+        ok, qc = quality(r)
+        us = [f2(r["median_us"], 0), ci(r, "ci_low_us", "ci_high_us", 0)]
+        us += [f2(r["ratio_vs_mpi"])]
+        body.append([r["arm"], r["controller"], r["settings"], *(shown(ok, x) for x in us)])
+        body[-1] += [r["repeats"], *qc]
+    head = ["arm", "controller", "settings", "us per call", "95 % CI", "/ MPI default"]
+    out = table(head + ["repeats", *QCOLS], body)
+    notes = sorted({r["note"] for r in rows if r.get("note")})
+    if notes:
+        out += "\n" + "; ".join(notes) + ".\n"
+    return out + "\n" + provenance(rows, "bench_allreduce_bare")
+
+
+VALIDITY_SOURCES = [
+    "bench_scaling",
+    "bench_scaling_runs",
+    "bench_train_overhead",
+    "bench_allreduce_bare",
+    "bench_data_phase",
+    "bench_data",
+    "bench_dag",
+    "bench_report",
+    "bench_slurm_overhead",
+]
+
+
+def block_validity(res: Path) -> str:
+    """Per CSV: how many rows are valid, and why the others are not."""
+    body = []
+    for name in VALIDITY_SOURCES:
+        rows = read(res, name)
+        if not rows:
+            body.append([f"`{name}.csv`", "", "", "not measured in this revision"])
+            continue
+        why: dict[str, int] = {}
+        for r in rows:
+            ok, reason = row_validity(r)
+            if not ok:
+                key = short_reason(reason)
+                why[key] = why.get(key, 0) + 1
+        loads = [num(r.get("load_before")) for r in rows if num(r.get("load_before")) is not None]
+        fcs = [num(r.get("foreign_cpu")) for r in rows if num(r.get("foreign_cpu")) is not None]
+        span = f"{min(loads):.2f}-{max(loads):.2f}" if loads else "not recorded"
+        fspan = f"{min(fcs):.2f}-{max(fcs):.2f}" if fcs else "not recorded"
+        reasons = "; ".join(f"{n} x {k}" for k, n in sorted(why.items())) or "none"
+        body.append([f"`{name}.csv`", f"{len(rows) - sum(why.values())} of {len(rows)}"])
+        body[-1] += [f"{span} / {fspan}", reasons]
+    head = ["results", "valid rows", "load before / foreign CPU", "invalid because"]
+    return (
+        f"A row is valid when the CPU used outside its own processes while it ran "
+        f"(`foreign_cpu`) is at most {FOREIGN_CPU_MAX:.2f} of a core; rows written before "
+        "the quiet guard have no `foreign_cpu` and are invalid. No figure of an invalid row "
+        "appears on this page; verdicts use valid rows only.\n\n" + table(head, body)
+    )
+
+
+def verdict(r, target, lower_is_better=False, keys=("median", "ci_low", "ci_high")):
+    """(verdict, median) of a row against a target; an invalid row gives no verdict."""
+    if r is None:
+        return "not measured", ""
+    ok_row, why = row_validity(r)
+    if not ok_row:
+        return f"no valid measurement ({short_reason(why)})", INVALID
+    med, lo, hi = (num(r.get(k)) for k in keys)
+    bound = hi if lower_is_better else lo
+    if med is None:
+        return "not measured", ""
+    ok = med <= target if lower_is_better else med >= target
+    sure = bound is not None and (bound <= target if lower_is_better else bound >= target)
+    if not ok:
+        word = "not met"
+    elif sure:
+        word = "met"
+    elif bound is None:
+        word = "met (median only; no interval, n < 3)"
+    else:
+        word = "met (median only; the CI reaches " + ("above)" if lower_is_better else "below)")
+    return word, f2(med)
 
 
 def block_targets(res: Path) -> str:
     rows = read(res, "bench_scaling") or []
     tr = read(res, "bench_train_overhead") or []
     body = []
-
-    def verdict(r, target):
-        if r is None:
-            return "not measured", ""
-        lo = num(r.get("ci_low") or r.get("ratio_ci_low"))
-        med = num(r.get("median") or r.get("ratio_vs_keras_best"))
-        ok = med is not None and med >= target
-        sure = lo is not None and lo >= target
-        if not ok:
-            word = "not met"
-        elif sure:
-            word = "met"
-        elif lo is None:
-            word = "met (median only; no interval, n < 3)"
-        else:
-            word = "met (median only; the CI reaches below)"
-        return word, f2(med)
-
     for b in sorted({int(r["batch"]) for r in rows}):
         r = pick(rows, b, "efficiency_vs_ceiling", "hvdscale")
         w, v = verdict(r, TARGET_EFF_VS_CEILING)
-        body.append(
-            [
-                f"2 workers >= {TARGET_EFF_VS_CEILING:.2f} of the independent ceiling, batch {b}",
-                v,
-                w,
-            ]
-        )
+        text = f"2 workers >= {TARGET_EFF_VS_CEILING:.2f} of the independent ceiling, batch {b}"
+        body.append([text, v, w])
         r = pick(rows, b, "ratio_hvdscale_vs_mwms", "hvdscale", 2)
         w, v = verdict(r, TARGET_RATIO)
         body.append([f"hvdscale >= {TARGET_RATIO:.1f}x best MWMS, 2 workers, batch {b}", v, w])
@@ -381,22 +376,18 @@ def block_targets(res: Path) -> str:
         r = pick(rows, b, "ratio_hvdscale_vs_keras", "hvdscale", 1)
         if r is not None:
             w, v = verdict(r, TARGET_RATIO)
-            body.append(
-                [f"hvdscale >= {TARGET_RATIO:.1f}x best Keras, 1 worker, batch {b} (scaling)", v, w]
-            )
+            text = f"hvdscale >= {TARGET_RATIO:.1f}x best Keras, 1 worker, batch {b} (scaling)"
+            body.append([text, v, w])
     d = next((r for r in tr if r["variant"] == "default"), None)
     if d is not None:
-        w, v = verdict(d, TARGET_RATIO)
-        body.append(
-            [
-                f"hvdscale >= {TARGET_RATIO:.1f}x best Keras, 1 rank, batch {d['batch']} "
-                "(bench_train_overhead)",
-                v,
-                w,
-            ]
-        )
-    if not body:
-        return "No results yet.\n"
+        keys = ("ratio_vs_keras_best", "ratio_ci_low", "ratio_ci_high")
+        w, v = verdict(d, TARGET_RATIO, keys=keys)
+        text = f"hvdscale >= {TARGET_RATIO:.1f}x best Keras, 1 rank, batch {d['batch']}"
+        body.append([text + " (bench_train_overhead)", v, w])
+    o = next((r for r in tr if r["variant"] == "instrumentation_overhead"), None)
+    keys = ("overhead", "overhead_ci_low", "overhead_ci_high")
+    w, v = verdict(o, TARGET_INSTRUMENTATION, lower_is_better=True, keys=keys)
+    body.append([f"instrumentation overhead <= {TARGET_INSTRUMENTATION:.2f} of epoch time", v, w])
     return table(["target", "median", "verdict"], body)
 
 
@@ -407,6 +398,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "scaling-paired-runs": block_paired_runs,
     "scaling-tuning": block_scaling_runs,
     "train-overhead": block_train_overhead,
+    "instrumentation": block_instrumentation,
+    "allreduce-bare": block_allreduce_bare,
+    "validity": block_validity,
     "data-phase": block_data_phase,
     "data": block_data,
     "dag": block_dag,

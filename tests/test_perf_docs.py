@@ -54,6 +54,14 @@ def copy(tmp_path):
     return page, res
 
 
+def rewrite(p: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(p, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
 def test_check_fails_when_a_csv_figure_changes(copy):
     page, res = copy
     p = res / "bench_scaling.csv"
@@ -61,17 +69,53 @@ def test_check_fails_when_a_csv_figure_changes(copy):
         pytest.skip("no bench_scaling.csv")
     with open(p, newline="") as fh:
         rows = list(csv.DictReader(fh))
+    # rows measured alone (the committed ones may predate foreign_cpu: no figure shown)
+    rows = [{**r, "foreign_cpu": "0.01", "valid": "true", "invalid_reason": ""} for r in rows]
+    rewrite(p, rows)
+    assert run_gen("--check", "--page", page, "--results", res).returncode == 1
+    assert run_gen("--page", page, "--results", res).returncode == 0
     rows[0]["median"] = str(float(rows[0]["median"]) * 1.5 + 1)
-    with open(p, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+    rewrite(p, rows)
     r = run_gen("--check", "--page", page, "--results", res)
     assert r.returncode == 1
     assert "make perf-docs" in r.stderr
     # regenerating makes it agree again
     assert run_gen("--page", page, "--results", res).returncode == 0
     assert run_gen("--check", "--page", page, "--results", res).returncode == 0
+
+
+def scaling_row(metric, arm, workers, median, **quality):
+    row = {"commit": "abc", "machine": "m", "date": "2026-11-24T00:00:00Z", "load": "0.3"}
+    row.update({"load_before": "0.31", "load_after": "1.9", "batch": "75", "metric": metric})
+    row.update({"arm": arm, "workers": str(workers), "median": median, "ci_low": "", "n": "3"})
+    row.update({"ci_high": "", "note": ""})
+    return {**row, **quality}
+
+
+def test_no_figure_of_an_invalid_or_old_row_reaches_the_page(copy, tmp_path):
+    page, _ = copy
+    res = tmp_path / "only"
+    res.mkdir()
+    ok = {"foreign_cpu": "0.02", "irq_cpu": "0.0", "valid": "true", "invalid_reason": ""}
+    busy = {"foreign_cpu": "0.35", "valid": "false", "invalid_reason": "foreign_cpu 0.35 > 0.1"}
+    rewrite(
+        res / "bench_scaling.csv",
+        [
+            scaling_row("efficiency_vs_ceiling", "hvdscale", 2, "0.9137", **ok),
+            scaling_row("ratio_hvdscale_vs_mwms", "hvdscale", 2, "1.4242", **busy),
+            scaling_row("ratio_hvdscale_vs_keras", "hvdscale", 1, "0.6161"),  # old: no foreign
+        ],
+    )
+    assert run_gen("--page", page, "--results", res).returncode == 0
+    text = page.read_text()
+    assert "0.91" in text and "1.42" not in text and "0.62" not in text
+    targets = re.search(r"perf:begin targets -->\n(.*?)<!--", text, re.S).group(1)
+    assert "| 0.91 | met (median only; no interval, n < 3) |" in targets
+    assert "no valid measurement (foreign CPU 0.35 > 0.1)" in targets
+    assert "no valid measurement (no foreign_cpu (old row))" in targets
+    summary = re.search(r"perf:begin scaling-summary -->\n(.*?)<!--", text, re.S).group(1)
+    # the load and the foreign CPU of every row are on the page, valid or not
+    assert summary.count("| 0.31 |") == 3 and "| 0.35 |" in summary and "not recorded" in summary
 
 
 def test_check_fails_when_the_page_is_edited_by_hand(copy):
