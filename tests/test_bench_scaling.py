@@ -210,3 +210,23 @@ def test_quick_mode_writes_the_summary_and_the_runs(tmp_path):
         assert row["commit"] and row["machine"] and row["date"]
         float(row["load_before"]), float(row["load_after"]), float(row["foreign_cpu"])
         assert row["valid"] in ("true", "false")
+
+
+def test_instrumentation_overhead_row_is_paired_per_round():
+    import bench_train_overhead as bto
+
+    class A:
+        instrument_every, samples, batch, core = 10, 300, 75, 0
+
+    res = {"inst": [980.0, 1000.0, 990.0], "plain": [1000.0, 1010.0, 1000.0]}
+    cfg = {"inst": {"in_device_memory": True, "spe": 64, "instrument_every": 10}}
+    f = measured(fake_meter(2.5, 2.0))
+    row = bto.overhead_row(res, cfg, A, f)
+    per_round = sorted([1000 / 980 - 1, 1010 / 1000 - 1, 1000 / 990 - 1])
+    assert row["variant"] == "instrumentation_overhead" and row["instrument_every"] == 10
+    assert row["overhead"] == pytest.approx(per_round[1]) and row["repeats"] == 3
+    assert row["valid"] == "true" and row["overhead_goal"] == 0.02
+    worse = bto.round_fields(f, [0.01, 0.4, None])
+    assert worse["valid"] == "false" and worse["foreign_cpu"] is None
+    worse = bto.round_fields(f, [0.01, 0.4])
+    assert worse["foreign_cpu"] == 0.4 and "0.40 > 0.1" in worse["invalid_reason"]
