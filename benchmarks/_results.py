@@ -167,6 +167,20 @@ def merge_fields(parts: list[dict]) -> dict:
     }
 
 
+def training_budget(epochs: int) -> dict:
+    """The training keys for a run of exactly ``epochs`` epochs, never stopped early:
+    ``max_epochs`` + ``stop_at_target: false`` where the config knows them (issue 16),
+    else the older ``epochs`` (benchmarks that write configs run on either)."""
+    from hvdscale.config import validate_config
+
+    new = {"max_epochs": epochs, "stop_at_target": False, "warmup_epochs": 1}
+    try:
+        validate_config({"training": new})
+    except Exception:  # an older schema: no max_epochs
+        return {"epochs": epochs}
+    return {"max_epochs": epochs, "stop_at_target": False}
+
+
 def git_commit() -> str:
     """Short commit of the working tree (12 hex digits), ``+dirty`` when tracked files
     differ: hvdscale.common.git_commit, shortened for the CSVs."""

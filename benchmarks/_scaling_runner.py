@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _results import ROOT
+from _results import ROOT, training_budget
 
 TRAIN_PY = ROOT / ".venv-train" / "bin" / "python"
 MPIRUN = shutil.which("mpirun") or "mpirun"
@@ -90,12 +90,11 @@ def base_config(samples: int, epochs: int, batches: list[int]) -> dict:
         },
         "model": {"hidden_units": [192, 175, 24], "expected_parameters": 153441},
         "training": {
-            "epochs": epochs,
+            **training_budget(epochs),
             "warmup_epochs": 1,
             "learning_rate": 4.7331e-4,
             "threads_per_worker": 1,
             "checkpoint": False,
-            "target_test_loss": 0.05,
         },
         "scaling": {
             "partitions": {

@@ -35,6 +35,7 @@ from _results import (  # noqa: E402
     median_ci,
     merge_fields,
     quiet_main,
+    training_budget,
     write_csv,
 )
 
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
             json.dumps(
                 {
                     "results_dir": RESULTS,
-                    "training": {"launcher": "srun", "epochs": args.epochs},
+                    "training": {"launcher": "srun", **training_budget(args.epochs)},
                     "scaling": {
                         "sweeps": [
                             {
