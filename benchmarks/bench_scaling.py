@@ -151,6 +151,27 @@ def measure(runner: Runner, arm: Arm, batch: int, phase: str, rep: int, rows: li
     return r if row["valid"] == "true" else None  # an invalid run is no measurement
 
 
+def summary_row(batch, metric, vals, arm, workers, note, loads) -> dict:
+    """One figure: median and interval of ``vals`` with the fields of the runs behind it
+    (their loads, the highest foreign CPU)."""
+    med, lo, hi = median_ci(vals)
+    before = [p["load_before"] for p in loads]
+    return {
+        "batch": batch,
+        "metric": metric,
+        "arm": arm,
+        "workers": workers,
+        "median": med,
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": len(vals),
+        "note": note,
+        **merge_fields(list(loads)),
+        "load_min": min(before) if before else None,
+        "load_max": max(before) if before else None,
+    }
+
+
 def summarise(batches, paired, best, epochs, n_rep, left_out=None) -> list[dict]:
     """Summary rows from the valid paired runs (an invalid run never reaches ``paired``);
     every row carries the merged load/foreign-CPU fields of the runs of its batch and
@@ -159,28 +180,9 @@ def summarise(batches, paired, best, epochs, n_rep, left_out=None) -> list[dict]
     left_out = left_out or {}
 
     def add(batch, metric, vals, arm="", workers="", note="", loads=()):
-        if not vals:
-            return  # an arm that was not paired (or failed every repeat)
-        med, lo, hi = median_ci(vals)
-        before = [p["load_before"] for p in loads]
-        rows.append(
-            {
-                "batch": batch,
-                "metric": metric,
-                "arm": arm,
-                "workers": workers,
-                "median": med,
-                "ci_low": lo,
-                "ci_high": hi,
-                "n": len(vals),
-                "note": note,
-                # the runs behind the figure: their loads and highest foreign CPU
-                **merge_fields(list(loads)),
-                "load_min": min(before) if before else None,
-                "load_max": max(before) if before else None,
-                "runs_left_out": left_out.get(batch, 0),
-            }
-        )
+        if vals:  # else an arm that was not paired (or failed every repeat)
+            rows.append(summary_row(batch, metric, vals, arm, workers, note, loads))
+            rows[-1]["runs_left_out"] = left_out.get(batch, 0)
 
     for batch in batches:
         P = paired.get(batch, {})
