@@ -234,9 +234,7 @@ def test_every_sample_in_exactly_one_split_in_order(tiny_dataset):
         assert m["counts"][s] == len(ids[s]) == sum(sizes) > 0
     every = np.concatenate([ids["train"], ids["val"], ids["test"]])
     assert np.array_equal(np.sort(every), np.arange(2000))  # each sample exactly once
-    which = physics.split_assign(
-        m["seed"], np.arange(2000), m["train_fraction"], m["val_fraction"]
-    )
+    which = physics.split_assign(m["seed"], np.arange(2000), m["train_fraction"], m["val_fraction"])
     for s, code in physics.SPLIT_CODES.items():
         assert np.array_equal(np.flatnonzero(which == code), ids[s])
     # about val_fraction of the train share (2000 curves: 1500 +- 17 in the train share)
@@ -253,9 +251,9 @@ def test_val_fraction_leaves_the_test_split_unchanged(tmp_path, tiny_dataset):
     a = h5.read_shards(check.shard_paths(tiny_dataset["data_dir"], "test", m0))
     b = h5.read_shards(check.shard_paths(other["data_dir"], "test", m1))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert m1["counts"]["train"] + m1["counts"]["val"] == m0["counts"]["train"] + m0["counts"][
-        "val"
-    ]
+    assert (
+        m1["counts"]["train"] + m1["counts"]["val"] == m0["counts"]["train"] + m0["counts"]["val"]
+    )
     assert m1["counts"]["val"] > m0["counts"]["val"]
 
 

@@ -22,6 +22,7 @@ from hvdscale.errors import ConfigError
 # slots_per_node and nodes_for stay importable from here
 from hvdscale.jobspec import nodes_for as nodes_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
+from hvdscale.runkinds import rerun_runs, target_config
 
 # the run table (scaling matrix, run ids, per-run config slices) lives in
 # hvdscale.runtable; its names stay importable from here
@@ -39,7 +40,6 @@ from hvdscale.runtable import (
     learning_rate_for,
     parse_multiplier,
     parse_run_id,
-    rerun_runs,
     run_config,
     run_seed,
     run_table,
@@ -66,6 +66,7 @@ __all__ = [
     "run_config",
     "run_seed",
     "run_table",
+    "target_config",
     "tune_runs",
 ]
 

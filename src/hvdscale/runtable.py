@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from hvdscale.errors import ConfigError
 from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 
-# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}[_m{mult}_wu{warmup}][_{kind}]_r{repeat}
+# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
+#         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
 # The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
 # re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
 # and warm-up epochs. The optional kind: cal (a target calibration run: 1 worker, the
@@ -33,7 +34,7 @@ RUN_ID_PATTERN = (
 )
 
 # the kinds of run and their index in the seed derivation (run_seed)
-KINDS = {"": 0, "cal": 1, "rerun": 2}
+SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
 
 
 def run_seed(cfg_seed: int, repeat: int, kind: str = "") -> int:
@@ -44,9 +45,9 @@ def run_seed(cfg_seed: int, repeat: int, kind: str = "") -> int:
     """
     import numpy as np
 
-    if kind not in KINDS:
-        raise ConfigError(f"run kind {kind!r}: expected one of {', '.join(map(repr, KINDS))}")
-    ss = np.random.SeedSequence([int(cfg_seed), int(repeat), KINDS[kind]])
+    if kind not in SEED_KINDS:
+        raise ConfigError(f"run kind {kind!r}: expected one of {', '.join(map(repr, SEED_KINDS))}")
+    ss = np.random.SeedSequence([int(cfg_seed), int(repeat), SEED_KINDS[kind]])
     return int(ss.generate_state(1)[0])
 
 
@@ -150,7 +151,7 @@ def run_table(cfg: dict) -> list[Run]:
             runs[run.run_id] = run
     for run in calibration_runs(cfg):
         runs[run.run_id] = run
-    return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
+    return [runs[k] for k in sorted(runs, key=run_sort_key(runs))]
 
 
 def calibration_runs(cfg: dict) -> list[Run]:
@@ -214,49 +215,6 @@ def tune_runs(cfg: dict) -> list[Run]:
     return out
 
 
-def rerun_runs(cfg: dict, tuned_rows: Iterable) -> list[Run]:
-    """The re-runs of the selected tuning candidates (kind rerun).
-
-    ``tuned_rows``: the selected candidates, each a run id, a Run, or a mapping with a
-    ``run_id`` (a row of tuned.csv) or with the candidate's fields (partition, backend,
-    workers, batch[_per_worker], lr_rule, lr_mult, tune_warmup). Every one re-runs
-    scaling.tune.rerun_repeats times with the same layout, LR rule, multiplier and
-    warm-up, with fresh seeds (repeats 0..rerun_repeats-1 of kind rerun).
-    """
-    tune = cfg["scaling"].get("tune")
-    if not tune:
-        return []
-    known = {(r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate): r
-             for r in tune_runs(cfg)}
-    out: dict[str, Run] = {}
-    for row in tuned_rows:
-        key = _candidate_key(row)
-        if key not in known:
-            raise ConfigError(
-                f"selected tuning candidate {key}: not a candidate of scaling.tune of this config"
-            )
-        base = known[key]
-        for r in range(tune["rerun_repeats"]):
-            run = dataclasses.replace(base, repeat=r, kind="rerun")
-            out[run.run_id] = run
-    return [out[k] for k in sorted(out, key=_run_sort_key(out))]
-
-
-def _candidate_key(row) -> tuple:
-    """(partition, backend, workers, batch, lr_rule, candidate) of a selected candidate."""
-    if isinstance(row, Run):
-        return (row.partition, row.backend, row.workers, row.batch, row.lr_rule, row.candidate)
-    if isinstance(row, str) or (hasattr(row, "get") and row.get("run_id")):
-        rid = row if isinstance(row, str) else str(row.get("run_id"))
-        d = parse_run_id(rid)
-        return (d["partition"], d["backend"], d["workers"], d["batch"], d["lr_rule"],
-                d["candidate"])
-    batch = row.get("batch", row.get("batch_per_worker"))
-    cand = f"m{format_multiplier(float(row['lr_mult']))}_wu{int(row['tune_warmup'])}"
-    return (str(row["partition"]), str(row["backend"]), int(row["workers"]), int(batch),
-            str(row["lr_rule"]), cand)
-
-
 def _make_run(
     part: dict,
     partition: str,
@@ -283,11 +241,11 @@ def _make_run(
     )
 
 
-def _run_sort_key(runs: dict[str, Run]):
+def run_sort_key(runs: dict[str, Run]):
     def key(run_id: str):
         r = runs[run_id]
         cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
-        kind = KINDS[r.kind]
+        kind = SEED_KINDS[r.kind]
         return (r.partition, r.backend, r.batch, r.lr_rule, cand, kind, r.workers, r.repeat)
 
     return key

@@ -33,6 +33,7 @@ import pandas as pd
 
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
+from hvdscale.errors import UserError
 
 TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
@@ -228,6 +229,13 @@ def read_tuned(path) -> pd.DataFrame:
 def add_arguments(p):
     p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
     p.add_argument(
+        "--runs-dir",
+        help="aggregate the run records here instead of reading --runs/--status (checkpoint "
+        "select_tuned: the re-runs it requests cannot wait for runs.csv); needs --config",
+    )
+    p.add_argument("--config", help="with --runs-dir: the validated config (full.json)")
+    p.add_argument("--target", help="the study's target.json (rule calibrate_target)")
+    p.add_argument(
         "--status",
         help="status.csv (lists missing and failed candidates; default: next to --runs)",
     )
@@ -239,9 +247,18 @@ def run(args) -> int:
 
     from hvdscale.analysis.tables import read_runs, read_status, write_csv
 
-    runs = read_runs(args.runs)
-    status_path = Path(args.status) if args.status else Path(args.runs).with_name("status.csv")
-    status = read_status(status_path) if status_path.exists() else None
+    if args.runs_dir:
+        from hvdscale.analysis.aggregate import aggregate
+        from hvdscale.config import load_config
+
+        if not args.config:
+            raise UserError("select-tuned: --runs-dir needs --config")
+        agg = aggregate(Path(args.runs_dir), load_config(args.config))
+        runs, status = agg.runs, agg.status
+    else:
+        runs = read_runs(args.runs)
+        status_path = Path(args.status) if args.status else Path(args.runs).with_name("status.csv")
+        status = read_status(status_path) if status_path.exists() else None
     tuned = select_tuned(runs, status)
     write_csv(tuned, args.out)
     n = (tuned["status"] == "selected").sum() if not tuned.empty else 0

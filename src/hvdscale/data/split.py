@@ -46,9 +46,9 @@ from hvdscale.data.check import (
 )
 from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import (
+    SPLIT_CODES,
     GeneratorParams,
     add_data_config_argument,
-    SPLIT_CODES,
     load_data_config,
     split_assign,
 )
