@@ -13,13 +13,17 @@ from hvdscale.config import (
     ConfigError,
     allreduce_config,
     allreduce_jobs,
+    calibration_runs,
     count_parameters,
     find_run,
     learning_rate_for,
     load_config,
     parse_run_id,
+    rerun_runs,
     run_config,
+    run_seed,
     run_table,
+    target_config,
     validate_config,
 )
 from hvdscale.errors import UserError
@@ -38,12 +42,54 @@ def test_default_config_fills_every_default():
 def test_empty_config_is_valid_and_complete():
     cfg = validate_config({})
     assert cfg["data"]["n_samples"] == 40000
+    # calibrated target by default: 3 calibration runs at the first sweep's first point
     assert [r.run_id for r in run_table(cfg)] == [
         "local_gloo_n1_w1_b75_lrnone_r0",
         "local_gloo_n1_w2_b75_lrnone_r0",
+        "local_gloo_n1_w1_b75_lrnone_cal_r0",
+        "local_gloo_n1_w1_b75_lrnone_cal_r1",
+        "local_gloo_n1_w1_b75_lrnone_cal_r2",
         "local_mpi_n1_w1_b75_lrnone_r0",
         "local_mpi_n1_w2_b75_lrnone_r0",
     ]
+    assert cfg["training"]["instrument_every"] == 10
+    assert cfg["training"]["timeline_steps"] == 20
+    assert cfg["training"]["stop_at_target"] is True and cfg["training"]["max_train_s"] is None
+    assert cfg["data"]["val_fraction"] == 0.1 and cfg["data"]["split_shards"]["val"] == 1
+    cal = cfg["training"]["target"]["calibration"]
+    assert cal == {
+        "partition": "local",
+        "backend": "gloo",
+        "batch": 75,
+        "lr_rule": "none",
+        "seeds": 3,
+        "max_epochs": 2 * cfg["training"]["max_epochs"],
+    }
+    assert validate_config(cfg) == cfg  # a validated config validates to itself
+
+
+def test_default_config_is_the_equal_accuracy_study():
+    """config/config.yaml: 1 and 2 workers x batch 75 and 1000, mpi, 5 repeats, a
+    calibrated target, a 1-repeat gloo sweep and a small tuning sweep (issue 16)."""
+    cfg = load_config(ROOT / "config/config.yaml")
+    runs = run_table(cfg)
+    scaling = [r for r in runs if not r.kind and not r.candidate]
+    mpi = [r for r in scaling if r.backend == "mpi"]
+    assert {(r.workers, r.batch) for r in mpi} == {(1, 75), (2, 75), (1, 1000), (2, 1000)}
+    assert {r.repeat for r in mpi} == set(range(5)) and len(mpi) == 20
+    gloo = [r for r in scaling if r.backend == "gloo"]
+    assert {r.repeat for r in gloo} == {0} and {r.workers for r in gloo} == {1, 2}
+    cal = [r for r in runs if r.kind == "cal"]
+    assert [r.run_id for r in cal] == [f"local_mpi_n1_w1_b75_lrlinear_cal_r{k}" for k in range(3)]
+    candidates = [r for r in runs if r.candidate]
+    assert 0 < len(candidates) <= 8
+    assert cfg["scaling"]["tune"]["rerun_repeats"] == 5
+    groups = {(r.partition, r.backend, r.workers, r.batch, r.lr_rule) for r in candidates}
+    reruns = len(groups) * cfg["scaling"]["tune"]["rerun_repeats"]
+    # the budget of the default pipeline: at most ~40 train_run jobs on a 2-core machine
+    assert len(runs) + reruns <= 41
+    for split, n in cfg["data"]["split_shards"].items():
+        assert n % 2 == 0, split  # whole shards for 1 and 2 workers
 
 
 def test_thesis_config_matches_reference_study():
@@ -75,8 +121,41 @@ BAD_CONFIGS = [
     ({"data": {"train_fraction": 1.5}}, ["data.train_fraction", "1.5", "< 1"]),
     ({"training": {"launcher": "ssh"}}, ["training.launcher", "'ssh'", "'horovodrun'", "'srun'"]),
     (
-        {"training": {"epochs": 2, "warmup_epochs": 2}},
-        ["training.warmup_epochs", "fewer than training.epochs"],
+        {"training": {"max_epochs": 2, "warmup_epochs": 2}},
+        ["training.warmup_epochs", "fewer than training.max_epochs"],
+    ),
+    (
+        {"training": {"epochs": 4}},
+        ["training.epochs", "renamed to training.max_epochs", "max_epochs: 4"],
+    ),
+    (
+        {"training": {"target": {"mode": "relative", "value": 5}}},
+        ["training.target.mode", "'relative'", "removed", "calibrated", "absolute"],
+    ),
+    (
+        {"training": {"target": {"mode": "calibrated", "calibration": {"partition": "nope"}}}},
+        ["training.target.calibration.partition", "'nope'", "scaling.partitions"],
+    ),
+    (
+        {"training": {"warmup_epochs": 3, "target": {"calibration": {"max_epochs": 2}}}},
+        ["training.target.calibration.max_epochs", "more than training.warmup_epochs"],
+    ),
+    ({"training": {"max_train_s": 0}}, ["training.max_train_s", "> 0"]),
+    ({"data": {"val_fraction": 1.0}}, ["data.val_fraction", "< 1"]),
+    (
+        {
+            "scaling": {
+                "tune": {
+                    "partitions": ["local"],
+                    "workers": [2],
+                    "backends": ["mpi"],
+                    "batch_sizes": [75],
+                    "lr_multipliers": [1],
+                    "rerun_repeats": 0,
+                }
+            }
+        },
+        ["scaling.tune.rerun_repeats", ">= 1"],
     ),
     (
         {"data": {"labels": {"yield_stress": {"min": 700, "max": 600}}}},
@@ -189,7 +268,7 @@ def test_values_reaching_a_shell_are_pattern_constrained(key, bad):
 
 def test_load_config_names_the_file(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("training:\n  epochs: zero\n")
+    path.write_text("training:\n  max_epochs: zero\n")
     with pytest.raises(ConfigError, match=str(path)):
         load_config(path)
     path.write_text("training: [unclosed\n")
@@ -224,7 +303,10 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
     other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
     other["report"]["title"] = "another title"
     assert run_config(other, run_id) == sub
-    other["training"]["epochs"] = 99
+    # the target value reaches a run through target.json, not through its slice
+    other["training"]["target"]["value"] = 50
+    assert run_config(other, run_id) == sub
+    other["training"]["max_epochs"] = 99
     assert run_config(other, run_id) != sub
 
 
@@ -246,7 +328,7 @@ def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edit
     other = copy.deepcopy(cfg)
     other["report"]["title"] = "another title"
     other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
-    other["training"]["epochs"] = 99
+    other["training"]["max_epochs"] = 99
     other["data"]["n_samples"] = 1000
     other["scaling"]["partitions"]["alpha"]["runtime_min"] = 1
     assert allreduce_config(other, job_id) == sub
@@ -276,7 +358,7 @@ def test_check_config_cli(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0 and "576 training runs" in out.stdout
+    assert out.returncode == 0 and "579 training runs" in out.stdout  # 3 calibration runs
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"training": {"launcher": "ssh"}}))
     out = subprocess.run(
@@ -304,3 +386,124 @@ def test_config_readme_documents_every_key():
         "report.allow_partial",
     ):
         assert f"`{key}`" in text
+
+
+# --------------------------------------------------------------------------- issue 16: run kinds
+
+
+def test_run_seed_differs_between_repeats_and_is_shared_across_worker_counts():
+    cfg = load_config(ROOT / "config/config.yaml")
+    runs = {r.run_id: r for r in run_table(cfg)}
+    w1 = [runs[f"local_mpi_n1_w1_b75_lrlinear_r{k}"] for k in range(5)]
+    w2 = [runs[f"local_mpi_n1_w2_b75_lrlinear_r{k}"] for k in range(5)]
+    assert len({r.seed for r in w1}) == 5  # every repeat its own weights and shuffle
+    assert [r.seed for r in w1] == [r.seed for r in w2]  # paired: same seed per repeat
+    assert all(r.seed == run_seed(cfg["seed"], r.repeat, "") for r in w1)
+    # kinds differ from each other at the same repeat index; the config seed matters
+    cal = runs["local_mpi_n1_w1_b75_lrlinear_cal_r0"]
+    assert cal.kind == "cal" and cal.seed != w1[0].seed
+    assert run_seed(cfg["seed"], 0, "rerun") not in (cal.seed, w1[0].seed)
+    assert run_seed(cfg["seed"] + 1, 0) != w1[0].seed
+    # the documented derivation (the contract of issue 16)
+    import numpy as np
+
+    expected = np.random.SeedSequence([cfg["seed"], 3, 2]).generate_state(1)[0]
+    assert run_seed(cfg["seed"], 3, "rerun") == int(expected)
+    with pytest.raises(ConfigError, match="kind"):
+        run_seed(1, 0, "bogus")
+
+
+def test_run_ids_with_kind_roundtrip():
+    cfg = load_config(ROOT / "config/config.yaml")
+    for rid in (
+        "local_mpi_n1_w1_b75_lrlinear_cal_r2",
+        "local_mpi_n1_w2_b1000_lrlinear_m0p5_wu1_rerun_r4",
+        "local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0",
+    ):
+        d = parse_run_id(rid)
+        assert find_run(cfg, rid).run_id == rid
+        assert d["kind"] == ("cal" if "_cal_" in rid else "rerun" if "_rerun_" in rid else "")
+    # a re-run only of a candidate of the sweep, within rerun_repeats
+    for bad in (
+        "local_mpi_n1_w2_b75_lrlinear_m3_wu1_rerun_r0",
+        "local_mpi_n1_w2_b75_lrlinear_m2_wu1_rerun_r5",
+        "local_mpi_n1_w2_b75_lrlinear_rerun_r0",
+        "local_mpi_n1_w2_b75_lrlinear_cal_r0",
+    ):
+        with pytest.raises(ConfigError, match="not in the scaling matrix"):
+            find_run(cfg, bad)
+
+
+def test_calibration_runs_only_in_calibrated_mode():
+    cfg = load_config(ROOT / "config/config.yaml")
+    assert calibration_runs(cfg)
+    raw = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    raw["training"]["target"] = {"mode": "absolute", "value": 0.05}
+    absolute = validate_config(raw)
+    assert calibration_runs(absolute) == []
+    assert not [r for r in run_table(absolute) if r.kind]
+
+
+def test_calibration_run_slice_has_the_long_budget_and_no_stop():
+    cfg = load_config(ROOT / "config/config.yaml")
+    rid = "local_mpi_n1_w1_b75_lrlinear_cal_r1"
+    sub = validate_config(run_config(cfg, rid))
+    run = find_run(sub, rid)
+    assert (run.kind, run.workers, run.seed) == ("cal", 1, find_run(cfg, rid).seed)
+    cal = cfg["training"]["target"]["calibration"]
+    assert sub["training"]["max_epochs"] == cal["max_epochs"] != cfg["training"]["max_epochs"]
+    assert sub["training"]["stop_at_target"] is False
+    assert sub["training"]["max_train_s"] is None
+    # a scaling run keeps the study's budget and stops at the target
+    sub = validate_config(run_config(cfg, "local_mpi_n1_w2_b75_lrlinear_r1"))
+    assert sub["training"]["max_epochs"] == cfg["training"]["max_epochs"]
+    assert sub["training"]["stop_at_target"] is True
+    # the percent is not in a calibration run's slice: editing it retrains nothing
+    other = copy.deepcopy(cfg)
+    other["training"]["target"]["value"] = 25
+    assert run_config(other, rid) == run_config(cfg, rid)
+
+
+def test_rerun_runs_follow_the_selected_candidates():
+    cfg = load_config(ROOT / "config/config.yaml")
+    cand = find_run(cfg, "local_mpi_n1_w2_b1000_lrlinear_m2_wu1_r0")
+    rows = [
+        cand,
+        {
+            "partition": "local",
+            "backend": "mpi",
+            "batch_per_worker": "75",
+            "workers": "2",
+            "lr_rule": "linear",
+            "candidate": "m0p5_wu1",
+        },
+    ]
+    reruns = rerun_runs(cfg, rows)
+    assert len(reruns) == 2 * cfg["scaling"]["tune"]["rerun_repeats"]
+    assert {r.kind for r in reruns} == {"rerun"}
+    by_batch = {b: [r for r in reruns if r.batch == b] for b in (75, 1000)}
+    assert [r.repeat for r in by_batch[1000]] == list(range(5))
+    assert {(r.lr_mult, r.tune_warmup, r.workers) for r in by_batch[1000]} == {(2.0, 1, 2)}
+    assert {r.lr_mult for r in by_batch[75]} == {0.5}
+    # fresh seeds: not the candidate's, not the scaling runs'
+    assert by_batch[1000][0].seed != cand.seed
+    assert by_batch[1000][0].run_id == "local_mpi_n1_w2_b1000_lrlinear_m2_wu1_rerun_r0"
+    # its slice trains like the candidate (learning rate, warm-up) with the rerun seed
+    sub = validate_config(run_config(cfg, by_batch[1000][0].run_id))
+    assert sub["training"]["learning_rate"] == pytest.approx(2 * cfg["training"]["learning_rate"])
+    assert find_run(sub, by_batch[1000][0].run_id).seed == by_batch[1000][0].seed
+    with pytest.raises(ConfigError, match="not a candidate"):
+        rerun_runs(cfg, [{**rows[1], "candidate": "m9_wu1"}])
+
+
+def test_target_config_depends_only_on_the_target():
+    cfg = load_config(ROOT / "config/config.yaml")
+    sub = validate_config(target_config(cfg))
+    assert [r.run_id for r in calibration_runs(sub)] == [r.run_id for r in calibration_runs(cfg)]
+    other = copy.deepcopy(cfg)
+    other["training"]["max_epochs"] = 99
+    other["scaling"]["sweeps"][0]["batch_sizes"].append(500)
+    other["report"]["title"] = "another"
+    assert target_config(other) == target_config(cfg)
+    other["training"]["target"]["value"] = 7
+    assert target_config(other) != target_config(cfg)
