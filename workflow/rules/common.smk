@@ -32,6 +32,11 @@ from hvdscale.config import (
 )
 from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
 
+# scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
+# means no tuning sweep; Snakemake's validate() fills defaults only into mappings
+if isinstance(config.get("scaling"), dict) and config["scaling"].get("tune", {}) is None:
+    del config["scaling"]["tune"]
+
 try:
     CFG = validate_config(config)
 except ConfigError as exc:
