@@ -94,7 +94,11 @@ def main() -> int:
             json.dumps(
                 {
                     "results_dir": RESULTS,
-                    "training": {"launcher": "srun", "epochs": args.epochs},
+                    "training": {
+                        "launcher": "srun",
+                        "max_epochs": args.epochs,
+                        "stop_at_target": False,
+                    },
                     "scaling": {
                         "sweeps": [
                             {

@@ -22,7 +22,7 @@ TUNE = {
 def _cfg(tune=TUNE, **training):
     return validate_config(
         {
-            "training": {"epochs": 4, "warmup_epochs": 1, **training},
+            "training": {"max_epochs": 4, "warmup_epochs": 1, **training},
             "scaling": {
                 "sweeps": [
                     {
@@ -44,7 +44,7 @@ def test_every_candidate_is_its_own_run_with_its_own_config():
     runs = run_table(cfg)
     cands = [r for r in runs if r.candidate]
     assert len(cands) == 2 * 3 * 2  # workers x multipliers x warm-ups (lr_rules [linear])
-    assert len(runs) == len(cands) + 2
+    assert len(runs) == len(cands) + 2 + 3  # and the target's 3 calibration runs
     rid = "local_gloo_n1_w2_b75_lrlinear_m0p5_wu0_r0"
     assert rid in {r.run_id for r in cands}
     sub = validate_config(run_config(cfg, rid))
@@ -53,7 +53,7 @@ def test_every_candidate_is_its_own_run_with_its_own_config():
     run = find_run(sub, rid)  # what training looks up
     assert (run.workers, run.lr_rule, run.lr_mult, run.tune_warmup) == (2, "linear", 0.5, 0)
     # the target is not part of a run's config: changing it retrains nothing
-    other = _cfg(target={"mode": "relative", "value": 20})
+    other = _cfg(target={"mode": "calibrated", "value": 20})
     assert run_config(other, rid) == run_config(cfg, rid)
 
 

@@ -319,7 +319,8 @@ def _check_select(cfg: dict) -> list[str]:
     from hvdscale.study.select import check, describe
 
     problems = check(cfg)
-    if not problems and cfg.get("select") and not run_table(cfg):
+    # the calibration runs belong to every selection: they alone do not count
+    if not problems and cfg.get("select") and all(r.kind == "cal" for r in run_table(cfg)):
         problems.append(
             f"config key select: {describe(cfg['select'])!r} matches no run of the scaling matrix"
         )
