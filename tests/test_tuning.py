@@ -150,3 +150,21 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None)
     fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None)
+
+
+def test_rerun_records_never_enter_the_selection():
+    import pandas as pd
+
+    from hvdscale.analysis.tuning import candidate_runs
+
+    runs = pd.DataFrame(
+        {
+            "run_id": [
+                "local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0",
+                "local_mpi_n1_w2_b75_lrlinear_m2_wu1_rerun_r0",
+                "local_mpi_n1_w2_b75_lrlinear_r0",
+            ],
+            "candidate": ["m2_wu1", "m2_wu1", ""],
+        }
+    )
+    assert list(candidate_runs(runs)["run_id"]) == ["local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0"]

@@ -33,6 +33,10 @@ RUN_ID_PATTERN = (
     r"(?:_(?P<kind>cal|rerun))?_r(?P<repeat>[0-9]+)"
 )
 
+# run ids of a kind (end of the id): target calibration runs, tuning re-runs
+CAL_ID = r"_cal_r[0-9]+$"
+RERUN_ID = r"_rerun_r[0-9]+$"
+
 # the kinds of run and their index in the seed derivation (run_seed)
 SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
 

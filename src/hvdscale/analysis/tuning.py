@@ -34,6 +34,7 @@ import pandas as pd
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.errors import UserError
+from hvdscale.runtable import RERUN_ID
 
 TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
@@ -66,9 +67,11 @@ _CAND = re.compile(r"_lr(?P<lr>none|linear|sqrt)_(?P<cand>m[0-9p]+_wu[0-9]+)_r[0
 
 
 def candidate_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The candidates' runs (not their re-runs: those never enter the selection)."""
     if "candidate" not in runs or runs.empty:
         return runs.iloc[0:0]
-    return runs[runs["candidate"].fillna("").astype(str) != ""]
+    c = runs[runs["candidate"].fillna("").astype(str) != ""]
+    return c[~c["run_id"].astype(str).str.contains(RERUN_ID, regex=True)]
 
 
 def candidates(runs: pd.DataFrame) -> pd.DataFrame:
