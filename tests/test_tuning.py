@@ -153,8 +153,6 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
 
 
 def test_rerun_records_never_enter_the_selection():
-    import pandas as pd
-
     from hvdscale.analysis.tuning import candidate_runs
 
     runs = pd.DataFrame(
