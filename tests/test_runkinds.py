@@ -136,6 +136,7 @@ def test_target_config_depends_only_on_the_target():
     other["training"]["max_epochs"] = 99
     other["scaling"]["sweeps"][0]["batch_sizes"].append(500)
     other["report"]["title"] = "another"
+    other["scaling"]["partitions"]["local"]["runtime_min"] = 5
     assert target_config(other) == target_config(cfg)
     other["training"]["target"]["value"] = 7
     assert target_config(other) != target_config(cfg)

@@ -81,10 +81,10 @@ def target_config(cfg: dict) -> dict:
     """The part of the config the study's target depends on (rule calibrate_target).
 
     A valid config: absolute mode, only the mode and the loss; calibrated mode, the
-    percent, the calibration block, the seed and the calibration partition with a
-    one-point sweep at the calibration configuration, so that its calibration_runs are
-    the full config's. Editing anything else leaves target.json, and so every trained
-    run, untouched.
+    percent, the calibration block, the seed and the calibration partition (its GPU
+    count only) with a one-point sweep at the calibration configuration, so that its
+    calibration_runs have the full config's run ids. Editing anything else leaves
+    target.json, and so every trained run, untouched.
     """
     tgt = cfg["training"]["target"]
     if tgt["mode"] != "calibrated":
@@ -98,7 +98,16 @@ def target_config(cfg: dict) -> dict:
             "warmup_epochs": cfg["training"]["warmup_epochs"],
         },
         "scaling": {
-            "partitions": {part: copy.deepcopy(cfg["scaling"]["partitions"][part])},
+            # only what names the calibration runs (1 worker: always 1 node): editing a
+            # partition's runtime or memory must not rewrite target.json (every run
+            # depends on its time stamp)
+            "partitions": {
+                part: {
+                    "gpus_per_node": cfg["scaling"]["partitions"][part]["gpus_per_node"],
+                    "cores_per_node": 1,
+                    "mem_mb_per_node": 1,
+                }
+            },
             "sweeps": [
                 {
                     "name": "calibration",
