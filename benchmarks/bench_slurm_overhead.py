@@ -98,6 +98,8 @@ def main() -> int:
                         "launcher": "srun",
                         "max_epochs": args.epochs,
                         "stop_at_target": False,
+                        # no calibration runs: the arms time one training run each
+                        "target": {"mode": "absolute", "value": 0.05},
                     },
                     "scaling": {
                         "sweeps": [
@@ -123,6 +125,7 @@ def main() -> int:
                 "profiles/local",
                 f"{RESULTS}/runs/{RUN_ID}/config.json",
                 f"{RESULTS}/data/manifest.json",
+                f"{RESULTS}/scaling/target.json",
             ]
         )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"
