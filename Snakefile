@@ -41,6 +41,8 @@ localrules:
     write_full_config,
     write_run_config,
     write_allreduce_config,
+    write_target_config,
+    calibrate_target,
     aggregate_runs,
     select_tuned,
     fit_costmodel,

@@ -178,7 +178,12 @@ def training_budget(epochs: int) -> dict:
         validate_config({"training": new})
     except Exception:  # an older schema: no max_epochs
         return {"epochs": epochs}
-    return {"max_epochs": epochs, "stop_at_target": False}
+    # an absolute target: no calibration runs, the arms time one training run each
+    return {
+        "max_epochs": epochs,
+        "stop_at_target": False,
+        "target": {"mode": "absolute", "value": 0.05},
+    }
 
 
 def git_commit() -> str:

@@ -64,7 +64,8 @@ def main(argv=None) -> int:
         (root / "config" / "full.json").write_text(json.dumps(cfg))
         t_gen = time.perf_counter() - t0
         print(
-            f"generate  {len(written)} run records ({cfg['training']['epochs']} epochs each) and "
+            f"generate  {len(written)} run records "
+            f"({cfg['training']['max_epochs']} epochs each) and "
             f"{len(allreduce)} allreduce sweeps: {t_gen:6.2f} s (not part of the total)"
         )
 

@@ -162,6 +162,7 @@ def main(argv=None) -> int:
                 "profiles/local",
                 f"{RESULTS}/runs/{RUN_ID}/config.json",
                 f"{RESULTS}/data/manifest.json",
+                f"{RESULTS}/scaling/target.json",
             ]
         )
         cfg = f"{RESULTS}/runs/{RUN_ID}/config.json"

@@ -479,7 +479,7 @@ def write_study(
     """
     from hvdscale.config import config_hash as chash
 
-    epochs = epochs or cfg["training"]["epochs"]
+    epochs = epochs or cfg["training"]["max_epochs"]
     if train_samples is None:
         train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
     h = config_hash or chash(cfg)

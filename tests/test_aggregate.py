@@ -33,7 +33,12 @@ def hand_config() -> dict:
     (no 1-worker run in the sweep)."""
     return validate_config(
         {
-            "training": {"epochs": 3, "warmup_epochs": 1, "repeats": 2, "target_test_loss": 0.05},
+            "training": {
+                "max_epochs": 3,
+                "warmup_epochs": 1,
+                "repeats": 2,
+                "target_test_loss": 0.05,
+            },
             "scaling": {
                 "partitions": {
                     "local": {

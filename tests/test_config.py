@@ -38,12 +38,54 @@ def test_default_config_fills_every_default():
 def test_empty_config_is_valid_and_complete():
     cfg = validate_config({})
     assert cfg["data"]["n_samples"] == 40000
+    # calibrated target by default: 3 calibration runs at the first sweep's first point
     assert [r.run_id for r in run_table(cfg)] == [
         "local_gloo_n1_w1_b75_lrnone_r0",
         "local_gloo_n1_w2_b75_lrnone_r0",
+        "local_gloo_n1_w1_b75_lrnone_cal_r0",
+        "local_gloo_n1_w1_b75_lrnone_cal_r1",
+        "local_gloo_n1_w1_b75_lrnone_cal_r2",
         "local_mpi_n1_w1_b75_lrnone_r0",
         "local_mpi_n1_w2_b75_lrnone_r0",
     ]
+    assert cfg["training"]["instrument_every"] == 10
+    assert cfg["training"]["timeline_steps"] == 20
+    assert cfg["training"]["stop_at_target"] is True and cfg["training"]["max_train_s"] is None
+    assert cfg["data"]["val_fraction"] == 0.1 and cfg["data"]["split_shards"]["val"] == 1
+    cal = cfg["training"]["target"]["calibration"]
+    assert cal == {
+        "partition": "local",
+        "backend": "gloo",
+        "batch": 75,
+        "lr_rule": "none",
+        "seeds": 3,
+        "max_epochs": 2 * cfg["training"]["max_epochs"],
+    }
+    assert validate_config(cfg) == cfg  # a validated config validates to itself
+
+
+def test_default_config_is_the_equal_accuracy_study():
+    """config/config.yaml: 1 and 2 workers x batch 75 and 1000, mpi, 5 repeats, a
+    calibrated target, a 1-repeat gloo sweep and a small tuning sweep (issue 16)."""
+    cfg = load_config(ROOT / "config/config.yaml")
+    runs = run_table(cfg)
+    scaling = [r for r in runs if not r.kind and not r.candidate]
+    mpi = [r for r in scaling if r.backend == "mpi"]
+    assert {(r.workers, r.batch) for r in mpi} == {(1, 75), (2, 75), (1, 1000), (2, 1000)}
+    assert {r.repeat for r in mpi} == set(range(5)) and len(mpi) == 20
+    gloo = [r for r in scaling if r.backend == "gloo"]
+    assert {r.repeat for r in gloo} == {0} and {r.workers for r in gloo} == {1, 2}
+    cal = [r for r in runs if r.kind == "cal"]
+    assert [r.run_id for r in cal] == [f"local_mpi_n1_w1_b75_lrlinear_cal_r{k}" for k in range(3)]
+    candidates = [r for r in runs if r.candidate]
+    assert 0 < len(candidates) <= 8
+    assert cfg["scaling"]["tune"]["rerun_repeats"] == 5
+    groups = {(r.partition, r.backend, r.workers, r.batch, r.lr_rule) for r in candidates}
+    reruns = len(groups) * cfg["scaling"]["tune"]["rerun_repeats"]
+    # the budget of the default pipeline: at most ~40 train_run jobs on a 2-core machine
+    assert len(runs) + reruns <= 41
+    for split, n in cfg["data"]["split_shards"].items():
+        assert n % 2 == 0, split  # whole shards for 1 and 2 workers
 
 
 def test_thesis_config_matches_reference_study():
@@ -75,8 +117,41 @@ BAD_CONFIGS = [
     ({"data": {"train_fraction": 1.5}}, ["data.train_fraction", "1.5", "< 1"]),
     ({"training": {"launcher": "ssh"}}, ["training.launcher", "'ssh'", "'horovodrun'", "'srun'"]),
     (
-        {"training": {"epochs": 2, "warmup_epochs": 2}},
-        ["training.warmup_epochs", "fewer than training.epochs"],
+        {"training": {"max_epochs": 2, "warmup_epochs": 2}},
+        ["training.warmup_epochs", "fewer than training.max_epochs"],
+    ),
+    (
+        {"training": {"epochs": 4}},
+        ["training.epochs", "renamed to training.max_epochs", "max_epochs: 4"],
+    ),
+    (
+        {"training": {"target": {"mode": "relative", "value": 5}}},
+        ["training.target.mode", "'relative'", "removed", "calibrated", "absolute"],
+    ),
+    (
+        {"training": {"target": {"mode": "calibrated", "calibration": {"partition": "nope"}}}},
+        ["training.target.calibration.partition", "'nope'", "scaling.partitions"],
+    ),
+    (
+        {"training": {"warmup_epochs": 3, "target": {"calibration": {"max_epochs": 2}}}},
+        ["training.target.calibration.max_epochs", "more than training.warmup_epochs"],
+    ),
+    ({"training": {"max_train_s": 0}}, ["training.max_train_s", "> 0"]),
+    ({"data": {"val_fraction": 1.0}}, ["data.val_fraction", "< 1"]),
+    (
+        {
+            "scaling": {
+                "tune": {
+                    "partitions": ["local"],
+                    "workers": [2],
+                    "backends": ["mpi"],
+                    "batch_sizes": [75],
+                    "lr_multipliers": [1],
+                    "rerun_repeats": 0,
+                }
+            }
+        },
+        ["scaling.tune.rerun_repeats", ">= 1"],
     ),
     (
         {"data": {"labels": {"yield_stress": {"min": 700, "max": 600}}}},
@@ -189,7 +264,7 @@ def test_values_reaching_a_shell_are_pattern_constrained(key, bad):
 
 def test_load_config_names_the_file(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("training:\n  epochs: zero\n")
+    path.write_text("training:\n  max_epochs: zero\n")
     with pytest.raises(ConfigError, match=str(path)):
         load_config(path)
     path.write_text("training: [unclosed\n")
@@ -224,7 +299,10 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
     other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
     other["report"]["title"] = "another title"
     assert run_config(other, run_id) == sub
-    other["training"]["epochs"] = 99
+    # the target value reaches a run through target.json, not through its slice
+    other["training"]["target"]["value"] = 50
+    assert run_config(other, run_id) == sub
+    other["training"]["max_epochs"] = 99
     assert run_config(other, run_id) != sub
 
 
@@ -246,7 +324,7 @@ def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edit
     other = copy.deepcopy(cfg)
     other["report"]["title"] = "another title"
     other["scaling"]["sweeps"][1]["batch_sizes"].append(10000)
-    other["training"]["epochs"] = 99
+    other["training"]["max_epochs"] = 99
     other["data"]["n_samples"] = 1000
     other["scaling"]["partitions"]["alpha"]["runtime_min"] = 1
     assert allreduce_config(other, job_id) == sub
@@ -276,7 +354,7 @@ def test_check_config_cli(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0 and "576 training runs" in out.stdout
+    assert out.returncode == 0 and "579 training runs" in out.stdout  # 3 calibration runs
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"training": {"launcher": "ssh"}}))
     out = subprocess.run(

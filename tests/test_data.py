@@ -181,20 +181,41 @@ def test_shard_ranges_tile_the_ids():
 
 
 def test_split_rule_ratio_on_a_million_ids():
-    is_train = physics.split_is_train(20240601, np.arange(1_000_000), 0.75)
+    ids = np.arange(1_000_000)
+    is_train = physics.split_is_train(20240601, ids, 0.75)
     assert abs(is_train.mean() - 0.75) < 0.005 * 0.75
+    which = physics.split_assign(20240601, ids, 0.75, 0.1)
+    n = {s: int((which == c).sum()) for s, c in physics.SPLIT_CODES.items()}
+    assert sum(n.values()) == 1_000_000
+    # the validation split is val_fraction of the train share (train + val)
+    assert abs(n["val"] / (n["train"] + n["val"]) - 0.1) < 0.005
+    # cut from the train share: the test split is the one without a validation split
+    assert np.array_equal(which == physics.SPLIT_CODES["test"], ~is_train)
+
+
+def test_split_rule_is_per_sample():
+    """A sample's split depends only on (seed, id): any subset or order gives the same."""
+    ids = np.arange(5000)
+    whole = physics.split_assign(7, ids, 0.75, 0.2)
+    perm = np.random.default_rng(0).permutation(5000)[:777]
+    assert np.array_equal(physics.split_assign(7, perm, 0.75, 0.2), whole[perm])
+    assert not np.array_equal(physics.split_assign(8, ids, 0.75, 0.2), whole)
 
 
 @pytest.mark.slow
 def test_split_ratio_end_to_end(tmp_path):
     # 120000 samples: the binomial std of the fraction is 0.0013, so 0.5 % is > 3 sigma
     cfg = make_data_config(
-        n_samples=120_000, n_shards=2, split_shards={"train": 3, "test": 1}, chunk_samples=1024
+        n_samples=120_000,
+        n_shards=2,
+        split_shards={"train": 3, "val": 1, "test": 1},
+        chunk_samples=1024,
     )
     ds = build_dataset(tmp_path, cfg)
     c = ds["manifest"]["counts"]
-    assert c["train"] + c["test"] == 120_000
-    assert abs(c["train"] / 120_000 - 0.75) < 0.005
+    assert c["train"] + c["val"] + c["test"] == 120_000
+    assert abs((c["train"] + c["val"]) / 120_000 - 0.75) < 0.005
+    assert abs(c["val"] / (c["train"] + c["val"]) - 0.1) < 0.005
     assert abs(c["test"] / 120_000 - 0.25) < 0.005
 
 
@@ -202,18 +223,50 @@ def test_every_sample_in_exactly_one_split_in_order(tiny_dataset):
     m = tiny_dataset["manifest"]
     d = tiny_dataset["data_dir"]
     ids = {}
-    for s in ("train", "test"):
+    for s in ("train", "val", "test"):
         paths = check.shard_paths(d, s, m)
         assert [p.name for p in paths] == [f"shard-{i:04d}.h5" for i in range(len(paths))]
+        assert all(p.parent.name == s for p in paths)
         sizes = [h5.inspect_shard(p)["n"] for p in paths]
         assert max(sizes) - min(sizes) <= 1
         _, _, ids[s] = h5.read_shards(paths)
         assert np.all(np.diff(ids[s]) > 0)  # ascending, no duplicates
-        assert m["counts"][s] == len(ids[s]) == sum(sizes)
-    assert len(np.intersect1d(ids["train"], ids["test"])) == 0
-    assert np.array_equal(np.union1d(ids["train"], ids["test"]), np.arange(2000))
-    expected_train = physics.split_is_train(m["seed"], np.arange(2000), m["train_fraction"])
-    assert np.array_equal(np.flatnonzero(expected_train), ids["train"])
+        assert m["counts"][s] == len(ids[s]) == sum(sizes) > 0
+    every = np.concatenate([ids["train"], ids["val"], ids["test"]])
+    assert np.array_equal(np.sort(every), np.arange(2000))  # each sample exactly once
+    which = physics.split_assign(m["seed"], np.arange(2000), m["train_fraction"], m["val_fraction"])
+    for s, code in physics.SPLIT_CODES.items():
+        assert np.array_equal(np.flatnonzero(which == code), ids[s])
+    # about val_fraction of the train share (2000 curves: 1500 +- 17 in the train share)
+    share = m["counts"]["val"] / (m["counts"]["train"] + m["counts"]["val"])
+    assert abs(share - m["val_fraction"]) < 0.03
+    assert len(m["shards"]["val"]) == tiny_dataset["config"]["data"]["split_shards"]["val"]
+
+
+def test_val_fraction_leaves_the_test_split_unchanged(tmp_path, tiny_dataset):
+    cfg = make_data_config(val_fraction=0.3)
+    other = build_dataset(tmp_path / "val30", cfg)
+    m0, m1 = tiny_dataset["manifest"], other["manifest"]
+    # the same test samples (the files differ only in their val_fraction attribute)
+    a = h5.read_shards(check.shard_paths(tiny_dataset["data_dir"], "test", m0))
+    b = h5.read_shards(check.shard_paths(other["data_dir"], "test", m1))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert (
+        m1["counts"]["train"] + m1["counts"]["val"] == m0["counts"]["train"] + m0["counts"]["val"]
+    )
+    assert m1["counts"]["val"] > m0["counts"]["val"]
+
+
+def test_check_data_counts_the_validation_split(tmp_path, tiny_dataset):
+    m = check.verify_data_dir(tiny_dataset["data_dir"], verify_checksums=True)
+    assert set(m["shards"]) == {"train", "val", "test"}
+    bad = json.loads((tiny_dataset["data_dir"] / check.MANIFEST_NAME).read_text())
+    bad["counts"]["val"] += 1
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / check.MANIFEST_NAME).write_text(json.dumps(bad))
+    with pytest.raises(DataError, match="shards.val"):
+        check.load_manifest(d)
 
 
 def test_split_shards_keep_the_samples_and_attributes(tiny_dataset):

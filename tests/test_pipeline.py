@@ -100,6 +100,7 @@ TUNE = {
             "batch_sizes": [75],
             "lr_multipliers": [2],
             "warmup_epochs": [1],
+            "rerun_repeats": 1,
         }
     }
 }
@@ -280,7 +281,15 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(
         tmp_path,
         {
             "data": {"n_samples": 8000},
-            "training": {"launcher": "srun", "epochs": 30, "warmup_epochs": 1},
+            # 30 epochs, no early stop and no calibration runs: the victim trains long
+            # enough to be cancelled, the status lists the two runs
+            "training": {
+                "launcher": "srun",
+                "max_epochs": 30,
+                "warmup_epochs": 1,
+                "stop_at_target": False,
+                "target": {"mode": "absolute", "value": 0.05},
+            },
             "scaling": {
                 "sweeps": [
                     {

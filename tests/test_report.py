@@ -268,7 +268,7 @@ def test_first_pages_render(complete):
 
 def test_reference_rows_against_a_thesis_like_study(tmp_path):
     raw = {
-        "training": {"epochs": 4, "warmup_epochs": 1, "repeats": 1},
+        "training": {"max_epochs": 4, "warmup_epochs": 1, "repeats": 1},
         "scaling": {
             "partitions": {
                 "alpha": {

@@ -144,8 +144,9 @@ def test_workflow_resolves_signal_cluster_and_retry_runtime(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(
-        ln for ln in out.stdout.splitlines() if "resources:" in ln and "slurm_partition=alpha" in ln
-    )
+    # the job of the 16-worker run (the target's calibration runs are planned too)
+    blocks = out.stdout.split("\nrule ")
+    block = next(b for b in blocks if b.startswith("train_run:") and "alpha_mpi_n2_w16" in b)
+    line = next(ln for ln in block.splitlines() if "resources:" in ln)
     assert "slurm_cluster=alpha" in line and "runtime=60" in line, line
     assert "--signal=USR1@90" in line and "--ntasks-per-node=8 --exclusive" in line, line

@@ -249,7 +249,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
         yaml.safe_dump(
             {
                 "training": {
-                    "epochs": epochs,
+                    "max_epochs": epochs,
                     "time_limit_margin_s": 80,
                     "horovod": {"cycle_time_ms": 10},
                 },

@@ -59,7 +59,11 @@ def test_thesis_budget_matches_a_hand_computation():
         for p in nodes
     }
     hand_gh["alpha"] += 5 * 3 * 3 * (1 + 8) * hours["alpha"]
-    assert hand_nh == {"alpha": 720, "hpdlf": 1296, "gpu2": 1836}
+    # the target's 3 calibration runs: 1 GPU on one alpha node each (training.target)
+    hand_jobs["alpha"] += 3
+    hand_nh["alpha"] += 3 * 1 * hours["alpha"]
+    hand_gh["alpha"] += 3 * 1 * hours["alpha"]
+    assert hand_nh == {"alpha": 726, "hpdlf": 1296, "gpu2": 1836}
 
     p = plan(load_config(THESIS), results=ROOT / "results-does-not-exist")
     rows = {r["partition"]: r for r in p["partitions"]}
@@ -67,8 +71,8 @@ def test_thesis_budget_matches_a_hand_computation():
     assert {k: r["node_hours_worst"] for k, r in rows.items()} == hand_nh
     assert {k: r["gpu_hours_worst"] for k, r in rows.items()} == hand_gh
     assert rows["hpdlf"]["nodes_per_job"] == "1,2,3,6,11"
-    assert p["total"]["jobs"] == 576 and p["total"]["node_hours_worst"] == 3852
-    assert "576 training jobs, worst case 3,852 node-h" in format_plan(p)
+    assert p["total"]["jobs"] == 579 and p["total"]["node_hours_worst"] == 3858
+    assert "579 training jobs, worst case 3,858 node-h" in format_plan(p)
 
 
 def test_expected_hours_from_records_and_cost_model(tmp_path):
@@ -94,7 +98,7 @@ def test_expected_hours_from_records_and_cost_model(tmp_path):
     (tmp_path / "runs" / ids[0]).mkdir(parents=True)
     (tmp_path / "runs" / ids[0] / "metrics.json").write_text("{}")
     row = plan(cfg, tmp_path)["partitions"][0]
-    epochs = cfg["training"]["epochs"]
+    epochs = cfg["training"]["max_epochs"]
     # 0.5 h measured + epochs x 60 s predicted, one node each
     assert row["jobs_estimated"] == 2 and row["jobs_done"] == 1
     assert row["node_hours_expected"] == pytest.approx(0.5 + epochs * 60 / 3600, abs=1e-3)
@@ -114,8 +118,12 @@ def test_expected_hours_from_records_and_cost_model(tmp_path):
 def test_selection_changes_run_table_and_plan_consistently(select, expect):
     full = run_table(load_config(THESIS))
     cfg = validate_config({**thesis_raw(), "select": select})
-    runs = run_table(cfg)
-    assert 0 < len(runs) < len(full) and set(runs) <= set(full)
+    planned = run_table(cfg)
+    # the target's calibration runs are part of every selection (the target needs them)
+    cal = [r for r in full if r.kind == "cal"]
+    assert cal and set(cal) <= set(planned)
+    runs = [r for r in planned if r.kind != "cal"]
+    assert 0 < len(runs) < len(full) - len(cal) and set(runs) <= set(full)
     for attr, allowed in expect.items():
         assert {getattr(r, attr) for r in runs} <= allowed
     if "workers=1-8" in str(select):
@@ -125,10 +133,10 @@ def test_selection_changes_run_table_and_plan_consistently(select, expect):
     if "workers=16-" in str(select):
         assert min(r.workers for r in runs) == 16
     p = plan(cfg, results="results-does-not-exist")
-    assert p["total"]["jobs"] == len(runs)
+    assert p["total"]["jobs"] == len(planned)
     parts = cfg["scaling"]["partitions"]
     assert p["total"]["node_hours_worst"] == pytest.approx(
-        sum(r.nodes * parts[r.partition]["runtime_min"] / 60 for r in runs)
+        sum(r.nodes * parts[r.partition]["runtime_min"] / 60 for r in planned)
     )
 
 
@@ -172,11 +180,13 @@ def test_dry_run_prints_the_plan_and_plans_the_selection():
         "results_dir=results-test-select",
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    # hpdlf: 3 worker counts x 3 backends x 3 LR rules, one repeat
-    assert "hvdscale plan: 27 training jobs" in out.stderr
+    # hpdlf: 3 worker counts x 3 backends x 3 LR rules, one repeat; and the target's 3
+    # calibration runs (alpha, 1 GPU, 2 h each), part of every selection
+    assert "hvdscale plan: 30 training jobs" in out.stderr
     assert "  hpdlf: 27 jobs x 1,2 nodes, worst 72.0 node-h / 162 GPU-h" in out.stderr
+    assert "  alpha: 3 jobs x 1 nodes, worst 6.0 node-h / 6.0 GPU-h" in out.stderr
     lines = (out.stdout + out.stderr).splitlines()
-    assert any(line.split()[:2] == ["train_run", "27"] for line in lines)
+    assert any(line.split()[:2] == ["train_run", "30"] for line in lines)
     # allreduce sweeps of the selection only: workers 2 and 4 x 3 backends
     assert any(line.split()[:2] == ["measure_allreduce", "6"] for line in lines)
 
@@ -187,10 +197,11 @@ def test_dry_run_prints_the_plan_and_plans_the_selection():
 def test_plan_command(capsys):
     assert main(["plan", str(THESIS), "--select", "partition=gpu2 repeat=0"]) == 0
     text = capsys.readouterr().out
-    assert "54 training jobs, worst case 612 node-h" in text  # 17 node-jobs x 9 x 4 h
+    # 17 node-jobs x 9 x 4 h on gpu2, and the 3 calibration runs (alpha, 2 h each)
+    assert "57 training jobs, worst case 618 node-h" in text
     assert "(select: partition=gpu2 repeat=0)" in text
     cfg = merged_config([THESIS, ROOT / "config" / "partial.yaml"])
-    assert cfg["report"]["allow_partial"] and len(run_table(cfg)) == 576
+    assert cfg["report"]["allow_partial"] and len(run_table(cfg)) == 579
 
 
 # --------------------------------------------------------------------------- references
@@ -229,7 +240,7 @@ def hand_study(runs_dir: Path, times: dict[int, list[float]], *, commit="a" * 40
 
 def hand_config(workers=(1, 2), repeats=3, **references) -> dict:
     raw = {
-        "training": {"epochs": 4, "repeats": repeats, "target_test_loss": 0.2},
+        "training": {"max_epochs": 4, "repeats": repeats, "target_test_loss": 0.2},
         "scaling": {
             "partitions": {
                 "local": {"cores_per_node": 4, "mem_mb_per_node": 8000, "workers_per_node": 4}

@@ -22,7 +22,7 @@ TUNE = {
 def _cfg(tune=TUNE, **training):
     return validate_config(
         {
-            "training": {"epochs": 4, "warmup_epochs": 1, **training},
+            "training": {"max_epochs": 4, "warmup_epochs": 1, **training},
             "scaling": {
                 "sweeps": [
                     {
@@ -44,7 +44,7 @@ def test_every_candidate_is_its_own_run_with_its_own_config():
     runs = run_table(cfg)
     cands = [r for r in runs if r.candidate]
     assert len(cands) == 2 * 3 * 2  # workers x multipliers x warm-ups (lr_rules [linear])
-    assert len(runs) == len(cands) + 2
+    assert len(runs) == len(cands) + 2 + 3  # and the target's 3 calibration runs
     rid = "local_gloo_n1_w2_b75_lrlinear_m0p5_wu0_r0"
     assert rid in {r.run_id for r in cands}
     sub = validate_config(run_config(cfg, rid))
@@ -53,7 +53,7 @@ def test_every_candidate_is_its_own_run_with_its_own_config():
     run = find_run(sub, rid)  # what training looks up
     assert (run.workers, run.lr_rule, run.lr_mult, run.tune_warmup) == (2, "linear", 0.5, 0)
     # the target is not part of a run's config: changing it retrains nothing
-    other = _cfg(target={"mode": "relative", "value": 20})
+    other = _cfg(target={"mode": "calibrated", "value": 20})
     assert run_config(other, rid) == run_config(cfg, rid)
 
 
@@ -150,3 +150,19 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None)
     fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None)
+
+
+def test_rerun_records_never_enter_the_selection():
+    from hvdscale.analysis.tuning import candidate_runs
+
+    runs = pd.DataFrame(
+        {
+            "run_id": [
+                "local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0",
+                "local_mpi_n1_w2_b75_lrlinear_m2_wu1_rerun_r0",
+                "local_mpi_n1_w2_b75_lrlinear_r0",
+            ],
+            "candidate": ["m2_wu1", "m2_wu1", ""],
+        }
+    )
+    assert list(candidate_runs(runs)["run_id"]) == ["local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0"]

@@ -25,33 +25,104 @@ def test_lint_is_clean():
     assert "Congratulations" in out.stdout + out.stderr
 
 
+def _job_count(text: str, rule: str) -> int | None:
+    for line in text.splitlines():
+        if line.split()[:1] == [rule] and len(line.split()) == 2 and line.split()[1].isdigit():
+            return int(line.split()[1])
+    return None
+
+
+CAL_IDS = [f"local_mpi_n1_w1_b75_lrlinear_cal_r{k}" for k in range(3)]
+
+
 def test_dry_run_default_config(tmp_path):
-    out = snakemake("-n", "--config", "results_dir=results-dryrun-test")
+    out = snakemake("-n", "-p", "--config", "results_dir=results-dryrun-test")
     text = out.stdout + out.stderr
-    assert out.returncode == 0, text
+    assert out.returncode == 0, text[-3000:]
     for rule, count in [
-        ("generate_shard", 4),
-        ("validate_shard", 4),
+        ("generate_shard", 2),
+        ("validate_shard", 2),
         ("split_dataset", 1),
-        ("train_run", 4),
-        ("write_allreduce_config", 2),
+        ("write_target_config", 1),
+        ("calibrate_target", 1),
+        # 3 calibration runs, 22 scaling runs, 6 tuning candidates; the 10 re-runs of
+        # the selected candidates join after the checkpoint
+        ("train_run", 31),
+        ("select_tuned", 1),
+        ("write_allreduce_config", 2),  # mpi and gloo, 2 workers
         ("measure_allreduce", 2),
         ("aggregate_runs", 1),
         ("tabulate_systems", 1),
         ("build_report", 1),
     ]:
-        assert any(line.split()[:2] == [rule, str(count)] for line in text.splitlines()), (
-            rule,
-            text,
-        )
+        assert _job_count(text, rule) == count, (rule, text[-3000:])
+    assert "checkpoint" in text.lower()
+    assert "results-dryrun-test/data/val/shard-0001.h5" in text
+    launches = [line for line in text.splitlines() if "hvdscale.cli launch " in line]
+    launches = [line for line in launches if "--run-id " in line]  # not measure_allreduce
+    assert len(launches) == 31
+    for line in launches:
+        # every run but a calibration run trains to the target calibrate_target writes
+        is_cal = any(f"--run-id {rid} " in line for rid in CAL_IDS)
+        assert ("--target results-dryrun-test/scaling/target.json" in line) != is_cal, line
+    cal = [line for line in text.splitlines() if "calibrate-target " in line]
+    assert len(cal) == 1 and all(f"runs/{rid}/metrics.json" in cal[0] for rid in CAL_IDS)
+    assert "results-dryrun-test/config/target.json" in cal[0]
+
+
+def test_dry_run_of_a_rerun_plans_its_training_job():
+    """A re-run of a selected candidate (what the checkpoint requests) is an ordinary
+    train_run job: its config slice, its target, its job layout."""
+    rid = "local_mpi_n1_w2_b1000_lrlinear_m2_wu1_rerun_r4"
+    out = snakemake(
+        "-n",
+        "-p",
+        "--config",
+        "results_dir=results-dryrun-test",
+        "--",
+        f"results-dryrun-test/runs/{rid}/metrics.json",
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    launch = [
+        line
+        for line in text.splitlines()
+        if f"launch --config results-dryrun-test/runs/{rid}/" in line
+    ]
+    assert len(launch) == 1 and "--target results-dryrun-test/scaling/target.json" in launch[0]
+    # the target comes first: the calibration runs and calibrate_target are planned
+    assert _job_count(text, "calibrate_target") == 1 and _job_count(text, "train_run") == 4
+
+
+def test_dry_run_test_config_plans_calibration():
+    out = snakemake(
+        "-n",
+        "-p",
+        "--configfile",
+        ".test/config/config.yaml",
+        "--config",
+        "results_dir=results-dryrun-test",
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    # 4 scaling runs and 1 calibration run, no tuning sweep
+    assert _job_count(text, "train_run") == 5
+    assert _job_count(text, "calibrate_target") == 1
+    # an empty tuned.csv for the report: no candidates, no re-runs
+    assert _job_count(text, "select_tuned") == 1
+    runs = [
+        line for line in text.splitlines() if "hvdscale.cli launch" in line and "--run-id" in line
+    ]
+    assert len(runs) == 5 and not any("_wu" in line for line in runs)
+    assert "local_gloo_n1_w1_b75_lrnone_cal_r0" in text
 
 
 def test_dry_run_thesis_config_plans_every_run():
     out = snakemake("-n", "--configfile", "config/thesis.yaml")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    assert any(line.split()[:2] == ["train_run", "576"] for line in text.splitlines())
-    assert any(line.split()[:2] == ["generate_shard", "16"] for line in text.splitlines())
+    assert _job_count(text, "train_run") == 579  # 576 scaling runs + 3 calibration runs
+    assert _job_count(text, "generate_shard") == 16
 
 
 FAKE_CONDA = """#!/bin/sh

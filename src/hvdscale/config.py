@@ -22,6 +22,7 @@ from hvdscale.errors import ConfigError
 # slots_per_node and nodes_for stay importable from here
 from hvdscale.jobspec import nodes_for as nodes_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
+from hvdscale.runkinds import rerun_runs, target_config
 
 # the run table (scaling matrix, run ids, per-run config slices) lives in
 # hvdscale.runtable; its names stay importable from here
@@ -32,6 +33,7 @@ from hvdscale.runtable import (
     Run,
     allreduce_config,
     allreduce_jobs,
+    calibration_runs,
     find_run,
     format_multiplier,
     iter_run_ids,
@@ -39,6 +41,7 @@ from hvdscale.runtable import (
     parse_multiplier,
     parse_run_id,
     run_config,
+    run_seed,
     run_table,
     tune_runs,
 )
@@ -52,14 +55,18 @@ __all__ = [
     "Run",
     "allreduce_config",
     "allreduce_jobs",
+    "calibration_runs",
     "find_run",
     "format_multiplier",
     "iter_run_ids",
     "learning_rate_for",
     "parse_multiplier",
     "parse_run_id",
+    "rerun_runs",
     "run_config",
+    "run_seed",
     "run_table",
+    "target_config",
     "tune_runs",
 ]
 
@@ -137,18 +144,44 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     cfg = copy.deepcopy(config) if config is not None else {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(cfg).__name__}")
+    _reject_renamed(cfg)
     _migrate_target(cfg)
     validator = _with_defaults(Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe_error(e) for e in errors))
     _fill_partition_defaults(cfg, schema)
+    _fill_calibration(cfg)
     _sync_target(cfg)
     _check_semantics(cfg)
     return cfg
 
 
 DEFAULT_TARGET_TEST_LOSS = 0.05  # the schema default of the deprecated key
+
+
+def _reject_renamed(cfg: dict) -> None:
+    """Keys of earlier versions whose meaning changed: a clear error instead of a guess."""
+    tr = cfg.get("training")
+    if not isinstance(tr, dict):
+        return
+    problems = []
+    if "epochs" in tr:
+        problems.append(
+            f"config key training.epochs: renamed to training.max_epochs (the budget: a run "
+            f"trains until its validation loss reaches the target or this many epochs); "
+            f"write training.max_epochs: {tr['epochs']!r}"
+        )
+    tgt = tr.get("target")
+    if isinstance(tgt, dict) and tgt.get("mode") == "relative":
+        problems.append(
+            "config key training.target.mode: 'relative' (a target from the test loss of the "
+            "scaling runs themselves) was removed; use 'calibrated' (value: percent above the "
+            "median best validation loss of the calibration runs, "
+            "training.target.calibration) or 'absolute' (value: a validation loss)"
+        )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
 def _migrate_target(cfg: dict) -> None:
@@ -166,7 +199,7 @@ def _migrate_target(cfg: dict) -> None:
         tr["target"] = {"mode": "absolute", "value": loss}
         return
     tgt = tr["target"] if isinstance(tr["target"], dict) else {}
-    mode, value = tgt.get("mode", "relative"), tgt.get("value", 5.0)
+    mode, value = tgt.get("mode", "calibrated"), tgt.get("value", 5.0)
     if (mode == "absolute" and loss != value) or (
         mode != "absolute" and loss != DEFAULT_TARGET_TEST_LOSS
     ):
@@ -181,6 +214,24 @@ def _sync_target(cfg: dict) -> None:
     tr = cfg["training"]
     absolute = tr["target"]["mode"] == "absolute"
     tr["target_test_loss"] = tr["target"]["value"] if absolute else DEFAULT_TARGET_TEST_LOSS
+
+
+def _fill_calibration(cfg: dict) -> None:
+    """training.target.calibration: partition, backend, batch and LR rule left null
+    default to the first entries of the first sweep (the study's reference point),
+    max_epochs to twice training.max_epochs."""
+    cal = cfg["training"]["target"]["calibration"]
+    first = cfg["scaling"]["sweeps"][0]
+    for key, sweep_key in (
+        ("partition", "partitions"),
+        ("backend", "backends"),
+        ("batch", "batch_sizes"),
+        ("lr_rule", "lr_rules"),
+    ):
+        if cal.get(key) is None:
+            cal[key] = first[sweep_key][0]
+    if cal.get("max_epochs") is None:
+        cal["max_epochs"] = 2 * cfg["training"]["max_epochs"]
 
 
 def _fill_partition_defaults(cfg: dict, schema: dict) -> None:
@@ -210,12 +261,14 @@ def _check_semantics(cfg: dict) -> None:
                 f"config key data.labels.{name}: min {spec['min']!r} "
                 f"must be below max {spec['max']!r}"
             )
-    if cfg["training"]["warmup_epochs"] >= cfg["training"]["epochs"]:
+    tr = cfg["training"]
+    if tr["warmup_epochs"] >= tr["max_epochs"]:
         problems.append(
-            f"config key training.warmup_epochs: got {cfg['training']['warmup_epochs']!r}; "
-            f"expected fewer than training.epochs ({cfg['training']['epochs']})"
+            f"config key training.warmup_epochs: got {tr['warmup_epochs']!r}; "
+            f"expected fewer than training.max_epochs ({tr['max_epochs']})"
         )
     parts = cfg["scaling"]["partitions"]
+    problems += _calibration_problems(cfg)
     for i, sweep in enumerate(cfg["scaling"]["sweeps"]):
         for p in sweep["partitions"]:
             if p not in parts:
@@ -236,12 +289,38 @@ def _check_semantics(cfg: dict) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
+def _calibration_problems(cfg: dict) -> list[str]:
+    """training.target.calibration names a known partition and fits its budget."""
+    tgt = cfg["training"]["target"]
+    if tgt["mode"] != "calibrated":
+        return []
+    cal, parts = tgt["calibration"], cfg["scaling"]["partitions"]
+    problems = []
+    if cal["partition"] not in parts:
+        problems.append(
+            f"config key training.target.calibration.partition: got {cal['partition']!r}; "
+            f"expected one of {', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
+        )
+    elif cal["backend"] == "nccl" and parts[cal["partition"]]["gpus_per_node"] == 0:
+        problems.append(
+            "config key training.target.calibration.backend: 'nccl' needs GPUs but partition "
+            f"{cal['partition']!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
+        )
+    if cfg["training"]["warmup_epochs"] >= cal["max_epochs"]:
+        problems.append(
+            f"config key training.target.calibration.max_epochs: got {cal['max_epochs']!r}; "
+            f"expected more than training.warmup_epochs ({cfg['training']['warmup_epochs']})"
+        )
+    return problems
+
+
 def _check_select(cfg: dict) -> list[str]:
     """The selection (config key select) names known sweeps/partitions and keeps a run."""
     from hvdscale.study.select import check, describe
 
     problems = check(cfg)
-    if not problems and cfg.get("select") and not run_table(cfg):
+    # the calibration runs belong to every selection: they alone do not count
+    if not problems and cfg.get("select") and all(r.kind == "cal" for r in run_table(cfg)):
         problems.append(
             f"config key select: {describe(cfg['select'])!r} matches no run of the scaling matrix"
         )
@@ -271,10 +350,10 @@ def _tune_problems(cfg: dict) -> list[str]:
                 f"config key scaling.tune.lr_multipliers: got {m!r}; expected at most 2 decimals"
             )
     for w in tune["warmup_epochs"]:
-        if w >= cfg["training"]["epochs"]:
+        if w >= cfg["training"]["max_epochs"]:
             problems.append(
                 f"config key scaling.tune.warmup_epochs: got {w!r}; expected fewer than "
-                f"training.epochs ({cfg['training']['epochs']})"
+                f"training.max_epochs ({cfg['training']['max_epochs']})"
             )
     return problems
 

@@ -235,6 +235,11 @@ def add_arguments(p):
     )
     p.add_argument("--data-dir", help="train: data directory with manifest.json")
     p.add_argument(
+        "--target",
+        help="train: the study's target.json (rule calibrate_target), passed on to the ranks; "
+        "none for a calibration run",
+    )
+    p.add_argument(
         "--out-dir",
         help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
     )
@@ -349,6 +354,8 @@ def _train_program(args, python: str, ident: str) -> tuple[Path, Path, list[str]
         *("--data-dir", str(Path(args.data_dir).resolve())),
         *("--out-dir", str(out_dir.resolve())),
     ]
+    if args.target:
+        prog += ["--target", str(Path(args.target).resolve())]
     return out_dir, out_dir / "failure.json", prog
 
 

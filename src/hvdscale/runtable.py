@@ -9,6 +9,7 @@ the config one training run or one allreduce sweep depends on. Re-exported by
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import re
@@ -18,15 +19,40 @@ from dataclasses import asdict, dataclass
 from hvdscale.errors import ConfigError
 from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 
-# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}[_m{mult}_wu{warmup}]_r{repeat}
+# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
+#         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
 # The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
 # re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
-# and warm-up epochs.
+# and warm-up epochs. The optional kind: cal (a target calibration run: 1 worker, the
+# long budget of training.target.calibration, no stop at the target) or rerun (a re-run
+# of the selected candidate of a tuning group with fresh seeds).
 RUN_ID_PATTERN = (
     r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
     r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
-    r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?_r(?P<repeat>[0-9]+)"
+    r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?"
+    r"(?:_(?P<kind>cal|rerun))?_r(?P<repeat>[0-9]+)"
 )
+
+# run ids of a kind (end of the id): target calibration runs, tuning re-runs
+CAL_ID = r"_cal_r[0-9]+$"
+RERUN_ID = r"_rerun_r[0-9]+$"
+
+# the kinds of run and their index in the seed derivation (run_seed)
+SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
+
+
+def run_seed(cfg_seed: int, repeat: int, kind: str = "") -> int:
+    """The seed of a run's initial weights and shuffle, from (config seed, repeat, kind).
+
+    Runs of the same repeat index and kind share it whatever their worker count (a
+    paired design); repeats and kinds differ. The dataset never depends on it.
+    """
+    import numpy as np
+
+    if kind not in SEED_KINDS:
+        raise ConfigError(f"run kind {kind!r}: expected one of {', '.join(map(repr, SEED_KINDS))}")
+    ss = np.random.SeedSequence([int(cfg_seed), int(repeat), SEED_KINDS[kind]])
+    return int(ss.generate_state(1)[0])
 
 
 # the same without named groups (Snakemake wildcard constraints)
@@ -47,6 +73,10 @@ class Run:
     # a candidate of the re-tuning sweep: LR multiplier and warm-up epochs (else None)
     lr_mult: float | None = None
     tune_warmup: int | None = None
+    # '' (a scaling or tuning-candidate run), 'cal' (target calibration) or 'rerun'
+    kind: str = ""
+    # the config's seed (key seed); the run's own seed derives from it (property seed)
+    seed_base: int = 0
 
     @property
     def candidate(self) -> str:
@@ -58,10 +88,16 @@ class Run:
     @property
     def run_id(self) -> str:
         cand = f"_{self.candidate}" if self.candidate else ""
+        kind = f"_{self.kind}" if self.kind else ""
         return (
             f"{self.partition}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
-            f"_lr{self.lr_rule}{cand}_r{self.repeat}"
+            f"_lr{self.lr_rule}{cand}{kind}_r{self.repeat}"
         )
+
+    @property
+    def seed(self) -> int:
+        """Seed of the initial weights and the shuffle: run_seed(seed_base, repeat, kind)."""
+        return run_seed(self.seed_base, self.repeat, self.kind)
 
     @property
     def global_batch(self) -> int:
@@ -72,6 +108,7 @@ class Run:
         d["run_id"] = self.run_id
         d["global_batch"] = self.global_batch
         d["candidate"] = self.candidate
+        d["seed"] = self.seed
         return d
 
 
@@ -86,13 +123,19 @@ def parse_multiplier(text: str) -> float:
 
 
 def run_table(cfg: dict) -> list[Run]:
-    """Every run of the scaling matrix (union of the sweeps), sorted, without duplicates;
-    only those of the config's selection (key ``select``, hvdscale.study.select)."""
+    """Every run of the scaling matrix (union of the sweeps), the tuning candidates and,
+    in calibrated target mode, the calibration runs; sorted, without duplicates.
+
+    Scaling runs and candidates only of the config's selection (key ``select``,
+    hvdscale.study.select); the calibration runs always (the target needs them). The
+    re-runs of the selected tuning candidates depend on the selection: rerun_runs.
+    """
     from hvdscale.study.select import parse, run_selected, sweep_selected
 
     sel = parse(cfg.get("select"))
     runs: dict[str, Run] = {}
     parts = cfg["scaling"]["partitions"]
+    seed = int(cfg.get("seed", 0))
     for sweep in cfg["scaling"]["sweeps"]:
         if not sweep_selected(sel, sweep):
             continue
@@ -103,14 +146,43 @@ def run_table(cfg: dict) -> list[Run]:
             sweep["batch_sizes"],
             sweep["lr_rules"],
         ):
-            for r in range(cfg["training"]["repeats"]):
-                run = _make_run(parts[p], p, be, w, b, lr, r)
+            for r in range(sweep.get("repeats") or cfg["training"]["repeats"]):
+                run = _make_run(parts[p], p, be, w, b, lr, r, seed_base=seed)
                 if run_selected(sel, run):
                     runs[run.run_id] = run
     for run in tune_runs(cfg):
         if run_selected(sel, run):
             runs[run.run_id] = run
-    return [runs[k] for k in sorted(runs, key=_run_sort_key(runs))]
+    for run in calibration_runs(cfg):
+        runs[run.run_id] = run
+    return [runs[k] for k in sorted(runs, key=run_sort_key(runs))]
+
+
+def calibration_runs(cfg: dict) -> list[Run]:
+    """The target calibration runs (calibrated target mode; none in absolute mode).
+
+    One per seed of training.target.calibration: 1 worker, its partition, backend,
+    per-worker batch and LR rule, repeats 0..seeds-1, kind cal.
+    """
+    tgt = cfg["training"].get("target") or {}
+    if tgt.get("mode") != "calibrated":
+        return []
+    cal = tgt["calibration"]
+    part = cfg["scaling"]["partitions"][cal["partition"]]
+    return [
+        _make_run(
+            part,
+            cal["partition"],
+            cal["backend"],
+            1,
+            cal["batch"],
+            cal["lr_rule"],
+            r,
+            kind="cal",
+            seed_base=int(cfg.get("seed", 0)),
+        )
+        for r in range(cal["seeds"])
+    ]
 
 
 def tune_runs(cfg: dict) -> list[Run]:
@@ -132,7 +204,16 @@ def tune_runs(cfg: dict) -> list[Run]:
         for r in range(tune["repeats"]):
             out.append(
                 _make_run(
-                    parts[p], p, be, w, b, lr, r, lr_mult=round(float(m), 2), tune_warmup=int(wu)
+                    parts[p],
+                    p,
+                    be,
+                    w,
+                    b,
+                    lr,
+                    r,
+                    lr_mult=round(float(m), 2),
+                    tune_warmup=int(wu),
+                    seed_base=int(cfg.get("seed", 0)),
                 )
             )
     return out
@@ -146,9 +227,10 @@ def _make_run(
     batch: int,
     lr_rule: str,
     repeat: int,
-    **candidate,
+    **extra,
 ) -> Run:
-    """A run on partition ``part`` (its config section), laid out by hvdscale.jobspec."""
+    """A run on partition ``part`` (its config section), laid out by hvdscale.jobspec;
+    ``extra``: the candidate (lr_mult, tune_warmup), kind and seed_base."""
     return Run(
         partition=partition,
         backend=backend,
@@ -159,15 +241,16 @@ def _make_run(
         repeat=repeat,
         workers_per_node=workers_per_node_for(workers, part),
         gpus_per_node=part["gpus_per_node"],
-        **candidate,
+        **extra,
     )
 
 
-def _run_sort_key(runs: dict[str, Run]):
+def run_sort_key(runs: dict[str, Run]):
     def key(run_id: str):
         r = runs[run_id]
         cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
-        return (r.partition, r.backend, r.batch, r.lr_rule, cand, r.workers, r.repeat)
+        kind = SEED_KINDS[r.kind]
+        return (r.partition, r.backend, r.batch, r.lr_rule, cand, kind, r.workers, r.repeat)
 
     return key
 
@@ -177,12 +260,14 @@ def parse_run_id(run_id: str) -> dict:
     if not m:
         raise ConfigError(
             f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}"
-            "_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}]_r{repeat}, "
-            "e.g. local_gloo_n1_w2_b75_lrnone_r0 or local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0"
+            "_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}][_cal|_rerun]"
+            "_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0, "
+            "local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0 or local_mpi_n1_w1_b75_lrnone_cal_r0"
         )
     d = m.groupdict()
     for k in ("nodes", "workers", "batch", "repeat"):
         d[k] = int(d[k])
+    d["kind"] = d["kind"] or ""
     d["candidate"] = f"m{d['lr_mult']}_wu{d['tune_warmup']}" if d["lr_mult"] is not None else ""
     if d["lr_mult"] is not None:
         d["lr_mult"] = parse_multiplier(d["lr_mult"])
@@ -192,12 +277,19 @@ def parse_run_id(run_id: str) -> dict:
 
 def find_run(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> Run:
     """The run ``run_id`` of the config's matrix (pass ``runs``, a run_id -> Run dict, to
-    avoid expanding the matrix again on every call)."""
+    avoid expanding the matrix again on every call). A re-run id (kind rerun) is found
+    when its candidate is in the matrix and its repeat below scaling.tune.rerun_repeats,
+    whether or not the candidate was selected."""
     if runs is None:
         runs = {r.run_id: r for r in run_table(cfg)}
     if run_id in runs:
         return runs[run_id]
-    parse_run_id(run_id)  # raises a clear error for a malformed id
+    d = parse_run_id(run_id)  # raises a clear error for a malformed id
+    if d["kind"] == "rerun" and d["candidate"]:
+        tune = cfg["scaling"].get("tune") or {}
+        cand_id = run_id.replace(f"_rerun_r{d['repeat']}", "_r0")
+        if cand_id in runs and d["repeat"] < tune.get("rerun_repeats", 0):
+            return dataclasses.replace(runs[cand_id], repeat=d["repeat"], kind="rerun")
     raise ConfigError(f"run_id {run_id!r}: not in the scaling matrix of this config")
 
 
@@ -221,15 +313,26 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     It is itself a valid config (one partition, one single-point sweep), so the training
     code reads it with validate_config/find_run. Editing another sweep, another
     partition or the report settings leaves it, and so the completed run, untouched.
+    The target value is not in it (train_run reads results/scaling/target.json); a
+    calibration run gets training.target.calibration's max_epochs, no max_train_s and
+    stop_at_target false.
     """
     run = find_run(cfg, run_id, runs)
     sub = {
         k: copy.deepcopy(cfg[k])
         for k in ("seed", "results_dir", "data", "model", "training", "environment")
     }
-    # the target is resolved at aggregation time: editing it retrains nothing
-    sub["training"].pop("target", None)
+    # the target value reaches training as target.json (train_run's input --target), so
+    # it is not part of the slice: editing the percent retrains no calibration run
+    tgt = sub["training"].pop("target", None) or {}
     sub["training"].pop("target_test_loss", None)
+    if run.kind == "cal":
+        # a calibration run: the long budget, no stop at a target (there is none yet)
+        cal = copy.deepcopy(tgt["calibration"])
+        sub["training"]["target"] = {"mode": "calibrated", "calibration": cal}
+        sub["training"]["max_epochs"] = cal["max_epochs"]
+        sub["training"]["max_train_s"] = None
+        sub["training"]["stop_at_target"] = False
     sub["scaling"] = {
         "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
         "sweeps": [
@@ -259,6 +362,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
             "lr_multipliers": [run.lr_mult],
             "warmup_epochs": [run.tune_warmup],
             "repeats": cfg["scaling"]["tune"]["repeats"],
+            "rerun_repeats": cfg["scaling"]["tune"]["rerun_repeats"],
         }
     return sub
 

@@ -1,5 +1,6 @@
 # Helpers shared by all rules: the validated config, the run table, wildcard
 # constraints, and the resource callables the SLURM profile maps to sbatch flags.
+import csv
 import json
 import os
 import shlex
@@ -22,11 +23,19 @@ from hvdscale.config import (
     count_parameters,
     data_section,
     find_run,
+    parse_run_id,
+    rerun_runs,
     run_config,
     run_table,
+    target_config,
     validate_config,
 )
 from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
+
+# scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
+# means no tuning sweep; Snakemake's validate() fills defaults only into mappings
+if isinstance(config.get("scaling"), dict) and config["scaling"].get("tune", {}) is None:
+    del config["scaling"]["tune"]
 
 try:
     CFG = validate_config(config)
@@ -37,11 +46,19 @@ RESULTS = CFG["results_dir"]
 RUNS = run_table(CFG)  # the selected runs (config key select)
 RUN_BY_ID = {r.run_id: r for r in RUNS}
 RUN_IDS = list(RUN_BY_ID)
+# the target calibration runs (calibrated target mode) and the tuning candidates
+CAL_IDS = [r.run_id for r in RUNS if r.kind == "cal"]
+CANDIDATE_IDS = [r.run_id for r in RUNS if r.candidate and not r.kind]
+TUNING = bool(CFG["scaling"].get("tune"))
+# the study-wide target validation loss (rule calibrate_target), read by every run but
+# the calibration runs
+TARGET = f"{RESULTS}/scaling/target.json"
 STRICT_TARGETS = [f"{RESULTS}/scaling/references.ok"] if CFG["strict"] else []
 ALLREDUCE = {job["id"]: job for job in allreduce_jobs(CFG)}
 N_SHARDS = CFG["data"]["n_shards"]
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
 TRAIN_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["train"])]
+VAL_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["val"])]
 TEST_SHARDS = [f"{k:04d}" for k in range(CFG["data"]["split_shards"]["test"])]
 
 # the budget preview (hvdscale plan) on stderr, once per invocation (not in SLURM jobs)
@@ -80,6 +97,10 @@ def data_config_json(wildcards):
 
 def run_config_json(wildcards):
     return json.dumps(run_config(CFG, wildcards.run_id, RUN_BY_ID), sort_keys=True)
+
+
+def target_config_json(wildcards):
+    return json.dumps(target_config(CFG), sort_keys=True)
 
 
 def allreduce_config_json(wildcards):
@@ -140,12 +161,57 @@ from hvdscale.analysis.figures import FIGURES, caption_values
 PLOTS = [fig.name for fig in FIGURES]
 
 
-def run_records(wildcards):
-    """Every run's record; with report.allow_partial only those that exist now."""
-    paths = [f"{RESULTS}/runs/{run_id}/metrics.json" for run_id in RUN_IDS]
+def _records(run_ids):
+    """The records of ``run_ids``; with report.allow_partial only those that exist now."""
+    paths = [f"{RESULTS}/runs/{run_id}/metrics.json" for run_id in run_ids]
     if CFG["report"]["allow_partial"]:
         return [p for p in paths if os.path.exists(p)]
     return paths
+
+
+def rerun_ids(wildcards):
+    """The re-runs of the selected tuning candidates: known once checkpoint select_tuned
+    wrote tuned.csv (a group whose candidates all failed has none to re-run)."""
+    if not TUNING:
+        return []
+    with open(checkpoints.select_tuned.get().output[0], newline="") as fh:
+        rows = [
+            row
+            for row in csv.DictReader(fh)
+            if row.get("candidate") and row.get("status") != "all_failed"
+        ]
+    return [r.run_id for r in rerun_runs(CFG, rows)]
+
+
+def run_records(wildcards):
+    """Every record of the run table (scaling runs, candidates, calibration runs)."""
+    return _records(RUN_IDS)
+
+
+def rerun_records(wildcards):
+    """The re-runs' records: a separate input (after checkpoint select_tuned) so that a
+    dry run still plans every run of the table."""
+    return _records(rerun_ids(wildcards))
+
+
+def calibration_records(wildcards):
+    """The calibration runs' records (none in absolute target mode)."""
+    return [f"{RESULTS}/runs/{run_id}/metrics.json" for run_id in CAL_IDS]
+
+
+def candidate_records(wildcards):
+    """The tuning candidates' records (checkpoint select_tuned)."""
+    return _records(CANDIDATE_IDS)
+
+
+def target_of_run(wildcards):
+    """target.json for every run but a calibration run (which sets it)."""
+    return [] if parse_run_id(wildcards.run_id)["kind"] == "cal" else [TARGET]
+
+
+def target_argument(wildcards, input):
+    """`--target FILE` of `hvdscale launch` (none for a calibration run)."""
+    return f"--target {shlex.quote(input.target[0])}" if input.target else ""
 
 
 def allreduce_tables(wildcards):
@@ -178,8 +244,13 @@ JOBS.update({job_id: JobSpec.for_allreduce_id(CFG, job_id) for job_id in ALLREDU
 
 
 def job_spec(wildcards):
-    """The JobSpec of a train_run (run_id) or measure_allreduce (allreduce_id) job."""
+    """The JobSpec of a train_run (run_id) or measure_allreduce (allreduce_id) job; a
+    re-run of a tuning candidate (not in the run table) is laid out on first use."""
     if hasattr(wildcards, "run_id"):
+        if wildcards.run_id not in JOBS:
+            JOBS[wildcards.run_id] = JobSpec.for_run(
+                CFG, find_run(CFG, wildcards.run_id, RUN_BY_ID)
+            )
         return JOBS[wildcards.run_id]
     return JOBS[wildcards.allreduce_id]
 

@@ -1,5 +1,6 @@
 # Data stage (workflow env): generate shards in parallel, validate every sample with
-# pandera, split 75/25 into the HDF5 shard layout with manifest.json.
+# pandera, split into train/val/test HDF5 shards (75/25, the validation split cut from
+# the train share) with manifest.json.
 
 
 rule write_data_config:
@@ -77,6 +78,7 @@ rule split_dataset:
         manifest=f"{RESULTS}/data/manifest.json",
         validation=f"{RESULTS}/data/validation.json",
         train=expand(f"{RESULTS}/data/train/shard-{{shard}}.h5", shard=TRAIN_SHARDS),
+        val=expand(f"{RESULTS}/data/val/shard-{{shard}}.h5", shard=VAL_SHARDS),
         test=expand(f"{RESULTS}/data/test/shard-{{shard}}.h5", shard=TEST_SHARDS),
     log:
         f"{RESULTS}/logs/split_dataset.log",

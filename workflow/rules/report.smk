@@ -5,6 +5,8 @@ rule aggregate_runs:
     input:
         config=f"{RESULTS}/config/full.json",
         records=run_records,
+        # the re-runs of the selected tuning candidates (checkpoint select_tuned)
+        reruns=rerun_records,
     output:
         runs=report(
             f"{RESULTS}/scaling/runs.csv",
@@ -181,6 +183,7 @@ rule export_study:
     input:
         config=f"{RESULTS}/config/full.json",
         records=run_records,
+        reruns=rerun_records,
         allreduce=allreduce_tables,
         report=f"{RESULTS}/report.pdf",
         references=f"{RESULTS}/scaling/references.csv",

@@ -1,5 +1,7 @@
 # Training stage (train env): one Horovod run per run_id of the scaling matrix,
-# started as N ranks by the configured launcher (horovodrun, mpirun or srun).
+# started as N ranks by the configured launcher (horovodrun, mpirun or srun). The
+# study-wide target validation loss is fixed first (calibrate_target: absolute, or
+# from the calibration runs _cal_r{k}); every other run reads it and stops there.
 # Besides its declared outputs a run keeps checkpoint/ (resume after a crash or a
 # time limit), timeline.json (when training.timeline is on) and failure.json (when a
 # run failed; aggregation lists it) in its run directory.
@@ -20,12 +22,47 @@ rule write_run_config:
         "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
 
 
+rule write_target_config:
+    output:
+        f"{RESULTS}/config/target.json",
+    log:
+        f"{RESULTS}/logs/write_target_config.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        # only what the target depends on: other edits keep target.json and every run
+        cfg=target_config_json,
+    shell:
+        "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
+
+
+rule calibrate_target:
+    input:
+        config=f"{RESULTS}/config/target.json",
+        # the calibration runs (none in absolute mode)
+        records=calibration_records,
+    output:
+        report(TARGET, caption="../report/target.rst", category="Tables"),
+    log:
+        f"{RESULTS}/logs/calibrate_target.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+    shell:
+        "{params.hvd} calibrate-target --config {input.config} --records {input.records}"
+        " --out {output} > {log} 2>&1"
+
+
 rule train_run:
     input:
         config=f"{RESULTS}/runs/{{run_id}}/config.json",
         # the manifest stands for the whole split: split_dataset writes it together with
         # every shard, and training verifies each shard's sha256 against it
         manifest=f"{RESULTS}/data/manifest.json",
+        # the target validation loss (not for a calibration run, which sets it)
+        target=target_of_run,
     output:
         metrics=f"{RESULTS}/runs/{{run_id}}/metrics.json",
         history=f"{RESULTS}/runs/{{run_id}}/history.csv",
@@ -47,9 +84,10 @@ rule train_run:
         launcher=launcher,
         python=train_python,
         outdir=dir_of_output_metrics,
+        target=target_argument,
     shell:
         "{params.hvd} launch --config {input.config} --run-id {wildcards.run_id}"
-        " --data-dir {params.datadir} --out-dir {params.outdir}"
+        " --data-dir {params.datadir} --out-dir {params.outdir} {params.target}"
         " --launcher {params.launcher} --train-python {params.python} > {log} 2>&1"
 
 

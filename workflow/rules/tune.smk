@@ -1,13 +1,18 @@
 # Learning-rate re-tuning sweep (config scaling.tune). Every candidate is a run of the
-# run table (run_id component _m{multiplier}_wu{warm-up}), trained by train_run like
-# every run, so it is cached and resumable; aggregate_runs resolves its target. This
-# rule picks the best candidate per (partition, backend, per-worker batch, workers).
+# run table (run_id component _m{multiplier}_wu{warm-up}), trained by train_run to the
+# study's target like every run, so it is cached and resumable. This checkpoint picks
+# the best candidate per (partition, backend, per-worker batch, workers) on validation
+# time to target (ties: best validation loss); the selected candidates then re-run with
+# fresh seeds (run ids _rerun_r{k}, scaling.tune.rerun_repeats each): train_run jobs
+# like any other, requested by aggregate_runs through this checkpoint's tuned.csv
+# (common.smk rerun_ids). Only the re-runs enter the tuned results.
 
 
-rule select_tuned:
+checkpoint select_tuned:
     input:
-        runs=f"{RESULTS}/scaling/runs.csv",
-        status=f"{RESULTS}/scaling/status.csv",
+        config=f"{RESULTS}/config/full.json",
+        target=TARGET,
+        records=candidate_records,
     output:
         report(
             f"{RESULTS}/scaling/tuned.csv",
@@ -20,6 +25,7 @@ rule select_tuned:
         "../../envs/workflow.conda.yaml"
     params:
         hvd=HVD,
+        runsdir=runs_dir_of_input_config,
     shell:
-        "{params.hvd} select-tuned --runs {input.runs} --status {input.status}"
-        " --out {output} > {log} 2>&1"
+        "{params.hvd} select-tuned --runs-dir {params.runsdir} --config {input.config}"
+        " --target {input.target} --out {output} > {log} 2>&1"

@@ -114,7 +114,8 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     rows, epoch_rows = [], []
     for d in _run_dirs(Path(runs_dir)):
         st, rec, err = read_run_dir(d, validator)
-        st["in_config"] = table is None or d.name in table
+        # a re-run of a selected tuning candidate is not in the table (issue 16)
+        st["in_config"] = table is None or d.name in table or _is_rerun(cfg, d.name, table)
         if err is not None:
             problem(st["path"], err)
         if rec is not None and st["in_config"]:
@@ -148,6 +149,18 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
 
         SUMMARY_SCHEMA.validate(summary)
     return Aggregation(runs, summary, status_df, epochs, problems)
+
+
+def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
+    """Whether ``run_id`` is a re-run (kind rerun) of a tuning candidate of the config."""
+    from hvdscale.config import ConfigError, find_run
+
+    if "_rerun_r" not in run_id:
+        return False
+    try:
+        return find_run(cfg, run_id, table).kind == "rerun"
+    except ConfigError:
+        return False
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -116,11 +116,11 @@ def caption_values(cfg: dict | None) -> dict:
     tgt = cfg["training"]["target"]
     return {
         "target": (
-            f"test loss {tgt['value']:g}"
+            f"validation loss {tgt['value']:g}"
             if tgt["mode"] == "absolute"
-            else f"within {tgt['value']:g} % of the best 1-worker test loss of the group"
+            else f"validation loss {tgt['value']:g} % above the calibration runs' median best"
         ),
-        "epochs": cfg["training"]["epochs"],
+        "epochs": cfg["training"]["max_epochs"],
         "n_parameters": f"{count_parameters(cfg):,}",
         "max_workers": max((r.workers for r in runs), default=0),
         "max_extrapolation_workers": cfg["report"]["max_extrapolation_workers"],

@@ -15,8 +15,11 @@ from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
+from hvdscale.runtable import CAL_ID
 
-CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+_r[0-9]+$"
+# tuning candidates and their re-runs (not scaling runs); calibration runs (issue 16)
+CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+(?:_rerun)?_r[0-9]+$"
+NOT_SCALING_ID = f"{CANDIDATE_ID}|{CAL_ID}"
 
 
 def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -194,7 +197,8 @@ def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
     if "candidate" in runs:
         runs = runs[runs["candidate"].fillna("").astype(str) == ""]
-    status = status[~status["run_id"].astype(str).str.contains(CANDIDATE_ID, regex=True)]
+    runs = runs[~runs["run_id"].astype(str).str.contains(CAL_ID, regex=True)]
+    status = status[~status["run_id"].astype(str).str.contains(NOT_SCALING_ID, regex=True)]
     out = _configurations(runs, status).merge(_repeat_statistics(runs), on=CONFIG_KEYS, how="left")
     for s in STATUSES:
         col = f"n_{s}"

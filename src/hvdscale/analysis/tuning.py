@@ -33,6 +33,8 @@ import pandas as pd
 
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
+from hvdscale.errors import UserError
+from hvdscale.runtable import RERUN_ID
 
 TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
@@ -65,9 +67,11 @@ _CAND = re.compile(r"_lr(?P<lr>none|linear|sqrt)_(?P<cand>m[0-9p]+_wu[0-9]+)_r[0
 
 
 def candidate_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The candidates' runs (not their re-runs: those never enter the selection)."""
     if "candidate" not in runs or runs.empty:
         return runs.iloc[0:0]
-    return runs[runs["candidate"].fillna("").astype(str) != ""]
+    c = runs[runs["candidate"].fillna("").astype(str) != ""]
+    return c[~c["run_id"].astype(str).str.contains(RERUN_ID, regex=True)]
 
 
 def candidates(runs: pd.DataFrame) -> pd.DataFrame:
@@ -228,6 +232,13 @@ def read_tuned(path) -> pd.DataFrame:
 def add_arguments(p):
     p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
     p.add_argument(
+        "--runs-dir",
+        help="aggregate the run records here instead of reading --runs/--status (checkpoint "
+        "select_tuned: the re-runs it requests cannot wait for runs.csv); needs --config",
+    )
+    p.add_argument("--config", help="with --runs-dir: the validated config (full.json)")
+    p.add_argument("--target", help="the study's target.json (rule calibrate_target)")
+    p.add_argument(
         "--status",
         help="status.csv (lists missing and failed candidates; default: next to --runs)",
     )
@@ -239,9 +250,18 @@ def run(args) -> int:
 
     from hvdscale.analysis.tables import read_runs, read_status, write_csv
 
-    runs = read_runs(args.runs)
-    status_path = Path(args.status) if args.status else Path(args.runs).with_name("status.csv")
-    status = read_status(status_path) if status_path.exists() else None
+    if args.runs_dir:
+        from hvdscale.analysis.aggregate import aggregate
+        from hvdscale.config import load_config
+
+        if not args.config:
+            raise UserError("select-tuned: --runs-dir needs --config")
+        agg = aggregate(Path(args.runs_dir), load_config(args.config))
+        runs, status = agg.runs, agg.status
+    else:
+        runs = read_runs(args.runs)
+        status_path = Path(args.status) if args.status else Path(args.runs).with_name("status.csv")
+        status = read_status(status_path) if status_path.exists() else None
     tuned = select_tuned(runs, status)
     write_csv(tuned, args.out)
     n = (tuned["status"] == "selected").sum() if not tuned.empty else 0

@@ -28,8 +28,9 @@ from hvdscale.data import h5
 from hvdscale.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
-SPLITS = ("train", "test")
+# 2: the validation split (shards.val, counts.val; issue 16)
+MANIFEST_VERSION = 2
+SPLITS = ("train", "val", "test")
 _REQUIRED = (
     "manifest_version",
     "format_version",
@@ -98,8 +99,8 @@ def load_manifest(data_dir: str | Path) -> dict:
             raise DataError(
                 f"{path}: shards.{s} hold {total} samples; counts.{s} says {m['counts'].get(s)}"
             )
-    if m["counts"].get("train", 0) + m["counts"].get("test", 0) != m["counts"].get("total"):
-        raise DataError(f"{path}: counts train + test != total ({m['counts']})")
+    if sum(m["counts"].get(s, 0) for s in SPLITS) != m["counts"].get("total"):
+        raise DataError(f"{path}: counts train + val + test != total ({m['counts']})")
     return m
 
 
@@ -190,8 +191,8 @@ def run(args) -> int:
     c = m["counts"]
     what = "datasets, counts and checksums" if args.verify_checksums else "datasets and counts"
     print(
-        f"{args.data_dir}: {what} OK: {c['train']} train + {c['test']} test samples in "
-        f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards",
+        f"{args.data_dir}: {what} OK: {c['train']} train + {c['val']} val + {c['test']} test "
+        f"samples in {' + '.join(str(len(m['shards'][s])) for s in SPLITS)} shards",
         file=sys.stderr,
     )
     return 0

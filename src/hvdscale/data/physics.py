@@ -63,7 +63,7 @@ LABEL_NAMES = ("yield_stress", "hardening_modulus")
 STREAM_LABELS = 1  # index 0: yield stress, 1: hardening modulus
 STREAM_PATH = 2  # index 2k: peak of cycle k, 2k+1: unloading fraction of cycle k
 STREAM_NOISE = 3  # index m: the pair of noise values for points 2m and 2m+1
-STREAM_SPLIT = 4  # index 0: train/test decision
+STREAM_SPLIT = 4  # index 0: train/val/test decision (split_assign)
 
 UNLOAD_MIN, UNLOAD_MAX = 0.25, 0.95
 EQUAL_SHARE = 0.3  # share of the strain steps divided equally among the segments
@@ -312,12 +312,34 @@ def normals(seed: int, ids: np.ndarray, stream: int, n: int) -> np.ndarray:
 
 
 def split_uniform(seed: int, ids: np.ndarray) -> np.ndarray:
-    """The per-sample uniform deciding the split (train when < train_fraction)."""
+    """The per-sample uniform deciding the split (split_assign)."""
     return uniforms(seed, ids, STREAM_SPLIT, 1)[:, 0]
 
 
 def split_is_train(seed: int, ids: np.ndarray, train_fraction: float) -> np.ndarray:
+    """True where a sample belongs to the train share (train and validation splits)."""
     return split_uniform(seed, ids) < float(train_fraction)
+
+
+# split codes of split_assign, in the order of hvdscale.data.split.SPLITS
+SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+
+
+def split_assign(
+    seed: int, ids: np.ndarray, train_fraction: float, val_fraction: float
+) -> np.ndarray:
+    """The split of every sample (int8 codes of SPLIT_CODES), from one uniform u per (seed, id).
+
+    u < train_fraction x val_fraction: val; below train_fraction: train; else test. So
+    the validation split is val_fraction of the train share (in expectation), the test
+    split is the same as without a validation split, and nothing depends on shard or
+    worker counts.
+    """
+    u = split_uniform(seed, ids)
+    out = np.full(len(u), SPLIT_CODES["test"], dtype=np.int8)
+    out[u < float(train_fraction)] = SPLIT_CODES["train"]
+    out[u < float(train_fraction) * float(val_fraction)] = SPLIT_CODES["val"]
+    return out
 
 
 # --------------------------------------------------------------------------- the model

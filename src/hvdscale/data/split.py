@@ -1,13 +1,15 @@
-"""Split validated shards into train/test HDF5 shards, manifest.json and validation.json.
+"""Split validated shards into train/val/test HDF5 shards, manifest.json and validation.json.
 
 Refuses to run unless every input shard has a passing validation report that matches it
 (same file: name, size and modification time, or else the same sha256; same seed and
 generator parameters) and the shards cover the sample ids 0..n-1 exactly once.
 
-Each sample goes to the train split when a uniform hashed from (seed, sample id) is below
-data.train_fraction, else to the test split, so the split does not depend on the shard
-layout. Each split is written as data.split_shards.{train,test} files
-``OUTDIR/{train,test}/shard-NNNN.h5`` holding consecutive runs of the split's samples in
+Each sample's split comes from one uniform u hashed from (seed, sample id)
+(hvdscale.data.physics.split_assign): u < train_fraction x val_fraction: validation;
+u < train_fraction: train; else test. So the split does not depend on the shard layout,
+and the validation split is val_fraction of the train share. Each split is written as
+data.split_shards.{train,val,test} files
+``OUTDIR/{train,val,test}/shard-NNNN.h5`` holding consecutive runs of the split's samples in
 ascending sample id (shard sizes differ by at most one), in the same layout and with the
 same attributes as the generated shards. ``OUTDIR/manifest.json`` records counts, sha256
 checksums, the generator parameters and normalisation statistics of the train split
@@ -44,16 +46,17 @@ from hvdscale.data.check import (
 )
 from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import (
+    SPLIT_CODES,
     GeneratorParams,
     add_data_config_argument,
     load_data_config,
-    split_is_train,
+    split_assign,
 )
 from hvdscale.data.stats import RunningStats
 from hvdscale.errors import DataError
 from hvdscale.io import atomic_path, write_json_atomic
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 BLOCK = 8192
 
 
@@ -143,6 +146,7 @@ def split_shard_attrs(
     train_fraction: float,
     first_id: int,
     last_id: int,
+    val_fraction: float = 0.0,
 ) -> dict:
     attrs = h5.common_attrs(params)
     attrs.update(
@@ -152,6 +156,7 @@ def split_shard_attrs(
             "shard_index": index,
             "n_shards": count,
             "train_fraction": float(train_fraction),
+            "val_fraction": float(val_fraction),
             "first_sample_id": int(first_id),
             "last_sample_id": int(last_id),
         }
@@ -182,7 +187,9 @@ def write_split_shard(task: dict, finish: bool = True) -> dict:
         task["train_fraction"],
         task["first_id"],
         task["last_id"],
+        task["val_fraction"],
     )
+    code = SPLIT_CODES[task["split"]]
     cstats, lstats = RunningStats(3), RunningStats(2)
     where = f"{task['split']}/{shard_name(task['index'])}"
     writer = h5.ShardWriter(task["tmp"], task["n"], params.n_points, attrs, task["chunk"])
@@ -191,9 +198,10 @@ def write_split_shard(task: dict, finish: bool = True) -> dict:
             for _a, curves, labels, ids in h5.iter_blocks(
                 path, task["block"], params.n_points, row0, row1
             ):
-                keep = split_is_train(params.seed, ids, task["train_fraction"])
-                if not train:
-                    np.logical_not(keep, out=keep)
+                keep = (
+                    split_assign(params.seed, ids, task["train_fraction"], task["val_fraction"])
+                    == code
+                )
                 c, lab, i = curves[keep], labels[keep], ids[keep]
                 if writer.at + len(i) > writer.n:
                     raise DataError(
@@ -243,32 +251,33 @@ def split_dataset(cfg: dict, shards, validations, outdir, progress=None, workers
     params = GeneratorParams.from_config(cfg)
     d = cfg["data"]
     frac = float(d["train_fraction"])
-    counts = {"train": int(d["split_shards"]["train"]), "test": int(d["split_shards"]["test"])}
+    counts = {s: int(d["split_shards"][s]) for s in SPLITS}
     outdir = Path(outdir)
     matched = match_validations([Path(s) for s in shards], [Path(v) for v in validations], params)
-    tasks, n_train = _plan_split_tasks(params, d, frac, counts, matched)
+    tasks, n = _plan_split_tasks(params, d, frac, counts, matched)
     results = _write_split_tasks(tasks, outdir, workers, progress, t0)
     # leaving the stack renamed every shard into place (all or none)
     _remove_stale(outdir, counts)
-    manifest = _build_manifest(params, frac, n_train, tasks, results)
+    manifest = _build_manifest(params, (frac, float(d["val_fraction"])), n, tasks, results)
     write_json_atomic(outdir / "validation.json", _validation_summary(params, matched))
     write_json_atomic(outdir / MANIFEST_NAME, manifest)
     if progress:
         progress(
-            f"wrote {params.n_samples} samples ({n_train} train) "
+            f"wrote {params.n_samples} samples ({n['train']} train, {n['val']} val) "
             f"in {time.perf_counter() - t0:.1f} s"
         )
     return manifest
 
 
 def _plan_split_tasks(params, d: dict, frac: float, counts: dict, matched: list):
-    """One write task per output shard, with the input row ranges it reads; and n_train."""
+    """One write task per output shard, with the input row ranges it reads; and the
+    sample count per split."""
     all_ids = np.arange(params.n_samples, dtype=np.int64)
-    is_train = split_is_train(params.seed, all_ids, frac)
-    n_train = int(is_train.sum())
+    which = split_assign(params.seed, all_ids, frac, d["val_fraction"])
+    n = {s: int((which == SPLIT_CODES[s]).sum()) for s in SPLITS}
     tasks = []
     for s in SPLITS:
-        ids_s = all_ids[is_train] if s == "train" else all_ids[~is_train]
+        ids_s = all_ids[which == SPLIT_CODES[s]]
         if len(ids_s) < counts[s]:
             raise DataError(
                 f"{s} split has {len(ids_s)} samples, fewer than data.split_shards.{s} "
@@ -290,12 +299,13 @@ def _plan_split_tasks(params, d: dict, frac: float, counts: dict, matched: list)
                     "sources": _task_sources(matched, first, last),
                     "params": params.as_dict(),
                     "train_fraction": frac,
+                    "val_fraction": float(d["val_fraction"]),
                     "chunk": int(d["chunk_samples"]),
                     "block": BLOCK,
                     "file": f"{s}/{shard_name(k)}",
                 }
             )
-    return tasks, n_train
+    return tasks, n
 
 
 def _task_sources(matched: list, first: int, last: int) -> list:
@@ -346,7 +356,7 @@ def _write_split_tasks(tasks: list, outdir: Path, workers: int, progress, t0: fl
     return results
 
 
-def _build_manifest(params, frac: float, n_train: int, tasks: list, results: dict) -> dict:
+def _build_manifest(params, fracs: tuple, n: dict, tasks: list, results: dict) -> dict:
     """The dataset manifest: shard entries and train-split normalisation statistics."""
     cstats, lstats = RunningStats(3), RunningStats(2)
     entries: dict[str, list] = {s: [] for s in SPLITS}
@@ -383,10 +393,11 @@ def _build_manifest(params, frac: float, n_train: int, tasks: list, results: dic
                 h5.LABEL_NAMES, params.label_min.tolist(), params.label_max.tolist()
             )
         },
-        "train_fraction": frac,
-        "split_rule": "train if uniform(seed, sample_id) < train_fraction "
-        "(hvdscale.data.physics.split_is_train)",
-        "counts": {"total": params.n_samples, "train": n_train, "test": params.n_samples - n_train},
+        "train_fraction": fracs[0],
+        "val_fraction": fracs[1],
+        "split_rule": "u = uniform(seed, sample_id): val if u < train_fraction * val_fraction, "
+        "train if u < train_fraction, else test (hvdscale.data.physics.split_assign)",
+        "counts": {"total": params.n_samples, **n},
         "shards": entries,
         "normalisation": {
             "source": "train split",
@@ -465,7 +476,7 @@ def run(args) -> int:
     )
     c = m["counts"]
     progress(
-        f"{args.outdir}: {c['train']} train / {c['test']} test samples in "
-        f"{len(m['shards']['train'])} + {len(m['shards']['test'])} shards"
+        f"{args.outdir}: {c['train']} train / {c['val']} val / {c['test']} test samples in "
+        f"{' + '.join(str(len(m['shards'][s])) for s in SPLITS)} shards"
     )
     return 0

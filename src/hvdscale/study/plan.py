@@ -1,10 +1,11 @@
 """The budget of a study before anything is submitted (``hvdscale plan CONFIG``).
 
-Per partition: training jobs (runs of the selected scaling matrix), nodes per job,
+Per partition: training jobs (runs of the selected scaling matrix, the calibration runs
+and, as a worst case, the re-runs of one selected candidate per tuning group), nodes per job,
 worst-case node-hours and GPU-hours (every job runs to its partition's time limit,
 scaling.partitions.*.runtime_min), and the expected hours where something is known:
 the measured training time of runs that already have a record (results/scaling/runs.csv)
-and the cost model's predicted epoch time x epochs for the others
+and the cost model's predicted epoch time x the epoch budget for the others
 (results/scaling/costmodel.json). The allreduce size sweeps (rule measure_allreduce)
 are listed on their own line with the same worst case.
 
@@ -23,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.config import allreduce_jobs, run_table
+from hvdscale.config import allreduce_jobs, rerun_runs, run_table, tune_runs
 
 
 @dataclass
@@ -90,14 +91,30 @@ def _load_expected(results: Path) -> tuple[dict, dict]:
     return measured, predicted
 
 
+def budget_epochs(cfg: dict, run) -> int:
+    """The epoch budget of a run: training.max_epochs, a calibration run's own."""
+    if run.kind == "cal":
+        return cfg["training"]["target"]["calibration"]["max_epochs"]
+    return cfg["training"]["max_epochs"]
+
+
+def worst_case_reruns(cfg: dict) -> list:
+    """Re-runs of one candidate per tuning group (the selection picks which): the jobs
+    the tuning adds once select_tuned ran (not in the run table before)."""
+    first: dict[tuple, object] = {}
+    for r in tune_runs(cfg):
+        first.setdefault((r.partition, r.backend, r.workers, r.batch, r.lr_rule), r)
+    return rerun_runs(cfg, list(first.values()))
+
+
 def plan(cfg: dict, results: str | Path | None = None) -> dict:
     """The budget of the config's (selected) run table; ``results`` defaults to results_dir."""
     results = Path(results if results is not None else cfg["results_dir"])
     measured, predicted = _load_expected(results)
     parts = cfg["scaling"]["partitions"]
-    epochs = cfg["training"]["epochs"]
     by_part: dict[str, PartitionPlan] = {}
-    for r in run_table(cfg):
+    for r in run_table(cfg) + worst_case_reruns(cfg):
+        epochs = budget_epochs(cfg, r)
         p = by_part.setdefault(r.partition, PartitionPlan(r.partition))
         hours = parts[r.partition]["runtime_min"] / 60
         p.jobs += 1

@@ -54,6 +54,11 @@ def add_arguments(p):
     )
     p.add_argument("--out-dir", required=True, help="run directory, e.g. results/runs/RUN_ID")
     p.add_argument(
+        "--target",
+        default=None,
+        help="the study's target.json (hvdscale calibrate-target); none for a calibration run",
+    )
+    p.add_argument(
         "--no-horovod",
         action="store_true",
         help="run as a single process without importing Horovod (debugging; workers must be 1)",
