@@ -173,7 +173,10 @@ def add_val_split(data: Path) -> None:
 def _write_shard(path: Path, arrs: dict, attrs: dict, h5) -> None:
     n, n_points = arrs["curves"].shape[:2]
     ids = arrs["sample_id"]
-    attrs = {k: list(v) if getattr(v, "dtype", None) == object else v for k, v in attrs.items()}
+    attrs = {
+        k: list(v) if getattr(getattr(v, "dtype", None), "kind", "") == "O" else v
+        for k, v in attrs.items()
+    }
     attrs.update(first_sample_id=int(ids[0]), last_sample_id=int(ids[-1]))
     tmp = path.with_suffix(".tmp")
     w = h5.ShardWriter(tmp, n, n_points, attrs, chunk_samples=256, writeback=False)
@@ -231,15 +234,15 @@ def launch_cmd(config: Path, run_id: str, data: Path, out: Path, *extra) -> list
 
 
 def launch(
-    config: Path, run_id: str, data: Path, out: Path, *extra, timeout=300
+    config: Path, run_id: str, data: Path, out: Path, *extra, timeout=300, env=None
 ) -> subprocess.CompletedProcess:
-    """`hvdscale launch` a training run and wait for it."""
+    """`hvdscale launch` a training run and wait for it (``env``: extra variables)."""
     return subprocess.run(
         launch_cmd(config, run_id, data, out, *extra),
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=sub_env(),
+        env={**sub_env(), **(env or {})},
     )
 
 
