@@ -235,6 +235,9 @@ def add_arguments(p):
     )
     p.add_argument("--data-dir", help="train: data directory with manifest.json")
     p.add_argument(
+        "--target", help="train: target.json (validation-loss target), passed to hvdscale train"
+    )
+    p.add_argument(
         "--out-dir",
         help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
     )
@@ -348,6 +351,7 @@ def _train_program(args, python: str, ident: str) -> tuple[Path, Path, list[str]
         *("--run-id", ident),
         *("--data-dir", str(Path(args.data_dir).resolve())),
         *("--out-dir", str(out_dir.resolve())),
+        *(("--target", str(Path(args.target).resolve())) if getattr(args, "target", None) else ()),
     ]
     return out_dir, out_dir / "failure.json", prog
 
