@@ -28,7 +28,7 @@ from hvdscale.runrecord import (
 from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 
-def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None):
+def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None, val=None):
     t = EpochTimer(
         steps=100,
         timed_steps=100,
@@ -47,6 +47,7 @@ def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None):
         "throughput": 15000 / 0.97,
         **t.record_fields(),
         "train_loss": 1.0 / (i + 1),
+        "val_loss": val if val is not None else 0.45 / (i + 1),
         "test_loss": test if test is not None else 0.5 / (i + 1),
         "elapsed_s": elapsed if elapsed is not None else wall * (i + 1),
         "utilisation_mean": 90.0,
@@ -164,14 +165,63 @@ def test_summary_excludes_warmup_epochs():
 
 def test_time_to_target_is_the_elapsed_time_of_the_first_epoch_below_target():
     eps = [
-        epoch(0, 2.0, test=0.5, elapsed=2.0),
-        epoch(1, 1.0, test=0.19, elapsed=3.0),
-        epoch(2, 1.0, test=0.1, elapsed=4.0),
+        epoch(0, 2.0, val=0.5, test=0.01, elapsed=2.0),  # the test loss never decides
+        epoch(1, 1.0, val=0.19, elapsed=3.0),
+        epoch(2, 1.0, val=0.1, elapsed=4.0),
     ]
     assert time_to_target(eps, 0.2) == 3.0
-    assert time_to_target(eps, 0.01) is None
-    eps[1]["test_loss"] = None  # nan_loss epochs have no loss
+    assert time_to_target(eps, 0.19) == 3.0  # at or below
+    assert time_to_target(eps, 0.01) is None and time_to_target(eps, None) is None
+    eps[1]["val_loss"] = None  # nan_loss epochs have no loss
     assert time_to_target(eps, 0.2) == 4.0
+
+
+def test_target_block_reached_censored_and_without_target():
+    from hvdscale.runrecord import target_block
+
+    eps = [epoch(0, val=0.5, elapsed=2.0), epoch(1, val=0.3, elapsed=3.0)]
+    hit = target_block(eps, 0.3, "absolute", "target", 10, None)
+    assert hit["reached"] and not hit["censored"] and hit["epoch"] == 1
+    assert hit["time_to_target_s"] == 3.0 and hit["best_val_loss"] == 0.3
+    miss = target_block(eps, 0.1, "calibrated", "max_epochs", 2, 60.0)
+    assert not miss["reached"] and miss["censored"] and miss["time_to_target_s"] is None
+    assert miss["best_val_loss"] == 0.3 and miss["budget"] == {"max_epochs": 2, "max_train_s": 60.0}
+    assert target_block(eps, 0.1, "absolute", "max_train_s", 9, 1.0)["censored"]
+    assert not target_block(eps, 0.1, "absolute", "nan_loss", 9, None)["censored"]
+    free = target_block(eps, None, "none", "max_epochs", 2, None)
+    assert not free["reached"] and not free["censored"] and free["value"] is None
+
+
+def test_noise_scale_block_over_the_non_warmup_epochs():
+    from hvdscale.runrecord import noise_scale_block
+
+    eps = [epoch(0, warmup=True), epoch(1), epoch(2)]
+    for e, (n, a, b) in zip(eps, [(5, 99.0, 99.0), (2, 4.0, 2.0), (6, 8.0, 6.0)]):
+        e.update(noise_steps=n, g_local_sq=a, g_global_sq=b)
+    ns = noise_scale_block(eps, workers=2, b_local=75)
+    assert ns == {
+        "b_local": 75,
+        "b_global": 150,
+        "steps": 8,
+        "g_local_sq": pytest.approx((2 * 4.0 + 6 * 8.0) / 8),
+        "g_global_sq": pytest.approx((2 * 2.0 + 6 * 6.0) / 8),
+    }
+    assert noise_scale_block(eps, workers=1, b_local=75) is None
+
+
+def test_instrumentation_block_counts_and_medians():
+    from hvdscale.timing import instrumentation_block
+
+    eps = [epoch(0, warmup=True), epoch(1), epoch(2), epoch(3)]
+    for e, (p, sp, st) in zip(eps, [(9, 9.0, 9.0), (90, 1.0, 1.1), (90, 2.0, 2.2), (90, 3.0, 3.3)]):
+        e.update(timed_steps=10, plain_steps=p, step_s_plain=sp, step_s_timed=st)
+    b = instrumentation_block(eps, 10)
+    assert (b["instrumented_steps"], b["uninstrumented_steps"]) == (40, 279)
+    assert b["uninstrumented_step_s"] == 2.0 and b["instrumented_step_s"] == 2.2
+    assert b["overhead"] == pytest.approx(0.1)
+    for e in eps:
+        e["step_s_plain"] = None  # every call instrumented: no overhead measurable
+    assert instrumentation_block(eps, 1)["overhead"] is None
 
 
 def test_non_finite_numbers_become_null():
@@ -343,7 +393,7 @@ def built_record(fault_delay=None, system=None):
     from hvdscale.config import find_run, validate_config
     from hvdscale.runrecord import build_record, epoch_entry
 
-    cfg = validate_config({"training": {"epochs": 3, "warmup_epochs": 1}})
+    cfg = validate_config({"training": {"max_epochs": 3, "warmup_epochs": 1}})
     run = find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0")
     t = EpochTimer(30, 30, [0.01, 0.05, 0.02, 0.01], 0.001, train_wall=0.09, epoch_wall=0.1)
     eps = [
@@ -356,7 +406,8 @@ def built_record(fault_delay=None, system=None):
             throughput=45000.0,
             timing=t.record_fields(),
             train_loss=0.1 / (i + 1),
-            test_loss=float("nan") if i == 2 else 0.2 / (i + 1),
+            val_loss=0.2 / (i + 1),
+            test_loss=float("nan") if i == 2 else None,
             elapsed_s=0.1 * (i + 1),
             utilisation_mean=None,
             learning_rate=1e-3,
@@ -386,6 +437,10 @@ def built_record(fault_delay=None, system=None):
         data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
         fault_delay=fault_delay,
         system=system,
+        seed=12345,
+        target={"mode": "absolute", "value": 0.1},
+        stop_reason="target",
+        initial_weights_sha256="0" * 64,
     )
 
 
@@ -404,8 +459,22 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     # the target columns are resolved at aggregation time (analysis.target), not per record
     assert set(RUNS_COLUMNS) - {"config_hash_match", *TARGET_COLUMNS} <= set(row)
     assert len(epoch_rows) == 3
+    c = rec["config"]
+    assert (c["seed"], c["seed_base"], c["kind"]) == (12345, cfg_seed(), "")
+    assert c["max_epochs"] == 3 and c["stop_at_target"] is True
+    t = rec["target"]
+    assert (t["reached"], t["epoch"], t["time_to_target_s"]) == (True, 1, 0.2)
+    assert rec["summary"]["best_val_loss"] == pytest.approx(0.2 / 3)
+    assert rec["noise_scale"] is None  # no noise fields in these epochs
+    assert rec["timing"]["instrumentation"]["instrumented_steps"] == 90
     assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"
     assert "system" not in rec  # optional: records without it stay valid
+
+
+def cfg_seed():
+    from hvdscale.config import validate_config
+
+    return validate_config({})["seed"]
 
 
 def test_a_record_with_the_system_description_validates():

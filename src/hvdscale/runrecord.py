@@ -235,6 +235,7 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
         "learning_rate_base": lr_base,
         "learning_rate": lr,
         "lr_warmup": tcfg["lr_warmup"],
+        "epochs": tcfg["max_epochs"],  # the budget, as before issue 16 (analysis reads it)
         "max_epochs": tcfg["max_epochs"],
         "max_train_s": tcfg["max_train_s"],
         "stop_at_target": tcfg["stop_at_target"],
