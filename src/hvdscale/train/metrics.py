@@ -73,11 +73,10 @@ class EpochMetrics:
         n = int(round(self.noise_updates))
         if n == 0:
             return {"noise_steps": 0, "g_local_sq": None, "g_global_sq": None}
-        return {
-            "noise_steps": n,
-            "g_local_sq": self.g_local_sq / n,
-            "g_global_sq": self.g_global_sq / n,
-        }
+        a, b = self.g_local_sq / n, self.g_global_sq / n
+        if not (math.isfinite(a) and math.isfinite(b)):  # a diverged epoch
+            return {"noise_steps": 0, "g_local_sq": None, "g_global_sq": None}
+        return {"noise_steps": n, "g_local_sq": a, "g_global_sq": b}
 
     def timer(self, steps: int, timed_steps: int, epoch_wall: float) -> EpochTimer:
         """The epoch's EpochTimer (its record fields go into the history)."""
