@@ -53,8 +53,9 @@ def main(argv=None) -> int:
         (root / "config").mkdir(exist_ok=True)
         (root / "config" / "full.json").write_text(json.dumps(cfg))
         t_gen = time.perf_counter() - t0
+        n_epochs = cfg["training"].get("max_epochs", cfg["training"].get("epochs"))
         print(
-            f"generate  {len(written)} run records ({cfg['training']['epochs']} epochs each) and "
+            f"generate  {len(written)} run records ({n_epochs} epochs each) and "
             f"{len(allreduce)} allreduce sweeps: {t_gen:6.2f} s (not part of the total)"
         )
 

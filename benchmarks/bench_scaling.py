@@ -148,7 +148,7 @@ def base_config(samples: int, epochs: int, batches: list[int]) -> dict:
         },
         "model": {"hidden_units": [192, 175, 24], "expected_parameters": 153441},
         "training": {
-            "epochs": epochs,
+            "max_epochs": epochs,
             "warmup_epochs": 1,
             "learning_rate": 4.7331e-4,
             "threads_per_worker": 1,

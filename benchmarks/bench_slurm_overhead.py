@@ -94,7 +94,7 @@ def main() -> int:
             json.dumps(
                 {
                     "results_dir": RESULTS,
-                    "training": {"launcher": "srun", "epochs": args.epochs},
+                    "training": {"launcher": "srun", "max_epochs": args.epochs},
                     "scaling": {
                         "sweeps": [
                             {
