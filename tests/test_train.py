@@ -102,46 +102,6 @@ def test_epoch_metrics_round_trip_and_reduction_without_horovod():
     assert not EpochMetrics(0.1, float("inf"), 1, 0, 0, 0, 0, 0, 0, 0).finite()
 
 
-def test_run_seed_is_paired_over_worker_counts_and_differs_between_repeats():
-    import numpy as np
-
-    from hvdscale.runtable import run_seed
-
-    assert run_seed(11, 0) == int(np.random.SeedSequence([11, 0, 0]).generate_state(1)[0])
-    assert run_seed(11, 3, "rerun") == int(np.random.SeedSequence([11, 3, 2]).generate_state(1)[0])
-    seeds = {run_seed(11, r, k) for r in range(5) for k in ("", "cal", "rerun")}
-    assert len(seeds) == 15  # repeats and kinds differ
-
-
-def test_loop_plan_stop_decision():
-    from hvdscale.train import LoopPlan
-
-    plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1, max_train_s=60.0)
-    assert plan.stop_reason(0, 0.1, 1.0) == "target"  # <= target
-    assert plan.stop_reason(0, 0.2, 1.0) is None
-    assert plan.stop_reason(4, 0.2, 1.0) == "max_epochs"
-    assert plan.stop_reason(1, 0.2, 60.0) == "max_train_s"
-    plan.stop_at_target = False  # calibration runs train the budget
-    assert plan.stop_reason(0, 0.01, 1.0) is None
-    plan.stop_at_target, plan.target = True, None  # no target: the budget
-    assert plan.stop_reason(3, 0.0, 1.0) is None
-
-
-def test_headline_train_time_counts_timed_calls_at_the_plain_rate():
-    from hvdscale.timing import EpochTimer
-
-    t = EpochTimer(steps=30)
-    t.add_call("timed", 10, 3.0)  # 0.3 s/step instrumented
-    t.timed_steps = 10
-    t.add_call("plain", 10, 1.0)
-    t.add_call("plain", 5, 0.5)  # 0.1 s/step uninstrumented
-    t.add_call("timeline", 5, 2.0)
-    assert t.headline_train_s(6.5) == pytest.approx(6.5 - 5.0 + 15 * 0.1)
-    f = t.instrumentation_fields()
-    assert f == {"plain_steps": 15, "step_s_plain": 0.1, "step_s_timed": 0.3}
-    assert EpochTimer(steps=3, timed_steps=3).headline_train_s(2.0) == 2.0  # no plain call
-
-
 def test_resume_state_from_a_checkpoint_state():
     from hvdscale.train import ResumeState
 

@@ -22,7 +22,50 @@ from conftest_train import (
     write_config,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.horovod, needs_train_env]
+# --------------------------------------------------------------------------- unit
+
+
+def test_run_seed_is_paired_over_worker_counts_and_differs_between_repeats():
+    import numpy as np
+
+    from hvdscale.runtable import run_seed
+
+    assert run_seed(11, 0) == int(np.random.SeedSequence([11, 0, 0]).generate_state(1)[0])
+    assert run_seed(11, 3, "rerun") == int(np.random.SeedSequence([11, 3, 2]).generate_state(1)[0])
+    seeds = {run_seed(11, r, k) for r in range(5) for k in ("", "cal", "rerun")}
+    assert len(seeds) == 15  # repeats and kinds differ
+
+
+def test_loop_plan_stop_decision():
+    from hvdscale.train import LoopPlan
+
+    plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1, max_train_s=60.0)
+    assert plan.stop_reason(0, 0.1, 1.0) == "target"  # <= target
+    assert plan.stop_reason(0, 0.2, 1.0) is None
+    assert plan.stop_reason(4, 0.2, 1.0) == "max_epochs"
+    assert plan.stop_reason(1, 0.2, 60.0) == "max_train_s"
+    plan.stop_at_target = False  # calibration runs train the budget
+    assert plan.stop_reason(0, 0.01, 1.0) is None
+    plan.stop_at_target, plan.target = True, None  # no target: the budget
+    assert plan.stop_reason(3, 0.0, 1.0) is None
+
+
+def test_headline_train_time_counts_timed_calls_at_the_plain_rate():
+    from hvdscale.timing import EpochTimer
+
+    t = EpochTimer(steps=30)
+    t.add_call("timed", 10, 3.0)  # 0.3 s/step instrumented
+    t.timed_steps = 10
+    t.add_call("plain", 10, 1.0)
+    t.add_call("plain", 5, 0.5)  # 0.1 s/step uninstrumented
+    t.add_call("timeline", 5, 2.0)
+    assert t.headline_train_s(6.5) == pytest.approx(6.5 - 5.0 + 15 * 0.1)
+    f = t.instrumentation_fields()
+    assert f == {"plain_steps": 15, "step_s_plain": 0.1, "step_s_timed": 0.3}
+    assert EpochTimer(steps=3, timed_steps=3).headline_train_s(2.0) == 2.0  # no plain call
+
+
+# --------------------------------------------------------------------------- runs
 
 RUN_1W = "local_gloo_n1_w1_b150_lrnone_r0"
 
@@ -61,6 +104,9 @@ def _corrupt_test_labels(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_train_to_target_stops_there_and_test_labels_never_decide(tmp_path, train_data):
     """The budget run gives the validation curve; a target from it stops a second run at
     the first epoch at or below it; a third run with the test labels corrupted stops at
@@ -91,6 +137,9 @@ def test_train_to_target_stops_there_and_test_labels_never_decide(tmp_path, trai
     assert t_clean is not None and t_bad is not None and t_bad > 10 * t_clean
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_budgets_censor_a_run_that_misses_the_target(tmp_path, train_data):
     cfg = write_config(tmp_path / "config.json", base_config(epochs=2, warmup_epochs=1))
     tfile = _target_file(tmp_path / "target.json", 1e-9)  # out of reach
@@ -110,6 +159,9 @@ def test_budgets_censor_a_run_that_misses_the_target(tmp_path, train_data):
     assert rec["epochs"][-1]["test_loss"] is not None  # the one test evaluation
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_a_bad_target_file_is_a_clear_error(tmp_path, train_data):
     cfg = write_config(tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0))
     tfile = tmp_path / "target.json"
@@ -119,6 +171,9 @@ def test_a_bad_target_file_is_a_clear_error(tmp_path, train_data):
     assert f"--target {tfile}: key 'value' must be a finite number" in r.stdout + r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_data_without_a_val_split_is_a_clear_error(tmp_path, train_data):
     data = tmp_path / "data"
     shutil.copytree(train_data, data)
@@ -129,6 +184,9 @@ def test_data_without_a_val_split_is_a_clear_error(tmp_path, train_data):
     assert f"{data}: no validation split" in r.stdout + r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_seeds_differ_between_repeats_and_are_paired_over_worker_counts(tmp_path, train_data):
     cfg = write_config(tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0, repeats=2))
     r0 = _run_ok(cfg, RUN_1W, train_data, tmp_path / "w1r0")
@@ -145,6 +203,9 @@ def test_seeds_differ_between_repeats_and_are_paired_over_worker_counts(tmp_path
 FAULT_S = 0.01  # per step, in the compute phase of every step (timed or not)
 
 
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_instrument_every_10_scales_the_phase_split_and_counts_the_calls(tmp_path, train_data):
     """1 rank, one step per call, every 10th call timed, the timeline window in epoch 1:
     the step counts of each kind are exact, and the scaled compute phase holds at least
