@@ -50,6 +50,19 @@ def test_loop_plan_stop_decision():
     assert plan.stop_reason(3, 0.0, 1.0) is None
 
 
+def test_a_resumed_run_whose_checkpoint_already_ends_it_stops_at_once():
+    from hvdscale.train import LoopPlan, ResumeState
+    from hvdscale.train.loop import _resumed_stop
+
+    plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1)
+    hist = [{"epoch": 0, "val_loss": 0.3, "elapsed_s": 1.0}]
+    state = {"epoch": 0, "epochs": hist, "elapsed_s": 1.0, "attempts": []}
+    assert _resumed_stop(plan, ResumeState.from_state(state)) is None  # goes on to the target
+    hist.append({"epoch": 1, "val_loss": 0.05, "elapsed_s": 2.0})
+    assert _resumed_stop(plan, ResumeState.from_state({**state, "epoch": 1})) == "target"
+    assert _resumed_stop(plan, ResumeState()) is None
+
+
 def test_headline_train_time_counts_timed_calls_at_the_plain_rate():
     from hvdscale.timing import EpochTimer
 
