@@ -254,6 +254,41 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
     }
 
 
+def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
+    """The record config's model, Horovod and step settings."""
+    from hvdscale.model import model_bytes
+    from hvdscale.site_settings import nccl_env_now
+
+    tcfg = cfg["training"]
+    return dict(
+        model_parameters=model_parameters,
+        model_bytes=model_bytes(model_parameters),
+        horovod_env=horovod_env(),
+        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
+        steps_per_execution=tcfg["steps_per_execution"],
+        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        compression=tcfg["horovod"]["compression"],
+        instrument_every=tcfg["instrument_every"],
+        shard_policy=tcfg["shard_policy"],
+        hidden_units=cfg["model"]["hidden_units"],
+        activation=cfg["model"]["activation"],
+        samples_per_epoch=samples_per_epoch,
+    )
+
+
+def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason) -> dict:
+    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17)."""
+    tv = (target or {}).get("value")
+    mode = (target or {}).get("mode", "none")
+    return {
+        "target": target_block(
+            epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"]
+        ),
+        "noise_scale": noise_scale_block(epochs, workers, b_local),
+        "timing": {"instrumentation": instrumentation_block(epochs, tcfg["instrument_every"])},
+    }
+
+
 def build_record(
     *,
     run,
@@ -293,29 +328,12 @@ def build_record(
     validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
     the loop ended (hvdscale.train.loop.STOP_REASONS).
     """
-    from hvdscale.model import model_bytes
-    from hvdscale.site_settings import nccl_env_now
-
     tcfg = cfg["training"]
-    tv = (target or {}).get("value")
     config = _record_config(
         run, cfg, workers, controller, launcher, learning_rate_base, learning_rate, seed, kind
     )
-    config.update(
-        model_parameters=model_parameters,
-        model_bytes=model_bytes(model_parameters),
-        horovod_env=horovod_env(),
-        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
-        steps_per_execution=tcfg["steps_per_execution"],
-        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
-        compression=tcfg["horovod"]["compression"],
-        instrument_every=tcfg["instrument_every"],
-        shard_policy=tcfg["shard_policy"],
-        hidden_units=cfg["model"]["hidden_units"],
-        activation=cfg["model"]["activation"],
-        steps_per_epoch=steps_per_epoch,
-        samples_per_epoch=steps_per_epoch * run.batch * workers,
-    )
+    config.update(_step_config(cfg, model_parameters, steps_per_epoch * run.batch * workers))
+    config["steps_per_epoch"] = steps_per_epoch
     if fault_delay:
         config["fault_delay"] = fault_delay
     record = {
@@ -328,19 +346,15 @@ def build_record(
         "environment": environment,
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": epochs,
-        "summary": summarise(epochs, tv),
-        "target": target_block(
+        "summary": summarise(epochs, (target or {}).get("value")),
+        **_outcome_blocks(
             epochs,
-            tv,
-            (target or {}).get("mode", "none"),
+            workers,
+            run.batch * config["backward_passes_per_step"],
+            tcfg,
+            target,
             stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
-            tcfg["max_epochs"],
-            tcfg["max_train_s"],
         ),
-        "noise_scale": noise_scale_block(
-            epochs, workers, run.batch * config["backward_passes_per_step"]
-        ),
-        "timing": {"instrumentation": instrumentation_block(epochs, tcfg["instrument_every"])},
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,
         "timing_method": TIMING_METHOD,
