@@ -69,7 +69,11 @@ def hvd(*args, check=True, timeout=300, **kw) -> subprocess.CompletedProcess:
 
 
 def base_config(n_samples=6000, train_shards=4, test_shards=2, seed=11, **training) -> dict:
-    t = {"epochs": 4, "warmup_epochs": 1, "learning_rate": 1e-3}
+    """A small config; ``training`` keys override (``epochs`` is read as max_epochs, the
+    budget; without a --target file every run trains it)."""
+    t = {"max_epochs": 4, "warmup_epochs": 1, "learning_rate": 1e-3}
+    if "epochs" in training:
+        training["max_epochs"] = training.pop("epochs")
     t.update(training)
     return {
         "seed": seed,
@@ -118,7 +122,79 @@ def build_data(workdir: Path, cfg: dict) -> Path:
         "--outdir",
         data,
     )
+    if "val" not in json.loads((data / "manifest.json").read_text())["shards"]:
+        add_val_split(data)
     return data
+
+
+VAL_EVERY = 10  # shim: every 10th train sample (by sample id) becomes validation
+
+
+def add_val_split(data: Path) -> None:
+    """Until the data stage writes a validation split (helper "flow", data.val_fraction):
+    move the train samples with sample_id % VAL_EVERY == 0 into val/shard-0000.h5 and list
+    them as shards.val in the manifest (the contract's layout). The manifest's
+    normalisation stays that of the whole train share; counts.total stays train + test
+    for the current manifest check (the val split is listed beside them)."""
+    import h5py
+    import numpy as np
+
+    from hvdscale.data import h5
+    from hvdscale.data.check import sha256_file
+
+    manifest = json.loads((data / "manifest.json").read_text())
+    taken = {"curves": [], "labels": [], "sample_id": []}
+    for e in manifest["shards"]["train"]:
+        path = data / e["file"]
+        with h5py.File(path, "r") as fh:
+            arrs = {k: fh[k][()] for k in taken}
+            attrs = dict(fh.attrs)
+        val = arrs["sample_id"] % VAL_EVERY == 0
+        for k in taken:
+            taken[k].append(arrs[k][val])
+        keep = {k: v[~val] for k, v in arrs.items()}
+        _write_shard(path, keep, attrs, h5)
+        e.update(_entry(data, e["file"], keep["sample_id"], sha256_file))
+    val_arrs = {k: np.concatenate(v) for k, v in taken.items()}
+    (data / "val").mkdir()
+    with h5py.File(data / manifest["shards"]["train"][0]["file"], "r") as fh:
+        attrs = {**dict(fh.attrs), "split": "val", "kind": "val"}
+    _write_shard(data / "val" / "shard-0000.h5", val_arrs, attrs, h5)
+    manifest["shards"]["val"] = [
+        _entry(data, "val/shard-0000.h5", val_arrs["sample_id"], sha256_file)
+    ]
+    counts = manifest["counts"]
+    counts["val"] = len(val_arrs["sample_id"])
+    counts["train"] -= counts["val"]
+    counts["total"] = counts["train"] + counts["test"]
+    (data / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def _write_shard(path: Path, arrs: dict, attrs: dict, h5) -> None:
+    n, n_points = arrs["curves"].shape[:2]
+    ids = arrs["sample_id"]
+    attrs = {
+        k: list(v) if getattr(getattr(v, "dtype", None), "kind", "") == "O" else v
+        for k, v in attrs.items()
+    }
+    attrs.update(first_sample_id=int(ids[0]), last_sample_id=int(ids[-1]))
+    tmp = path.with_suffix(".tmp")
+    w = h5.ShardWriter(tmp, n, n_points, attrs, chunk_samples=256, writeback=False)
+    w.append(arrs["curves"], arrs["labels"], arrs["sample_id"])
+    w.close()
+    os.replace(tmp, path)
+
+
+def _entry(data: Path, file: str, ids, sha256_file) -> dict:
+    path = data / file
+    return {
+        "file": file,
+        "n_samples": int(len(ids)),
+        "first_sample_id": int(ids[0]),
+        "last_sample_id": int(ids[-1]),
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
 
 
 _DATA: dict = {}
@@ -134,7 +210,8 @@ def cached_data(tmp_path_factory, **kw) -> Path:
 
 @pytest.fixture(scope="session")
 def train_data(tmp_path_factory) -> Path:
-    """6000 curves: about 4500 train samples in 4 shards, 1500 test samples in 2 shards."""
+    """6000 curves: about 4050 train samples in 4 shards, 450 validation samples in 1,
+    1500 test samples in 2 shards."""
     return cached_data(tmp_path_factory)
 
 
@@ -157,15 +234,15 @@ def launch_cmd(config: Path, run_id: str, data: Path, out: Path, *extra) -> list
 
 
 def launch(
-    config: Path, run_id: str, data: Path, out: Path, *extra, timeout=300
+    config: Path, run_id: str, data: Path, out: Path, *extra, timeout=300, env=None
 ) -> subprocess.CompletedProcess:
-    """`hvdscale launch` a training run and wait for it."""
+    """`hvdscale launch` a training run and wait for it (``env``: extra variables)."""
     return subprocess.run(
         launch_cmd(config, run_id, data, out, *extra),
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=sub_env(),
+        env={**sub_env(), **(env or {})},
     )
 
 
@@ -244,7 +321,10 @@ def check_plausible(rec: dict, workers: int, epochs: int, decreasing: bool = Tru
         assert e["time_dispatch_s"] >= 0
         if workers > 1:
             assert e["time_sync_s"] > 0
-        assert e["train_loss"] is not None and e["test_loss"] is not None
+        assert e["train_loss"] is not None and e["val_loss"] is not None
+    # the test split is evaluated once, after the stop decision: the last epoch only
+    assert [e["test_loss"] is None for e in rec["epochs"]] == [True] * (epochs - 1) + [False]
+    assert rec["summary"]["final_test_loss"] == rec["epochs"][-1]["test_loss"]
     assert [e["warmup"] for e in rec["epochs"]] == [
         i < rec["config"]["warmup_epochs"] for i in range(epochs)
     ]
@@ -252,7 +332,7 @@ def check_plausible(rec: dict, workers: int, epochs: int, decreasing: bool = Tru
     assert ela == sorted(ela)
     if decreasing:
         tr = [e["train_loss"] for e in rec["epochs"]]
-        te = [e["test_loss"] for e in rec["epochs"]]
+        te = [e["val_loss"] for e in rec["epochs"]]
         assert tr[-1] < 0.5 * tr[0], tr
         assert te[-1] < te[0], te
     s = rec["summary"]
@@ -261,3 +341,17 @@ def check_plausible(rec: dict, workers: int, epochs: int, decreasing: bool = Tru
         abs(s["sync_share"] + s["data_share"] + s["compute_share"] + s["update_share"] - 1) < 1e-3
     )
     assert rec["utilisation"]["kind"] in ("cpu", "gpu")
+    assert rec["config"]["seed_base"] != rec["config"]["seed"]  # derived per repeat
+    assert len(rec["initial_weights_sha256"]) == 64
+    t = rec["target"]
+    assert t["stop_reason"] in ("max_epochs", "target") and t["budget"]["max_epochs"] >= epochs
+    assert t["best_val_loss"] == min(e["val_loss"] for e in rec["epochs"])
+    inst = rec["timing"]["instrumentation"]
+    assert inst["instrumented_steps"] == sum(e["timed_steps"] for e in rec["epochs"])
+    assert (rec["noise_scale"] is None) == (workers == 1)
+    if workers > 1:
+        ns = rec["noise_scale"]
+        assert ns["b_global"] == workers * ns["b_local"] and ns["steps"] > 0
+        assert ns["g_local_sq"] > ns["g_global_sq"] > 0  # averaging over ranks cuts noise
+    if rec["config"]["timeline_steps"] and workers > 1:  # the collective proven
+        assert rec["label_proof"]["ok"] and rec["label_proof"]["collective"], rec["label_proof"]

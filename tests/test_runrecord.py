@@ -28,7 +28,7 @@ from hvdscale.runrecord import (
 from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 
-def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None):
+def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None, val=None):
     t = EpochTimer(
         steps=100,
         timed_steps=100,
@@ -47,6 +47,7 @@ def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None):
         "throughput": 15000 / 0.97,
         **t.record_fields(),
         "train_loss": 1.0 / (i + 1),
+        "val_loss": val if val is not None else 0.45 / (i + 1),
         "test_loss": test if test is not None else 0.5 / (i + 1),
         "elapsed_s": elapsed if elapsed is not None else wall * (i + 1),
         "utilisation_mean": 90.0,
@@ -164,13 +165,14 @@ def test_summary_excludes_warmup_epochs():
 
 def test_time_to_target_is_the_elapsed_time_of_the_first_epoch_below_target():
     eps = [
-        epoch(0, 2.0, test=0.5, elapsed=2.0),
-        epoch(1, 1.0, test=0.19, elapsed=3.0),
-        epoch(2, 1.0, test=0.1, elapsed=4.0),
+        epoch(0, 2.0, val=0.5, test=0.01, elapsed=2.0),  # the test loss never decides
+        epoch(1, 1.0, val=0.19, elapsed=3.0),
+        epoch(2, 1.0, val=0.1, elapsed=4.0),
     ]
     assert time_to_target(eps, 0.2) == 3.0
-    assert time_to_target(eps, 0.01) is None
-    eps[1]["test_loss"] = None  # nan_loss epochs have no loss
+    assert time_to_target(eps, 0.19) == 3.0  # at or below
+    assert time_to_target(eps, 0.01) is None and time_to_target(eps, None) is None
+    eps[1]["val_loss"] = None  # nan_loss epochs have no loss
     assert time_to_target(eps, 0.2) == 4.0
 
 
@@ -343,7 +345,7 @@ def built_record(fault_delay=None, system=None):
     from hvdscale.config import find_run, validate_config
     from hvdscale.runrecord import build_record, epoch_entry
 
-    cfg = validate_config({"training": {"epochs": 3, "warmup_epochs": 1}})
+    cfg = validate_config({"training": {"max_epochs": 3, "warmup_epochs": 1}})
     run = find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0")
     t = EpochTimer(30, 30, [0.01, 0.05, 0.02, 0.01], 0.001, train_wall=0.09, epoch_wall=0.1)
     eps = [
@@ -356,7 +358,8 @@ def built_record(fault_delay=None, system=None):
             throughput=45000.0,
             timing=t.record_fields(),
             train_loss=0.1 / (i + 1),
-            test_loss=float("nan") if i == 2 else 0.2 / (i + 1),
+            val_loss=0.2 / (i + 1),
+            test_loss=float("nan") if i == 2 else None,
             elapsed_s=0.1 * (i + 1),
             utilisation_mean=None,
             learning_rate=1e-3,
@@ -386,6 +389,10 @@ def built_record(fault_delay=None, system=None):
         data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
         fault_delay=fault_delay,
         system=system,
+        seed=12345,
+        target={"mode": "absolute", "value": 0.1},
+        stop_reason="target",
+        initial_weights_sha256="0" * 64,
     )
 
 
@@ -404,8 +411,22 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     # the target columns are resolved at aggregation time (analysis.target), not per record
     assert set(RUNS_COLUMNS) - {"config_hash_match", *TARGET_COLUMNS} <= set(row)
     assert len(epoch_rows) == 3
+    c = rec["config"]
+    assert (c["seed"], c["seed_base"], c["kind"]) == (12345, cfg_seed(), "")
+    assert c["max_epochs"] == 3 and c["stop_at_target"] is True
+    t = rec["target"]
+    assert (t["reached"], t["epoch"], t["time_to_target_s"]) == (True, 1, 0.2)
+    assert rec["summary"]["best_val_loss"] == pytest.approx(0.2 / 3)
+    assert rec["noise_scale"] is None  # no noise fields in these epochs
+    assert rec["timing"]["instrumentation"]["instrumented_steps"] == 90
     assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"
     assert "system" not in rec  # optional: records without it stay valid
+
+
+def cfg_seed():
+    from hvdscale.config import validate_config
+
+    return validate_config({})["seed"]
 
 
 def test_a_record_with_the_system_description_validates():

@@ -25,7 +25,14 @@ from hvdscale.common import (
 )
 from hvdscale.config import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.timing import PHASES, TIMING_METHOD, median
+from hvdscale.runsummary import (  # noqa: F401 (re-exported)
+    noise_scale_block,
+    summarise,
+    target_block,
+    target_epoch,
+    time_to_target,
+)
+from hvdscale.timing import TIMING_METHOD, instrumentation_block
 
 SCHEMA_VERSION = 1
 HISTORY_COLUMNS = [
@@ -44,6 +51,7 @@ HISTORY_COLUMNS = [
     "time_train_s",
     "time_eval_s",
     "train_loss",
+    "val_loss",
     "test_loss",
     "elapsed_s",
     "utilisation_mean",
@@ -148,43 +156,6 @@ def system_block(nodes: list[str]) -> dict:
         return {"errors": {"collect_system": f"{type(exc).__name__}: {exc}"[:500]}}
 
 
-# --------------------------------------------------------------------------- summary
-
-
-def time_to_target(epochs: list[dict], target: float) -> float | None:
-    """Elapsed training time at the end of the first epoch with test loss <= target."""
-    for ep in epochs:
-        tl = ep.get("test_loss")
-        if tl is not None and tl <= target:
-            return ep["elapsed_s"]
-    return None
-
-
-def summarise(epochs: list[dict], target: float) -> dict:
-    """Medians over the non-warm-up epochs (all epochs when every epoch is warm-up)."""
-    timed = [e for e in epochs if not e["warmup"]] or list(epochs)
-    split_total = sum(sum(e[f"time_{p}_s"] for p in PHASES) for e in timed)
-
-    def share(phase):
-        if not timed or split_total <= 0:
-            return None
-        return round(sum(e[f"time_{phase}_s"] for e in timed) / split_total, 6)
-
-    test_losses = [e["test_loss"] for e in epochs if e.get("test_loss") is not None]
-    return {
-        "epoch_time_median_s": median([e["wall_s"] for e in timed]),
-        "throughput_median": median([e["throughput"] for e in timed]),
-        "sync_share": share("sync"),
-        "data_share": share("data"),
-        "compute_share": share("compute"),
-        "update_share": share("update"),
-        "final_test_loss": epochs[-1]["test_loss"] if epochs else None,
-        "best_test_loss": min(test_losses) if test_losses else None,
-        "time_to_target_s": time_to_target(epochs, target),
-        "epochs_completed": len(epochs),
-    }
-
-
 # --------------------------------------------------------------------------- the record
 
 # launcher book-keeping that says nothing about the configuration
@@ -218,14 +189,17 @@ def epoch_entry(
     throughput: float,
     timing: dict,
     train_loss: float,
-    test_loss: float,
+    test_loss: float | None,
     elapsed_s: float,
     utilisation_mean: float | None,
     learning_rate: float,
     attempt: int,
+    val_loss: float | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """One element of the record's ``epochs`` (and a row of history.csv); ``timing`` is
-    hvdscale.timing.EpochTimer.record_fields()."""
+    hvdscale.timing.EpochTimer.record_fields(); ``extra``: further optional fields
+    (instrumentation, noise scale, wall_measured_s)."""
     return {
         "epoch": epoch,
         "warmup": warmup,
@@ -235,15 +209,17 @@ def epoch_entry(
         "throughput": round(throughput, 3),
         **timing,
         "train_loss": finite_or_none(train_loss),
+        "val_loss": finite_or_none(val_loss),
         "test_loss": finite_or_none(test_loss),
         "elapsed_s": round(elapsed_s, 6),
         "utilisation_mean": utilisation_mean,
         "learning_rate": learning_rate,
         "attempt": attempt,
+        **(extra or {}),
     }
 
 
-def _record_config(run, cfg, workers, controller, launcher, lr_base, lr) -> dict:
+def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, kind) -> dict:
     """The run's configuration as the record states it (first part; build_record adds the
     model, Horovod and step settings)."""
     tcfg = cfg["training"]
@@ -259,16 +235,57 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr) -> dict
         "learning_rate_base": lr_base,
         "learning_rate": lr,
         "lr_warmup": tcfg["lr_warmup"],
-        "epochs": tcfg["epochs"],
+        "epochs": tcfg["max_epochs"],  # the budget, as before issue 16 (analysis reads it)
+        "max_epochs": tcfg["max_epochs"],
+        "max_train_s": tcfg["max_train_s"],
+        "stop_at_target": tcfg["stop_at_target"],
         "warmup_epochs": tcfg["warmup_epochs"],
         "threads_per_worker": tcfg["threads_per_worker"],
         "launcher": launcher,
         "cpu_binding": tcfg.get("cpu_binding", "auto"),
         "controller": controller,
         "repeat": run.repeat,
-        "seed": cfg["seed"],
+        "seed": cfg["seed"] if seed is None else int(seed),  # the run's derived seed
+        "seed_base": cfg["seed"],
+        "kind": kind,
         "data_in_device_memory": tcfg["data_in_device_memory"],
-        "target_test_loss": tcfg["target_test_loss"],
+        "target_test_loss": tcfg.get("target_test_loss"),
+        "timeline_steps": tcfg["timeline_steps"],
+    }
+
+
+def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
+    """The record config's model, Horovod and step settings."""
+    from hvdscale.model import model_bytes
+    from hvdscale.site_settings import nccl_env_now
+
+    tcfg = cfg["training"]
+    return dict(
+        model_parameters=model_parameters,
+        model_bytes=model_bytes(model_parameters),
+        horovod_env=horovod_env(),
+        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
+        steps_per_execution=tcfg["steps_per_execution"],
+        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        compression=tcfg["horovod"]["compression"],
+        instrument_every=tcfg["instrument_every"],
+        shard_policy=tcfg["shard_policy"],
+        hidden_units=cfg["model"]["hidden_units"],
+        activation=cfg["model"]["activation"],
+        samples_per_epoch=samples_per_epoch,
+    )
+
+
+def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason) -> dict:
+    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17)."""
+    tv = (target or {}).get("value")
+    mode = (target or {}).get("mode", "none")
+    return {
+        "target": target_block(
+            epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"]
+        ),
+        "noise_scale": noise_scale_block(epochs, workers, b_local),
+        "timing": {"instrumentation": instrumentation_block(epochs, tcfg["instrument_every"])},
     }
 
 
@@ -294,36 +311,29 @@ def build_record(
     data: dict,
     fault_delay: str | None = None,
     system: dict | None = None,
+    seed: int | None = None,
+    kind: str = "",
+    target: dict | None = None,
+    stop_reason: str | None = None,
+    initial_weights_sha256: str | None = None,
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
     ``run``: the config's scaling-matrix row (hvdscale.config.find_run); ``cfg``: the full
     validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
     test-only fault hook's setting (hvdscale.train.fault), recorded only when set;
-    ``system``: system_block() of rank 0, recorded only when given (optional field).
+    ``system``: system_block() of rank 0, recorded only when given (optional field);
+    ``seed``: the run's derived seed (hvdscale.runtable.run_seed; the config's seed when
+    None); ``kind``: '' | 'cal' | 'rerun'; ``target``: {"value", "mode"} of the
+    validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
+    the loop ended (hvdscale.train.loop.STOP_REASONS).
     """
-    from hvdscale.model import model_bytes
-    from hvdscale.site_settings import nccl_env_now
-
     tcfg = cfg["training"]
     config = _record_config(
-        run, cfg, workers, controller, launcher, learning_rate_base, learning_rate
+        run, cfg, workers, controller, launcher, learning_rate_base, learning_rate, seed, kind
     )
-    config.update(
-        model_parameters=model_parameters,
-        model_bytes=model_bytes(model_parameters),
-        horovod_env=horovod_env(),
-        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
-        steps_per_execution=tcfg["steps_per_execution"],
-        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
-        compression=tcfg["horovod"]["compression"],
-        instrument_every=tcfg["instrument_every"],
-        shard_policy=tcfg["shard_policy"],
-        hidden_units=cfg["model"]["hidden_units"],
-        activation=cfg["model"]["activation"],
-        steps_per_epoch=steps_per_epoch,
-        samples_per_epoch=steps_per_epoch * run.batch * workers,
-    )
+    config.update(_step_config(cfg, model_parameters, steps_per_epoch * run.batch * workers))
+    config["steps_per_epoch"] = steps_per_epoch
     if fault_delay:
         config["fault_delay"] = fault_delay
     record = {
@@ -336,7 +346,16 @@ def build_record(
         "environment": environment,
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": epochs,
-        "summary": summarise(epochs, tcfg["target_test_loss"]),
+        "summary": summarise(epochs, (target or {}).get("value")),
+        **_outcome_blocks(
+            epochs,
+            workers,
+            run.batch * config["backward_passes_per_step"],
+            tcfg,
+            target,
+            stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
+        ),
+        "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,
         "timing_method": TIMING_METHOD,
         "timeline": timeline,

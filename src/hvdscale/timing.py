@@ -17,6 +17,11 @@ the fault hook that validates the attribution to phases):
   in-graph time of the call is the host-side launch overhead (``time_dispatch_s``).
 * Every ``instrument_every``-th call is timed; the others run the same step without the
   timestamp ops. Epoch totals are the timed steps' means x all steps of the epoch.
+* Headline times (epoch ``wall_s``, throughput, ``elapsed_s`` and so time to target) come
+  from the uninstrumented calls (issue 17): the timed calls' (and the Horovod-timeline
+  calls') wall time is replaced by their steps at the uninstrumented calls' mean per-step
+  time (``EpochTimer.headline_train_s``); ``wall_measured_s`` keeps the raw epoch time and
+  ``timing.instrumentation`` the per-step medians of both kinds and the overhead.
 * ``time_train_s`` is the wall time of the epoch's step loop; the four phases add up to
   it up to the launch overhead (``time_dispatch_s``). ``time_other_s`` is
   the epoch wall time minus the four phases: launch overhead, test evaluation, metric
@@ -37,7 +42,8 @@ TIMING_METHOD = (
     "(data|compute|sync|update, explicit control dependencies, GPU: host read of a scalar "
     "per boundary); every instrument_every-th call timed, epoch totals = timed means x "
     "steps; launch overhead = perf_counter call wall - in-graph time; "
-    "time_other_s = wall_s - sum of the four phases"
+    "time_other_s = wall_s - sum of the four phases; headline wall_s/throughput/elapsed_s "
+    "from uninstrumented calls (timed calls counted at the uninstrumented per-step time)"
 )
 
 
@@ -52,6 +58,47 @@ class EpochTimer:
     train_wall: float = 0.0  # wall time of the whole step loop
     eval_wall: float = 0.0
     epoch_wall: float = 0.0
+    # issue 17: the calls by kind (timed: instrumented; plain: uninstrumented; other:
+    # calls under the Horovod timeline), their steps, wall times and per-step times
+    plain_steps: int = 0
+    plain_wall: float = 0.0
+    timed_wall: float = 0.0
+    other_steps: int = 0
+    other_wall: float = 0.0
+    plain_step_s: list = field(default_factory=list)  # per call: wall / steps
+    timed_step_s: list = field(default_factory=list)
+
+    def add_call(self, kind: str, n: int, wall: float) -> None:
+        """One step-function call of ``n`` steps that took ``wall`` seconds."""
+        if kind == "timed":
+            self.timed_wall += wall
+            self.timed_step_s.append(wall / n)
+        elif kind == "plain":
+            self.plain_steps += n
+            self.plain_wall += wall
+            self.plain_step_s.append(wall / n)
+        else:
+            self.other_steps += n
+            self.other_wall += wall
+
+    def headline_train_s(self, t_train: float) -> float:
+        """The step loop's wall time as if every call had been uninstrumented: the
+        timed (and timeline) calls' time replaced by their steps at the uninstrumented
+        calls' mean per-step time. ``t_train`` itself when no call was uninstrumented."""
+        if self.plain_steps == 0:
+            return t_train
+        rate = self.plain_wall / self.plain_steps
+        other = self.timed_wall + self.other_wall
+        return max(t_train - other + (self.timed_steps + self.other_steps) * rate, 1e-9)
+
+    def instrumentation_fields(self) -> dict:
+        """Per-epoch record fields: uninstrumented steps and the median per-step time of
+        the uninstrumented and the instrumented calls (None without such calls)."""
+        return {
+            "plain_steps": self.plain_steps,
+            "step_s_plain": _round(median(self.plain_step_s)),
+            "step_s_timed": _round(median(self.timed_step_s)),
+        }
 
     def totals(self) -> dict:
         """Epoch totals of the four phases and the launch overhead, in seconds."""
@@ -82,6 +129,28 @@ class EpochTimer:
         out["time_other_s"] = round(self.epoch_wall - split, 6)
         out["timed_steps"] = self.timed_steps
         return out
+
+
+def _round(x, nd: int = 9):
+    return None if x is None else round(float(x), nd)
+
+
+def instrumentation_block(epochs: list[dict], instrument_every: int) -> dict:
+    """The record's ``timing.instrumentation`` (issue 17 item 2): step counts over all
+    epochs; per-step times = medians over the non-warm-up epochs (all epochs when every
+    epoch is warm-up) of each epoch's median per-call time; overhead = instrumented /
+    uninstrumented - 1 (None when either is missing)."""
+    timed = [e for e in epochs if not e["warmup"]] or list(epochs)
+    plain = median([e.get("step_s_plain") for e in timed])
+    inst = median([e.get("step_s_timed") for e in timed])
+    return {
+        "instrument_every": int(instrument_every),
+        "instrumented_steps": int(sum(e.get("timed_steps", 0) for e in epochs)),
+        "uninstrumented_steps": int(sum(e.get("plain_steps", 0) for e in epochs)),
+        "uninstrumented_step_s": plain,
+        "instrumented_step_s": inst,
+        "overhead": _round(inst / plain - 1, 6) if plain and inst else None,
+    }
 
 
 def split_error(epoch: dict) -> float:

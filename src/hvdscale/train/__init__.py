@@ -2,11 +2,15 @@
 
 Started N times by `hvdscale launch` (horovodrun, mpirun or srun); started directly it
 is a one-worker run. Reads the validated config snapshot (JSON), finds the run in its
-scaling matrix, reads only this rank's part of the train split and of the test split,
-trains the stress-strain network with Adam and Horovod, and writes (rank 0 only)
+scaling matrix, reads only this rank's part of the train, validation and test splits,
+trains the stress-strain network with Adam and Horovod (weights and shuffle from the
+run's derived seed, hvdscale.runtable.run_seed) until the validation loss reaches the
+target of ``--target target.json`` or a budget (training.max_epochs, max_train_s) runs
+out, evaluates the test split once at the end, and writes (rank 0 only)
 OUT_DIR/metrics.json (the run record, validated against workflow/schemas/run.schema.json),
 OUT_DIR/history.csv, a checkpoint per epoch in OUT_DIR/checkpoint/ and, with
-training.timeline, OUT_DIR/timeline.json (written by Horovod).
+training.timeline (whole run) or training.timeline_steps (a window after the warm-up
+epochs), OUT_DIR/timeline.json (written by Horovod; the label proof reads it).
 
 Re-running the same command after a crash resumes from the last completed epoch.
 Each rank writes OUT_DIR/.pids/rank-N.pid (diagnostics: which process is which rank).
@@ -45,7 +49,14 @@ from hvdscale.train.data import (
 )
 from hvdscale.train.device import bind_cpus, local_rank_and_size, pin_device
 from hvdscale.train.fault import FaultDelay
-from hvdscale.train.loop import LoopPlan, NanLoss, run_epoch_steps, train_epochs
+from hvdscale.train.loop import (
+    STOP_REASONS,
+    LoopPlan,
+    NanLoss,
+    TimelineWindow,
+    run_epoch_steps,
+    train_epochs,
+)
 from hvdscale.train.main import (
     add_arguments,
     run,
@@ -59,6 +70,8 @@ from hvdscale.train.step import EVAL_BATCH, StepProgram
 
 __all__ = [
     "EVAL_BATCH",
+    "STOP_REASONS",
+    "TimelineWindow",
     "Checkpointer",
     "EpochMetrics",
     "FaultDelay",

@@ -83,6 +83,7 @@ class ResumeState:
     elapsed_s: float = 0.0  # training wall time, all attempts
     attempts: list[dict] = field(default_factory=list)
     utilisation_samples: list = field(default_factory=list)  # of the earlier attempts
+    initial_weights_sha256: str | None = None  # of the fresh start (rank 0)
 
     @classmethod
     def from_state(cls, state: dict | None) -> ResumeState:
@@ -94,6 +95,7 @@ class ResumeState:
             elapsed_s=float(state["elapsed_s"]),
             attempts=list(state["attempts"]),
             utilisation_samples=list(state.get("utilisation_samples", [])),
+            initial_weights_sha256=state.get("initial_weights_sha256"),
         )
 
     @property
@@ -163,6 +165,7 @@ class Checkpointer:
                 "attempts": progress.attempts,
                 "shuffle": {"seed": self.seed, "rule": SHUFFLE_RULE, "next_epoch": epoch + 1},
                 "utilisation_samples": utilisation_samples,
+                "initial_weights_sha256": progress.initial_weights_sha256,
                 "saved_utc": utc_now(),
             },
         )

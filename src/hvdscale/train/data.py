@@ -74,17 +74,33 @@ def read_rows(data_dir: Path, entries: list[dict], plan: list[tuple[int, int, in
     return curves, labels, ids
 
 
-def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
-    """Check and read this rank's rows of both splits; raise UserError/DataError on problems.
+EVAL_SPLITS = ("val", "test")  # read like the test split: every rank a part, no policy
+SPLITS = ("train", *EVAL_SPLITS)
 
-    Returns (x_train, y_train, x_test, y_test, info), normalised with the manifest's
-    train-split statistics.
+
+def check_val_split(data_dir: Path, manifest: dict) -> None:
+    """UserError naming the directory when the data have no validation split."""
+    listed = isinstance(manifest.get("shards"), dict) and manifest["shards"].get("val")
+    if not listed or not (data_dir / "val").is_dir():
+        raise UserError(
+            f"{data_dir}: no validation split (expected {data_dir / 'val'}/shard-NNNN.h5 listed "
+            f"as shards.val in {data_dir / 'manifest.json'}); rebuild the data with a data "
+            "stage that writes the val split (data.val_fraction)"
+        )
+
+
+def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
+    """Check and read this rank's rows of the three splits; raise UserError/DataError on
+    problems.
+
+    Returns ({split: (x, y)}, info), normalised with the manifest's train-split statistics.
     """
     from hvdscale.data.check import load_manifest, verify_data_dir, verify_shard
     from hvdscale.model import normalisation_from_manifest, normalise
 
     tcfg = cfg["training"]
     manifest = load_manifest(data_dir)
+    check_val_split(data_dir, manifest)
     n_points = cfg["data"]["n_points"]
     if manifest["n_points"] != n_points:
         raise DataError(
@@ -92,7 +108,7 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
             f"the config says data.n_points = {n_points}"
         )
     plans = {}
-    for split in ("train", "test"):
+    for split in SPLITS:
         entries = manifest["shards"][split]
         policy = tcfg["shard_policy"] if split == "train" else "auto"
         plans[split] = plan_rows(
@@ -100,14 +116,15 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
         )
     # checksums: rank 0 verifies every shard, every other rank the shards it reads
     if worker.is_root:
-        verify_data_dir(data_dir, verify_checksums=True)
-    else:
-        for split in ("train", "test"):
-            for i in sorted({i for i, _, _ in plans[split]}):
-                verify_shard(data_dir, manifest["shards"][split][i], manifest, verify_checksum=True)
+        verify_data_dir(data_dir, verify_checksums=True)  # train and test
+    for split in ("val",) if worker.is_root else SPLITS:
+        entries = manifest["shards"][split]
+        mine = range(len(entries)) if worker.is_root else {i for i, _, _ in plans[split]}
+        for i in sorted(mine):
+            verify_shard(data_dir, entries[i], manifest, verify_checksum=True)
     norm = normalisation_from_manifest(manifest)
     arrays = {}
-    for split in ("train", "test"):
+    for split in SPLITS:
         curves, labels, _ids = read_rows(
             data_dir, manifest["shards"][split], plans[split], n_points
         )
@@ -119,7 +136,7 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
         ],
         "counts": manifest["counts"],
     }
-    return (*arrays["train"], *arrays["test"], info)
+    return arrays, info
 
 
 def steps_per_epoch(counts: list[int], batch: int, bpps: int) -> int:
@@ -146,10 +163,13 @@ class RankData:
     y_test: np.ndarray
     steps: int
     info: dict
+    x_val: np.ndarray | None = None
+    y_val: np.ndarray | None = None
 
     def release(self) -> None:
         """Drop the host arrays (the step program holds its own copies)."""
         self.x_train = self.y_train = self.x_test = self.y_test = None
+        self.x_val = self.y_val = None
 
 
 def load_rank_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int) -> RankData:
@@ -169,10 +189,18 @@ def load_rank_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int) ->
         if len({e for _, e in problems}) == 1 and len(problems) == worker.size:
             raise DataError(problems[0][1])
         raise DataError("; ".join(f"rank {r}: {e}" for r, e in problems))
-    x_train, y_train, x_test, y_test, info = data
+    arrays, info = data
+    x_train, y_train = arrays["train"]
     counts = worker.allgather_object(
         len(x_train), name="train_counts"
     )  # HVD: every rank's sample count
     bpps = cfg["training"]["horovod"]["backward_passes_per_step"]
     info["train_samples_per_rank"] = counts
-    return RankData(x_train, y_train, x_test, y_test, steps_per_epoch(counts, batch, bpps), info)
+    return RankData(
+        x_train,
+        y_train,
+        *arrays["test"],
+        steps_per_epoch(counts, batch, bpps),
+        info,
+        *arrays["val"],
+    )

@@ -26,12 +26,13 @@ from hvdscale.runrecord import (
     utc_now,
     write_run_outputs,
 )
+from hvdscale.runtable import run_seed
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data
 from hvdscale.train.device import bind_cpus, pin_device
 from hvdscale.train.fault import FaultDelay
-from hvdscale.train.loop import LoopPlan, train_epochs
+from hvdscale.train.loop import LoopPlan, TimelineWindow, train_epochs
 from hvdscale.train.optim import Optimisation
 from hvdscale.train.step import StepProgram
 from hvdscale.worker import WorkerInfo, detect_launcher, launcher_rank_env
@@ -56,7 +57,9 @@ def add_arguments(p):
     p.add_argument(
         "--target",
         default=None,
-        help="the study's target.json (hvdscale calibrate-target); none for a calibration run",
+        help="target.json of the study (results/scaling/target.json: mode, value): train "
+        "until the validation loss reaches its value or a budget runs out; without it the "
+        "budget (training.max_epochs, training.max_train_s) is trained",
     )
     p.add_argument(
         "--no-horovod",
@@ -101,7 +104,10 @@ def train_rank(args, out_dir: Path) -> int:
     tcfg = cfg["training"]
     started_utc = utc_now()
 
+    target = read_target(args.target)
+    seed = run_seed(cfg["seed"], run_.repeat, getattr(run_, "kind", ""))
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
+    dynamic_timeline(tcfg, args.no_horovod)  # before hvd.init
     worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
     device, device_desc = pin_device(worker, tcfg["threads_per_worker"])  # HVD: one per rank
     check_worker_count(run_, worker)
@@ -113,21 +119,24 @@ def train_rank(args, out_dir: Path) -> int:
     fault = announce_fault(FaultDelay.from_env())
 
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
-    optim = Optimisation.build(cfg, run_.lr_rule, worker.size, data.steps)
+    optim = Optimisation.build(cfg, run_.lr_rule, worker.size, data.steps, seed)
     chash = config_hash(cfg)
-    checkpointer = Checkpointer(
-        out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, cfg["seed"]
-    )
+    checkpointer = Checkpointer(out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, seed)
     checkpointer.enabled = tcfg["checkpoint"]
     progress = checkpointer.restore(worker, log)  # HVD: rank 0 reads, then broadcasts
     optim.broadcast(worker)  # HVD: rank 0's weights and optimizer state everywhere
+    if not progress.history and worker.is_root:  # a fresh start: the initial weights
+        progress.initial_weights_sha256 = optim.weights_sha256()
     progress.begin_attempt(started_utc)
     environment, system = describe_environment(worker, device_desc, chash, progress.attempts[0])
 
     program = build_program(optim, worker, data, run_.batch, device, tcfg, fault)
     data.release()
     program.warm_up(tcfg["steps_per_execution"])
-    plan = LoopPlan.from_config(cfg, run_.run_id, data.steps, run_.batch * worker.size)
+    plan = LoopPlan.from_config(
+        cfg, run_.run_id, data.steps, run_.batch * worker.size, seed, target["value"]
+    )
+    plan.timeline = timeline_window(worker, tcfg, out_dir, progress.start_epoch)
     sampler = make_sampler(worker)
     result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
 
@@ -139,9 +148,22 @@ def train_rank(args, out_dir: Path) -> int:
         # while it writes the record; rank 0's exit status speaks for the job
         return 0
     record = run_record(
-        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment, system
+        run_,
+        cfg,
+        worker,
+        optim,
+        data,
+        progress,
+        result,
+        sampler,
+        fault,
+        environment,
+        system,
+        seed=seed,
+        target=target,
     )
-    record["label_proof"] = prove(record, os.environ.get("HOROVOD_TIMELINE"))
+    timeline = out_dir / "timeline.json"
+    record["label_proof"] = prove(record, timeline if timeline.is_file() else None)
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
     return EXIT_NAN if result.status == "nan_loss" else 0
@@ -159,6 +181,8 @@ def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, faul
         y_train=data.y_train,
         x_test=data.x_test,
         y_test=data.y_test,
+        x_val=data.x_val,
+        y_val=data.y_val,
         batch=batch,
         device=device,
         in_device_memory=tcfg["data_in_device_memory"],
@@ -169,11 +193,24 @@ def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, faul
 
 
 def run_record(
-    run_, cfg, worker, optim, data, progress, result, sampler, fault, environment, system=None
+    run_,
+    cfg,
+    worker,
+    optim,
+    data,
+    progress,
+    result,
+    sampler,
+    fault,
+    environment,
+    system=None,
+    *,
+    seed=None,
+    target=None,
 ) -> dict:
     """Rank 0's run record from the objects of the run."""
     env = os.environ.get("HOROVOD_TIMELINE")
-    timeline = Path(env) if env else None
+    timeline = Path(env) if env and env != "DYNAMIC" else None  # training.timeline
     return build_record(
         run=run_,
         cfg=cfg,
@@ -197,7 +234,53 @@ def run_record(
         data={**data.info, "test_values": result.test_values},
         fault_delay=fault.describe(),
         system=system,
+        seed=seed,
+        kind=getattr(run_, "kind", ""),
+        target=target,
+        stop_reason=result.stop_reason,
+        initial_weights_sha256=progress.initial_weights_sha256,
     )
+
+
+def read_target(path) -> dict:
+    """The study's validation-loss target from target.json ({"mode", "value", ...}); no
+    file: {"value": None, "mode": "none"} (train the budget)."""
+    if path is None:
+        return {"value": None, "mode": "none"}
+    import json
+    import math
+
+    try:
+        t = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--target {path}: cannot read the target file ({exc})") from None
+    value = t.get("value") if isinstance(t, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(
+            f"--target {path}: key 'value' must be a finite number (a validation loss); "
+            f"got {value!r}"
+        )
+    if value <= 0:
+        raise UserError(f"--target {path}: key 'value' must be > 0; got {value!r}")
+    return {"value": float(value), "mode": str(t.get("mode", "absolute"))}
+
+
+def dynamic_timeline(tcfg: dict, no_horovod: bool) -> None:
+    """HOROVOD_TIMELINE=DYNAMIC (before hvd.init) lets the run record a timeline window
+    with hvd.start_timeline (training.timeline_steps); a whole-run timeline
+    (training.timeline, set by the launcher) is left alone."""
+    if tcfg["timeline_steps"] > 0 and not no_horovod and not os.environ.get("HOROVOD_TIMELINE"):
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+
+
+def timeline_window(worker: WorkerInfo, tcfg: dict, out_dir: Path, start_epoch: int):
+    """OUT_DIR/timeline.json for training.timeline_steps steps from the first epoch after
+    the warm-up epochs (this attempt's first epoch if it starts later; the last epoch if
+    every epoch is warm-up), or None (off, no Horovod, or a whole-run timeline)."""
+    if worker.hvd is None or os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+        return None
+    epoch = min(max(tcfg["warmup_epochs"], start_epoch), tcfg["max_epochs"] - 1)
+    return TimelineWindow(worker.hvd, str(out_dir / "timeline.json"), epoch, tcfg["timeline_steps"])
 
 
 def check_worker_count(run_, worker: WorkerInfo) -> None:

@@ -43,15 +43,18 @@ class Optimisation:
     n_params: int
 
     @classmethod
-    def build(cls, cfg: dict, lr_rule: str, workers: int, steps: int) -> Optimisation:
-        """Seeded model, Adam with the rule's learning rate (and warm-up ramp), built so
-        that its variables exist before they are broadcast or restored."""
+    def build(
+        cls, cfg: dict, lr_rule: str, workers: int, steps: int, seed: int | None = None
+    ) -> Optimisation:
+        """Model seeded with ``seed`` (the run's derived seed; the config's seed when None),
+        Adam with the rule's learning rate (and warm-up ramp), built so that its variables
+        exist before they are broadcast or restored."""
         import tensorflow as tf
 
         from hvdscale.model import build_model, check_parameter_count
 
         tcfg = cfg["training"]
-        tf.keras.utils.set_random_seed(cfg["seed"])
+        tf.keras.utils.set_random_seed(cfg["seed"] if seed is None else int(seed))
         model = build_model(cfg)
         n_params = check_parameter_count(cfg)
         bpps = tcfg["horovod"]["backward_passes_per_step"]
@@ -65,6 +68,18 @@ class Optimisation:
         opt = tf.keras.optimizers.Adam(learning_rate=schedule)
         opt.build(model.trainable_variables)
         return cls(model, opt, schedule, lr_base, lr, n_params)
+
+    def weights_sha256(self) -> str:
+        """sha256 of the model's weights (float32 bytes in variable order): the same
+        initial weights give the same digest on any worker count."""
+        import hashlib
+
+        import numpy as np
+
+        h = hashlib.sha256()
+        for w in self.model.get_weights():
+            h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+        return h.hexdigest()
 
     def checkpoint(self):
         import tensorflow as tf

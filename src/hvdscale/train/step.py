@@ -192,6 +192,8 @@ class StepProgram:
         compression: str,
         backward_passes_per_step: int,
         fault: FaultDelay | None = None,
+        x_val=None,
+        y_val=None,
     ):
         import tensorflow as tf
 
@@ -222,6 +224,12 @@ class StepProgram:
             self.source = source(tf, x_train, y_train, self.batch)
             self.x_test = tf.constant(x_test)
             self.y_test = tf.constant(y_test)
+            self.has_val = x_val is not None
+            self.x_val = tf.constant(x_val) if self.has_val else self.x_test
+            self.y_val = tf.constant(y_val) if self.has_val else self.y_test
+            # gradient noise scale (issue 16 item 7): sums of |g_local|^2, |g_allreduced|^2
+            # and the number of timed multi-worker updates they cover
+            self.gsq = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="grad_sq")
             if self.bpps > 1:
                 self.acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.vars]
                 self.micro = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
@@ -229,7 +237,8 @@ class StepProgram:
         timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
         self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
         self._plain = self.source.compile(lambda n, feed: self._loop(n, feed, plain))
-        self._eval = tf.function(self._eval_sse)
+        self._eval = tf.function(lambda: self._eval_sse(self.x_test, self.y_test))
+        self._eval_val = tf.function(lambda: self._eval_sse(self.x_val, self.y_val))
         self._n_consts: dict[int, object] = {}
 
     # ------------------------------------------------------------------ graph pieces
@@ -246,6 +255,20 @@ class StepProgram:
             compression=self.compression,  # HVD:
             name="grads",
         )  # HVD: gradient allreduce
+
+    def _noise(self, local, reduced, clock):
+        """Timed multi-worker updates: add |g_local|^2 (this rank's gradient, batch =
+        per-worker batch) and |g_allreduced|^2 (global batch) to ``gsq``; returns the
+        update op (None otherwise). Runs inside the sync phase, timed calls only."""
+        if not (clock.timed and self.worker.distributed):
+            return None
+        tf = self.tf
+
+        def sq(gs):
+            return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gs])
+
+        one = tf.constant(1.0, tf.float64)
+        return self.gsq.assign_add(tf.stack([sq(local), sq(reduced), one]))
 
     def _apply(self, grads):
         tf = self.tf
@@ -286,9 +309,10 @@ class StepProgram:
         t2 = clock.stamp([*grads, loss])
         with clock.after(t2):
             grads = [tf.identity(g) for g in grads]
+        local = grads
         grads = self._allreduce(grads)  # HVD: synchronisation phase
         grads = self.fault.inject("sync", grads)
-        t3 = clock.stamp(grads)
+        t3 = clock.stamp([*grads, self._noise(local, grads, clock)])
         with clock.after(t3):
             grads = [tf.identity(g) for g in grads]
         done = self.fault.inject("update", self._apply(grads))
@@ -307,7 +331,7 @@ class StepProgram:
                 avg = [a.read_value() / float(self.bpps) for a in self.acc]
             red = self._allreduce(avg)  # HVD: synchronisation phase
             red = self.fault.inject("sync", red)
-            t3 = clock.stamp(red)
+            t3 = clock.stamp([*red, self._noise(avg, red, clock)])
             with clock.after(t3):
                 red = [tf.identity(g) for g in red]
             done = self._apply(red)
@@ -332,13 +356,13 @@ class StepProgram:
             t_prev = self._one_step(j, feed, t_prev, clock)
         return t_prev
 
-    def _eval_sse(self):
+    def _eval_sse(self, xs, ys):
         tf = self.tf
-        n = tf.shape(self.x_test)[0]
+        n = tf.shape(xs)[0]
         sse = tf.constant(0.0, tf.float64)
         for a in tf.range(0, n, EVAL_BATCH):
-            x = self.x_test[a : a + EVAL_BATCH]
-            y = self.y_test[a : a + EVAL_BATCH]
+            x = xs[a : a + EVAL_BATCH]
+            y = ys[a : a + EVAL_BATCH]
             pred = self.model(x, training=False)
             sse += tf.reduce_sum(tf.cast(tf.square(pred - y), tf.float64))
         return sse
@@ -358,10 +382,12 @@ class StepProgram:
         self._timed(*empty, zero)
         self._plain(*empty, zero)
         self._eval()
+        self._eval_val()
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.loss_sum.assign(0.0)
         self.timers.assign(self.tf.zeros([4], self.tf.float64))
+        self.gsq.assign(self.tf.zeros([3], self.tf.float64))
         self.source.start_epoch(perm)
 
     def run_steps(self, start: int, n: int, timed: bool) -> float:
@@ -375,6 +401,18 @@ class StepProgram:
     def epoch_results(self) -> tuple[float, np.ndarray]:
         return float(self.loss_sum.numpy()), np.asarray(self.timers.numpy(), dtype=np.float64)
 
+    def grad_sq(self) -> tuple[float, float, int]:
+        """This epoch's sums of |g_local|^2 and |g_allreduced|^2 and the updates they
+        cover (timed calls of multi-worker runs; zeros otherwise)."""
+        a, b, n = (float(v) for v in self.gsq.numpy())
+        return a, b, int(round(n))
+
     def test_sse(self) -> tuple[float, int]:
         """Sum of squared errors over this rank's test rows, and the number of values."""
         return float(self._eval().numpy()), int(self.x_test.shape[0]) * 2
+
+    def val_sse(self) -> tuple[float, int]:
+        """Sum of squared errors over this rank's validation rows, and the number of values."""
+        if not self.has_val:
+            raise ValueError("StepProgram: built without a validation split (x_val)")
+        return float(self._eval_val().numpy()), int(self.x_val.shape[0]) * 2
