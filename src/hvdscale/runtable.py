@@ -59,20 +59,6 @@ def run_seed(cfg_seed: int, repeat: int, kind: str = "") -> int:
 RUN_ID_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", RUN_ID_PATTERN)
 
 
-#: run kind -> the third entropy word of its seed ('' scaling run, 'cal' target
-#: calibration, 'rerun' re-run of a selected tuning candidate)
-SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
-
-
-def run_seed(cfg_seed: int, repeat: int, kind: str = "") -> int:
-    """The seed of a run's weights and shuffle: from (config seed, repeat, kind), the same
-    for every worker count (paired design), different between repeats."""
-    import numpy as np
-
-    words = [int(cfg_seed), int(repeat), SEED_KINDS[kind]]
-    return int(np.random.SeedSequence(words).generate_state(1)[0])
-
-
 @dataclass(frozen=True)
 class Run:
     partition: str

@@ -26,7 +26,6 @@ from hvdscale.runrecord import (
     utc_now,
     write_run_outputs,
 )
-from hvdscale.runtable import run_seed
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data
@@ -105,7 +104,7 @@ def train_rank(args, out_dir: Path) -> int:
     started_utc = utc_now()
 
     target = read_target(args.target)
-    seed = run_seed(cfg["seed"], run_.repeat, getattr(run_, "kind", ""))
+    seed = run_.seed  # run_seed(config seed, repeat, kind)
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
     dynamic_timeline(tcfg, args.no_horovod)  # before hvd.init
     worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
