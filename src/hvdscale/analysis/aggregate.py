@@ -22,11 +22,18 @@ Definitions
                   time, adding up to 1 (as the run record's own summary); other_share is
                   the part of the epoch wall time outside the four phases (test
                   evaluation, launch overhead)
-  time to target  training wall time (warm-up and evaluation included, start-up
-                  excluded) at the end of the first epoch whose test loss is at or below
-                  the target (training.target, resolved here: analysis/target.py); a run
-                  that meets it in its first (warm-up) epoch is flagged target_in_warmup,
-                  and its configuration target_too_loose (no TTT speedup)
+  time to target  from each record's target block (analysis/target.py): training
+                  wall time (warm-up and validation included, start-up excluded) at the
+                  end of the first epoch whose validation loss is at or below the
+                  study-wide target fixed before training (results/scaling/target.json);
+                  a censored run (budget reached first) counts as +inf, a median exists
+                  while fewer than half the repeats are censored, and n_reached_target /
+                  n_ttt_total go with every median; a run that meets the target in its
+                  first (warm-up) epoch is flagged target_in_warmup, and its configuration
+                  target_too_loose (no TTT speedup)
+  mislabelled     a record whose label_proof.ok is false: status mislabelled in
+                  status.csv and runs.csv with the proof's reasons, excluded from every
+                  statistic
   S(n) = T(1)/T(n) with T the median over completed repeats; E(n) = S(n)/n;
   95 % bootstrap intervals resampling both sides' repeats (analysis/stats.py);
   speedup per GPU = slope of an ordinary least-squares line through (n, S(n)) of a
@@ -70,7 +77,6 @@ from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the reader
     read_summary,
     write_csv,
 )
-from hvdscale.analysis.target import resolve_targets, target_spec
 from hvdscale.config import config_hash, load_config, run_table
 from hvdscale.errors import UserError
 
@@ -141,7 +147,6 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
         ["partition", "backend", "batch_per_worker", "lr_rule", "candidate", "workers", "repeat"],
         kind="stable",
     ).reset_index(drop=True)
-    runs = resolve_targets(runs, epochs, target_spec(cfg))
     summary = summarise(runs, status_df)
     if not summary.empty:
         from hvdscale.analysis.schemas import SUMMARY_SCHEMA

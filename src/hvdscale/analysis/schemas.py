@@ -19,8 +19,8 @@ from hvdscale.config import RUN_ID_PATTERN, parse_run_id
 
 BACKENDS = ["nccl", "mpi", "gloo"]
 LR_RULES = ["none", "linear", "sqrt"]
-RECORD_STATUSES = ["completed", "nan_loss", "failed"]
-STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed"]
+RECORD_STATUSES = ["completed", "nan_loss", "failed", "mislabelled"]
+STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
 SHARE_TOL = 1e-6
 
 
