@@ -13,6 +13,9 @@ Outputs
   status.csv   every run of the config's run table (plus any other run directory):
                completed, nan_loss, failed, missing or malformed
   epochs.csv   one row per epoch of every run in runs.csv (loss curves)
+  headline.csv (--out-headline) the time-to-target speedup of every multi-worker
+               configuration, untuned and tuned, split into epoch-time speedup x
+               epochs-to-target ratio, with the noise scale (analysis/headline.py)
 
 Definitions
   epoch time      median wall time of the non-warm-up epochs of a run (rank 0)
@@ -177,6 +180,11 @@ def add_arguments(p):
         "--out-status", default="results/scaling/status.csv", help="(default: %(default)s)"
     )
     p.add_argument("--out-epochs", help="per-epoch table (default: epochs.csv next to --out-runs)")
+    p.add_argument(
+        "--out-headline",
+        help="headline.csv: time-to-target speedup split into its two factors "
+        "(analysis/headline.py); not written without it",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary line on stdout")
 
 
@@ -194,6 +202,10 @@ def run(args) -> int:
     write_csv(agg.summary, args.out_summary)
     write_csv(agg.status, args.out_status)
     write_csv(agg.epochs, args.out_epochs or default_epochs_path(args.out_runs))
+    if args.out_headline:
+        from hvdscale.analysis.headline import headline
+
+        write_csv(headline(agg.runs, agg.status), args.out_headline)
     if not args.quiet:
         counts = agg.status["status"].value_counts()
         parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)

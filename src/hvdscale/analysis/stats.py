@@ -224,3 +224,66 @@ def bootstrap_ci(
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
     return lo, hi
+
+
+def _aligned(base_ids, ids) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Row positions of both sides, paired by repeat index where the index sets agree."""
+    if base_ids is not None and ids is not None:
+        b, g = [int(x) for x in base_ids], [int(x) for x in ids]
+        if sorted(b) == sorted(g) and len(set(b)) == len(b):
+            order = {r: k for k, r in enumerate(g)}
+            return np.arange(len(b)), np.array([order[r] for r in b]), True
+    n_b = 0 if base_ids is None else len(base_ids)
+    n_g = 0 if ids is None else len(ids)
+    return np.arange(n_b), np.arange(n_g), False
+
+
+def product_interval(
+    base: Sequence[Sequence[float]],
+    values: Sequence[Sequence[float]],
+    name: str,
+    *,
+    base_repeats: Sequence[int],
+    repeats: Sequence[int],
+    min_repeats: int = MIN_REPEATS,
+) -> tuple[float, float, str]:
+    """(lo, hi, note) of the product of speedups prod_k median(base[k]) / median(values[k])
+    (e.g. epoch-time speedup x epochs-to-target ratio), each run's quantities resampled
+    together (run i of a side keeps its epoch time and its epochs), pairs of repeats
+    together where both sides hold the same repeat indices. Runs with a missing quantity
+    must be dropped by the caller; +inf (censored) is allowed."""
+    from scipy import stats
+
+    bcols = [np.asarray(c, dtype=float) for c in base]
+    gcols = [np.asarray(c, dtype=float) for c in values]
+    n_b, n_g = len(bcols[0]), len(gcols[0])
+    if n_b < min_repeats or n_g < min_repeats:
+        return (
+            math.nan,
+            math.nan,
+            f"no interval: fewer than {min_repeats} repeats "
+            f"(this configuration {n_g}, 1-worker baseline {n_b})",
+        )
+    bi, gi, paired = _aligned(base_repeats, repeats)
+
+    def stat(i, j, axis=-1):
+        i, j = i.astype(int), j.astype(int)
+        total = sum(_log_ratio(b[i], g[j]) for b, g in zip(bcols, gcols))
+        return np.clip(total, -_BIG, _BIG)
+
+    res = stats.bootstrap(
+        (bi.astype(float), gi.astype(float)),
+        stat,
+        paired=paired,
+        vectorized=True,
+        axis=-1,
+        n_resamples=N_RESAMPLES,
+        confidence_level=LEVEL,
+        method="percentile",
+        rng=rng_for(name),
+    )
+    lo, hi = (float(x) for x in res.confidence_interval)
+    note = ""
+    if min(n_b, n_g) < FEW_REPEATS:
+        note = f"interval from fewer than {FEW_REPEATS} repeats: coverage below 95 %"
+    return _from_log(lo), _from_log(hi), note

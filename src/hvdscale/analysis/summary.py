@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
-from hvdscale.analysis.stats import censored_median, censor_note, speedup_interval
+from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
 
