@@ -219,3 +219,22 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None)
     fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None)
+
+
+def test_headline_tuned_rows_come_from_the_reruns():
+    from hvdscale.analysis.headline import headline
+
+    rows = []
+    for w, e in ((1, 1.0), (2, 0.5)):
+        rows.append(_run(w, "m2_wu0", 0, 2.0 * e, epoch_time=e))  # lucky selection run
+        reruns = [6.0, 7.0, 8.0, 6.5, 7.5] if w == 1 else [4.0, 4.5, 5.0, 3.5, 4.2]
+        rows += [_run(w, "m2_wu0", k, t * e, "rerun", epoch_time=e) for k, t in enumerate(reruns)]
+    h = headline(pd.DataFrame(rows))
+    assert len(h) == 1 and bool(h.loc[0, "tuned"])
+    r = h.iloc[0]
+    # epochs to target = time / epoch time: medians 7.0 (1 worker) and 4.2 (2 workers)
+    assert r.epochs_ratio == pytest.approx(7.0 / 4.2)
+    assert r.epoch_speedup == pytest.approx(2.0)
+    assert r.ttt_speedup == pytest.approx(2.0 * 7.0 / 4.2)
+    assert (r.reached, r.total) == (5, 5)
+    assert r.ttt_lo <= r.ttt_speedup <= r.ttt_hi

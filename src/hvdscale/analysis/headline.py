@@ -180,7 +180,7 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
             row["note"] = f"tuned: {str(worst).replace('_', ' ')}"
         else:
             pick = [
-                re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(1)]
+                re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(axis=1)]
                 for x in (b, r)
             ]
             row.update(
