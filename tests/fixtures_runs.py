@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import zlib
 from pathlib import Path
 
@@ -111,6 +112,29 @@ def ring_time(p: int, nbytes: float, alpha: float, beta: float) -> float:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
 
 
+def _parse(run_id: str) -> dict:
+    """parse_run_id, with the run kind (``_cal``/``_rerun`` before ``_r{repeat}``) in
+    ``kind`` whatever the installed run-id pattern knows about kinds."""
+    m = re.search(r"_(cal|rerun)(?=_r[0-9]+$)", run_id)
+    try:
+        p = dict(parse_run_id(run_id))
+    except Exception:
+        if not m:
+            raise
+        p = dict(parse_run_id(run_id[: m.start()] + run_id[m.end() :]))
+    p["kind"] = p.get("kind") or (m.group(1) if m else "")
+    return p
+
+
+def study_target(cfg: dict) -> float:
+    """The target validation loss simulated records of ``cfg`` are measured against."""
+    tr = cfg["training"]
+    t = tr.get("target") or {}
+    if t.get("mode") == "absolute":
+        return float(t["value"])
+    return float(tr.get("target_test_loss", 0.05))
+
+
 def _perf(partition: str) -> dict:
     return PERF.get(partition, PERF["local"])
 
@@ -130,7 +154,8 @@ def _base_record(
     slurm_job_id: str | None = "1000",
     kind: str = "",
 ) -> dict:
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
+    kind = kind or p["kind"]
     perf = _perf(p["partition"])
     w, nodes = p["workers"], p["nodes"]
     wpn = workers_per_node or max(1, math.ceil(w / nodes))
@@ -306,7 +331,7 @@ def record_from_epochs(
         target_test_loss=target_test_loss,
         **kw,
     )
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
     steps = steps or max(1, samples // (p["workers"] * p["batch"]))
     test_loss = test_loss if test_loss is not None else [0.5 / (i + 1) for i in range(len(wall_s))]
     train_loss = (
@@ -367,7 +392,7 @@ def simulate_record(
     ``status`` "nan_loss" or "failed" stops the run after ``stop_epoch`` epochs
     (default: half of them); a nan_loss run's last test loss is null.
     """
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
     w, b, nodes, part = p["workers"], p["batch"], p["nodes"], p["partition"]
     mult = 1.0
     if p["lr_mult"] is not None:  # a tuning candidate: its own base LR and warm-up
@@ -530,7 +555,8 @@ def write_study(
     """
     from hvdscale.config import config_hash as chash
 
-    epochs = epochs or cfg["training"]["epochs"]
+    tr = cfg["training"]
+    epochs = epochs or tr.get("max_epochs", tr.get("epochs"))
     if train_samples is None:
         train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
     h = config_hash or chash(cfg)
@@ -552,13 +578,40 @@ def write_study(
             warmup_epochs=cfg["training"]["warmup_epochs"],
             train_samples=train_samples,
             status=status,
-            target_test_loss=cfg["training"]["target_test_loss"],
+            target_test_loss=study_target(cfg),
             workers_per_node=run.workers_per_node,
             config_hash=h,
             launcher=cfg["training"]["launcher"],
         )
         write_record(runs_dir, rec)
         written.append(rid)
+    return written
+
+
+def write_reruns(runs_dir: str | Path, cfg: dict, tuned, repeats: int = 5, **kw) -> list[str]:
+    """Simulated re-runs (kind ``rerun``, fresh seeds) of every selected tuning candidate
+    of ``tuned`` (select_tuned's table: status awaiting_reruns or selected); returns the
+    run ids written. ``kw`` as for simulate_record (train_samples, ...)."""
+    tr = cfg["training"]
+    written = []
+    for x in tuned[tuned["status"].isin(["awaiting_reruns", "selected"])].itertuples():
+        first = next(
+            r
+            for r in run_table(cfg)
+            if (r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate)
+            == (x.partition, x.backend, x.workers, x.batch_per_worker, x.lr_rule, x.candidate)
+        )
+        for k in range(repeats):
+            rid = re.sub(r"_r[0-9]+$", f"_rerun_r{k}", first.run_id)
+            rec = simulate_record(
+                rid,
+                epochs=tr.get("max_epochs", tr.get("epochs")),
+                target_test_loss=study_target(cfg),
+                workers_per_node=first.workers_per_node,
+                **kw,
+            )
+            write_record(runs_dir, rec)
+            written.append(rid)
     return written
 
 
