@@ -11,7 +11,7 @@ Outputs
                lr_rule, workers): medians and min/max over repeats, speedup and
                efficiency against the 1-worker run of the same group, speedup per GPU
   status.csv   every run of the config's run table (plus any other run directory):
-               completed, nan_loss, failed, missing or malformed
+               completed, nan_loss, failed, missing, malformed or mislabelled
   epochs.csv   one row per epoch of every run in runs.csv (loss curves)
   headline.csv (--out-headline) the time-to-target speedup of every multi-worker
                configuration, untuned and tuned, split into epoch-time speedup x
