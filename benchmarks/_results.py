@@ -33,11 +33,9 @@ from __future__ import annotations
 import csv
 import os
 import platform
-import random
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from _quiet import CpuMeter, NotQuiet, QuietGuard, add_quiet_args, load_avg, validity
@@ -247,20 +245,10 @@ def _fmt(v):
     return v
 
 
-def median_ci(
-    values: Iterable[float],
-    stat: Callable[[list[float]], float] = statistics.median,
-    n_boot: int = 10000,
-    seed: int = 0,
-) -> tuple[float, float | None, float | None]:
-    """Median (``stat``) of ``values`` with a percentile bootstrap 95 % interval (None, None
-    with fewer than 3 values: too few to say anything about the spread)."""
-    vals = [float(v) for v in values]
-    if not vals:
-        return float("nan"), None, None
-    m = stat(vals)
-    if len(vals) < 3:
-        return m, None, None
-    rng = random.Random(seed)
-    boots = sorted(stat(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
-    return m, boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
+def median_ci(values: Iterable[float]) -> tuple[float, float | None, float | None]:
+    """Median of ``values`` with the project's bootstrap 95 % interval (hvdscale.analysis.
+    stats: scipy.stats.bootstrap, percentile; None, None with fewer than 3 values: too
+    few to say anything about the spread)."""
+    from hvdscale.analysis.stats import median_interval
+
+    return median_interval(values, name="benchmark")

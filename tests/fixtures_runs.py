@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import zlib
 from pathlib import Path
 
@@ -85,6 +86,9 @@ NET = {
     "gloo": ((35e-6, 4e9), (70e-6, 2.5e9)),
 }
 
+# the noise scale simulate_record reports for multi-worker runs: B_simple = 2000
+NOISE_G2, NOISE_TRACE = 0.01, 20.0
+
 _SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "run.schema.json"
 
 
@@ -108,6 +112,29 @@ def ring_time(p: int, nbytes: float, alpha: float, beta: float) -> float:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
 
 
+def _parse(run_id: str) -> dict:
+    """parse_run_id, with the run kind (``_cal``/``_rerun`` before ``_r{repeat}``) in
+    ``kind`` whatever the installed run-id pattern knows about kinds."""
+    m = re.search(r"_(cal|rerun)(?=_r[0-9]+$)", run_id)
+    try:
+        p = dict(parse_run_id(run_id))
+    except Exception:
+        if not m:
+            raise
+        p = dict(parse_run_id(run_id[: m.start()] + run_id[m.end() :]))
+    p["kind"] = p.get("kind") or (m.group(1) if m else "")
+    return p
+
+
+def study_target(cfg: dict) -> float:
+    """The target validation loss simulated records of ``cfg`` are measured against."""
+    tr = cfg["training"]
+    t = tr.get("target") or {}
+    if t.get("mode") == "absolute":
+        return float(t["value"])
+    return float(tr.get("target_test_loss", 0.05))
+
+
 def _perf(partition: str) -> dict:
     return PERF.get(partition, PERF["local"])
 
@@ -125,8 +152,10 @@ def _base_record(
     config_hash: str = "0" * 64,
     git_commit: str = "a" * 40,
     slurm_job_id: str | None = "1000",
+    kind: str = "",
 ) -> dict:
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
+    kind = kind or p["kind"]
     perf = _perf(p["partition"])
     w, nodes = p["workers"], p["nodes"]
     wpn = workers_per_node or max(1, math.ceil(w / nodes))
@@ -159,7 +188,13 @@ def _base_record(
             "launcher": launcher,
             "controller": controller,
             "repeat": p["repeat"],
-            "seed": seed,
+            "seed": int(
+                np.random.SeedSequence(
+                    [seed, p["repeat"], {"": 0, "cal": 1, "rerun": 2}[kind]]
+                ).generate_state(1)[0]
+            ),
+            "seed_base": seed,
+            "kind": kind,
             "data_in_device_memory": False,
             "target_test_loss": target_test_loss,
             "model_parameters": MODEL_PARAMETERS,
@@ -202,23 +237,44 @@ def _base_record(
         "timing_method": "epoch wall time on rank 0 (time.perf_counter); "
         "phases from instrumented steps",
         "timeline": None,
+        "label_proof": {"ok": True, "problems": [], "world_size": w},
+        "noise_scale": None,
+    }
+
+
+def target_block(rec: dict, target: float, mode: str = "absolute") -> dict:
+    """The record's ``target`` block (contract of issue 16) from its validation losses."""
+    eps = rec["epochs"]
+    hit = next((e for e in eps if e.get("val_loss") is not None and e["val_loss"] <= target), None)
+    vals = [e["val_loss"] for e in eps if e.get("val_loss") is not None]
+    reason = {"nan_loss": "nan_loss", "failed": "time_limit"}.get(rec["status"], "max_epochs")
+    if hit is not None and hit is eps[-1] and rec["status"] == "completed":
+        reason = "target"
+    return {
+        "value": target,
+        "mode": mode,
+        "reached": hit is not None,
+        "epoch": hit["epoch"] if hit is not None else None,
+        "time_to_target_s": hit["elapsed_s"] if hit is not None else None,
+        "censored": hit is None and rec["status"] == "completed",
+        "stop_reason": reason,
+        "best_val_loss": min(vals) if vals else None,
+        "budget": {"max_epochs": rec["config"]["epochs"], "max_train_s": None},
     }
 
 
 def _finish(rec: dict, utilisation: float | None = 80.0, interval_s: float = 2.0) -> dict:
-    """Fill summary and utilisation samples from the epochs."""
+    """Fill summary, target block and utilisation samples from the epochs."""
     eps = rec["epochs"]
     target = rec["config"]["target_test_loss"]
+    rec["target"] = target_block(rec, target)
     timed = [e for e in eps if not e["warmup"]] or eps
     walls = [e["wall_s"] for e in timed]
     tot = sum(walls) or 1.0
     losses = [
         e["test_loss"] for e in eps if e["test_loss"] is not None and math.isfinite(e["test_loss"])
     ]
-    ttt = next(
-        (e["elapsed_s"] for e in eps if e["test_loss"] is not None and e["test_loss"] <= target),
-        None,
-    )
+    ttt = rec["target"]["time_to_target_s"]
     rec["summary"] = {
         "epoch_time_median_s": float(np.median(walls)) if walls else None,
         "throughput_median": float(np.median([e["throughput"] for e in timed])) if timed else None,
@@ -256,12 +312,17 @@ def record_from_epochs(
     status: str = "completed",
     utilisation: float | None = 80.0,
     target_test_loss: float = 0.05,
+    val_loss: list[float | None] | None = None,
+    label_problems: list[str] | None = None,
     **kw,
 ) -> dict:
     """A record with exactly these epoch wall times (first ``warmup_epochs`` marked warm-up).
 
     ``shares`` = (data, compute, sync, update) fractions of each epoch's wall time; the
-    rest is ``time_other_s``. Throughput = samples / wall_s.
+    rest is ``time_other_s``. Throughput = samples / wall_s. ``val_loss`` (default: the
+    ``test_loss`` values) decides the target block against ``target_test_loss`` (the
+    target validation loss); the record keeps the test loss of the last epoch only (it
+    is evaluated once, at the end). ``label_problems``: a failed label proof.
     """
     rec = _base_record(
         run_id,
@@ -270,7 +331,7 @@ def record_from_epochs(
         target_test_loss=target_test_loss,
         **kw,
     )
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
     steps = steps or max(1, samples // (p["workers"] * p["batch"]))
     test_loss = test_loss if test_loss is not None else [0.5 / (i + 1) for i in range(len(wall_s))]
     train_loss = (
@@ -278,6 +339,8 @@ def record_from_epochs(
         if train_loss is not None
         else [x * 0.9 if x is not None else None for x in test_loss]
     )
+    val_loss = val_loss if val_loss is not None else list(test_loss)
+    last = len(wall_s) - 1
     elapsed = 0.0
     for i, w in enumerate(wall_s):
         elapsed += w
@@ -296,11 +359,14 @@ def record_from_epochs(
                 "time_update_s": u,
                 "time_other_s": w - (d + c + s + u),
                 "train_loss": train_loss[i],
-                "test_loss": test_loss[i],
+                "val_loss": val_loss[i],
+                "test_loss": test_loss[i] if i == last else None,
                 "elapsed_s": elapsed,
                 "utilisation_mean": utilisation,
             }
         )
+    if label_problems:
+        rec["label_proof"] = {"ok": False, "problems": list(label_problems)}
     rec["status"] = status
     if status == "failed":
         rec["exit_status"], rec["error"] = 1, "RuntimeError: simulated failure"
@@ -326,7 +392,7 @@ def simulate_record(
     ``status`` "nan_loss" or "failed" stops the run after ``stop_epoch`` epochs
     (default: half of them); a nan_loss run's last test loss is null.
     """
-    p = parse_run_id(run_id)
+    p = _parse(run_id)
     w, b, nodes, part = p["workers"], p["batch"], p["nodes"], p["partition"]
     mult = 1.0
     if p["lr_mult"] is not None:  # a tuning candidate: its own base LR and warm-up
@@ -394,7 +460,8 @@ def simulate_record(
                 "time_update_s": u,
                 "time_other_s": o,
                 "train_loss": train,
-                "test_loss": test,
+                "val_loss": test,
+                "test_loss": None if test is None or e < n_epochs - 1 else test * 1.01,
                 "elapsed_s": elapsed,
                 "utilisation_mean": round(util * float(rng.uniform(0.97, 1.03)), 2),
             }
@@ -407,6 +474,15 @@ def simulate_record(
         )
     elif status == "nan_loss":
         rec["exit_status"], rec["error"] = 3, f"non-finite loss in epoch {n_epochs - 1}"
+    if w > 1:  # McCandlish noise scale sums from a known |G|^2 and tr(Sigma)
+        g2, trace = NOISE_G2, NOISE_TRACE
+        rec["noise_scale"] = {
+            "b_local": b,
+            "b_global": w * b,
+            "steps": steps,
+            "g_local_sq": g2 + trace / b,
+            "g_global_sq": g2 + trace / (w * b),
+        }
     interval = max(2.0, elapsed / 150)
     return _finish(rec, util, interval_s=interval)
 
@@ -479,7 +555,8 @@ def write_study(
     """
     from hvdscale.config import config_hash as chash
 
-    epochs = epochs or cfg["training"]["max_epochs"]
+    tr = cfg["training"]
+    epochs = epochs or tr.get("max_epochs", tr.get("epochs"))
     if train_samples is None:
         train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
     h = config_hash or chash(cfg)
@@ -501,13 +578,40 @@ def write_study(
             warmup_epochs=cfg["training"]["warmup_epochs"],
             train_samples=train_samples,
             status=status,
-            target_test_loss=cfg["training"]["target_test_loss"],
+            target_test_loss=study_target(cfg),
             workers_per_node=run.workers_per_node,
             config_hash=h,
             launcher=cfg["training"]["launcher"],
         )
         write_record(runs_dir, rec)
         written.append(rid)
+    return written
+
+
+def write_reruns(runs_dir: str | Path, cfg: dict, tuned, repeats: int = 5, **kw) -> list[str]:
+    """Simulated re-runs (kind ``rerun``, fresh seeds) of every selected tuning candidate
+    of ``tuned`` (select_tuned's table: status awaiting_reruns or selected); returns the
+    run ids written. ``kw`` as for simulate_record (train_samples, ...)."""
+    tr = cfg["training"]
+    written = []
+    for x in tuned[tuned["status"].isin(["awaiting_reruns", "selected"])].itertuples():
+        first = next(
+            r
+            for r in run_table(cfg)
+            if (r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate)
+            == (x.partition, x.backend, x.workers, x.batch_per_worker, x.lr_rule, x.candidate)
+        )
+        for k in range(repeats):
+            rid = re.sub(r"_r[0-9]+$", f"_rerun_r{k}", first.run_id)
+            rec = simulate_record(
+                rid,
+                epochs=tr.get("max_epochs", tr.get("epochs")),
+                target_test_loss=study_target(cfg),
+                workers_per_node=first.workers_per_node,
+                **kw,
+            )
+            write_record(runs_dir, rec)
+            written.append(rid)
     return written
 
 

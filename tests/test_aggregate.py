@@ -433,3 +433,95 @@ def test_fast_and_reference_validators_agree(name, mutate):
     assert (
         (v.problem(rec) is None) == (ref.problem(rec) is None) == (name == "extra key is allowed")
     )
+
+
+# ----------------------------------------------------------------------------- headline.csv
+
+
+def _headline_study(tmp_path, n_censored=0):
+    """5 paired repeats: 1 worker 1.0 s/epoch reaching the target in epoch 4 (5 epochs),
+    2 workers 0.6 s/epoch reaching it in epoch 5 (6 epochs); noise-scale sums of a
+    known B_simple = 2000 on the 2-worker runs."""
+    from fixtures_runs import NOISE_G2, NOISE_TRACE
+
+    one = [0.5, 0.3, 0.2, 0.15, 0.10, 0.09]
+    two = [0.5, 0.3, 0.2, 0.15, 0.12, 0.10]
+    miss = [0.5, 0.4, 0.3, 0.25, 0.2, 0.2]
+    for r in range(5):
+        f = 1.0 + 0.02 * r
+        rec = F.record_from_epochs(
+            f"local_gloo_n1_w1_b75_lrnone_r{r}", [f] * 6, test_loss=one, target_test_loss=0.105
+        )
+        F.write_record(tmp_path, rec)
+        rec = F.record_from_epochs(
+            f"local_gloo_n1_w2_b75_lrnone_r{r}",
+            [0.6 * (1.0 + 0.02 * (2 * r % 5))] * 6,  # the same times, paired differently
+            test_loss=miss if r < n_censored else two,
+            target_test_loss=0.105,
+        )
+        rec["noise_scale"] = {
+            "b_local": 75,
+            "b_global": 150,
+            "steps": 100,
+            "g_local_sq": NOISE_G2 + NOISE_TRACE / 75,
+            "g_global_sq": NOISE_G2 + NOISE_TRACE / 150,
+        }
+        F.write_record(tmp_path, rec)
+    return aggregate(tmp_path)
+
+
+def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
+    from hvdscale.analysis.headline import HEADLINE_COLUMNS, headline
+    from hvdscale.analysis.stats import CI_METHOD
+
+    agg = _headline_study(tmp_path)
+    h = headline(agg.runs, agg.status)
+    assert list(h.columns) == HEADLINE_COLUMNS and len(h) == 1
+    r = h.iloc[0]
+    assert (r.workers, bool(r.tuned), r.global_batch) == (2, False, 150)
+    assert r.epoch_speedup == pytest.approx(1 / 0.6)
+    assert r.epochs_ratio == pytest.approx(5 / 6)
+    assert r.ttt_speedup == pytest.approx(r.epoch_speedup * r.epochs_ratio)
+    assert r.retained_fraction == pytest.approx(5 / 6)
+    assert (r.reached, r.total, r.base_reached, r.base_total) == (5, 5, 5, 5)
+    assert r.epoch_lo < r.epoch_speedup < r.epoch_hi
+    assert r.ttt_lo < r.ttt_speedup < r.ttt_hi
+    assert r.b_simple == pytest.approx(2000.0) and r.critical_batch == r.b_simple
+    assert r.predicted_epochs_ratio == pytest.approx((1 + 75 / 2000) / (1 + 150 / 2000))
+    assert r.ci_method == CI_METHOD and r.note == ""
+    # the measured ratio of median times to target is close to, not equal to, the product
+    s = agg.summary.set_index("workers")
+    assert s.loc[2, "speedup_ttt"] == pytest.approx(r.ttt_speedup, rel=0.1)
+
+
+def test_headline_says_why_a_censored_median_is_missing(tmp_path):
+    from hvdscale.analysis.headline import headline
+
+    agg = _headline_study(tmp_path, n_censored=3)
+    r = headline(agg.runs, agg.status).iloc[0]
+    assert (r.reached, r.total) == (2, 5)
+    assert math.isnan(r.ttt_speedup) and math.isnan(r.ttt_lo)
+    assert "3/5 censored: no median" in r.note
+    assert r.epoch_speedup == pytest.approx(1 / 0.6)
+
+
+def test_aggregate_cli_writes_headline(tmp_path):
+    _headline_study(tmp_path / "runs")
+    out = tmp_path / "out"
+    argv = [
+        "aggregate",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--out-runs",
+        str(out / "runs.csv"),
+        "--out-summary",
+        str(out / "summary.csv"),
+        "--out-status",
+        str(out / "status.csv"),
+        "--out-headline",
+        str(out / "headline.csv"),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    h = pd.read_csv(out / "headline.csv")
+    assert h.loc[0, "reached"] == 5 and h.loc[0, "ttt_speedup"] > 1

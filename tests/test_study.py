@@ -214,7 +214,10 @@ def test_plan_command(capsys):
         (0.60, None, "higher", "better"),
         (0.40, None, "higher", "worse"),
         (0.40, None, "lower", "better"),
-        (0.60, (0.45, 0.70), "higher", "within"),  # the interval reaches the band: noise
+        (0.60, (0.45, 0.70), "higher", "inconclusive"),  # straddles the band's upper edge
+        (0.52, (0.40, 0.54), "lower", "inconclusive"),  # straddles the lower edge
+        (0.50, (0.40, 0.60), "higher", "inconclusive"),  # wider than the band
+        (0.52, (0.46, 0.54), "higher", "within"),  # inside the band
         (0.70, (0.62, 0.80), "higher", "better"),
         (0.35, (0.30, 0.44), "higher", "worse"),
         (0.35, (0.30, 0.44), "lower", "better"),

@@ -72,7 +72,7 @@ def test_snakemake_prints_the_plan_and_checks_the_references(study):
     assert "hvdscale plan: 12 training jobs, worst case 6.0 node-h" in out.stderr
     assert "12 have a record" in out.stderr
     ref = pd.read_csv(res / "scaling" / "references.csv")
-    assert set(ref["verdict"]) <= {"within", "better", "worse", "not measured"}
+    assert set(ref["verdict"]) <= {"within", "better", "worse", "inconclusive", "not measured"}
     sync = ref[ref.quantity == "sync_share"].iloc[0]
     assert sync["min_repeats"] == 3 and sync["ci_low"] <= sync["measured"] <= sync["ci_high"]
     assert (ref[ref.partition == "alpha"]["verdict"] == "not measured").all()

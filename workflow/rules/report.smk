@@ -20,6 +20,7 @@ rule aggregate_runs:
         ),
         status=f"{RESULTS}/scaling/status.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
+        headline=f"{RESULTS}/scaling/headline.csv",
     log:
         f"{RESULTS}/logs/aggregate_runs.log",
     benchmark:
@@ -32,7 +33,8 @@ rule aggregate_runs:
     shell:
         "{params.hvd} aggregate --runs-dir {params.runsdir} --config {input.config}"
         " --out-runs {output.runs} --out-summary {output.summary}"
-        " --out-status {output.status} --out-epochs {output.epochs} > {log} 2>&1"
+        " --out-status {output.status} --out-epochs {output.epochs}"
+        " --out-headline {output.headline} > {log} 2>&1"
 
 
 rule fit_costmodel:

@@ -11,8 +11,11 @@ Outputs
                lr_rule, workers): medians and min/max over repeats, speedup and
                efficiency against the 1-worker run of the same group, speedup per GPU
   status.csv   every run of the config's run table (plus any other run directory):
-               completed, nan_loss, failed, missing or malformed
+               completed, nan_loss, failed, missing, malformed or mislabelled
   epochs.csv   one row per epoch of every run in runs.csv (loss curves)
+  headline.csv (--out-headline) the time-to-target speedup of every multi-worker
+               configuration, untuned and tuned, split into epoch-time speedup x
+               epochs-to-target ratio, with the noise scale (analysis/headline.py)
 
 Definitions
   epoch time      median wall time of the non-warm-up epochs of a run (rank 0)
@@ -22,11 +25,18 @@ Definitions
                   time, adding up to 1 (as the run record's own summary); other_share is
                   the part of the epoch wall time outside the four phases (test
                   evaluation, launch overhead)
-  time to target  training wall time (warm-up and evaluation included, start-up
-                  excluded) at the end of the first epoch whose test loss is at or below
-                  the target (training.target, resolved here: analysis/target.py); a run
-                  that meets it in its first (warm-up) epoch is flagged target_in_warmup,
-                  and its configuration target_too_loose (no TTT speedup)
+  time to target  from each record's target block (analysis/target.py): training
+                  wall time (warm-up and validation included, start-up excluded) at the
+                  end of the first epoch whose validation loss is at or below the
+                  study-wide target fixed before training (results/scaling/target.json);
+                  a censored run (budget reached first) counts as +inf, a median exists
+                  while fewer than half the repeats are censored, and n_reached_target /
+                  n_ttt_total go with every median; a run that meets the target in its
+                  first (warm-up) epoch is flagged target_in_warmup, and its configuration
+                  target_too_loose (no TTT speedup)
+  mislabelled     a record whose label_proof.ok is false: status mislabelled in
+                  status.csv and runs.csv with the proof's reasons, excluded from every
+                  statistic
   S(n) = T(1)/T(n) with T the median over completed repeats; E(n) = S(n)/n;
   95 % bootstrap intervals resampling both sides' repeats (analysis/stats.py);
   speedup per GPU = slope of an ordinary least-squares line through (n, S(n)) of a
@@ -70,7 +80,6 @@ from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the reader
     read_summary,
     write_csv,
 )
-from hvdscale.analysis.target import resolve_targets, target_spec
 from hvdscale.config import config_hash, load_config, run_table
 from hvdscale.errors import UserError
 
@@ -142,7 +151,6 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
         ["partition", "backend", "batch_per_worker", "lr_rule", "candidate", "workers", "repeat"],
         kind="stable",
     ).reset_index(drop=True)
-    runs = resolve_targets(runs, epochs, target_spec(cfg))
     summary = summarise(runs, status_df)
     if not summary.empty:
         from hvdscale.analysis.schemas import SUMMARY_SCHEMA
@@ -185,6 +193,11 @@ def add_arguments(p):
         "--out-status", default="results/scaling/status.csv", help="(default: %(default)s)"
     )
     p.add_argument("--out-epochs", help="per-epoch table (default: epochs.csv next to --out-runs)")
+    p.add_argument(
+        "--out-headline",
+        help="headline.csv: time-to-target speedup split into its two factors "
+        "(analysis/headline.py); not written without it",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary line on stdout")
 
 
@@ -202,6 +215,10 @@ def run(args) -> int:
     write_csv(agg.summary, args.out_summary)
     write_csv(agg.status, args.out_status)
     write_csv(agg.epochs, args.out_epochs or default_epochs_path(args.out_runs))
+    if args.out_headline:
+        from hvdscale.analysis.headline import headline
+
+        write_csv(headline(agg.runs, agg.status), args.out_headline)
     if not args.quiet:
         counts = agg.status["status"].value_counts()
         parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)

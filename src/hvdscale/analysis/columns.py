@@ -7,7 +7,7 @@ from __future__ import annotations
 from hvdscale.runrecord import HISTORY_COLUMNS
 
 PHASES = ["data", "compute", "sync", "update"]
-STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed"]
+STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
 CSV_FLOAT_FORMAT = "%.10g"
 
 # the train environment's versions as a run record states them
@@ -61,6 +61,21 @@ RUNS_COLUMNS = [
     "target_epoch",
     "target_in_warmup",
     "train_time_s",
+    "kind",
+    "seed",
+    "final_val_loss",
+    "best_val_loss",
+    "target_val_loss",
+    "target_censored",
+    "stop_reason",
+    "epochs_to_target",
+    "label_ok",
+    "label_problems",
+    "ns_b_local",
+    "ns_b_global",
+    "ns_steps",
+    "ns_g_local_sq",
+    "ns_g_global_sq",
     "slurm_job_id",
     "hosts",
     "n_hosts",
@@ -86,6 +101,8 @@ _NOT_IN_EPOCHS = {
     "attempt",
 }
 EPOCH_COLUMNS = ["run_id", *(c for c in HISTORY_COLUMNS if c not in _NOT_IN_EPOCHS)]
+if "val_loss" not in EPOCH_COLUMNS:  # until the run record's history has it (issue 16)
+    EPOCH_COLUMNS.insert(EPOCH_COLUMNS.index("test_loss"), "val_loss")
 # the configuration of a run as status.csv lists it
 STATUS_CONFIG_FIELDS = [
     "partition",
@@ -170,6 +187,15 @@ SUMMARY_COLUMNS = [
     "speedup_ttt_lo",
     "speedup_ttt_hi",
     "ci_note",
+    # issue 16: censoring, the two factors of the TTT speedup, validation losses
+    "n_ttt_total",
+    "ttt_note",
+    "epochs_to_target",
+    "baseline_epochs_to_target",
+    "epochs_ratio",
+    "target_val_loss",
+    "best_val_loss",
+    "final_val_loss",
 ]
 # read as text, whatever the values look like
 STRING_COLUMNS = [
@@ -199,4 +225,10 @@ STRING_COLUMNS = [
     "candidate",
     "target_mode",
     "ci_note",
+    "ttt_note",
+    "kind",
+    "stop_reason",
+    "label_problems",
+    "note",
+    "ci_method",
 ]

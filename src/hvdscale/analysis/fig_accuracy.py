@@ -1,5 +1,5 @@
 """Figures of the speedup at equal accuracy: time-to-target speedup untuned and tuned
-against the number of workers, and the tuning heat map (final test loss over LR
+against the number of workers, and the tuning heat map (best validation loss over LR
 multiplier x global batch). Draw functions of the figure registry."""
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def fig_tune_heatmap(runs, summary, epochs, cm):
     c = c[c["backend"] == be]
     lr = sorted(c["lr_rule"].unique())[0]
     c = c[c["lr_rule"] == lr]
-    # per cell the best warm-up setting (smallest median final test loss)
-    cell = c.groupby(["lr_multiplier", "global_batch"])["final_test_loss"].min().unstack()
+    # per cell the best warm-up setting (smallest median best validation loss)
+    cell = c.groupby(["lr_multiplier", "global_batch"])["best_val_loss"].min().unstack()
     mults, gbs = list(cell.index), list(cell.columns)
     z = cell.to_numpy(float)
     fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 0.9 + 0.45 * len(mults)))
@@ -107,7 +107,7 @@ def fig_tune_heatmap(runs, summary, epochs, cm):
     ax.set_yticks(range(len(mults)), [f"{m:g}x" for m in mults])
     ax.set_xlabel("global batch (workers x per-worker batch)")
     ax.set_ylabel("LR multiplier")
-    ax.set_title(f"{part}, {be}, LR {lr}: final test loss (best warm-up)")
-    fig.colorbar(im, ax=ax, label="log10 final test loss")
+    ax.set_title(f"{part}, {be}, LR {lr}: best validation loss (best warm-up)")
+    fig.colorbar(im, ax=ax, label="log10 best validation loss")
     layout(fig, 0)
     return fig

@@ -1,4 +1,4 @@
-"""Training figures: test loss against wall time, and the time per step split by phase
+"""Training figures: validation loss against wall time, and the time per step split by phase
 (draw functions of the figure registry, ``hvdscale.analysis.figures``)."""
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def fig_loss_vs_time(runs, summary, epochs, cm):
     e = epochs.merge(
         r[["run_id", "partition", "backend", "lr_rule", "workers", "target_test_loss"]], on="run_id"
     )
-    e = e[e["test_loss"].notna() & (e["test_loss"] > 0)]
+    loss = "val_loss" if "val_loss" in e and e["val_loss"].notna().any() else "test_loss"
+    e = e[e[loss].notna() & (e[loss] > 0)]
     if e.empty:
-        raise NoData("no finite test loss in the run records")
+        raise NoData("no finite validation loss in the run records")
     fig, axes = plt.subplots(
         len(lrs), len(parts), figsize=(WIDTH, 2.1 * len(lrs) + 0.7), squeeze=False, sharey=True
     )
@@ -59,7 +60,7 @@ def fig_loss_vs_time(runs, summary, epochs, cm):
             be = r[r["partition"] == part]["backend"].iloc[0]
             for w, g in g0.groupby("workers"):
                 g = g.sort_values("elapsed_s")
-                (h,) = ax.plot(g["elapsed_s"], g["test_loss"], color=wcol[w], marker=".", ms=3)
+                (h,) = ax.plot(g["elapsed_s"], g[loss], color=wcol[w], marker=".", ms=3)
                 handles.setdefault(w, h)
             if g0.empty:
                 panel_note(ax, "no runs")
@@ -71,11 +72,11 @@ def fig_loss_vs_time(runs, summary, epochs, cm):
             ax.set_title(f"{part}, {be}, LR {lr}")
             ax.set_xlabel("training wall time (s, log)" if i == len(lrs) - 1 else "")
             if j == 0:
-                ax.set_ylabel("test loss (MSE)")
+                ax.set_ylabel(f"{'validation' if loss == 'val_loss' else 'test'} loss (MSE)")
     handles_l = [handles[w] for w in sorted(handles)]
     labels = [f"{w} worker{'s' if w > 1 else ''}" for w in sorted(handles)]
     handles_l.append(matplotlib.lines.Line2D([], [], color="k", lw=0.7, ls=":"))
-    labels.append("target test loss")
+    labels.append("target validation loss")
     rows = legend_below(fig, handles_l, labels, ncol=4)
     fig.suptitle(f"batch {b}/worker; first repeat of each configuration", fontsize=8.5)
     layout(fig, rows, wspace=0.12, hspace=0.55)

@@ -103,23 +103,77 @@ def _timing_fields(timed: list[dict]) -> dict:
     return row
 
 
-def _loss_fields(eps: list[dict], target: float) -> dict:
-    nan = math.nan
-    tests = [e["test_loss"] for e in eps]
+def _loss_fields(rec: dict) -> dict:
+    """Losses and the time to target from the record's ``target`` block (the target is
+    fixed before training: results/scaling/target.json). A censored run (target not
+    reached within its budget) has time and epochs to target +inf; a record without a
+    target block NaN. The test loss is only reported, never used to choose anything."""
+    nan, inf = math.nan, math.inf
+    eps = rec["epochs"]
+    tests = [e.get("test_loss") for e in eps]
     finite_tests = [t for t in tests if _finite(t)]
-    ttt = next(
-        (e["elapsed_s"] for e in eps if _finite(e["test_loss"]) and e["test_loss"] <= target), None
-    )
+    vals = [e.get("val_loss") for e in eps]
+    finite_vals = [v for v in vals if _finite(v)]
+    tgt = rec.get("target") or {}
+    reached = bool(tgt.get("reached"))
+    if not tgt:
+        ttt = ep = nan
+    elif reached and _finite(tgt.get("time_to_target_s")):
+        ttt, ep = float(tgt["time_to_target_s"]), tgt.get("epoch")
+    else:
+        ttt, ep = inf, None
+    warmup = int(rec["config"].get("warmup_epochs") or 0)
     return {
-        "final_test_loss": tests[-1] if tests and _finite(tests[-1]) else nan,
+        "final_test_loss": finite_tests[-1] if finite_tests else nan,
         "best_test_loss": min(finite_tests) if finite_tests else nan,
+        "final_val_loss": vals[-1] if vals and _finite(vals[-1]) else nan,
+        "best_val_loss": tgt.get("best_val_loss")
+        if _finite(tgt.get("best_val_loss"))
+        else (min(finite_vals) if finite_vals else nan),
         "final_train_loss": eps[-1]["train_loss"]
         if eps and _finite(eps[-1]["train_loss"])
         else nan,
-        "time_to_target_s": ttt if ttt is not None else nan,
-        "reached_target": ttt is not None,
+        "time_to_target_s": ttt,
+        "reached_target": reached,
+        "target_epoch": float(ep) if ep is not None else nan,
+        "epochs_to_target": float(ep) + 1 if ep is not None else (inf if tgt else nan),
+        "target_in_warmup": bool(reached and ep is not None and (ep == 0 or ep < warmup)),
+        "target_censored": bool(tgt.get("censored", bool(tgt) and not reached)),
+        "stop_reason": str(tgt.get("stop_reason") or ""),
+        "target_val_loss": tgt.get("value") if _finite(tgt.get("value")) else nan,
+        "target_mode": str(tgt.get("mode") or ""),
         "train_time_s": eps[-1]["elapsed_s"] if eps else nan,
     }
+
+
+def _study_fields(rec: dict) -> dict:
+    """Kind, seed, label proof and the noise-scale sums of one record (issue 16)."""
+    c = rec["config"]
+    proof = rec.get("label_proof")
+    ok = None if not isinstance(proof, dict) else bool(proof.get("ok", True))
+    ns = rec.get("noise_scale") or {}
+    nan_ = math.nan
+    return {
+        "kind": str(c.get("kind") or ""),
+        "seed": c.get("seed"),
+        "label_ok": pd.NA if ok is None else ok,
+        "label_problems": "; ".join(map(str, (proof or {}).get("problems") or [])),
+        "ns_b_local": ns.get("b_local", nan_),
+        "ns_b_global": ns.get("b_global", nan_),
+        "ns_steps": ns.get("steps", nan_),
+        "ns_g_local_sq": ns.get("g_local_sq", nan_),
+        "ns_g_global_sq": ns.get("g_global_sq", nan_),
+    }
+
+
+def label_failure(rec: dict) -> str | None:
+    """The label proof's reasons when it failed (the run is mislabelled), else None."""
+    proof = rec.get("label_proof")
+    if isinstance(proof, dict) and proof.get("ok") is False:
+        return "label proof failed: " + (
+            "; ".join(map(str, proof.get("problems") or [])) or "no reason given"
+        )
+    return None
 
 
 def _environment_fields(rec: dict) -> dict:
@@ -145,14 +199,13 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     """The runs.csv row and the epochs.csv rows of one schema-valid record."""
     c, eps = rec["config"], rec["epochs"]
     timed = [e for e in eps if not e["warmup"]]
-    row = {k: c[k] for k in RECORD_CONFIG_FIELDS}
+    row = {k: c.get(k) for k in RECORD_CONFIG_FIELDS}
     try:
         rid = parse_run_id(rec["run_id"])
     except ConfigError:  # the pandera check reports the malformed id
         rid = {"candidate": "", "lr_mult": None}
     row["candidate"] = rid["candidate"]
     row["lr_multiplier"] = rid["lr_mult"] if rid["lr_mult"] is not None else math.nan
-    row["target_mode"] = "absolute"  # until aggregation resolves the configured target
     row.update(
         run_id=rec["run_id"],
         status=rec["status"],
@@ -167,7 +220,11 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
         util = [s[1] for s in rec["utilisation"]["samples"]]
     row["utilisation"] = float(np.mean(util)) if util else math.nan
     row["utilisation_kind"] = rec["utilisation"]["kind"]
-    row.update(_loss_fields(eps, c["target_test_loss"]))
+    row.update(_loss_fields(rec))
+    row["target_test_loss"] = row["target_val_loss"]  # the old name: now a validation loss
+    row.update(_study_fields(rec))
+    if label_failure(rec):
+        row["status"] = "mislabelled"
     row.update(_environment_fields(rec))
     row["record"] = path
     epoch_rows = [
@@ -229,6 +286,8 @@ def read_run_dir(d: Path, validator: RecordValidator) -> tuple[dict, dict | None
         st.update(status="malformed", detail=err)
         return st, None, err
     st.update(status=rec["status"], exit_status=rec["exit_status"], detail=rec["error"] or "")
+    if label_failure(rec):
+        st.update(status="mislabelled", detail=label_failure(rec))
     return st, rec, None
 
 

@@ -12,14 +12,12 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
-from hvdscale.analysis.stats import speedup_interval
+from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
-from hvdscale.runtable import CAL_ID
 
-# tuning candidates and their re-runs (not scaling runs); calibration runs (issue 16)
-CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+(?:_rerun)?_r[0-9]+$"
-NOT_SCALING_ID = f"{CANDIDATE_ID}|{CAL_ID}"
+CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+(?:_[a-z]+)?_r[0-9]+$"
+KIND_ID = r"_(?:cal|rerun)_r[0-9]+$"
 
 
 def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -56,8 +54,22 @@ def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     return configs
 
 
+def _censored(col: str):
+    def med(x: pd.Series) -> float:
+        return censored_median(x.tolist())[0]
+
+    return (col, med)
+
+
+def _ttt_note(x: pd.Series) -> str:
+    reached, total = int(np.isfinite(x).sum()), int(x.notna().sum())
+    note = censor_note(reached, total)
+    return f"time to target: {note}" if note and total else ""
+
+
 def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians (and min/max of the headline times) over the completed repeats."""
+    """Medians (and min/max of the headline times) over the completed repeats; times and
+    epochs to target count censored repeats as +inf (analysis/stats.censored_median)."""
     done = runs[runs["status"] == "completed"]
     agg = {c: (c, "median") for c in SUMMARY_MEDIANS}
     for col, out, suffix in (
@@ -70,9 +82,16 @@ def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         agg[f"{out}_min{suffix}"] = (col, "min")
         agg[f"{out}_max{suffix}"] = (col, "max")
     agg.update(
+        time_to_target_s=_censored("time_to_target_s"),
+        epochs_to_target=_censored("epochs_to_target"),
+        ttt_note=("time_to_target_s", _ttt_note),
         n_reached_target=("reached_target", "sum"),
+        n_ttt_total=("time_to_target_s", "count"),
         n_target_in_warmup=("target_in_warmup", "sum"),
-        target_test_loss=("target_test_loss", "median"),
+        target_test_loss=("target_val_loss", "median"),
+        target_val_loss=("target_val_loss", "median"),
+        best_val_loss=("best_val_loss", "median"),
+        final_val_loss=("final_val_loss", "median"),
         n_completed_rec=("run_id", "count"),
     )
     stats = (
@@ -92,6 +111,7 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
         + [
             "epoch_time_s",
             "time_to_target_s",
+            "epochs_to_target",
             "n_nan_loss",
             "n_failed",
             "n_malformed",
@@ -102,6 +122,7 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
         columns={
             "epoch_time_s": "baseline_epoch_time_s",
             "time_to_target_s": "baseline_time_to_target_s",
+            "epochs_to_target": "baseline_epochs_to_target",
             "n_nan_loss": "_b_nan",
             "n_failed": "_b_failed",
             "n_malformed": "_b_bad",
@@ -130,6 +151,9 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
         ~out["target_too_loose"]
     )
     out["efficiency_ttt"] = out["speedup_ttt"] / out["workers"]
+    out["epochs_ratio"] = (out["baseline_epochs_to_target"] / out["epochs_to_target"]).where(
+        ~out["target_too_loose"]
+    )
     return out
 
 
@@ -144,22 +168,21 @@ def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         empty = done.iloc[0:0]
         g, b = per.get(key, empty), per.get(bkey, empty)
         name = "/".join(map(str, key))
-        lo, hi, note = speedup_interval(b["epoch_time_s"], g["epoch_time_s"], name)
+        reps = dict(base_repeats=b["repeat"].tolist(), repeats=g["repeat"].tolist())
+        lo, hi, note = speedup_interval(b["epoch_time_s"], g["epoch_time_s"], name, **reps)
         if not row.has_baseline:
             note = "no interval: no completed 1-worker baseline"
         tlo, thi, tnote = speedup_interval(
             b["time_to_target_s"],
             g["time_to_target_s"],
             name + "/ttt",
-            what="repeats that reached the target",
+            **reps,
         )
         if row.target_too_loose:
             tlo, thi, tnote = math.nan, math.nan, TOO_LOOSE
         notes = [note] if note else []
-        if tnote and not note:
-            notes.append("time to target: " + tnote)
-        elif tnote == TOO_LOOSE:
-            notes.append(TOO_LOOSE)
+        if tnote and tnote != note:
+            notes.append(tnote if tnote == TOO_LOOSE else "time to target: " + tnote)
         for c, v in zip(cols, (len(g), lo, hi, tlo, thi, "; ".join(notes))):
             cols[c].append(v)
     out = out.copy()
@@ -197,8 +220,11 @@ def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
     if "candidate" in runs:
         runs = runs[runs["candidate"].fillna("").astype(str) == ""]
-    runs = runs[~runs["run_id"].astype(str).str.contains(CAL_ID, regex=True)]
-    status = status[~status["run_id"].astype(str).str.contains(NOT_SCALING_ID, regex=True)]
+    if "kind" in runs:  # calibration runs and tuning re-runs are not scaling configurations
+        runs = runs[runs["kind"].fillna("").astype(str) == ""]
+    runs = runs[~runs["run_id"].astype(str).str.contains(KIND_ID, regex=True)]
+    status = status[~status["run_id"].astype(str).str.contains(CANDIDATE_ID, regex=True)]
+    status = status[~status["run_id"].astype(str).str.contains(KIND_ID, regex=True)]
     out = _configurations(runs, status).merge(_repeat_statistics(runs), on=CONFIG_KEYS, how="left")
     for s in STATUSES:
         col = f"n_{s}"
@@ -207,6 +233,8 @@ def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     n_rec = out["n_completed_rec"].fillna(0)
     out["n_completed"] = np.maximum(out["n_completed"], n_rec).astype("int64")
     out["n_reached_target"] = out["n_reached_target"].fillna(0).astype("int64")
+    out["n_ttt_total"] = out["n_ttt_total"].fillna(0).astype("int64")
+    out["ttt_note"] = out["ttt_note"].fillna("")
     out["n_target_in_warmup"] = out["n_target_in_warmup"].fillna(0).astype("int64")
     out["n_expected"] = out["n_expected"].fillna(0).astype("int64")
     out = _with_baseline(out)

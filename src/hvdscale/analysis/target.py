@@ -1,104 +1,95 @@
-"""The target test loss, resolved at aggregation time, and time to target.
+"""The study-wide target validation loss and time to target, as the run records state them.
 
-``training.target`` is either absolute (a test loss) or relative (default): within
-``value`` percent of the best test loss reached by the 1-worker runs of the same group
-(partition, backend, per-worker batch, LR rule), i.e. the median over their completed
-repeats of each run's best test loss, times (1 + value/100).
+The target is fixed before the scaling runs (issue 16): rule ``calibrate_target`` writes
+``results/scaling/target.json`` (``mode`` absolute: a validation loss; calibrated:
+(1 + x/100) x the median best validation loss of long 1-worker calibration runs), and
+every run trains until its validation loss reaches it or its budget runs out. Each
+record's ``target`` block (value, reached, epoch, time_to_target_s, censored,
+stop_reason) is what aggregation reads (analysis/records.py); nothing here resolves a
+target after the fact, and the test loss is never used to choose anything: it is
+reported only.
 
-A tuning candidate (run_id component ``_m{mult}_wu{warmup}``) uses the target of the
-untuned 1-worker runs of its partition, backend and per-worker batch (with one worker
-every LR rule trains alike), so tuned and untuned runs are compared at the same
-accuracy; without them (a study of tuning candidates only) the best of the group's
-1-worker candidates (median over repeats) is the reference.
-
-Time to target is the training wall time (``elapsed_s``: warm-up epochs and test
-evaluation included, start-up and checkpoint writing excluded) at the end of the first
-epoch whose test loss is at or below the target. A run that meets the target in its
-first epoch or in an epoch marked warm-up is flagged ``target_in_warmup``: there the
-target is too loose and time to target says nothing about convergence.
+Time to target is the training wall time (``elapsed_s``: warm-up epochs and validation
+included, start-up excluded) at the end of the first epoch whose validation loss is at
+or below the target. A censored run (budget reached first) counts as +inf in medians
+(analysis/stats.py). A run that meets the target in its first epoch or in an epoch
+marked warm-up is flagged ``target_in_warmup``: there the target is too loose and time
+to target says nothing about convergence.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from hvdscale.common import GROUP_KEYS
+from hvdscale.errors import UserError
 
-DEFAULT_TARGET = {"mode": "relative", "value": 5.0}
 TOO_LOOSE = "target too loose: time to target not informative"
+TARGET_JSON = Path("results/scaling/target.json")
 TARGET_COLUMNS = [
-    "target_test_loss",
+    "target_val_loss",
     "target_mode",
     "time_to_target_s",
     "reached_target",
     "target_epoch",
     "target_in_warmup",
+    "target_censored",
+    "epochs_to_target",
 ]
 
 
-def target_spec(cfg: dict | None) -> dict:
-    """The target of a validated config (the default relative 5 % without one)."""
+def read_target(path: str | Path = TARGET_JSON) -> dict:
+    """results/scaling/target.json (contract of issue 16) as a dict."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found (rule calibrate_target writes it)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a readable target file ({exc})") from None
+    if not isinstance(data, dict) or "mode" not in data or "value" not in data:
+        raise UserError(f"{path}: expected an object with 'mode' and 'value'")
+    return data
+
+
+def target_spec(cfg: dict | None, path: str | Path | None = None) -> dict:
+    """The target: target.json where it exists, else the config's ``training.target``."""
+    if path is not None and Path(path).exists():
+        return read_target(path)
     if cfg is None:
-        return dict(DEFAULT_TARGET)
-    return dict(cfg["training"].get("target") or DEFAULT_TARGET)
+        return {"mode": "absolute", "value": math.nan}
+    return dict(cfg["training"].get("target") or {"mode": "absolute", "value": math.nan})
 
 
 def describe(spec: dict) -> str:
     """The target in words, for the report."""
-    if spec["mode"] == "absolute":
-        return f"test loss {spec['value']:g} (absolute)"
-    return (
-        f"within {spec['value']:g} % of the best test loss of the 1-worker runs of the same "
-        "group (partition, backend, per-worker batch, LR rule)"
-    )
-
-
-def _is_candidate(runs: pd.DataFrame) -> pd.Series:
-    if "candidate" not in runs:
-        return pd.Series(False, index=runs.index)
-    return runs["candidate"].fillna("").astype(str) != ""
-
-
-def reference_losses(runs: pd.DataFrame) -> dict[tuple, float]:
-    """Group key -> the best 1-worker test loss (median over completed repeats)."""
-    done = runs[(runs["status"] == "completed") & (runs["workers"] == 1)]
-    done = done[done["best_test_loss"].notna()]
-    plain = done[~_is_candidate(done)]
-    ref = {
-        tuple(k): float(v) for k, v in plain.groupby(GROUP_KEYS)["best_test_loss"].median().items()
-    }
-    same = ["partition", "backend", "batch_per_worker"]
-    for k, v in plain.groupby(same)["best_test_loss"].median().items():
-        ref[("any",) + tuple(k)] = float(v)
-    cand = done[_is_candidate(done)]
-    if not cand.empty:
-        per_cand = cand.groupby(GROUP_KEYS + ["candidate"])["best_test_loss"].median()
-        for k, v in per_cand.groupby(level=list(range(len(GROUP_KEYS)))).min().items():
-            ref.setdefault(("cand",) + tuple(k), float(v))
-    return ref
-
-
-def group_target(key: tuple, spec: dict, ref: dict, candidate: bool = False) -> float:
-    """The target loss of group ``key`` (NaN where a relative target has no reference)."""
-    if spec["mode"] == "absolute":
-        return float(spec["value"])
-    best = ref.get(("any",) + tuple(key[:3])) if candidate else ref.get(tuple(key))
-    if best is None and candidate:
-        best = ref.get(("cand",) + tuple(key))
-    if best is None:
-        return math.nan
-    return best * (1.0 + spec["value"] / 100.0)
+    value = spec.get("value")
+    if spec.get("mode") == "calibrated":
+        pct = spec.get("percent")
+        med = spec.get("median_best_val_loss")
+        runs = len(spec.get("calibration_runs") or [])
+        if med is not None and pct is not None:
+            return (
+                f"validation loss {value:.4g}: within {pct:g} % of the median best validation "
+                f"loss ({med:.4g}) of {runs} long 1-worker calibration run(s)"
+            )
+        return f"validation loss within {value:g} % of the calibration runs' median best"
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "validation loss target not set"
+    return f"validation loss {value:g} (absolute)"
 
 
 def time_to(epochs: pd.DataFrame, target: float) -> tuple[float, float, bool]:
-    """(time to target, epoch index, met in the warm-up) of one run's epoch rows
-    (sorted by epoch); NaN, NaN, False where the run never reaches ``target``."""
-    if not math.isfinite(target) or epochs.empty:
+    """(time to target, epoch index, met in the warm-up) of one run's epoch rows (sorted
+    by epoch), from the validation loss; NaN, NaN, False where it never reaches
+    ``target``."""
+    if not math.isfinite(target) or epochs.empty or "val_loss" not in epochs:
         return math.nan, math.nan, False
-    loss = pd.to_numeric(epochs["test_loss"], errors="coerce").to_numpy(dtype=float)
+    loss = pd.to_numeric(epochs["val_loss"], errors="coerce").to_numpy(dtype=float)
     hit = np.flatnonzero(np.isfinite(loss) & (loss <= target))
     if hit.size == 0:
         return math.nan, math.nan, False
@@ -106,27 +97,3 @@ def time_to(epochs: pd.DataFrame, target: float) -> tuple[float, float, bool]:
     row = epochs.iloc[i]
     warm = bool(i == 0 or str(row["warmup"]).lower() in ("true", "1"))
     return float(row["elapsed_s"]), float(row["epoch"]), warm
-
-
-def resolve_targets(runs: pd.DataFrame, epochs: pd.DataFrame, spec: dict) -> pd.DataFrame:
-    """``runs`` with the resolved target and time to target of every run (TARGET_COLUMNS)."""
-    runs = runs.copy()
-    ref = reference_losses(runs)
-    by_run = {rid: g.sort_values("epoch") for rid, g in epochs.groupby("run_id", sort=False)}
-    cand = _is_candidate(runs)
-    values = {c: [] for c in TARGET_COLUMNS}
-    for i, row in runs.iterrows():
-        key = tuple(row[k] for k in GROUP_KEYS)
-        tgt = group_target(key, spec, ref, candidate=bool(cand.loc[i]))
-        ttt, ep, warm = time_to(by_run.get(row["run_id"], epochs.iloc[0:0]), tgt)
-        values["target_test_loss"].append(tgt)
-        values["target_mode"].append(spec["mode"])
-        values["time_to_target_s"].append(ttt)
-        values["reached_target"].append(bool(math.isfinite(ttt)))
-        values["target_epoch"].append(ep)
-        values["target_in_warmup"].append(warm)
-    for c, v in values.items():
-        runs[c] = pd.Series(v, index=runs.index, dtype=object if c == "target_mode" else None)
-    runs["reached_target"] = runs["reached_target"].astype(bool)
-    runs["target_in_warmup"] = runs["target_in_warmup"].astype(bool)
-    return runs

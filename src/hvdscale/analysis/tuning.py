@@ -1,22 +1,26 @@
-"""The learning-rate re-tuning sweep (scaling.tune): candidates and the selection.
+"""The learning-rate re-tuning sweep (scaling.tune): selection on validation, re-runs.
 
 Every candidate (LR rule x LR multiplier x warm-up epochs) of a tuning group (partition,
 backend, per-worker batch, workers) is its own run (run_id component
-``_m{mult}_wu{warmup}``), trained with the same sample budget (training.epochs epochs
-over the train split). runs.csv holds their records with the resolved target
-(analysis/target.py: the target of the untuned 1-worker runs of the same partition,
-backend and batch).
+``_m{mult}_wu{warmup}``), trained to the study-wide target validation loss or its budget
+(the record's target block: analysis/target.py).
 
-Selection (rule select_tuned -> results/scaling/tuned.csv): per tuning group the
-candidate with the smallest time to target (median over its repeats that reached it;
-a candidate whose repeats did not all reach it ranks after those that did), ties by
-final test loss. A group none of whose candidates reached the target is still listed
-(status none_reached: the best final test loss is shown), and one whose candidates all
-failed or are missing too (status all_failed); none is dropped.
+Selection (checkpoint select_tuned -> results/scaling/tuned.csv), from the candidate
+runs only (kind ''): per tuning group the candidate with the smallest validation time to
+target (censored repeats +inf; median over its repeats: analysis/stats.censored_median);
+ties, and candidates without a median, by their median best validation loss. The test
+loss chooses nothing. A group none of whose candidates reached the target is still
+listed (status none_reached), one whose candidates all failed or are missing too
+(all_failed); none is dropped.
 
-The tuned time-to-target speedup of a group is TTT(selected 1-worker candidate) /
-TTT(selected candidate), with a 95 % bootstrap interval over both candidates' repeats
-(analysis/stats.py; none below 3 repeats).
+The winner of each group is re-run with fresh seeds (run ids ``..._rerun_r{k}``, kind
+``rerun``): the tuned columns (times, losses, n_repeats, reached/total) and the tuned
+speedup come ONLY from those re-runs, never from the selection runs (winner's curse).
+Status ``awaiting_reruns``: selected, re-runs not there yet (tuned columns NaN). The
+tuned time-to-target speedup of a group is TTT(re-runs of the selected 1-worker
+candidate) / TTT(re-runs of the selected candidate), with a 95 % bootstrap interval
+(analysis/stats.py; re-runs of the same index share seeds: paired) from 3 re-runs on.
+``selection_*`` columns keep what the selection runs showed, for transparency only.
 
 Example
   hvdscale select-tuned --runs results/scaling/runs.csv --status results/scaling/status.csv \\
@@ -31,10 +35,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.stats import speedup_interval
+from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.errors import UserError
-from hvdscale.runtable import RERUN_ID
 
 TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
@@ -62,29 +65,66 @@ TUNED_COLUMNS = [
     "speedup_ttt_lo",
     "speedup_ttt_hi",
     "ci_note",
+    # issue 16: re-runs, censoring, validation
+    "n_ttt_total",
+    "ttt_note",
+    "epochs_to_target",
+    "best_val_loss",
+    "selection_time_to_target_s",
+    "selection_best_val_loss",
+    "selection_n_repeats",
 ]
-_CAND = re.compile(r"_lr(?P<lr>none|linear|sqrt)_(?P<cand>m[0-9p]+_wu[0-9]+)_r[0-9]+$")
+_CAND = re.compile(
+    r"_lr(?P<lr>none|linear|sqrt)_(?P<cand>m[0-9p]+_wu[0-9]+)(?:_(?P<kind>cal|rerun))?_r[0-9]+$"
+)
+_STATS = [
+    "n_repeats",
+    "n_reached_target",
+    "n_ttt_total",
+    "time_to_target_s",
+    "epochs_to_target",
+    "final_test_loss",
+    "best_val_loss",
+    "epoch_time_s",
+    "target_test_loss",
+    "target_too_loose",
+    "ttt_note",
+]
 
 
-def candidate_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The candidates' runs (not their re-runs: those never enter the selection)."""
-    if "candidate" not in runs or runs.empty:
+def _tagged(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with candidate and kind filled from the run id where a column lacks them."""
+    if runs.empty:
+        return runs.assign(kind=pd.Series(dtype=str), candidate=pd.Series(dtype=str))
+    m = runs["run_id"].astype(str).str.extract(_CAND)
+    out = runs.copy()
+    cand = out["candidate"].fillna("").astype(str) if "candidate" in out else ""
+    out["candidate"] = np.where(cand != "", cand, m["cand"].fillna(""))
+    kind = out["kind"].fillna("").astype(str) if "kind" in out else ""
+    out["kind"] = np.where(kind != "", kind, m["kind"].fillna(""))
+    return out
+
+
+def candidate_runs(runs: pd.DataFrame, kind: str = "") -> pd.DataFrame:
+    """Completed or not, the tuning runs of ``kind`` ('' = selection, 'rerun')."""
+    if runs.empty or "run_id" not in runs:
         return runs.iloc[0:0]
-    c = runs[runs["candidate"].fillna("").astype(str) != ""]
-    return c[~c["run_id"].astype(str).str.contains(RERUN_ID, regex=True)]
+    t = _tagged(runs)
+    return t[(t["candidate"] != "") & (t["kind"] == kind)]
 
 
-def candidates(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per candidate of every tuning group: medians over its completed repeats."""
-    c = candidate_runs(runs)
-    c = c[c["status"] == "completed"]
+def _group_stats(c: pd.DataFrame) -> pd.DataFrame:
+    """Medians over the completed repeats of each candidate (censored TTT = +inf)."""
     if c.empty:
-        return pd.DataFrame(
-            columns=CANDIDATE_KEYS
-            + ["lr_multiplier", "warmup_epochs", "learning_rate", "global_batch", "n_repeats"]
-            + ["n_reached_target", "time_to_target_s", "final_test_loss", "epoch_time_s"]
-            + ["target_test_loss", "target_too_loose"]
-        )
+        return pd.DataFrame(columns=CANDIDATE_KEYS + _STATS)
+
+    def med(x):
+        return censored_median(x.tolist())[0]
+
+    def note(x):
+        n = censor_note(int(np.isfinite(x).sum()), int(x.notna().sum()))
+        return f"time to target: {n}" if n else ""
+
     out = (
         c.groupby(CANDIDATE_KEYS)
         .agg(
@@ -94,11 +134,15 @@ def candidates(runs: pd.DataFrame) -> pd.DataFrame:
             global_batch=("global_batch", "first"),
             n_repeats=("run_id", "count"),
             n_reached_target=("reached_target", "sum"),
-            time_to_target_s=("time_to_target_s", "median"),
+            n_ttt_total=("time_to_target_s", "count"),
+            time_to_target_s=("time_to_target_s", med),
+            epochs_to_target=("epochs_to_target", med),
             final_test_loss=("final_test_loss", "median"),
+            best_val_loss=("best_val_loss", "median"),
             epoch_time_s=("epoch_time_s", "median"),
-            target_test_loss=("target_test_loss", "median"),
+            target_test_loss=("target_val_loss", "median"),
             target_too_loose=("target_in_warmup", "any"),
+            ttt_note=("time_to_target_s", note),
         )
         .reset_index()
     )
@@ -106,11 +150,18 @@ def candidates(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def candidates(runs: pd.DataFrame, kind: str = "") -> pd.DataFrame:
+    """One row per candidate of every tuning group: medians over its completed repeats
+    (the selection runs; ``kind='rerun'``: the re-runs)."""
+    c = candidate_runs(runs, kind)
+    return _group_stats(c[c["status"] == "completed"])
+
+
 def _rank(g: pd.DataFrame) -> pd.DataFrame:
-    """Candidates in selection order: all repeats reached, time to target, final loss."""
-    all_reached = (g["n_reached_target"] == g["n_repeats"]) & g["time_to_target_s"].notna()
-    return g.assign(_miss=~all_reached).sort_values(
-        ["_miss", "time_to_target_s", "final_test_loss", "candidate"],
+    """Candidates in selection order: validation time to target (no median last), then
+    median best validation loss."""
+    return g.assign(_miss=g["time_to_target_s"].isna()).sort_values(
+        ["_miss", "time_to_target_s", "best_val_loss", "candidate"],
         kind="stable",
         na_position="last",
     )
@@ -124,7 +175,7 @@ def _expected(status: pd.DataFrame | None, runs: pd.DataFrame) -> pd.DataFrame:
         st = status[status["in_config"]] if "in_config" in status else status
         for x in st.itertuples(index=False):
             m = _CAND.search(str(x.run_id))
-            if m and pd.notna(x.workers):
+            if m and not m["kind"] and pd.notna(x.workers):
                 rows.append(
                     (x.partition, x.backend, int(x.batch_per_worker), int(x.workers), m["cand"])
                 )
@@ -138,47 +189,62 @@ def _expected(status: pd.DataFrame | None, runs: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _match(df: pd.DataFrame, row: dict, keys: list[str]) -> pd.DataFrame:
+    if df.empty:
+        return df
+    return df[(df[keys] == pd.Series([row[k] for k in keys], index=keys)).all(axis=1)]
+
+
+def _row(key, exp, cands, reruns) -> dict:
+    """The tuned.csv row of one tuning group."""
+    g = _match(cands, dict(zip(TUNE_KEYS, key)), TUNE_KEYS)
+    row = dict(zip(TUNE_KEYS, key))
+    row["global_batch"] = int(key[2] * key[3])
+    row["n_candidates"] = int(exp["candidate"].nunique())
+    row["n_candidates_completed"] = len(g)
+    row["n_candidates_reached"] = int((g["n_reached_target"] > 0).sum())
+    if g.empty:
+        row["status"] = "all_failed"
+        return row
+    best = _rank(g).iloc[0]
+    for c in ("lr_rule", "candidate", "lr_multiplier", "warmup_epochs", "learning_rate"):
+        row[c] = best[c]
+    row["selection_time_to_target_s"] = best["time_to_target_s"]
+    row["selection_best_val_loss"] = best["best_val_loss"]
+    row["selection_n_repeats"] = best["n_repeats"]
+    if best["n_reached_target"] == 0:
+        row["status"] = "none_reached"
+        return row
+    re_ = _match(reruns, row, CANDIDATE_KEYS)
+    row["status"] = "selected" if len(re_) else "awaiting_reruns"
+    if len(re_):
+        for c in _STATS:
+            row[c] = re_.iloc[0][c]
+    return row
+
+
 def select_tuned(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
-    """tuned.csv: the best candidate of every tuning group (see the module doc)."""
-    cands = candidates(runs)
+    """tuned.csv: the selected candidate of every tuning group with its re-runs' figures
+    (see the module doc)."""
+    cands, reruns = candidates(runs), candidates(runs, "rerun")
     expected = _expected(status, runs)
-    rows = []
-    for key, exp in expected.groupby(TUNE_KEYS, sort=True):
-        g = cands[(cands[TUNE_KEYS] == pd.Series(key, index=TUNE_KEYS)).all(axis=1)]
-        row = dict(zip(TUNE_KEYS, key))
-        row["global_batch"] = int(key[2] * key[3])
-        row["n_candidates"] = int(exp["candidate"].nunique())
-        row["n_candidates_completed"] = len(g)
-        row["n_candidates_reached"] = int((g["n_reached_target"] > 0).sum())
-        if g.empty:
-            row["status"] = "all_failed"
-        else:
-            best = _rank(g).iloc[0]
-            row["status"] = "selected" if best["n_reached_target"] > 0 else "none_reached"
-            for c in TUNED_COLUMNS:
-                if c not in row and c in best.index:
-                    row[c] = best[c]
-        rows.append(row)
+    rows = [_row(key, exp, cands, reruns) for key, exp in expected.groupby(TUNE_KEYS, sort=True)]
     out = pd.DataFrame(rows, columns=TUNED_COLUMNS)
+    out["ci_note"] = ""
     return _tuned_speedups(out, runs)
 
 
-def _values(runs: pd.DataFrame, row, column: str) -> list[float]:
-    c = candidate_runs(runs)
-    sel = c[
-        (c["status"] == "completed")
-        & (c["partition"] == row.partition)
-        & (c["backend"] == row.backend)
-        & (c["batch_per_worker"] == row.batch_per_worker)
-        & (c["workers"] == row.workers)
-        & (c["lr_rule"] == row.lr_rule)
-        & (c["candidate"] == row.candidate)
-    ]
-    return sel[column].tolist()
+def _rerun_values(runs: pd.DataFrame, row, column: str) -> tuple[list, list]:
+    """(values, repeat indices) of the completed re-runs of a selected candidate."""
+    c = candidate_runs(runs, "rerun")
+    c = c[c["status"] == "completed"]
+    sel = _match(c, row._asdict(), CANDIDATE_KEYS)
+    return sel[column].tolist(), sel["repeat"].tolist()
 
 
 def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """Speedup of each selected candidate against the selected 1-worker candidate."""
+    """Speedup of each selected candidate's re-runs against the selected 1-worker
+    candidate's re-runs."""
     if out.empty:
         return out
     base = {
@@ -189,24 +255,23 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     for r in out.itertuples(index=False):
         b = base.get((r.partition, r.backend, r.batch_per_worker))
         s = st = lo = hi = math.nan
-        if b is None or b.status == "all_failed" or r.status == "all_failed":
-            note = "no interval: no completed 1-worker candidate" if b is None else ""
-            note = note or "no interval: candidates failed or missing"
-        elif bool(r.target_too_loose) or bool(b.target_too_loose):
-            s = b.epoch_time_s / r.epoch_time_s
-            note = TOO_LOOSE
+        if b is None:
+            note = "no interval: no 1-worker tuning group"
+        elif b.status != "selected" or r.status != "selected":
+            worst = r.status if r.status != "selected" else b.status
+            note = f"no interval: {worst.replace('_', ' ')}" + (
+                " (1-worker group)" if r.status == "selected" else ""
+            )
         else:
             s = b.epoch_time_s / r.epoch_time_s
-            st = b.time_to_target_s / r.time_to_target_s
+            bv, bi = _rerun_values(runs, b, "time_to_target_s")
+            v, i = _rerun_values(runs, r, "time_to_target_s")
             name = f"tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}"
-            lo, hi, note = speedup_interval(
-                _values(runs, b, "time_to_target_s"),
-                _values(runs, r, "time_to_target_s"),
-                name,
-                what="repeats that reached the target",
-            )
-            if not np.isfinite(st):
-                note = "target not reached" + (" by the 1-worker candidate" if r is not b else "")
+            lo, hi, note = speedup_interval(bv, v, name, base_repeats=bi, repeats=i)
+            if bool(r.target_too_loose) or bool(b.target_too_loose):
+                lo, hi, note = math.nan, math.nan, TOO_LOOSE
+            else:
+                st = b.time_to_target_s / r.time_to_target_s
         for c, v in zip(cols, (s, st, lo, hi, note)):
             cols[c].append(v)
     out = out.copy()
@@ -264,6 +329,7 @@ def run(args) -> int:
         status = read_status(status_path) if status_path.exists() else None
     tuned = select_tuned(runs, status)
     write_csv(tuned, args.out)
-    n = (tuned["status"] == "selected").sum() if not tuned.empty else 0
-    print(f"select-tuned: {len(tuned)} tuning groups, {n} with a candidate that reached the target")
+    counts = tuned["status"].value_counts() if not tuned.empty else {}
+    parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("selected", "awaiting_reruns"))
+    print(f"select-tuned: {len(tuned)} tuning groups ({parts})")
     return 0

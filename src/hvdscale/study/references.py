@@ -11,9 +11,11 @@ study's figures). Quantities and what counts as better:
   data_share           the same for data loading, over all configurations  lower is better
   batch_epoch_speedup  epoch time at batch_from / at batch_to               higher is better
 
-Verdict: the band is reference +- tolerance. With an interval, the verdict is better or
-worse only when the whole interval lies outside the band (the deviation is not noise);
-without one, the measured value decides. not measured: nothing to compare.
+Verdict: the band is reference +- tolerance. With an interval (analysis/stats.CI_METHOD),
+the verdict is better or worse only when the whole interval lies outside the band (the
+deviation is not noise), within only when it lies inside, and inconclusive when it
+straddles an edge of the band; without one, the measured value decides. not measured:
+nothing to compare.
 
 Outputs results/scaling/references.csv. ``--strict`` exits 1 when a verdict is worse
 (after writing the table); ``--check CSV`` only checks an existing table: rule
@@ -50,7 +52,7 @@ COLUMNS = [
     "configuration",
     "note",
 ]
-VERDICTS = ["within", "better", "worse", "not measured"]
+VERDICTS = ["within", "better", "worse", "inconclusive", "not measured"]
 LABELS = {
     "speedup_per_gpu": "Speedup per GPU",
     "sync_share": "Sync share of step time",
@@ -60,16 +62,19 @@ LABELS = {
 
 
 def verdict(measured, ci, reference: float, tolerance: float, better: str) -> str:
-    """within / better / worse / not measured (see the module doc)."""
+    """within / better / worse / inconclusive / not measured (see the module doc)."""
     if measured is None or not math.isfinite(measured):
         return "not measured"
     lo, hi = ci if ci is not None else (measured, measured)
-    if lo > reference + tolerance:
+    band_lo, band_hi = reference - tolerance, reference + tolerance
+    if lo > band_hi:
         side = "higher"
-    elif hi < reference - tolerance:
+    elif hi < band_lo:
         side = "lower"
-    else:
+    elif band_lo <= lo and hi <= band_hi:
         return "within"
+    else:  # the interval straddles an edge of the band: the data cannot tell
+        return "inconclusive"
     return "better" if side == better else "worse"
 
 

@@ -1,0 +1,216 @@
+"""results/scaling/headline.csv: the time-to-target speedup and why (issue 16, item 7).
+
+One row per (partition, backend, batch_per_worker, workers > 1, tuned False/True):
+
+  ttt_speedup     epoch_speedup x epochs_ratio, with a 95 % bootstrap interval
+                  (ttt_lo, ttt_hi) that resamples each run's epoch time and epochs to
+                  target together (analysis/stats.product_interval)
+  epoch_speedup   median epoch time of the 1-worker runs / of the n-worker runs
+                  (hardware: the phase split says where it goes), epoch_lo/epoch_hi
+  epochs_ratio    median epochs to target of the 1-worker runs / of the n-worker runs
+                  (statistics: a larger global batch usually needs more epochs); censored
+                  runs count as +inf, a median exists while fewer than half are censored
+  retained_fraction  ttt_speedup / epoch_speedup (= epochs_ratio): how much of the
+                  parallel gain survives at equal accuracy
+  reached/total, base_reached/base_total   runs that reached the target, per side
+  b_simple, critical_batch   McCandlish et al.'s simple noise scale of the n-worker
+                  runs (hvdscale.noise_scale: local against allreduced gradient norms)
+  predicted_epochs_ratio     (1 + B_1/B_crit) / (1 + B_n/B_crit), B = global batch
+  note            why a value is missing; ci_method: analysis/stats.CI_METHOD
+
+The decomposition holds by construction: ttt_speedup is defined as the product of the
+two factors. The measured ratio of median times to target (summary.csv speedup_ttt) is
+close to it but not equal: a median of products (time to target ~ epochs x epoch time)
+is not the product of the medians, and the time to target also holds the warm-up
+epoch's extra time and the validation passes, which the median epoch time leaves out.
+
+Untuned rows use each group's preferred LR rule (analysis/select.pref_lr: 'none' where
+measured); tuned rows the selected candidates' re-runs only (analysis/tuning.py),
+against the selected 1-worker candidate's re-runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from hvdscale.analysis.select import pref_lr
+from hvdscale.analysis.stats import (
+    CI_METHOD,
+    censor_note,
+    censored_median,
+    product_interval,
+    speedup_interval,
+)
+from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned
+from hvdscale.noise_scale import estimate, predicted_epochs_ratio
+
+HEADLINE_COLUMNS = [
+    "partition",
+    "backend",
+    "batch_per_worker",
+    "workers",
+    "tuned",
+    "ttt_speedup",
+    "ttt_lo",
+    "ttt_hi",
+    "reached",
+    "total",
+    "base_reached",
+    "base_total",
+    "epoch_speedup",
+    "epoch_lo",
+    "epoch_hi",
+    "epochs_ratio",
+    "retained_fraction",
+    "b_simple",
+    "critical_batch",
+    "predicted_epochs_ratio",
+    "global_batch",
+    "note",
+    "ci_method",
+]
+
+
+def noise_scale_of(runs: pd.DataFrame) -> float:
+    """B_simple from the runs' noise-scale sums: step-weighted means of the squared
+    norms over runs (a ratio of means), then hvdscale.noise_scale.estimate."""
+    cols = ["ns_b_local", "ns_b_global", "ns_steps", "ns_g_local_sq", "ns_g_global_sq"]
+    if runs.empty or any(c not in runs for c in cols):
+        return math.nan
+    ns = runs[cols].apply(pd.to_numeric, errors="coerce").dropna()
+    ns = ns[ns["ns_steps"] > 0]
+    if ns.empty or ns["ns_b_local"].nunique() != 1 or ns["ns_b_global"].nunique() != 1:
+        return math.nan
+    w = ns["ns_steps"].to_numpy(float)
+    gl = float(np.average(ns["ns_g_local_sq"], weights=w))
+    gg = float(np.average(ns["ns_g_global_sq"], weights=w))
+    return estimate(ns["ns_b_local"].iloc[0], ns["ns_b_global"].iloc[0], gl, gg)[2]
+
+
+def _median_ratio(b: pd.Series, g: pd.Series) -> tuple[float, str]:
+    mb, rb, tb = censored_median(b.tolist())
+    mg, rg, tg = censored_median(g.tolist())
+    notes = [
+        f"{side}: {n}"
+        for side, n in (("1 worker", censor_note(rb, tb)), ("n workers", censor_note(rg, tg)))
+        if n
+    ]
+    return mb / mg, "; ".join(notes)
+
+
+def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
+    """The headline figures of completed n-worker ``runs`` against completed 1-worker
+    ``base`` runs (same partition, backend, per-worker batch)."""
+    out = {
+        "reached": int(runs["reached_target"].astype(bool).sum()),
+        "total": int(runs["epochs_to_target"].notna().sum()),
+        "base_reached": int(base["reached_target"].astype(bool).sum()),
+        "base_total": int(base["epochs_to_target"].notna().sum()),
+    }
+    reps = dict(base_repeats=base["repeat"].tolist(), repeats=runs["repeat"].tolist())
+    out["epoch_speedup"] = float(base["epoch_time_s"].median() / runs["epoch_time_s"].median())
+    out["epoch_lo"], out["epoch_hi"], enote = speedup_interval(
+        base["epoch_time_s"], runs["epoch_time_s"], name + "/epoch", **reps
+    )
+    ratio, cnote = _median_ratio(base["epochs_to_target"], runs["epochs_to_target"])
+    out["epochs_ratio"] = ratio
+    out["ttt_speedup"] = out["epoch_speedup"] * ratio
+    out["retained_fraction"] = out["ttt_speedup"] / out["epoch_speedup"]
+    b = base.dropna(subset=["epoch_time_s", "epochs_to_target"])
+    g = runs.dropna(subset=["epoch_time_s", "epochs_to_target"])
+    tlo = thi = math.nan
+    tnote = cnote
+    if not cnote:
+        tlo, thi, tnote = product_interval(
+            [b["epoch_time_s"], b["epochs_to_target"]],
+            [g["epoch_time_s"], g["epochs_to_target"]],
+            name + "/ttt",
+            base_repeats=b["repeat"].tolist(),
+            repeats=g["repeat"].tolist(),
+        )
+    out["ttt_lo"], out["ttt_hi"] = tlo, thi
+    bc = noise_scale_of(runs)
+    out["b_simple"] = out["critical_batch"] = bc
+    notes = [n for n in (tnote, "epoch time: " + enote if enote else "") if n]
+    if not math.isfinite(bc):
+        notes.append("no noise scale (no multi-worker noise-scale record)")
+    out["note"] = "; ".join(dict.fromkeys(notes))
+    return out
+
+
+def _untuned(runs: pd.DataFrame) -> list[dict]:
+    plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
+    done = plain[plain["status"] == "completed"]
+    rows = []
+    for (part, be, bs), grp in done.groupby(["partition", "backend", "batch_per_worker"]):
+        lr = pref_lr(grp["lr_rule"])
+        grp = grp[grp["lr_rule"] == lr]
+        base = grp[grp["workers"] == 1]
+        for w, g in grp[grp["workers"] > 1].groupby("workers"):
+            row = dict(partition=part, backend=be, batch_per_worker=int(bs), workers=int(w))
+            row.update(tuned=False, global_batch=int(w * bs))
+            if base.empty:
+                row["note"] = "no completed 1-worker baseline"
+            else:
+                row.update(factors(base, g, f"headline/{part}/{be}/{bs}/{lr}/{w}"))
+            rows.append(row)
+    return rows
+
+
+def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
+    tuned = select_tuned(runs, status)
+    if tuned.empty:
+        return []
+    re_ = candidate_runs(runs, "rerun")
+    re_ = re_[re_["status"] == "completed"]
+    base = {
+        (r.partition, r.backend, r.batch_per_worker): r
+        for r in tuned[tuned["workers"] == 1].itertuples(index=False)
+    }
+    rows = []
+    for r in tuned[tuned["workers"] > 1].itertuples(index=False):
+        row = dict(partition=r.partition, backend=r.backend, batch_per_worker=r.batch_per_worker)
+        row.update(workers=r.workers, tuned=True, global_batch=r.global_batch)
+        b = base.get((r.partition, r.backend, r.batch_per_worker))
+        if b is None or b.status != "selected" or r.status != "selected":
+            worst = r.status if b is None or r.status != "selected" else b.status
+            row["note"] = f"tuned: {str(worst).replace('_', ' ')}"
+        else:
+            pick = [
+                re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(axis=1)]
+                for x in (b, r)
+            ]
+            row.update(
+                factors(
+                    pick[0],
+                    pick[1],
+                    f"headline/tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}",
+                )
+            )
+        rows.append(row)
+    return rows
+
+
+def headline(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
+    """headline.csv from runs.csv (and status.csv for the tuning groups)."""
+    if runs.empty:
+        return pd.DataFrame(columns=HEADLINE_COLUMNS)
+    if "kind" not in runs:
+        runs = runs.assign(kind="")
+    rows = _untuned(runs) + _tuned(runs, status)
+    out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+    bn = out["global_batch"].astype(float)
+    b1 = out["batch_per_worker"].astype(float)
+    out["predicted_epochs_ratio"] = [
+        predicted_epochs_ratio(x1, xn, bc) for x1, xn, bc in zip(b1, bn, out["critical_batch"])
+    ]
+    for c in ("reached", "total", "base_reached", "base_total"):
+        out[c] = out[c].astype("Int64")
+    out["note"] = out["note"].fillna("")
+    out["ci_method"] = CI_METHOD
+    return out.sort_values(
+        ["partition", "backend", "batch_per_worker", "workers", "tuned"], kind="stable"
+    ).reset_index(drop=True)
