@@ -11,6 +11,7 @@ from pathlib import Path
 import fixtures_runs as F
 import pandas as pd
 import pytest
+import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
 
 from hvdscale.analysis.aggregate import aggregate, read_summary
 from hvdscale.analysis.plots import FIGURES
@@ -217,7 +218,7 @@ def test_partial_report_lists_missing_and_failed_runs(partial):
     for st, rid in special.items():
         assert status.loc[rid, "status"] == st
     text = pdf_text(out["report"])
-    assert "Missing and failed runs" in text and "did not complete" in text
+    assert "Missing, failed and mislabelled runs" in text and "did not complete" in text
     for rid in special.values():
         assert rid in text
     assert "srun: error: node failure" in text  # the failure.json error
@@ -418,7 +419,7 @@ def test_report_shows_speedup_at_equal_accuracy_with_intervals(tmp_path):
     flat = " ".join(text.split())
     assert "Speedup at equal accuracy" in text
     assert "Time to target counts the training wall time from the start of training" in flat
-    assert "Sample budget" in flat
+    assert "Budget: every run" in flat
     assert "Batch 75 -> 1000 per worker" in flat
     assert "Learning-rate re-tuning" in text
     summary = read_summary(out["summary"])

@@ -40,8 +40,7 @@ FACTOR_NOTE = (
     "reached the target. Brackets: 95 % bootstrap intervals."
 )
 FACTOR_HEADER = [
-    "Partition",
-    "Backend",
+    "Partition / backend",
     "Batch",
     "Workers",
     "Global",
@@ -138,8 +137,7 @@ def factor_cells(x) -> list[str]:
         else fmt.MISSING
     )
     return [
-        x.partition,
-        x.backend,
+        f"{x.partition} / {x.backend}",
         str(int(x.batch_per_worker)),
         str(int(x.workers)),
         str(int(x.global_batch)) if fmt.isnum(x.global_batch) else fmt.MISSING,
@@ -174,8 +172,7 @@ def noise_sentence(x) -> str | None:
         )
     if fmt.isnum(p):
         return head + (
-            f"; predicted epochs ratio {fmt.speedup(p)}, not measured (no median epochs to "
-            "target on both sides)."
+            f"; predicted epochs ratio {fmt.speedup(p)}, not measured (no median epochs to target)."
         )
     return head + "."
 
@@ -183,7 +180,8 @@ def noise_sentence(x) -> str | None:
 def conclusion(x) -> str:
     """What follows from one row's numbers, in words (never more)."""
     ws = workers_text(x.workers)
-    label = f"Batch {int(x.batch_per_worker)}, {ws}{' (tuned)' if x.tuned else ''}"
+    label = f"Batch {int(x.batch_per_worker)}, {ws} ({x.partition}, {x.backend}"
+    label += ", tuned)" if x.tuned else ")"
     e, m = x.epoch_speedup, x.epochs_ratio
     if fmt.isnum(x.ttt_speedup):
         text = f"{label}: time to target {fmt.speedup(x.ttt_speedup)}x"
@@ -233,7 +231,7 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
         return
     cells = [factor_cells(x) for x in rows.itertuples()]
     cells = [c[:-1] + [d.cell(c[-1])] for c in cells]
-    widths = [13, 11, 9, 10, 10, 9, 25, 25, 12, 12, 17, 27]
+    widths = [20, 10, 13, 12, 11, 25, 25, 13, 14, 15, 22]
     d.table(FACTOR_NOTE, FACTOR_HEADER, cells, widths, align_right_from=2)
     d.h2("Gradient noise scale and critical batch size")
     noise = [s for s in (noise_sentence(x) for x in rows.itertuples()) if s]
