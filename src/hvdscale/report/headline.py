@@ -312,4 +312,8 @@ def headline_section(d, r) -> None:
         )
         return
     d.p("<b>Headline: speedup at equal accuracy</b> (medians over repeats, 95 % intervals)")
-    d.bullets([escape(s) for s in sentences])
+    bold = []
+    for s in sentences:
+        head, _, rest = s.partition(": ")
+        bold.append(f"<b>{escape(head)}</b>: {escape(rest)}")
+    d.bullets(bold)

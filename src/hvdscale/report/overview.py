@@ -24,9 +24,8 @@ ORDER = {"mislabelled": 0, "failed": 1, "nan_loss": 2, "malformed": 3, "missing"
 
 def statuses(status: pd.DataFrame) -> list[str]:
     """The known statuses, then any other one the table has (in order of appearance)."""
-    extra = [s for s in dict.fromkeys(status["status"].astype(str)) if s not in STATUSES]
     known = STATUSES + [s for s in ("mislabelled",) if s not in STATUSES]
-    return known + extra
+    return known + [s for s in dict.fromkeys(status["status"].astype(str)) if s not in known]
 
 
 def status_counts(status: pd.DataFrame) -> tuple[list[str], list[list]]:
@@ -54,19 +53,20 @@ def title_section(d: Doc, r: ReportData) -> None:
         ),
         "subtitle",
     )
-    pending = n_total - n_done
+    n_bad = int(status["status"].eq("mislabelled").sum())
+    pending = n_total - n_done - n_bad
     state = (
-        "All runs completed."
+        ""
         if pending == 0
         else f"{pending} of {n_total} runs did not complete (see the last section); "
-        "results are partial."
+        "results are partial. "
     )
-    n_bad = int(status["status"].eq("mislabelled").sum())
     if n_bad:
         state += (
-            f" {n_bad} run{'s are' if n_bad > 1 else ' is'} mislabelled (label proof failed): "
+            f"{n_bad} run{'s are' if n_bad > 1 else ' is'} mislabelled (label proof failed): "
             "excluded from every statistic and listed in the last section."
         )
+    state = state.strip() or "All runs completed."
     d.p(f"This report is generated from the run records by <i>hvdscale report</i>. {state}")
     headline_section(d, r)
     head, rows = status_counts(status)
