@@ -301,3 +301,11 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
         assert needle in text, needle
     assert "does not buy a faster convergence" not in text
     assert "buys no faster convergence" not in text
+
+
+def test_results_table_time_to_target_carries_reached_over_total():
+    from hvdscale.report.results import ttt_with_counts
+
+    assert ttt_with_counts(12.34, 4, 5) == f"{fmt.seconds(12.34)} (4/5)"
+    assert ttt_with_counts(math.nan, 2, 5) == f"{CENSORED} (2/5)"
+    assert ttt_with_counts(math.nan, math.nan, 0) == fmt.MISSING

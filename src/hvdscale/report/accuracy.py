@@ -1,8 +1,10 @@
-"""The report's "speedup at equal accuracy" section: the target and how time to target is
-measured, the sample budget, the table of time-to-target speedups untuned and tuned with
-95 % intervals and repeat counts, the answer to the reference study's batch 75 -> 1000
-question in one generated sentence, and the figures of the registry's "accuracy"
-section."""
+"""The report's "speedup at equal accuracy" section: the target (target.json or the
+config) and how time to target is measured, the budget, every time to target with
+reached/total ("> budget" for censored runs), the two factors of every time-to-target
+speedup with the noise-scale prediction and the conclusions that follow from them
+(report/equal_accuracy.py, from headline.csv; without it the speedups of summary.csv and
+tuned.csv), the answer to the reference study's batch 75 -> 1000 question in one
+generated sentence, and the figures of the registry's "accuracy" section."""
 
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ def batch_question(
     target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
         return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
-    text += f"; to the target test loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
+    text += f"; to the target loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
     cand = runs[runs["candidate"] != ""] if runs is not None and "candidate" in runs else None
     sel = (
         cand[
