@@ -262,7 +262,7 @@ def rendered(tmp_path_factory):
         args += [f"--{k}", str(out[k])]
     args += ["--plots-dir", str(out["plots"]), "--headline", str(head)]
     assert main(args + ["--target", str(target), "--out", str(pdf)]) == 0
-    return pdf, bad, len(gloo2)
+    return pdf, bad, len(gloo2), args
 
 
 def _text(pdf, *pages) -> str:
@@ -273,7 +273,7 @@ def _text(pdf, *pages) -> str:
 
 @pytest.mark.skipif(shutil.which("pdftotext") is None, reason="poppler-utils not installed")
 def test_rendered_report_first_page_and_equal_accuracy(rendered):
-    pdf, bad, n_gloo2 = rendered
+    pdf, bad, n_gloo2, _ = rendered
     first = _text(pdf, 1, 1)
     assert "Batch 75 per worker (local, gloo): untuned, 2 workers reach the target" in first
     assert (
@@ -309,3 +309,20 @@ def test_results_table_time_to_target_carries_reached_over_total():
     assert ttt_with_counts(12.34, 4, 5) == f"{fmt.seconds(12.34)} (4/5)"
     assert ttt_with_counts(math.nan, 2, 5) == f"{CENSORED} (2/5)"
     assert ttt_with_counts(math.nan, math.nan, 0) == fmt.MISSING
+
+
+def test_report_command_names_a_malformed_input(rendered, tmp_path, capsys):
+    from hvdscale.cli import main
+
+    pdf, _, _, args = rendered
+    head = tmp_path / "headline.csv"
+    head.write_text("partition,backend\nlocal,mpi\n")
+    target = RF.write_target(tmp_path / "target.json", RF.target_spec())
+    out = ["--target", str(target), "--out", str(tmp_path / "r.pdf")]
+    assert main(args[:-1] + [str(head)] + out) == 2
+    err = capsys.readouterr().err
+    assert f"headline table {head}: missing column(s)" in err
+    target.write_text("{}")
+    assert main(args + ["--target", str(target), "--out", str(tmp_path / "r.pdf")]) == 2
+    assert f"target file {target}: missing key(s) mode" in capsys.readouterr().err
+    assert not (tmp_path / "r.pdf").exists()
