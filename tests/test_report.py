@@ -42,86 +42,22 @@ def pipeline(
         "plots": root / "plots",
         "report": root / "report.pdf",
     }
-    assert (
-        main(
-            [
-                "aggregate",
-                "--runs-dir",
-                str(runs_dir),
-                "--config",
-                str(full),
-                "--out-runs",
-                str(out["runs"]),
-                "--out-summary",
-                str(out["summary"]),
-                "--out-status",
-                str(out["status"]),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "fit-costmodel",
-                "--allreduce",
-                *map(str, allreduce),
-                "--summary",
-                str(out["summary"]),
-                "--runs",
-                str(out["runs"]),
-                "--out",
-                str(out["costmodel"]),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "plot",
-                "--runs",
-                str(out["runs"]),
-                "--summary",
-                str(out["summary"]),
-                "--costmodel",
-                str(out["costmodel"]),
-                "--outdir",
-                str(out["plots"]),
-            ]
-        )
-        == 0
-    )
+    o = {k: str(v) for k, v in out.items()}
+    tables = ["--runs", o["runs"], "--summary", o["summary"]]
+    aggregate_args = ["aggregate", "--runs-dir", str(runs_dir), "--config", str(full)]
+    aggregate_args += ["--out-runs", o["runs"], "--out-summary", o["summary"]]
+    assert main(aggregate_args + ["--out-status", o["status"], "--quiet"]) == 0
+    fit = ["fit-costmodel", "--allreduce", *map(str, allreduce), *tables]
+    assert main(fit + ["--out", o["costmodel"]]) == 0
+    assert main(["plot", *tables, "--costmodel", o["costmodel"], "--outdir", o["plots"]]) == 0
     extra = []
     if provenance is not None:
         (root / "provenance.json").write_text(json.dumps(provenance))
         extra = ["--provenance", str(root / "provenance.json")]
-    assert (
-        main(
-            [
-                "report",
-                "--config-file",
-                str(CONFIG_FILE),
-                "--config",
-                str(full),
-                "--runs",
-                str(out["runs"]),
-                "--summary",
-                str(out["summary"]),
-                "--status",
-                str(out["status"]),
-                "--costmodel",
-                str(out["costmodel"]),
-                "--plots-dir",
-                str(out["plots"]),
-                "--out",
-                str(out["report"]),
-                *extra,
-            ]
-        )
-        == 0
-    )
+    report = ["report", "--config-file", str(CONFIG_FILE), "--config", str(full), *tables]
+    report += ["--status", o["status"], "--costmodel", o["costmodel"]]
+    report += ["--plots-dir", o["plots"], "--out", o["report"], *extra]
+    assert main(report) == 0
     return out
 
 
