@@ -11,6 +11,7 @@ from pathlib import Path
 import fixtures_runs as F
 import pandas as pd
 import pytest
+import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
 
 from hvdscale.analysis.aggregate import aggregate, read_summary
 from hvdscale.analysis.plots import FIGURES
@@ -41,86 +42,22 @@ def pipeline(
         "plots": root / "plots",
         "report": root / "report.pdf",
     }
-    assert (
-        main(
-            [
-                "aggregate",
-                "--runs-dir",
-                str(runs_dir),
-                "--config",
-                str(full),
-                "--out-runs",
-                str(out["runs"]),
-                "--out-summary",
-                str(out["summary"]),
-                "--out-status",
-                str(out["status"]),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "fit-costmodel",
-                "--allreduce",
-                *map(str, allreduce),
-                "--summary",
-                str(out["summary"]),
-                "--runs",
-                str(out["runs"]),
-                "--out",
-                str(out["costmodel"]),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "plot",
-                "--runs",
-                str(out["runs"]),
-                "--summary",
-                str(out["summary"]),
-                "--costmodel",
-                str(out["costmodel"]),
-                "--outdir",
-                str(out["plots"]),
-            ]
-        )
-        == 0
-    )
+    o = {k: str(v) for k, v in out.items()}
+    tables = ["--runs", o["runs"], "--summary", o["summary"]]
+    aggregate_args = ["aggregate", "--runs-dir", str(runs_dir), "--config", str(full)]
+    aggregate_args += ["--out-runs", o["runs"], "--out-summary", o["summary"]]
+    assert main(aggregate_args + ["--out-status", o["status"], "--quiet"]) == 0
+    fit = ["fit-costmodel", "--allreduce", *map(str, allreduce), *tables]
+    assert main(fit + ["--out", o["costmodel"]]) == 0
+    assert main(["plot", *tables, "--costmodel", o["costmodel"], "--outdir", o["plots"]]) == 0
     extra = []
     if provenance is not None:
         (root / "provenance.json").write_text(json.dumps(provenance))
         extra = ["--provenance", str(root / "provenance.json")]
-    assert (
-        main(
-            [
-                "report",
-                "--config-file",
-                str(CONFIG_FILE),
-                "--config",
-                str(full),
-                "--runs",
-                str(out["runs"]),
-                "--summary",
-                str(out["summary"]),
-                "--status",
-                str(out["status"]),
-                "--costmodel",
-                str(out["costmodel"]),
-                "--plots-dir",
-                str(out["plots"]),
-                "--out",
-                str(out["report"]),
-                *extra,
-            ]
-        )
-        == 0
-    )
+    report = ["report", "--config-file", str(CONFIG_FILE), "--config", str(full), *tables]
+    report += ["--status", o["status"], "--costmodel", o["costmodel"]]
+    report += ["--plots-dir", o["plots"], "--out", o["report"], *extra]
+    assert main(report) == 0
     return out
 
 
@@ -217,7 +154,7 @@ def test_partial_report_lists_missing_and_failed_runs(partial):
     for st, rid in special.items():
         assert status.loc[rid, "status"] == st
     text = pdf_text(out["report"])
-    assert "Missing and failed runs" in text and "did not complete" in text
+    assert "Missing, failed and mislabelled runs" in text and "did not complete" in text
     for rid in special.values():
         assert rid in text
     assert "srun: error: node failure" in text  # the failure.json error
@@ -418,7 +355,7 @@ def test_report_shows_speedup_at_equal_accuracy_with_intervals(tmp_path):
     flat = " ".join(text.split())
     assert "Speedup at equal accuracy" in text
     assert "Time to target counts the training wall time from the start of training" in flat
-    assert "Sample budget" in flat
+    assert "Budget: every run" in flat
     assert "Batch 75 -> 1000 per worker" in flat
     assert "Learning-rate re-tuning" in text
     summary = read_summary(out["summary"])

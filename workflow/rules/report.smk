@@ -156,6 +156,8 @@ rule build_report:
         epochs=f"{RESULTS}/scaling/epochs.csv",
         tuned=f"{RESULTS}/scaling/tuned.csv",
         systems=f"{RESULTS}/scaling/systems.csv",
+        headline=f"{RESULTS}/scaling/headline.csv",
+        target=f"{RESULTS}/scaling/target.json",
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -175,7 +177,8 @@ rule build_report:
         " --runs {input.runs} --summary {input.summary} --status {input.status}"
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --references {input.references} --epochs {input.epochs} --tuned {input.tuned}"
-        " --systems {input.systems} --out {output} > {log} 2>&1"
+        " --systems {input.systems} --headline {input.headline} --target {input.target}"
+        " --out {output} > {log} 2>&1"
 
 
 # One archive of the finished study (not part of `all`): `make export`, or ask for

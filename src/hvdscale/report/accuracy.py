@@ -1,8 +1,10 @@
-"""The report's "speedup at equal accuracy" section: the target and how time to target is
-measured, the sample budget, the table of time-to-target speedups untuned and tuned with
-95 % intervals and repeat counts, the answer to the reference study's batch 75 -> 1000
-question in one generated sentence, and the figures of the registry's "accuracy"
-section."""
+"""The report's "speedup at equal accuracy" section: the target (target.json or the
+config) and how time to target is measured, the budget, every time to target with
+reached/total ("> budget" for censored runs), the two factors of every time-to-target
+speedup with the noise-scale prediction and the conclusions that follow from them
+(report/equal_accuracy.py, from headline.csv; without it the speedups of summary.csv and
+tuned.csv), the answer to the reference study's batch 75 -> 1000 question in one
+generated sentence, and the figures of the registry's "accuracy" section."""
 
 from __future__ import annotations
 
@@ -19,12 +21,15 @@ from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.report.equal_accuracy import factors_part, ttt_table
+from hvdscale.report.headline import describe_target
 
 TTT_NOTE = (
-    "Time to target counts the training wall time from the start of training: warm-up "
-    "epochs and the test evaluation after every epoch are included, the start-up (launch, "
-    "TensorFlow and Horovod initialisation, data loading, graph compilation) is not. It is "
-    "measured at epoch ends, so it is a multiple of the epoch times."
+    "Time to target counts the training wall time from the start of training until the end "
+    "of the first epoch whose validation loss is at or below the target: warm-up epochs and "
+    "the validation evaluation after every epoch are included, the start-up (launch, "
+    "framework initialisation, data loading, graph compilation) is not. A run that reaches "
+    "its budget first is censored: shown as '> budget', counted as +infinity, never dropped."
 )
 TABLE_NOTE = (
     "Speedup at equal accuracy. Epoch S: speedup of the median epoch time; TTT S: speedup "
@@ -183,7 +188,7 @@ def batch_question(
     target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
         return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
-    text += f"; to the target test loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
+    text += f"; to the target loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
     cand = runs[runs["candidate"] != ""] if runs is not None and "candidate" in runs else None
     sel = (
         cand[
@@ -207,7 +212,7 @@ def batch_question(
             )
         return text + (
             f", no re-tuning candidate at batch {b1} reached it within the sample budget: "
-            "the faster epoch buys no faster convergence here."
+            "those runs are censored (see the factors below for which factor stops them)."
         )
     ttt1 = pd.NA
     if runs is not None and epochs is not None:
@@ -227,32 +232,46 @@ def batch_question(
     return text + f", batch {b1} without re-tuning does not reach it within the budget."
 
 
+def _target_text(r: ReportData) -> str:
+    target = getattr(r, "target", None)
+    if target is not None:
+        return f"Target: {describe_target(target)} (results/scaling/target.json). "
+    return f"Target: {describe(target_spec(r.cfg))} (from the config). "
+
+
+def _budget_text(cfg: dict) -> str:
+    tr, data = cfg["training"], cfg["data"]
+    epochs = tr.get("max_epochs", tr.get("epochs"))
+    n_train = int(data["n_samples"] * data["train_fraction"])
+    cap = tr.get("max_train_s")
+    text = (
+        f"Budget: every run, tuning candidates included, trains until its validation loss "
+        f"reaches the target or at most {epochs} epochs over the same train split (about "
+        f"{n_train:,} samples)"
+        + (f" or {fmt.seconds(cap)} s of training" if fmt.isnum(cap) else "")
+        + ", whatever its batch size."
+    )
+    tune = cfg["scaling"].get("tune")
+    if tune:
+        n = len(tune["lr_rules"]) * len(tune["lr_multipliers"]) * len(tune["warmup_epochs"])
+        reruns = tune.get("rerun_repeats")
+        text += (
+            f" Re-tuning sweep: {n} candidates per worker count and batch (LR rules "
+            f"{', '.join(tune['lr_rules'])}; LR multipliers "
+            f"{', '.join(f'{m:g}' for m in tune['lr_multipliers'])}; warm-up epochs "
+            f"{', '.join(str(w) for w in tune['warmup_epochs'])}), {tune['repeats']} "
+            f"selection run{'s' if tune['repeats'] > 1 else ''} each"
+            + (f"; the winner re-run with {reruns} fresh seeds." if reruns else ".")
+        )
+    return text
+
+
 def accuracy_section(d: Doc, r: ReportData) -> None:
     d.section("Speedup at equal accuracy")
-    spec = target_spec(r.cfg)
-    d.p(escape(f"Target test loss: {describe(spec)}, resolved when the runs are aggregated. "))
-    d.p(escape(TTT_NOTE))
+    d.p(escape(_target_text(r) + TTT_NOTE))
     summary = r.summary
-    tuned = tuned_table(r)
     if r.cfg is not None:
-        tr, data = r.cfg["training"], r.cfg["data"]
-        n_train = int(data["n_samples"] * data["train_fraction"])
-        budget = (
-            f"Sample budget: every run, tuning candidates included, trains {tr['epochs']} "
-            f"epochs over the same train split (about {n_train:,} samples, "
-            f"{tr['epochs'] * n_train:,} samples in all), whatever its batch size."
-        )
-        tune = r.cfg["scaling"].get("tune")
-        if tune:
-            n = len(tune["lr_rules"]) * len(tune["lr_multipliers"]) * len(tune["warmup_epochs"])
-            budget += (
-                f" Re-tuning sweep: {n} candidates per worker count and batch (LR rules "
-                f"{', '.join(tune['lr_rules'])}; LR multipliers "
-                f"{', '.join(f'{m:g}' for m in tune['lr_multipliers'])}; warm-up epochs "
-                f"{', '.join(str(w) for w in tune['warmup_epochs'])}), {tune['repeats']} "
-                f"repeat{'s' if tune['repeats'] > 1 else ''} each."
-            )
-        d.p(escape(budget))
+        d.p(escape(_budget_text(r.cfg)))
     if summary is not None and not summary.empty and summary["target_too_loose"].any():
         n = int(summary["target_too_loose"].sum())
         d.p(
@@ -262,51 +281,45 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
                 "shown for them."
             )
         )
+    ttt_table(d, r.runs, r.status)
+    headline = getattr(r, "headline", None)
+    if headline is not None:
+        factors_part(d, headline)
+    else:
+        _summary_table(d, r)
     sentence = batch_question(summary, r.runs, getattr(r, "epochs", None))
     if sentence:
         d.p(escape(sentence))
-    rows = equal_accuracy_rows(summary, tuned)
-    if rows:
-        cells = [
-            [
-                x["partition"],
-                x["backend"],
-                str(int(x["batch_per_worker"])),
-                str(int(x["workers"])),
-                x["epoch"],
-                x["untuned"],
-                x["tuned"],
-                d.cell(x["candidate"]),
-                f"{x['n_untuned']}/{x['n_tuned']}",
-                d.cell(x["note"]),
-            ]
-            for x in rows
-        ]
-        widths = [13, 13, 10, 12, 23, 24, 24, 24, 7, 30]
-        d.table(TABLE_NOTE, HEADER, cells, widths, align_right_from=2)
-        has_tune = bool(r.cfg and r.cfg["scaling"].get("tune"))
-        if not has_tune:
-            d.p(
-                escape(
-                    "This study has no learning-rate re-tuning sweep (config scaling.tune; "
-                    "config/accuracy.yaml has one): the tuned columns are empty."
-                )
-            )
-        elif not any(fmt.isnum(_num(x["tuned"])) for x in rows if x["workers"] > 1):
-            d.p(
-                escape(
-                    "No multi-worker configuration has a tuned time-to-target speedup: even "
-                    "after re-tuning, more than one worker did not reach the 1-worker target "
-                    "within the sample budget. That is a result: the faster epoch does not "
-                    "buy a faster convergence here."
-                )
-            )
     for fig in in_section("accuracy"):
         r.figure(d, fig.name)
 
 
-def _num(text: str) -> float:
-    try:
-        return float(str(text).split(" ")[0])
-    except ValueError:
-        return math.nan
+def _summary_table(d: Doc, r: ReportData) -> None:
+    """Without headline.csv: the speedups of summary.csv and tuned.csv."""
+    rows = equal_accuracy_rows(r.summary, tuned_table(r))
+    if not rows:
+        return
+    cells = [
+        [
+            x["partition"],
+            x["backend"],
+            str(int(x["batch_per_worker"])),
+            str(int(x["workers"])),
+            x["epoch"],
+            x["untuned"],
+            x["tuned"],
+            d.cell(x["candidate"]),
+            f"{x['n_untuned']}/{x['n_tuned']}",
+            d.cell(x["note"]),
+        ]
+        for x in rows
+    ]
+    widths = [13, 13, 10, 12, 23, 24, 24, 24, 7, 30]
+    d.table(TABLE_NOTE, HEADER, cells, widths, align_right_from=2)
+    if not (r.cfg and r.cfg["scaling"].get("tune")):
+        d.p(
+            escape(
+                "This study has no learning-rate re-tuning sweep (config scaling.tune): the "
+                "tuned columns are empty."
+            )
+        )

@@ -8,27 +8,37 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES
-from hvdscale.analysis.target import describe, target_spec
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.report.headline import headline_section
+from hvdscale.report.method import equal_accuracy_bullets
 
 STATUS_NOTE = (
     "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "
     "failed: the job or the training raised an error; missing: no record; malformed: the "
-    "record failed validation)."
+    "record failed validation; mislabelled: the label proof failed, excluded from every "
+    "statistic)."
 )
+ORDER = {"mislabelled": 0, "failed": 1, "nan_loss": 2, "malformed": 3, "missing": 4}
+
+
+def statuses(status: pd.DataFrame) -> list[str]:
+    """The known statuses, then any other one the table has (in order of appearance)."""
+    known = STATUSES + [s for s in ("mislabelled",) if s not in STATUSES]
+    return known + [s for s in dict.fromkeys(status["status"].astype(str)) if s not in known]
 
 
 def status_counts(status: pd.DataFrame) -> tuple[list[str], list[list]]:
     st = status.copy()
     st["partition"] = st["partition"].fillna("(unparsable)")
+    cols = statuses(st)
     rows = []
     for part, g in st.groupby("partition", sort=True):
         vc = g["status"].value_counts()
-        rows.append([part] + [str(int(vc.get(c, 0))) for c in STATUSES] + [str(len(g))])
+        rows.append([part] + [str(int(vc.get(c, 0))) for c in cols] + [str(len(g))])
     vc = st["status"].value_counts()
-    rows.append(["all"] + [str(int(vc.get(c, 0))) for c in STATUSES] + [str(len(st))])
-    return ["Partition"] + STATUSES + ["total"], rows
+    rows.append(["all"] + [str(int(vc.get(c, 0))) for c in cols] + [str(len(st))])
+    return ["Partition"] + cols + ["total"], rows
 
 
 def title_section(d: Doc, r: ReportData) -> None:
@@ -43,19 +53,26 @@ def title_section(d: Doc, r: ReportData) -> None:
         ),
         "subtitle",
     )
-    pending = n_total - n_done
+    n_bad = int(status["status"].eq("mislabelled").sum())
+    pending = n_total - n_done - n_bad
     state = (
-        "All runs completed."
+        ""
         if pending == 0
         else f"{pending} of {n_total} runs did not complete (see the last section); "
-        "results are partial."
+        "results are partial. "
     )
-    d.p(
-        f"This report is generated from the run records by <i>hvdscale report</i>. {state} "
-        "Every speedup is shown next to the test loss that run reached."
-    )
+    if n_bad:
+        state += (
+            f"{n_bad} run{'s are' if n_bad > 1 else ' is'} mislabelled (label proof failed): "
+            "excluded from every statistic and listed in the last section."
+        )
+    state = state.strip() or "All runs completed."
+    d.p(f"This report is generated from the run records by <i>hvdscale report</i>. {state}")
+    headline_section(d, r)
     head, rows = status_counts(status)
-    d.table(STATUS_NOTE, head, rows, [40, 22, 20, 18, 20, 22, 18], keep=True)
+    first = 40 if len(head) <= 7 else 30
+    widths = [first] + [(180 - first) / (len(head) - 1)] * (len(head) - 1)
+    d.table(STATUS_NOTE, head, rows, widths, keep=True)
 
 
 def _provenance_rows(info: dict) -> list[tuple[str, str]]:
@@ -102,45 +119,48 @@ def provenance_section(d: Doc, r: ReportData) -> None:
     )
 
 
-def _method_bullets(warm, target) -> list[str]:
+def _method_bullets(warm) -> list[str]:
     return [
         "<b>Epoch time</b>: rank 0's wall-clock time (time.perf_counter) of one epoch: the "
-        "training step loop, the test-set evaluation and the reduction of the epoch's metrics, "
+        "training step loop, the validation evaluation and the reduction of the epoch's metrics, "
         f"as recorded in each run's metrics.json. The first {warm} epoch(s) of every run are "
         "warm-up (graph tracing, caches, learning-rate warm-up) and are excluded from every "
         "timing statistic.",
         "<b>Throughput</b>: samples of all ranks per second of the step loop (evaluation "
         "excluded).",
         "<b>Phase split</b>: data loading, compute (forward and backward pass), gradient "
-        "synchronisation (Horovod allreduce) and optimizer update, timed inside the compiled "
-        "training step on instrumented steps, scaled to all steps and averaged over ranks. The "
+        "synchronisation (the backend's allreduce: Horovod or PyTorch DDP) and optimizer "
+        "update, timed inside the compiled training step on instrumented steps, scaled to all "
+        "steps and averaged over ranks. The "
         "<b>shares</b> (sync, data) are each phase's sum over the timed epochs divided by the "
         "sum of the four phases, i.e. shares of the training-step time; the rest of the epoch "
         "wall time (evaluation, launch overhead) is 'other'.",
         "<b>Per run</b>: the median over the run's timed epochs of the epoch time, the "
         "throughput and the per-step phase times.",
         "<b>Repeats</b>: every configuration is run several times; tables show the median over "
-        "completed repeats and the min-max range in brackets.",
+        "completed repeats and the min-max range in parentheses.",
         "<b>Baseline</b>: speedup S(n) = T(1)/T(n) divides the median epoch time of the 1-worker "
         "run of the same partition, backend, per-worker batch size and learning-rate rule by "
         "that of n workers; efficiency E(n) = S(n)/n. A group without a completed 1-worker run "
         "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
         "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
         "<b>Time to target</b>: training wall time from the start of training (warm-up "
-        "epochs and test evaluation included, start-up excluded) until the end of the "
-        f"first epoch whose test loss is at or below the target ({escape(str(target))}); its "
-        "speedup S_ttt(n) uses the same baseline; a target met in the warm-up epoch is "
-        "flagged (target too loose), not shown as a speedup. Speedups and efficiencies carry "
-        "95 % bootstrap intervals over repeats that resample the baseline's repeats too (3 "
-        "or more completed repeats). Only nan_loss-free, completed runs enter the statistics.",
+        "epochs and validation evaluation included, start-up excluded) until the end of the "
+        "first epoch whose validation loss is at or below the target; its speedup S_ttt(n) "
+        "uses the same baseline and splits into epoch-time speedup x ratio of epochs to "
+        "target; a target met in the warm-up epoch is flagged (target too loose), not shown "
+        "as a speedup. Only completed runs enter the statistics (not failed, nan_loss or "
+        "mislabelled ones).",
     ]
 
 
 def method_section(d: Doc, r: ReportData) -> None:
     d.section("How the times were measured")
+    from hvdscale.analysis.stats import CI_METHOD
+
     warm = r.cfg["training"]["warmup_epochs"] if r.cfg else "the configured"
-    target = describe(target_spec(r.cfg)) if r.cfg else "the configured one"
-    d.bullets(_method_bullets(warm, target))
+    d.bullets(_method_bullets(warm))
+    d.bullets(equal_accuracy_bullets(r.cfg, getattr(r, "target", None), CI_METHOD, r.runs))
     runs = r.runs
     methods = sorted(set(runs["timing_method"].dropna())) if runs is not None and len(runs) else []
     for m in methods[:3]:
@@ -148,14 +168,23 @@ def method_section(d: Doc, r: ReportData) -> None:
 
 
 def missing_section(d: Doc, r: ReportData) -> None:
-    d.section("Missing and failed runs")
+    d.section("Missing, failed and mislabelled runs")
     status = r.status
     bad = status[status["status"] != "completed"].copy()
     if bad.empty:
         d.p(f"All {len(status)} runs of the run table completed.")
         return
-    order = {"failed": 0, "nan_loss": 1, "malformed": 2, "missing": 3}
-    bad = bad.assign(_o=bad["status"].map(order).fillna(9)).sort_values(["_o", "run_id"])
+    n_bad = int(bad["status"].eq("mislabelled").sum())
+    if n_bad:
+        d.p(
+            escape(
+                f"{n_bad} run{'s' if n_bad > 1 else ''} completed but "
+                f"{'are' if n_bad > 1 else 'is'} mislabelled: the label proof (world size and "
+                "collective recorded by the run) contradicts the run id. They are excluded "
+                "from every statistic of this report; the detail gives the proof's reasons."
+            )
+        )
+    bad = bad.assign(_o=bad["status"].map(ORDER).fillna(9)).sort_values(["_o", "run_id"])
     rows = [
         [
             d.cell(x.run_id),
@@ -168,8 +197,8 @@ def missing_section(d: Doc, r: ReportData) -> None:
         for x in bad.itertuples()
     ]
     d.table(
-        f"The {len(bad)} runs that did not complete, by status, with exit status and error "
-        "or reason.",
+        f"The {len(bad)} runs that did not complete or are mislabelled, by status, with exit "
+        "status and error or reason.",
         ["Run ID", "Status", "Exit", "Detail"],
         rows,
         [62, 16, 10, 92],

@@ -1,6 +1,7 @@
 """Typeset the scaling report (results/report.pdf) with reportlab.
 
-Sections: provenance (git commit, config file and hash, package versions of both
+Sections: the headline (one generated sentence per per-worker batch from headline.csv),
+provenance (git commit, config file and hash, package versions of both
 environments, hosts and hardware, dates); the system description per partition
 (systems.csv, when given); how every time was measured; tables of
 speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
@@ -12,7 +13,9 @@ Example
   hvdscale report --config-file config/thesis.yaml --config results/config/full.json \\
       --runs results/scaling/runs.csv --summary results/scaling/summary.csv \\
       --status results/scaling/status.csv --costmodel results/scaling/costmodel.json \\
-      --plots-dir results/plots --out results/report.pdf [--provenance results/provenance.json]
+      --plots-dir results/plots --headline results/scaling/headline.csv \\
+      --target results/scaling/target.json --out results/report.pdf \\
+      [--provenance results/provenance.json]
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def build_report(
     epochs=None,
     tuned=None,
     systems=None,
+    headline=None,
+    target=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
     from hvdscale.io import atomic_path
@@ -118,6 +123,8 @@ def build_report(
         epochs=epochs,
         tuned=tuned,
         systems=systems,
+        headline=headline,
+        target=target,
     )
     d = Doc()
     build_story(d, data)
@@ -160,6 +167,14 @@ def add_arguments(p):
     p.add_argument(
         "--systems", help="systems.csv (optional: the 'System description' section per partition)"
     )
+    p.add_argument(
+        "--headline",
+        help="headline.csv (the first page's headline and the factors of every speedup; "
+        "without it the first page says so)",
+    )
+    p.add_argument(
+        "--target", help="target.json of calibrate_target (without it: the config's target)"
+    )
     p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
 
 
@@ -195,8 +210,11 @@ def run(args) -> int:
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
     from hvdscale.analysis.systems import read_systems
+    from hvdscale.report.headline import read_headline, read_target
     from hvdscale.study.references import read_references
 
+    inputs["headline"] = read_headline(args.headline) if args.headline else None
+    inputs["target"] = read_target(args.target) if args.target else None
     build_report(
         args.out,
         config_file=args.config_file,

@@ -123,6 +123,8 @@ def collect(
 ) -> dict:
     """Everything the provenance section shows."""
     files = [config_file] if isinstance(config_file, (str, Path)) else list(config_file or [])
+    # Snakemake lists a config file given both as `configfile:` and `--configfile` twice
+    files = list(dict.fromkeys(str(f) for f in files))
     hosts, devices, cpus, commits, hashes, started = [], [], [], [], [], []
     if runs is not None and not runs.empty:
         for h in runs["hosts"].dropna():

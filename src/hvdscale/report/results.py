@@ -39,8 +39,10 @@ CONFIG_NOTE = (
     "target (S TTT) against the 1-worker baseline of the group, each with its 95 % bootstrap "
     "interval over repeats [lo-hi] that resamples the baseline's repeats too (none with fewer "
     "than 3 completed repeats: summary.csv's ci_note says why); sync and data shares of the "
-    "epoch time; final test loss and time to target (median over repeats that reached it; "
-    "'too loose': the target was met in the warm-up epoch). Runs: completed/expected repeats."
+    "epoch time; final test loss (evaluated once, at the end of each run) and time to the "
+    "target validation loss (median over repeats, a censored run counted as +infinity, with "
+    "reached/total; '> budget': half or more censored, no median; 'too loose': the target "
+    "was met in the warm-up epoch). Runs: completed/expected repeats."
 )
 CONFIG_HEADER = [
     "Workers",
@@ -54,7 +56,7 @@ CONFIG_HEADER = [
     "Sync",
     "Data",
     "Test loss",
-    "TTT (s)",
+    "TTT (s) (reached)",
 ]
 
 
@@ -131,8 +133,19 @@ def _config_row(x) -> list[str]:
         fmt.percent(x.sync_share),
         fmt.percent(x.data_share),
         fmt.loss(x.final_test_loss),
-        fmt.seconds(x.time_to_target_s),
+        ttt_with_counts(x.time_to_target_s, x.n_reached_target, x.n_completed),
     ]
+
+
+def ttt_with_counts(median, reached, total) -> str:
+    """A median time to target with reached/total: '12.3 (4/5)'; '> budget (2/5)' where
+    half or more of the runs are censored (no median)."""
+    if not fmt.isnum(total) or int(total) == 0:
+        return fmt.MISSING
+    counts = f"({int(reached) if fmt.isnum(reached) else 0}/{int(total)})"
+    if fmt.isnum(median):
+        return f"{fmt.seconds(median)} {counts}"
+    return f"> budget {counts}"
 
 
 def _config_table(d: Doc, summary: pd.DataFrame) -> None:
@@ -147,7 +160,7 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
         )
         rows.append([d.cell(head)] + [""] * 11)
         rows += [_config_row(x) for x in g.itertuples()]
-    widths = [10, 8, 8, 24, 14, 23, 21, 21, 11, 10, 15, 13]
+    widths = [10, 8, 8, 23, 13, 22, 21, 21, 10, 10, 13, 19]
     d.table(CONFIG_NOTE, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
 
 

@@ -1,0 +1,252 @@
+"""The tables and generated sentences of the report's "speedup at equal accuracy" section:
+every time to target with reached/total ("> budget" for a censored run, never dropped);
+the two factors of every time-to-target speedup (epoch-time speedup: hardware, x ratio of
+epochs to target: statistics) with the share of the epoch-time gain that survives; the
+gradient noise scale and the critical batch size it predicts (McCandlish et al. 2018);
+and the conclusions that follow from these numbers (none is written unconditionally)."""
+
+from __future__ import annotations
+
+import math
+import re
+from xml.sax.saxutils import escape
+
+import numpy as np
+import pandas as pd
+
+from hvdscale.report import fmt
+from hvdscale.report.headline import no_median, with_interval, workers_text
+
+CENSORED = "> budget"
+_KIND = re.compile(r"_(?P<kind>cal|rerun)_r[0-9]+$")
+_REPEAT = re.compile(r"_r[0-9]+$")
+
+TTT_TABLE_NOTE = (
+    "Time to the target validation loss of every completed run, per configuration (run id "
+    "without its repeat): median over repeats with a censored run counted as +infinity (a "
+    "median exists while fewer than half are censored), reached/total, and each repeat's "
+    f"time in repeat order; '{CENSORED}': the run hit its budget first (censored, kept). "
+    "Tuned configurations (kind rerun) are the winners of the tuning sweep re-run with fresh "
+    "seeds; tuning selection runs and calibration runs are not listed. Failed, nan_loss and "
+    "mislabelled runs are excluded and listed in the last section."
+)
+FACTOR_NOTE = (
+    "The two factors of every time-to-target (TTT) speedup against 1 worker: TTT S = epoch S "
+    "x epochs ratio. Epoch S: speedup of the epoch time (hardware; where it goes: the phase "
+    "split, sync and data shares in the Results tables and the time-per-step figure). "
+    "Epochs ratio: median epochs to target of 1 worker / of n workers (statistics: a larger "
+    "global batch needs more epochs). Retained: TTT S / epoch S, the share of the epoch-time "
+    "gain that survives at equal accuracy. Reached: n-worker runs / 1-worker runs that "
+    "reached the target. Brackets: 95 % bootstrap intervals."
+)
+FACTOR_HEADER = [
+    "Partition / backend",
+    "Batch",
+    "Workers",
+    "Global",
+    "Tuned",
+    "TTT S [95 % CI]",
+    "Epoch S [95 % CI]",
+    "Epochs ratio",
+    "Retained",
+    "Reached",
+    "Note",
+]
+
+
+def censored_median(times) -> float:
+    """Median of times to target with NaN/inf (censored) as +infinity; NaN where half or
+    more are censored (no median)."""
+    x = np.array([float(t) if fmt.isnum(t) else math.inf for t in times], dtype=float)
+    if x.size == 0 or 2 * int(np.isinf(x).sum()) >= x.size:
+        return math.nan
+    return float(np.median(x))
+
+
+def run_kind(run_id: str) -> str:
+    m = _KIND.search(str(run_id))
+    return m.group("kind") if m else ""
+
+
+def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dict]:
+    """One row per configuration (untuned runs and tuned re-runs) of the completed runs."""
+    if runs is None or runs.empty:
+        return []
+    ok = runs
+    if status is not None and len(status):
+        done = set(status.loc[status["status"] == "completed", "run_id"])
+        ok = runs[runs["run_id"].isin(done)]
+    ok = ok[ok["status"] == "completed"].copy()
+    ok["kind"] = ok["run_id"].map(run_kind)
+    cand = ok["candidate"].fillna("").astype(str) if "candidate" in ok else ""
+    ok = ok[(ok["kind"] == "rerun") | ((ok["kind"] == "") & (cand == ""))]
+    if ok.empty:
+        return []
+    ok["config"] = ok["run_id"].str.replace(_REPEAT, "", regex=True)
+    rows = []
+    order = ["partition", "backend", "batch_per_worker", "kind", "workers", "config"]
+    for cfg_id, g in ok.sort_values(order + ["repeat"]).groupby("config", sort=False):
+        reached = g["reached_target"].astype(bool) & g["time_to_target_s"].notna()
+        times = [t if ok_ else math.inf for t, ok_ in zip(g["time_to_target_s"], reached)]
+        each = [fmt.seconds(t) if math.isfinite(t) else CENSORED for t in times]
+        rows.append(
+            {
+                "config": cfg_id,
+                "workers": int(g["workers"].iloc[0]),
+                "global_batch": int(g["global_batch"].iloc[0]),
+                "tuned": g["kind"].iloc[0] == "rerun",
+                "reached": int(reached.sum()),
+                "total": len(g),
+                "median": censored_median(times),
+                "each": ", ".join(each),
+            }
+        )
+    return rows
+
+
+def ttt_table(d, runs, status) -> None:
+    rows = ttt_rows(runs, status)
+    if not rows:
+        d.p("No completed run has a time to target yet.")
+        return
+    cells = [
+        [
+            d.cell(x["config"]),
+            str(x["workers"]),
+            str(x["global_batch"]),
+            f"{x['reached']}/{x['total']}",
+            fmt.seconds(x["median"]) if fmt.isnum(x["median"]) else f"{CENSORED} (no median)",
+            d.cell(x["each"]),
+        ]
+        for x in rows
+    ]
+    header = ["Configuration", "Workers", "Global", "Reached", "Median TTT (s)", "Each repeat (s)"]
+    d.table(TTT_TABLE_NOTE, header, cells, [62, 13, 13, 14, 24, 54], align_right_from=1)
+
+
+def factor_cells(x) -> list[str]:
+    """A headline.csv row as a row of the factors table."""
+    ttt = (
+        with_interval(x.ttt_speedup, x.ttt_lo, x.ttt_hi)
+        if fmt.isnum(x.ttt_speedup)
+        else ("no median" if no_median(int(x.reached), int(x.total)) else fmt.MISSING)
+    )
+    epoch = (
+        with_interval(x.epoch_speedup, x.epoch_lo, x.epoch_hi)
+        if fmt.isnum(x.epoch_speedup)
+        else fmt.MISSING
+    )
+    return [
+        f"{x.partition} / {x.backend}",
+        str(int(x.batch_per_worker)),
+        str(int(x.workers)),
+        str(int(x.global_batch)) if fmt.isnum(x.global_batch) else fmt.MISSING,
+        "yes" if x.tuned else "no",
+        ttt,
+        epoch,
+        fmt.speedup(x.epochs_ratio),
+        fmt.percent(x.retained_fraction, 0),
+        f"{int(x.reached)}/{int(x.total)} | {int(x.base_reached)}/{int(x.base_total)}",
+        str(x.note or ""),
+    ]
+
+
+def noise_sentence(x) -> str | None:
+    """The critical batch size a configuration's gradient noise scale predicts, against
+    the measured epochs ratio; None without an estimate."""
+    if not fmt.isnum(x.b_simple) and not fmt.isnum(x.critical_batch):
+        return None
+    crit = x.critical_batch if fmt.isnum(x.critical_batch) else x.b_simple
+    head = (
+        f"Batch {int(x.batch_per_worker)} per worker, {workers_text(x.workers)} "
+        f"({x.partition}, {x.backend}{', tuned' if x.tuned else ''}; global batch "
+        f"{int(x.global_batch)}): B_simple = {fmt.rate(x.b_simple)}, so adding workers still "
+        f"pays at equal accuracy up to a global batch of about {fmt.rate(crit)}"
+    )
+    p, m = x.predicted_epochs_ratio, x.epochs_ratio
+    if fmt.isnum(p) and fmt.isnum(m):
+        rel = "close to" if abs(p - m) <= 0.1 * abs(m) else ("above" if p > m else "below")
+        return head + (
+            f"; predicted epochs ratio {fmt.speedup(p)}, measured {fmt.speedup(m)} "
+            f"(the prediction is {rel} the measurement)."
+        )
+    if fmt.isnum(p):
+        return head + (
+            f"; predicted epochs ratio {fmt.speedup(p)}, not measured (no median epochs to target)."
+        )
+    return head + "."
+
+
+def conclusion(x) -> str:
+    """What follows from one row's numbers, in words (never more)."""
+    ws = workers_text(x.workers)
+    label = f"Batch {int(x.batch_per_worker)}, {ws} ({x.partition}, {x.backend}"
+    label += ", tuned)" if x.tuned else ")"
+    e, m = x.epoch_speedup, x.epochs_ratio
+    if fmt.isnum(x.ttt_speedup):
+        text = f"{label}: time to target {fmt.speedup(x.ttt_speedup)}x"
+        if fmt.isnum(e) and fmt.isnum(m):
+            text += f" = epoch time {fmt.speedup(e)}x (hardware) x epochs ratio {fmt.speedup(m)}"
+            text += " (statistics)"
+            text += (
+                f": the larger global batch needs {1 / m:.2f}x the epochs of 1 worker"
+                if m < 1
+                else ": no more epochs than 1 worker"
+            )
+        if fmt.isnum(x.retained_fraction):
+            text += (
+                f"; {fmt.percent(x.retained_fraction, 0)} of the epoch-time gain survives at "
+                "equal accuracy"
+            )
+        return text + "."
+    if no_median(int(x.base_reached), int(x.base_total)):
+        return (
+            f"{label}: the 1-worker baseline reached the target in only "
+            f"{int(x.base_reached)}/{int(x.base_total)} runs: the budget was hit by the "
+            "baseline itself, so no speedup at equal accuracy can be measured."
+        )
+    if not fmt.isnum(e):
+        return f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached)."
+    if e <= 1:
+        return (
+            f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached) and the "
+            f"epoch is not faster ({fmt.speedup(e)}x): the hardware factor stops it."
+        )
+    return (
+        f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached) although the "
+        f"epoch is {fmt.speedup(e)}x faster: the epochs-to-target factor (statistics) stops it."
+    )
+
+
+def factors_part(d, headline: pd.DataFrame | None) -> None:
+    """The factors table, the noise-scale sentences and the conclusions."""
+    if headline is None:
+        d.p("No headline table was given: the factors of the speedups are not shown.")
+        return
+    rows = headline[headline["workers"] > 1].sort_values(
+        ["partition", "backend", "batch_per_worker", "workers", "tuned"]
+    )
+    if rows.empty:
+        d.p("No configuration with more than one worker in the headline table.")
+        return
+    cells = [factor_cells(x) for x in rows.itertuples()]
+    cells = [c[:-1] + [d.cell(c[-1])] for c in cells]
+    widths = [20, 10, 13, 12, 11, 25, 25, 13, 14, 15, 22]
+    d.table(FACTOR_NOTE, FACTOR_HEADER, cells, widths, align_right_from=2)
+    d.h2("Gradient noise scale and critical batch size")
+    noise = [s for s in (noise_sentence(x) for x in rows.itertuples()) if s]
+    if noise:
+        d.p(
+            escape(
+                "The simple gradient noise scale B_simple = tr(Sigma)/|G|^2 (McCandlish et "
+                "al. 2018, Appendix A), estimated during multi-worker training from the "
+                "squared norms of each worker's local gradient and of the allreduced "
+                "gradient, approximates the critical batch size: below it a larger batch "
+                "needs hardly more epochs, above it the epochs to target grow with the batch."
+            )
+        )
+        d.bullets([escape(s) for s in noise])
+    else:
+        d.p("No run recorded a gradient noise scale: no critical batch size is predicted.")
+    d.h2("What follows from these numbers")
+    d.bullets([escape(conclusion(x)) for x in rows.itertuples()])

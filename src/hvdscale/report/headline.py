@@ -1,0 +1,319 @@
+"""The report's headline: one generated sentence per per-worker batch (and worker count),
+untuned and tuned, from results/scaling/headline.csv, on the first page; and the readers
+of headline.csv and target.json with errors that name the file.
+
+A sentence follows from the numbers alone: a time-to-target speedup with its interval and
+reached/total, the epoch-time speedup, and the share of the epoch-time gain that survives
+at equal accuracy; or plainly that the runs do not reach the target within the budget,
+and which factor stops them.
+
+Example
+  "2 workers reach the target validation loss 1.40x [1.20-1.70] faster than 1 worker
+  (5/5 reached; 1 worker 5/5); epoch time 1.80x [1.70-1.90]; 78 % of the epoch-time gain
+  survives at equal accuracy"
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import pandas as pd
+
+from hvdscale.errors import UserError
+from hvdscale.report import fmt
+
+HEADLINE_COLUMNS = [
+    "partition",
+    "backend",
+    "batch_per_worker",
+    "workers",
+    "tuned",
+    "ttt_speedup",
+    "ttt_lo",
+    "ttt_hi",
+    "reached",
+    "total",
+    "base_reached",
+    "base_total",
+    "epoch_speedup",
+    "epoch_lo",
+    "epoch_hi",
+    "epochs_ratio",
+    "retained_fraction",
+    "b_simple",
+    "critical_batch",
+    "predicted_epochs_ratio",
+    "global_batch",
+    "note",
+    "ci_method",
+]
+_TEXT = ["partition", "backend", "note", "ci_method", "tuned"]
+_COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
+MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
+NO_INTERVAL = f"no interval: fewer than {MIN_REPEATS} repeats"
+TARGET_KEYS = ["mode", "value", "percent", "calibration_runs", "median_best_val_loss"]
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def read_headline(path) -> pd.DataFrame:
+    """headline.csv as a frame (``tuned`` bool, counts int, the rest float); a
+    UserError naming the file, column and row where it is missing or malformed."""
+    path = Path(path)
+    what = f"headline table {path}"
+    try:
+        df = pd.read_csv(path, dtype={c: "str" for c in _TEXT})
+    except FileNotFoundError:
+        raise UserError(f"{what}: not found (written by 'hvdscale aggregate')") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what}: not a readable CSV file ({exc})") from None
+    missing = [c for c in HEADLINE_COLUMNS if c not in df.columns]
+    if missing:
+        raise UserError(f"{what}: missing column(s) {', '.join(missing)}")
+    tuned = df["tuned"].fillna("").str.strip().str.lower()
+    bad = ~tuned.isin(["true", "false"])
+    if bad.any():
+        row = int(bad.idxmax()) + 2
+        raise UserError(f"{what}, line {row}: column tuned must be True or False")
+    df["tuned"] = tuned.eq("true")
+    for c in HEADLINE_COLUMNS:
+        if c in _TEXT:
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = num.isna() & df[c].notna()
+        if c in _COUNTS:
+            bad |= num.isna() | (num < 0) | (num != num.round())
+        if bad.any():
+            row = int(bad.idxmax()) + 2
+            kind = "a count (integer >= 0)" if c in _COUNTS else "a number or empty"
+            raise UserError(
+                f"{what}, line {row}: column {c} must be {kind}, got {df[c][bad].iloc[0]!r}"
+            )
+        df[c] = num.astype(int) if c in _COUNTS else num.astype(float)
+    for c in ("note", "ci_method"):
+        df[c] = df[c].fillna("")
+    return df
+
+
+def read_target(path) -> dict:
+    """target.json (rule calibrate_target); a UserError naming the file and key where it
+    is missing or malformed."""
+    path = Path(path)
+    what = f"target file {path}"
+    try:
+        spec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{what}: not found (written by rule calibrate_target)") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{what}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(spec, dict):
+        raise UserError(f"{what}: expected a JSON object")
+    missing = [k for k in TARGET_KEYS if k not in spec]
+    if missing:
+        raise UserError(f"{what}: missing key(s) {', '.join(missing)}")
+    if spec["mode"] not in ("absolute", "calibrated"):
+        raise UserError(f"{what}: mode must be 'absolute' or 'calibrated', got {spec['mode']!r}")
+    if not fmt.isnum(spec["value"]) or isinstance(spec["value"], bool):
+        raise UserError(f"{what}: value must be a number, got {spec['value']!r}")
+    if spec["mode"] == "calibrated":
+        if not fmt.isnum(spec["percent"]) or not fmt.isnum(spec["median_best_val_loss"]):
+            raise UserError(
+                f"{what}: a calibrated target needs numbers percent and median_best_val_loss"
+            )
+    if not isinstance(spec["calibration_runs"], list):
+        raise UserError(f"{what}: calibration_runs must be a list of run ids")
+    return spec
+
+
+def describe_target(spec: dict) -> str:
+    """The target of target.json in words."""
+    value = fmt.loss(spec["value"])
+    if spec["mode"] == "absolute":
+        return f"validation loss {value} (absolute, set in the config)"
+    runs = spec["calibration_runs"]
+    median = fmt.loss(spec["median_best_val_loss"])
+    return (
+        f"validation loss {value} = (1 + {spec['percent']:g} %) x {median}, "
+        f"the median best validation loss of {len(runs)} calibration run"
+        f"{'s' if len(runs) != 1 else ''} (1 worker, long budget, target not applied"
+        f"{': ' + ', '.join(runs) if runs else ''})"
+    )
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def _x(v) -> str:
+    return f"{fmt.speedup(v)}x"
+
+
+def with_interval(v, lo, hi) -> str:
+    """'1.40x [1.20-1.70]' (en dash); '1.40x' without an interval."""
+    if fmt.isnum(lo) and fmt.isnum(hi):
+        return f"{_x(v)} [{fmt.speedup(lo)}{fmt.EN_DASH}{fmt.speedup(hi)}]"
+    return _x(v)
+
+
+def workers_text(n: int) -> str:
+    return f"{int(n)} worker{'s' if int(n) != 1 else ''}"
+
+
+def no_median(reached: int, total: int) -> bool:
+    """No median time to target: half or more of the runs censored (or none at all)."""
+    return total == 0 or 2 * (total - reached) >= total
+
+
+def _interval_gap(row: Mapping) -> str:
+    """Why a finite speedup has no interval ('' where it has one)."""
+    if fmt.isnum(row["ttt_lo"]) and fmt.isnum(row["ttt_hi"]):
+        return ""
+    if min(int(row["total"]), int(row["base_total"])) < MIN_REPEATS:
+        return NO_INTERVAL
+    note = str(row.get("note") or "")
+    return note if note.startswith("no interval") else "no interval"
+
+
+def _epoch_clause(row: Mapping) -> str:
+    if not fmt.isnum(row["epoch_speedup"]):
+        return "no epoch-time speedup"
+    return "epoch time " + with_interval(row["epoch_speedup"], row["epoch_lo"], row["epoch_hi"])
+
+
+def _stopped_by(row: Mapping) -> str:
+    """Which factor stops a censored n-worker configuration, from the numbers."""
+    e = row["epoch_speedup"]
+    if not fmt.isnum(e):
+        return "the budget was hit"
+    if float(e) <= 1:
+        return (
+            f"the budget was hit and the epoch itself is not faster ({_x(e)}: hardware, "
+            "see the phase split)"
+        )
+    text = (
+        f"the budget was hit although the epoch is {_x(e)} faster: the larger global batch "
+        "needs more epochs to the target (statistics)"
+    )
+    p = row.get("predicted_epochs_ratio")
+    if fmt.isnum(p):
+        text += f"; the noise scale predicts an epochs ratio of {fmt.speedup(p)}"
+    return text
+
+
+def _censored_clause(row: Mapping) -> str:
+    w, r, t = int(row["workers"]), int(row["reached"]), int(row["total"])
+    br, bt = int(row["base_reached"]), int(row["base_total"])
+    ws = workers_text(w)
+    if t == 0:
+        return f"{ws}: no completed run"
+    if bt == 0:
+        return f"no completed 1-worker run, so no baseline ({ws} {r}/{t} reached)"
+    if no_median(r, t):
+        head = (
+            f"{ws} do not reach the target within the budget ({r}/{t} reached)"
+            if r == 0
+            else f"{ws} reach the target in only {r}/{t} runs within the budget: no median "
+            f"time to target (1 worker {br}/{bt})"
+        )
+        return f"{head}; {_epoch_clause(row)}; {_stopped_by(row)}"
+    if no_median(br, bt):
+        return (
+            f"1 worker reaches the target in only {br}/{bt} runs within the budget: no "
+            f"baseline time to target ({ws} {r}/{t} reached); {_epoch_clause(row)}"
+        )
+    note = str(row.get("note") or "no time-to-target speedup")
+    return f"{ws}: {note} ({r}/{t} reached; 1 worker {br}/{bt}); {_epoch_clause(row)}"
+
+
+def headline_sentence(row: Mapping) -> str:
+    """The headline of one row of headline.csv (a configuration with n > 1 workers)."""
+    s = row["ttt_speedup"]
+    if not fmt.isnum(s):
+        return _censored_clause(row)
+    w = int(row["workers"])
+    counts = f"{int(row['reached'])}/{int(row['total'])} reached; 1 worker "
+    counts += f"{int(row['base_reached'])}/{int(row['base_total'])}"
+    gap = _interval_gap(row)
+    if gap:
+        counts += f"; {gap}"
+    speed = with_interval(s, row["ttt_lo"], row["ttt_hi"])
+    ws = workers_text(w)
+    if float(s) >= 1:
+        text = f"{ws} reach the target validation loss {speed} faster than 1 worker ({counts})"
+    else:
+        text = (
+            f"{ws} reach the target validation loss more slowly than 1 worker: speedup "
+            f"{speed} ({counts})"
+        )
+    text += f"; {_epoch_clause(row)}"
+    rf = row["retained_fraction"]
+    if fmt.isnum(rf):
+        gain = "gain" if fmt.isnum(row["epoch_speedup"]) and row["epoch_speedup"] > 1 else "speedup"
+        text += f"; {100 * float(rf):.0f} % of the epoch-time {gain} survives at equal accuracy"
+    return text
+
+
+def batch_sentence(untuned: Mapping | None, tuned: Mapping | None) -> str:
+    """The first page's sentence for one (partition, backend, batch, workers): untuned and
+    tuned; a missing side says so."""
+    row = untuned if untuned is not None else tuned
+    if row is None:
+        raise ValueError("batch_sentence needs at least one row")
+    parts = []
+    if untuned is not None:
+        parts.append(f"untuned, {headline_sentence(untuned)}")
+    else:
+        parts.append("untuned: no configuration in the sweep")
+    if tuned is not None:
+        parts.append(f"tuned (winners re-run with fresh seeds), {headline_sentence(tuned)}")
+    else:
+        parts.append("tuned: no re-runs of a tuned configuration (not in the tuning sweep)")
+    head = f"Batch {int(row['batch_per_worker'])} per worker ({row['partition']}, {row['backend']})"
+    return (
+        f"{head}: " + ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
+    )
+
+
+def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
+    """One sentence per (partition, backend, batch, workers > 1), in that order."""
+    if headline is None or headline.empty:
+        return []
+    keys = ["partition", "backend", "batch_per_worker", "workers"]
+    rows = headline[headline["workers"] > 1]
+    out = []
+    for _, g in rows.groupby(keys, sort=True):
+        u = g[~g["tuned"]]
+        t = g[g["tuned"]]
+        out.append(
+            batch_sentence(
+                u.iloc[0].to_dict() if len(u) else None, t.iloc[0].to_dict() if len(t) else None
+            )
+        )
+    return out
+
+
+def headline_section(d, r) -> None:
+    """The headline on the first page (no section number)."""
+    headline = getattr(r, "headline", None)
+    if headline is None:
+        d.p(
+            "<b>Headline.</b> No headline table (results/scaling/headline.csv) was given: "
+            "the speedup at equal accuracy is in its section below."
+        )
+        return
+    sentences = headline_sentences(headline)
+    if not sentences:
+        d.p(
+            "<b>Headline.</b> No configuration with more than one worker has a result yet "
+            "(headline.csv has no such row)."
+        )
+        return
+    d.p("<b>Headline: speedup at equal accuracy</b> (medians over repeats, 95 % intervals)")
+    bold = []
+    for s in sentences:
+        head, _, rest = s.partition(": ")
+        bold.append(f"<b>{escape(head)}</b>: {escape(rest)}")
+    d.bullets(bold)

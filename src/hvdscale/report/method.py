@@ -1,0 +1,95 @@
+"""The report's method text for the speedup at equal accuracy: the bootstrap method, the
+paired seeds, the validation split, the target, the censoring rule, the tuned re-runs,
+the instrumentation sampling and its measured overhead. Wording is neutral between the
+backends (Horovod, PyTorch DDP): they share the records, the statistics and this text."""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+import pandas as pd
+
+from hvdscale.report import fmt
+from hvdscale.report.headline import describe_target
+
+OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation.overhead
+
+
+def _target(cfg: dict | None, target: dict | None) -> str:
+    if target is not None:
+        return describe_target(target) + ", fixed before the scaling runs"
+    spec = (cfg or {}).get("training", {}).get("target") or {}
+    if spec.get("mode") == "absolute":
+        return f"validation loss {fmt.loss(spec['value'])} (absolute, set in the config)"
+    if spec.get("mode") == "calibrated":
+        return (
+            f"(1 + {spec['value']:g} %) x the median best validation loss of the calibration "
+            "runs (rule calibrate_target; results/scaling/target.json not given to the report)"
+        )
+    return "as configured (training.target)"
+
+
+def _overhead(runs: pd.DataFrame | None) -> str:
+    """The measured instrumentation overhead over the runs, where runs.csv has it."""
+    if runs is None or OVERHEAD_COLUMN not in runs:
+        return (
+            "Its overhead is measured in every run (run record field "
+            "timing.instrumentation.overhead: median time of an instrumented call / of an "
+            "uninstrumented call - 1); this runs table does not carry it."
+        )
+    x = pd.to_numeric(runs[OVERHEAD_COLUMN], errors="coerce").dropna()
+    if x.empty:
+        return "Its overhead (timing.instrumentation.overhead) was not recorded by any run."
+    return (
+        "Its overhead, measured in every run (timing.instrumentation.overhead: median time of "
+        "an instrumented call / of an uninstrumented call - 1), is "
+        f"{fmt.percent(x.median())} (median over {len(x)} runs; range "
+        f"{fmt.percent(x.min())} to {fmt.percent(x.max())}); the headline times do not carry it."
+    )
+
+
+def equal_accuracy_bullets(
+    cfg: dict | None, target: dict | None, ci_method: str, runs: pd.DataFrame | None
+) -> list[str]:
+    """The method bullets (escaped markup) for intervals, seeds, split, target, censoring,
+    tuning and instrumentation."""
+    tr = (cfg or {}).get("training", {})
+    data = (cfg or {}).get("data", {})
+    tune = (cfg or {}).get("scaling", {}).get("tune") or {}
+    k = tr.get("instrument_every", "k")
+    val = data.get("val_fraction")
+    val_text = f"{fmt.percent(val, 0)} of the train share" if fmt.isnum(val) else "a share"
+    budget = f"training.max_epochs = {tr.get('max_epochs', tr.get('epochs', '?'))}"
+    if fmt.isnum(tr.get("max_train_s")):
+        budget += f", training.max_train_s = {fmt.seconds(tr['max_train_s'])} s"
+    reruns = tune.get("rerun_repeats")
+    items = [
+        f"<b>Intervals</b>: 95 % bootstrap confidence intervals ({escape(ci_method)}, "
+        "scipy.stats.bootstrap) of every speedup over repeats, resampling the 1-worker "
+        "baseline's repeats too (Hoefler & Belli); fewer than 3 repeats on either side: no "
+        "interval, and the text says so.",
+        "<b>Seeds</b>: repeat r of every configuration draws its initial weights and its "
+        "shuffle from a seed derived from (config seed, r); the 1-worker and n-worker runs of "
+        "the same repeat share it (paired design), different repeats differ, so the intervals "
+        "include training variability. The dataset never depends on it.",
+        f"<b>Validation split</b>: {val_text}, decided per sample from (seed, sample id). "
+        "The target, the time to target, the tuning selection and the early stop read the "
+        "validation loss only; the test loss is evaluated once, at the end of each run, "
+        "reported and never used to choose anything.",
+        f"<b>Target</b>: {escape(_target(cfg, target))}.",
+        f"<b>Censoring</b>: a run that reaches its budget ({escape(budget)}) before the "
+        "target is censored: '&gt; budget', counted as +infinity, never dropped. A median "
+        "time to target exists while fewer than half of the repeats are censored; every time "
+        "to target comes with reached/total.",
+        "<b>Tuned figures</b>: the candidates of each tuning group are selected on validation "
+        "time to target (ties: best validation loss); the winner is re-run with fresh seeds"
+        + (f" ({reruns} re-runs, scaling.tune.rerun_repeats)" if reruns else "")
+        + " and only these re-runs enter the tuned figures, never the selection runs.",
+        "<b>Instrumentation</b>: headline times (epoch time, throughput, time to target) "
+        "come from uninstrumented step calls; the phase split from every "
+        f"{escape(str(k))}-th call (training.instrument_every). " + escape(_overhead(runs)),
+        "<b>Mislabelled runs</b>: a run whose label proof fails (world size or collective "
+        "not what its run id says) is excluded from every statistic and listed in the last "
+        "section with the proof's reasons.",
+    ]
+    return items

@@ -1,0 +1,328 @@
+"""The report's equal-accuracy pages (issue 16): the generated headline sentences, the
+readers of headline.csv and target.json, the times to target with censored runs, the
+method text, mislabelled runs and the config header; and a report rendered from
+synthetic tables with its first page checked."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+import report_fixtures as RF
+
+from hvdscale.errors import UserError
+from hvdscale.report import fmt
+from hvdscale.report.equal_accuracy import CENSORED, censored_median, conclusion, ttt_rows
+from hvdscale.report.headline import (
+    NO_INTERVAL,
+    batch_sentence,
+    headline_sentence,
+    headline_sentences,
+    read_headline,
+    read_target,
+)
+
+D = fmt.EN_DASH
+
+
+def test_sentence_when_the_target_is_reached():
+    row = RF.headline_row(epochs_ratio=1.4 / 1.8)
+    s = headline_sentence(row)
+    assert s == (
+        f"2 workers reach the target validation loss 1.40x [1.20{D}1.70] faster than 1 worker "
+        f"(5/5 reached; 1 worker 5/5); epoch time 1.80x [1.70{D}1.90]; "
+        "78 % of the epoch-time gain survives at equal accuracy"
+    )
+
+
+def test_sentence_when_slower_says_so():
+    s = headline_sentence(RF.headline_row(epochs_ratio=0.5, ttt_lo=0.8, ttt_hi=0.99))
+    assert "more slowly than 1 worker: speedup 0.90x" in s and "faster than" not in s
+    assert "50 % of the epoch-time gain survives" in s
+
+
+def test_sentence_when_censored_has_no_median_and_names_the_factor():
+    none = headline_sentence(RF.censored_row(0))
+    assert none.startswith("2 workers do not reach the target within the budget (0/5 reached)")
+    assert "epoch time 1.80x" in none and "needs more epochs" in none
+    assert "predicts an epochs ratio of 0.94" in none and "faster than" not in none
+    some = headline_sentence(RF.censored_row(2))
+    assert "reach the target in only 2/5 runs within the budget: no median" in some
+    slow = headline_sentence(RF.censored_row(0, epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=1.0))
+    assert "the epoch itself is not faster (0.90x: hardware" in slow
+    base = headline_sentence(RF.censored_row(5, base_reached=2))
+    assert base.startswith("1 worker reaches the target in only 2/5 runs")
+
+
+def test_sentence_without_an_interval_says_why():
+    s = headline_sentence(
+        RF.headline_row(total=2, base_total=2, reached=2, base_reached=2, ttt_lo=math.nan)
+    )
+    assert "(2/2 reached; 1 worker 2/2; no interval: fewer than 3 repeats)" in s
+    assert NO_INTERVAL == "no interval: fewer than 3 repeats"
+
+
+def test_sentences_per_batch_untuned_and_tuned_or_missing():
+    rows = [
+        RF.headline_row(batch_per_worker=75),
+        RF.headline_row(batch_per_worker=75, tuned=True, epochs_ratio=0.9),
+        RF.censored_row(0, batch_per_worker=1000),
+        RF.headline_row(batch_per_worker=75, workers=1),  # a baseline row: no sentence
+    ]
+    out = headline_sentences(pd.DataFrame(rows))
+    assert len(out) == 2
+    b75, b1000 = out
+    assert b75.startswith("Batch 75 per worker (local, mpi): untuned, 2 workers reach")
+    assert ". Tuned (winners re-run with fresh seeds), 2 workers reach the target" in b75
+    assert "1.62x" in b75  # 1.8 x 0.9
+    assert b1000.startswith("Batch 1000 per worker (local, mpi): untuned, 2 workers do not")
+    assert b1000.endswith("Tuned: no re-runs of a tuned configuration (not in the tuning sweep).")
+    assert batch_sentence(None, RF.headline_row(tuned=True)).startswith(
+        "Batch 75 per worker (local, mpi): untuned: no configuration"
+    )
+
+
+def test_conclusions_follow_from_the_numbers():
+    def c(**kw):
+        return conclusion(pd.DataFrame([RF.headline_row(**kw)]).iloc[0])
+
+    assert "needs 1.33x the epochs of 1 worker" in c() and "75 % of the epoch-time gain" in c()
+    cens = conclusion(pd.DataFrame([RF.censored_row(1)]).iloc[0])
+    assert "budget was hit (1/5 reached)" in cens and "epochs-to-target factor" in cens
+    hw = conclusion(pd.DataFrame([RF.censored_row(1, epoch_speedup=0.95)]).iloc[0])
+    assert "the hardware factor stops it" in hw
+
+
+def test_headline_reader_names_the_file_and_the_problem(tmp_path):
+    good = RF.write_headline(tmp_path / "headline.csv", [RF.headline_row(), RF.censored_row(0)])
+    df = read_headline(good)
+    assert list(df["tuned"]) == [False, False] and df["reached"].tolist() == [5, 0]
+    assert math.isnan(df["ttt_speedup"].iloc[1])
+    bad = tmp_path / "bad.csv"
+    for text, needle in (
+        (good.read_text().replace("ci_method", "method"), "missing column(s) ci_method"),
+        (good.read_text().replace(",False,", ",maybe,", 1), "column tuned must be"),
+        (good.read_text().replace(",5,5,5,5,", ",5,x,5,5,", 1), "column total must be a count"),
+        ("", "not a readable CSV"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(UserError, match="headline table .*bad.csv") as e:
+            read_headline(bad)
+        assert needle in str(e.value)
+    with pytest.raises(UserError, match="not found"):
+        read_headline(tmp_path / "none.csv")
+
+
+def test_target_reader_and_description(tmp_path):
+    from hvdscale.report.headline import describe_target
+
+    cal = read_target(RF.write_target(tmp_path / "t.json", RF.target_spec()))
+    text = describe_target(cal)
+    assert "0.0105 = (1 + 5 %) x 0.01" in text and "3 calibration runs" in text
+    assert "local_mpi_n1_w1_b75_lrnone_cal_r2" in text
+    assert "absolute" in describe_target(RF.target_spec("absolute"))
+    for broken, needle in (
+        ("{", "not valid JSON"),
+        ('{"mode": "absolute"}', "missing key(s) value"),
+        ({**RF.target_spec(), "mode": "relative"}, "mode must be"),
+        ({**RF.target_spec(), "value": "low"}, "value must be a number"),
+        ({**RF.target_spec(), "percent": None}, "needs numbers percent"),
+    ):
+        p = tmp_path / "broken.json"
+        p.write_text(broken if isinstance(broken, str) else __import__("json").dumps(broken))
+        with pytest.raises(UserError, match="target file .*broken.json") as e:
+            read_target(p)
+        assert needle in str(e.value)
+
+
+def test_censored_median_and_every_time_to_target():
+    assert censored_median([10, 11, 12, math.nan, math.nan]) == 12  # 2/5 censored: a median
+    assert math.isnan(censored_median([10, 11, math.nan, math.nan, math.nan]))  # 3/5: none
+    ids = [f"local_mpi_n1_w2_b75_lrnone_r{k}" for k in range(5)]
+    ids += ["local_mpi_n1_w2_b75_lrnone_m2p0_wu1_r0"]  # a selection run: not listed
+    ids += ["local_mpi_n1_w2_b75_lrnone_m2p0_wu1_rerun_r0", "local_mpi_n1_w1_b75_lrnone_cal_r0"]
+    times = [10.0, 11.0, math.nan, 12.0, math.nan, 5.0, 9.0, 30.0]
+    runs = pd.DataFrame(
+        dict(
+            run_id=ids,
+            partition="local",
+            backend="mpi",
+            batch_per_worker=75,
+            workers=[2] * 7 + [1],
+            global_batch=150,
+            repeat=[0, 1, 2, 3, 4, 0, 0, 0],
+            status="completed",
+            candidate=[""] * 5 + ["m2p0_wu1"] * 2 + [""],
+            time_to_target_s=times,
+            reached_target=[math.isfinite(t) for t in times],
+        )
+    )
+    status = runs[["run_id", "status"]].copy()
+    status.loc[3, "status"] = "mislabelled"
+    rows = ttt_rows(runs, status)
+    assert [r["config"] for r in rows] == [
+        "local_mpi_n1_w2_b75_lrnone",
+        "local_mpi_n1_w2_b75_lrnone_m2p0_wu1_rerun",
+    ]
+    plain, rerun = rows
+    assert (plain["reached"], plain["total"], plain["tuned"]) == (2, 4, False)
+    each = f"{fmt.seconds(10.0)}, {fmt.seconds(11.0)}, {CENSORED}, {CENSORED}"
+    assert plain["each"] == each and math.isnan(plain["median"])  # 2/4 censored: no median
+    assert rerun["tuned"] and rerun["median"] == 9.0
+
+
+def test_method_text_states_the_rules():
+    from hvdscale.config import PROJECT_ROOT
+    from hvdscale.report.method import equal_accuracy_bullets
+
+    cfg = {
+        "training": {"instrument_every": 10, "max_epochs": 40, "max_train_s": 600},
+        "data": {"val_fraction": 0.1},
+        "scaling": {"tune": {"rerun_repeats": 5}},
+    }
+    runs = pd.DataFrame({"instrumentation_overhead": [0.02, 0.04, 0.03]})
+    text = " ".join(equal_accuracy_bullets(cfg, RF.target_spec(), RF.CI_METHOD, runs))
+    for needle in (
+        RF.CI_METHOD,
+        "scipy.stats.bootstrap",
+        "paired design",
+        "10 % of the train share",
+        "test loss is evaluated once",
+        "0.0105 = (1 + 5 %)",
+        "training.max_epochs = 40, training.max_train_s = 600 s",
+        "fewer than half of the repeats are censored",
+        "(5 re-runs, scaling.tune.rerun_repeats)",
+        "every 10-th call",
+        "3.0 % (median over 3 runs",
+    ):
+        assert needle in text, needle
+    assert "Horovod allreduce" not in text
+    assert PROJECT_ROOT  # the import works without TensorFlow
+
+
+def test_config_file_listed_once_in_the_header():
+    from hvdscale.report.provenance import collect
+
+    info = collect(
+        config_file=["config/config.yaml", "config/config.yaml", "x.yaml"],
+        cfg=None,
+        runs=None,
+        provenance=None,
+    )
+    assert info["config_file"] == "config/config.yaml + x.yaml"
+    assert info["config_file_sha256"].count("config.yaml:") == 1
+
+
+# ------------------------------------------------------------------ a rendered report
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """The test_report pipeline's tables plus a headline, a target, a censored run and a
+    mislabelled run; the report rendered with the config file given twice."""
+    import fixtures_runs as F
+    from test_report import CONFIG_FILE, pipeline
+
+    from hvdscale.analysis.aggregate import read_runs, read_status
+    from hvdscale.cli import main
+
+    root = tmp_path_factory.mktemp("headline")
+    cfg = F.load_test_config("config.yaml", repeats=3)
+    F.write_study(root / "runs", cfg)
+    out = pipeline(root, cfg, root / "runs", F.study_allreduce(root / "ar", cfg))
+    runs, status = read_runs(out["runs"]), read_status(out["status"])
+    # the fixture's 2-worker runs miss the target: one gloo repeat reaches it, the others
+    # stay censored
+    gloo2 = runs.index[(runs.workers == 2) & (runs.backend == "gloo")]
+    runs.loc[gloo2, ["reached_target", "time_to_target_s"]] = [False, math.nan]
+    runs.loc[gloo2[0], ["reached_target", "time_to_target_s"]] = [True, 5.0]
+    bad = runs.loc[(runs.workers == 2) & (runs.backend == "mpi"), "run_id"].iloc[0]
+    status.loc[status.run_id == bad, ["status", "detail"]] = [
+        "mislabelled",
+        "label says 2 ranks, proof found 1",
+    ]
+    runs.to_csv(out["runs"], index=False)
+    status.to_csv(out["status"], index=False)
+    head = RF.write_headline(
+        root / "scaling" / "headline.csv",
+        [
+            RF.headline_row(backend="gloo"),
+            RF.censored_row(1, backend="mpi"),
+            RF.headline_row(backend="mpi", tuned=True, epochs_ratio=0.9),
+        ],
+    )
+    target = RF.write_target(root / "scaling" / "target.json", RF.target_spec())
+    pdf = root / "headline.pdf"
+    args = ["report", "--config-file", str(CONFIG_FILE), str(CONFIG_FILE)]
+    args += ["--config", str(root / "config" / "full.json")]
+    for k in ("runs", "summary", "status", "costmodel"):
+        args += [f"--{k}", str(out[k])]
+    args += ["--plots-dir", str(out["plots"]), "--headline", str(head)]
+    assert main(args + ["--target", str(target), "--out", str(pdf)]) == 0
+    return pdf, bad, len(gloo2), args
+
+
+def _text(pdf, *pages) -> str:
+    extra = ["-f", str(pages[0]), "-l", str(pages[-1])] if pages else []
+    res = subprocess.run(["pdftotext", *extra, str(pdf), "-"], capture_output=True, text=True)
+    return " ".join(res.stdout.split())
+
+
+@pytest.mark.skipif(shutil.which("pdftotext") is None, reason="poppler-utils not installed")
+def test_rendered_report_first_page_and_equal_accuracy(rendered):
+    pdf, bad, n_gloo2, _ = rendered
+    first = _text(pdf, 1, 1)
+    assert "Batch 75 per worker (local, gloo): untuned, 2 workers reach the target" in first
+    assert (
+        "Batch 75 per worker (local, mpi): untuned, 2 workers reach the target in only 1/5" in first
+    )
+    assert "Tuned: no re-runs of a tuned configuration" in first  # gloo has no tuned row
+    assert f"epoch time 1.80x [1.70{D}1.90]" in first
+    assert "1 run is mislabelled" in first
+    text = _text(pdf)
+    config = str(__import__("test_report").CONFIG_FILE)
+    assert f"{config} + {config}" not in text
+    for needle in (
+        f"local_gloo_n1_w2_b75_lrnone 2 150 1/{n_gloo2} {CENSORED} (no median)",
+        ", ".join([fmt.seconds(5.0)] + [CENSORED] * (n_gloo2 - 1)),
+        "Epochs ratio",
+        "adding workers still pays at equal accuracy up to a global batch of about 1,200",
+        "predicted epochs ratio 0.94, measured 0.90",
+        "the epochs-to-target factor (statistics) stops it",
+        "0.0105 = (1 + 5 %) x 0.01",
+        RF.CI_METHOD,
+        "Missing, failed and mislabelled runs",
+        bad,
+        "label says 2 ranks, proof found 1",
+    ):
+        assert needle in text, needle
+    assert "does not buy a faster convergence" not in text
+    assert "buys no faster convergence" not in text
+
+
+def test_results_table_time_to_target_carries_reached_over_total():
+    from hvdscale.report.results import ttt_with_counts
+
+    assert ttt_with_counts(12.34, 4, 5) == f"{fmt.seconds(12.34)} (4/5)"
+    assert ttt_with_counts(math.nan, 2, 5) == f"{CENSORED} (2/5)"
+    assert ttt_with_counts(math.nan, math.nan, 0) == fmt.MISSING
+
+
+def test_report_command_names_a_malformed_input(rendered, tmp_path, capsys):
+    from hvdscale.cli import main
+
+    pdf, _, _, args = rendered
+    head = tmp_path / "headline.csv"
+    head.write_text("partition,backend\nlocal,mpi\n")
+    target = RF.write_target(tmp_path / "target.json", RF.target_spec())
+    out = ["--target", str(target), "--out", str(tmp_path / "r.pdf")]
+    assert main(args[:-1] + [str(head)] + out) == 2
+    err = capsys.readouterr().err
+    assert f"headline table {head}: missing column(s)" in err
+    target.write_text("{}")
+    assert main(args + ["--target", str(target), "--out", str(tmp_path / "r.pdf")]) == 2
+    assert f"target file {target}: missing key(s) mode" in capsys.readouterr().err
+    assert not (tmp_path / "r.pdf").exists()
