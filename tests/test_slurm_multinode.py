@@ -206,6 +206,12 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
             assert len(hosts) == workers and len(set(hosts)) == 1, hosts
             nodelist = hosts[0]
         assert all(d.startswith("CPU") for d in envb["devices"])  # emulated GPUs: CPU training
+        # the label proof read the timeline: the backend's own collective carried the grads
+        proof = rec["label_proof"]
+        assert proof["ok"], proof
+        if workers > 1:
+            want = "GLOO_ALLREDUCE" if "_gloo_" in run_id else "MPI_ALLREDUCE"
+            assert proof["collective"] == want and proof["timeline_checked"], proof
         # the plugin's job step strips SLURM_JOB_NODELIST; the launcher finds it anyway
         assert envb["slurm_nodelist"] == nodelist, envb
         shown = show_job(envb["slurm_job_id"], env)
@@ -251,6 +257,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
                 "training": {
                     "epochs": epochs,
                     "time_limit_margin_s": 80,
+                    "timeline": False,
                     "horovod": {"cycle_time_ms": 10},
                 },
                 "scaling": {

@@ -11,6 +11,7 @@ from hvdscale.analysis.columns import STATUSES
 from hvdscale.analysis.target import describe, target_spec
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.study.plan import gpu_support_notes
 
 STATUS_NOTE = (
     "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "
@@ -54,6 +55,8 @@ def title_section(d: Doc, r: ReportData) -> None:
         f"This report is generated from the run records by <i>hvdscale report</i>. {state} "
         "Every speedup is shown next to the test loss that run reached."
     )
+    for note in gpu_support_notes(r.cfg or {}):  # issue 20: GPUs TF 2.15 cannot use (gpu2)
+        d.p(escape(note))
     head, rows = status_counts(status)
     d.table(STATUS_NOTE, head, rows, [40, 22, 20, 18, 20, 22, 18], keep=True)
 
