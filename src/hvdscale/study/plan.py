@@ -16,8 +16,17 @@ issue 20): TensorFlow 2.15 is built against CUDA 12, which needs compute capabil
 >= 5.0, so a K80 partition (3.7, the thesis's gpu2) fails at run time with it. The plan,
 Snakemake's start banner and the report's overview say so and what to do instead.
 
+Job arrays (issue 20): snakemake-executor-plugin-slurm 2.8 submits the ready jobs of
+a rule named in ``--slurm-array-jobs`` as one SLURM array, with the FIRST job's
+resources for every task (its ``run_array_jobs``: "all jobs have the same resource
+requirement. Thus, we can simply take the first job"). Training runs of different worker
+counts or partitions need different allocations, so arrays are only right for runs of one
+job shape: ``job_shapes`` groups the selected runs, and ``hvdscale plan --arrays`` prints
+one submission per shape (one sbatch each instead of one per run).
+
 Example
   hvdscale plan config/thesis.yaml [--select "partition=alpha workers=1-8"] [--csv plan.csv]
+  hvdscale plan config/thesis.yaml --arrays    # one array submission per job shape
 """
 
 from __future__ import annotations
@@ -188,7 +197,41 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
         "notes": gpu_support_notes(cfg),
+        "job_shapes": len(job_shapes(cfg)),
     }
+
+
+def job_shapes(cfg: dict) -> list[dict]:
+    """The selected training runs grouped by SLURM job shape (the resources of their
+    first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras)."""
+    from hvdscale.jobspec import JobSpec
+
+    shapes: dict[tuple, dict] = {}
+    for r in run_table(cfg):
+        res = JobSpec.for_run(cfg, r).slurm_resources(1)
+        key = tuple(sorted((k, str(v)) for k, v in res.items()))
+        shape = shapes.setdefault(
+            key,
+            {"partition": r.partition, "workers": r.workers, "nodes": r.nodes, "runs": []},
+        )
+        shape["runs"].append(r.run_id)
+    return sorted(shapes.values(), key=lambda s: (s["partition"], s["workers"]))
+
+
+def array_commands(cfg: dict, configs: list[str], profile: str = "slurm") -> list[str]:
+    """One Snakemake submission per job shape, train_run as one SLURM array each."""
+    from hvdscale.study.select import parse
+
+    base = cfg.get("select") or ""
+    keep = isinstance(base, str) and not {"partition", "workers"} & set(parse(base))
+    extra = f"{base.strip()} " if keep and base.strip() else ""
+    files = " ".join(configs)
+    return [
+        f"snakemake --profile {profile} --configfile {files} --slurm-array-jobs=train_run "
+        f'--jobs {len(s["runs"])} --config select="{extra}partition={s["partition"]} '
+        f'workers={s["workers"]}"  # {len(s["runs"])} runs, {s["nodes"]} node(s) each'
+        for s in job_shapes(cfg)
+    ]
 
 
 def _h(x) -> str:
@@ -227,6 +270,12 @@ def format_plan(p: dict, short: bool = False) -> str:
             f"  + {a['jobs']} allreduce sweeps (measure_allreduce), worst "
             f"{_h(a['node_hours_worst'])} node-h"
         )
+    if t["jobs"]:
+        lines.append(
+            f"  arrays: {t['jobs']} train_run jobs in {p['job_shapes']} job shape(s): one "
+            f"SLURM array per shape is {p['job_shapes']} sbatch call(s) instead of "
+            f"{t['jobs']} (hvdscale plan --arrays)"
+        )
     lines += [f"  ! {note}" for note in p.get("notes", [])]
     if not short:
         lines.append(
@@ -255,6 +304,11 @@ def add_arguments(ap):
     ap.add_argument("--results", help="results directory (default: the config's results_dir)")
     ap.add_argument("--csv", help="also write the per-partition table as CSV")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument(
+        "--arrays",
+        action="store_true",
+        help="print one submission per job shape with train_run as a SLURM job array",
+    )
 
 
 def merged_config(paths, select=None) -> dict:
@@ -285,7 +339,9 @@ def run(args) -> int:
     p = plan(cfg, args.results)
     if args.csv:
         write_csv(p, args.csv)
-    if args.json:
+    if args.arrays:
+        print("\n".join(array_commands(cfg, args.config)))
+    elif args.json:
         print(json.dumps(p, indent=2, sort_keys=True))
     else:
         print(format_plan(p))
