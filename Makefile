@@ -81,8 +81,8 @@ bench-report:  ## aggregation + report for 1,000 synthetic run records
 bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirroredStrategy vs independent
 	$(VENV)/bin/python benchmarks/bench_scaling.py
 
-bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin (root)
-	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py
+bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin; one job per run vs job arrays (root)
+	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py --arm all
 
 perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
 	$(VENV)/bin/python scripts/gen_perf_docs.py
