@@ -92,7 +92,10 @@ def arrays_round(smk: list[str], env: dict, n: int, arrays: bool) -> dict:
     scheduler's times of the training jobs."""
     import re
 
-    shutil.rmtree(ROOT / ARRAY_RESULTS / "runs", ignore_errors=True)
+    for r in range(n):  # fresh outputs, the run configs stay
+        shutil.rmtree(ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / "checkpoint", True)
+        for name in ("metrics.json", "history.csv"):
+            (ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / name).unlink(missing_ok=True)
     targets = [f"{ARRAY_RESULTS}/runs/{ARRAY_RUN.format(r)}/metrics.json" for r in range(n)]
     flags = ["--slurm-array-jobs=train_run"] if arrays else []
     t0 = time.perf_counter()
@@ -144,7 +147,9 @@ def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
         )
     )
     smk = [PY, "-m", "snakemake", "--configfile", ".test/config/config.yaml", str(override)]
-    sh([*smk, "--profile", "profiles/local", f"{ARRAY_RESULTS}/data/manifest.json"])
+    # data and run configs first, so the n runs become ready at once (as after a data stage)
+    configs = [f"{ARRAY_RESULTS}/runs/{ARRAY_RUN.format(r)}/config.json" for r in range(n)]
+    sh([*smk, "--profile", "profiles/local", f"{ARRAY_RESULTS}/data/manifest.json", *configs])
     arms = {"one job per run": [], "job array": []}
     loads = []
     for i in range(repeats):
