@@ -127,3 +127,13 @@ def test_thesis_dry_run_through_the_profile_shows_the_arrays():
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "in 1 job shape(s): one SLURM array per shape is 1 sbatch call(s)" in text, text[:3000]
+
+
+def test_array_commands_keep_the_rest_of_the_selection():
+    from hvdscale.study.plan import array_commands, merged_config
+
+    cfg = merged_config([ROOT / "config" / "thesis.yaml"], "partition=alpha repeat=0 workers=8-")
+    commands = array_commands(cfg, ["config/thesis.yaml"])
+    assert [c.split("select=")[1].split("  #")[0] for c in commands] == [
+        f'"repeat=0 partition=alpha workers={w}"' for w in (8, 16, 32)
+    ]

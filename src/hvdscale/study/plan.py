@@ -218,13 +218,17 @@ def job_shapes(cfg: dict) -> list[dict]:
     return sorted(shapes.values(), key=lambda s: (s["partition"], s["workers"]))
 
 
+OTHER_SELECT_KEYS = ("sweep", "backend", "lr", "batch", "repeat")
+
+
 def array_commands(cfg: dict, configs: list[str], profile: str = "slurm") -> list[str]:
     """One Snakemake submission per job shape, train_run as one SLURM array each."""
-    from hvdscale.study.select import parse
+    import re
 
-    base = cfg.get("select") or ""
-    keep = isinstance(base, str) and not {"partition", "workers"} & set(parse(base))
-    extra = f"{base.strip()} " if keep and base.strip() else ""
+    base = cfg.get("select") if isinstance(cfg.get("select"), str) else ""
+    # the user's selection stays, but for partition and workers, which name the shape
+    items = [i for i in re.split(r"[ ;]+", base) if i.partition("=")[0] in OTHER_SELECT_KEYS]
+    extra = "".join(f"{i} " for i in items)
     files = " ".join(configs)
     return [
         f"snakemake --profile {profile} --configfile {files} --slurm-array-jobs=train_run "
