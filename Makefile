@@ -40,16 +40,16 @@ report:  ## rebuild every figure and the report from an archive: make report FRO
 compare:  ## compare two studies: make compare A=old.tar.gz B=results [OUT=comparison]
 	$(VENV)/bin/python -m hvdscale.cli compare $(A) $(B) --out $(or $(OUT),comparison)
 
-test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration and real-SLURM tests
-	$(PYTEST) -m "not multinode" --durations=15 tests
+test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration, real-SLURM and two-node tests
+	$(PYTEST) --durations=15 tests
 
 test-quick:  ## fast tests for iteration (no slow, no SLURM)
 	$(PYTEST) -m "not slow and not slurm" -x -q tests
 
-test-slurm: setup  ## only the tests on the local SLURM cluster (root)
-	$(PYTEST) -m "slurm and not multinode" tests
+test-slurm: setup  ## only the tests on the local SLURM cluster (root), two-node ones included
+	$(PYTEST) -m slurm --durations=0 tests
 
-test-multinode: setup  ## thesis job shapes (1-16 ranks) and the time-limit retry on two emulated nodes (~10-20 min; not in CI)
+test-multinode: setup  ## only the two-node runs: thesis job shapes (1-16 ranks), time-limit retry, job arrays (also in make test)
 	$(PYTEST) -m multinode --durations=0 tests
 
 lint:  ## snakemake --lint, snakefmt --check, ruff check, ruff format --check
@@ -84,8 +84,8 @@ bench-allreduce:  ## bare hvd.allreduce of the 614 kB gradient at 2 ranks: MPI v
 bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirroredStrategy vs independent
 	$(VENV)/bin/python benchmarks/bench_scaling.py
 
-bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin (root)
-	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py
+bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin; one job per run vs job arrays (root)
+	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py --arm all
 
 perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
 	$(VENV)/bin/python scripts/gen_perf_docs.py

@@ -8,6 +8,13 @@ Needs root (it starts scripts/slurm-cluster.sh if the cluster is not up and stop
 again afterwards). Prints a table; --repeats sets the number of rounds. Writes
 benchmarks/results/bench_slurm_overhead.csv (median, bootstrap 95 % interval from 3 rounds
 on, overhead against the direct launch, load before/after).
+
+``--arm arrays`` (issue 20; ``--arm all`` runs both): the thesis matrix scaled to seconds
+per job, N runs of one job shape (1 worker, 1 epoch; --array-runs) through Snakemake and
+the plugin, one sbatch per run against one SLURM job array
+(``--slurm-array-jobs=train_run``), interleaved: sbatch calls (from the plugin's log),
+wall time, submission span (first to last SubmitTime) and the scheduler's wait per job
+(StartTime - SubmitTime, `scontrol show job`). Writes benchmarks/results/bench_slurm_arrays.csv.
 """
 
 from __future__ import annotations
@@ -108,6 +115,116 @@ def run_path(path: str, cfg: str, res: Path, env: dict, smk: list, target: str) 
     return time.perf_counter() - t0
 
 
+ARRAY_RESULTS = "benchmarks/out/slurm-arrays"
+ARRAY_RUN = "local_mpi_n1_w1_b75_lrnone_r{}"
+
+
+def _slurm_time(text: str, key: str) -> float:
+    import re
+    from datetime import datetime
+
+    m = re.search(rf"{key}=(\S+)", text)
+    return datetime.fromisoformat(m.group(1)).timestamp()
+
+
+def arrays_round(smk: list[str], env: dict, n: int, arrays: bool) -> dict:
+    """One Snakemake invocation of the n runs (fresh outputs); its sbatch calls and the
+    scheduler's times of the training jobs."""
+    import re
+
+    for r in range(n):  # fresh outputs, the run configs stay
+        shutil.rmtree(ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / "checkpoint", True)
+        for name in ("metrics.json", "history.csv"):
+            (ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / name).unlink(missing_ok=True)
+    targets = [f"{ARRAY_RESULTS}/runs/{ARRAY_RUN.format(r)}/metrics.json" for r in range(n)]
+    flags = ["--slurm-array-jobs=train_run"] if arrays else []
+    t0 = time.perf_counter()
+    out = sh(
+        [*smk, "--profile", "profiles/test-slurm", "--jobs", str(n), *flags, "--", *targets], env
+    )
+    wall = time.perf_counter() - t0
+    log = out.stdout + out.stderr
+    n_arrays = len(re.findall(r"Submitted array job with Snakemake IDs", log))
+    n_single = len(re.findall(r"Job \d+ has been submitted with SLURM jobid", log))
+    submit, wait = [], []
+    for r in range(n):
+        rec = json.loads(
+            (ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / "metrics.json").read_text()
+        )
+        shown = sh(["scontrol", "show", "job", rec["environment"]["slurm_job_id"]], env).stdout
+        submit.append(_slurm_time(shown, "SubmitTime"))
+        wait.append(_slurm_time(shown, "StartTime") - submit[-1])
+    return {
+        "wall_s": wall,
+        "sbatch_calls": n_arrays + n_single,
+        "submit_span_s": max(submit) - min(submit),
+        "wait_per_job_s": statistics.median(wait),
+    }
+
+
+def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
+    """One job per run against one job array for n runs of one shape (see the docstring)."""
+    res = ROOT / ARRAY_RESULTS
+    res.mkdir(parents=True, exist_ok=True)
+    override = res / "override.yaml"
+    override.write_text(
+        json.dumps(
+            {
+                "results_dir": ARRAY_RESULTS,
+                "training": {
+                    "launcher": "srun",
+                    **training_budget(1),
+                    "warmup_epochs": 0,
+                    "repeats": n,
+                },
+                "scaling": {
+                    "sweeps": [
+                        {
+                            "partitions": ["local"],
+                            "workers": [1],
+                            "backends": ["mpi"],
+                            "batch_sizes": [75],
+                            "lr_rules": ["none"],
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    smk = [PY, "-m", "snakemake", "--configfile", ".test/config/config.yaml", str(override)]
+    # data and run configs first, so the n runs become ready at once (as after a data stage)
+    configs = [f"{ARRAY_RESULTS}/runs/{ARRAY_RUN.format(r)}/config.json" for r in range(n)]
+    sh([*smk, "--profile", "profiles/local", f"{ARRAY_RESULTS}/data/manifest.json", *configs])
+    arms = {"one job per run": [], "job array": []}
+    loads = []
+    for i in range(repeats):
+        meas = Measured(f"bench_slurm_overhead arrays round {i + 1}").start()
+        for name in arms:
+            arms[name].append(arrays_round(smk, env, n, arrays=name == "job array"))
+        meas.stop()
+        loads += [meas.before, meas.after]
+        print(f"arrays round {i + 1}: {arms}", flush=True)
+    rows = []
+    for name, rounds in arms.items():
+        med, lo, hi = median_ci([r["wall_s"] for r in rounds])
+        rows.append(
+            {
+                "path": name,
+                "runs": n,
+                "repeats": repeats,
+                "sbatch_calls": max(r["sbatch_calls"] for r in rounds),
+                "seconds_median": med,
+                "seconds_ci_low": lo,
+                "seconds_ci_high": hi,
+                "submit_span_s": statistics.median(r["submit_span_s"] for r in rounds),
+                "wait_per_job_s": statistics.median(r["wait_per_job_s"] for r in rounds),
+                "load": max(loads),
+            }
+        )
+        print(f"{name:18s} {rows[-1]}")
+    write_csv("bench_slurm_arrays", rows, csv)
+
+
 @quiet_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
@@ -118,6 +235,15 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--epochs", type=int, default=4, help="epochs of the training run (default 4)")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_slurm_overhead.csv")
+    ap.add_argument(
+        "--arm",
+        choices=["overhead", "arrays", "all"],
+        default="overhead",
+        help="overhead: direct vs sbatch vs plugin (default); arrays: one job per run vs "
+        "one job array (issue 20); all: both",
+    )
+    ap.add_argument("--array-runs", type=int, default=32, help="runs of the arrays arm (32)")
+    ap.add_argument("--arrays-csv", help="default: benchmarks/results/bench_slurm_arrays.csv")
     add_quiet_args(ap)
     args = ap.parse_args(argv)
     configure_quiet(args)
@@ -131,6 +257,10 @@ def main(argv=None) -> int:
     env = cluster_env()
     res = ROOT / RESULTS
     try:
+        if args.arm in ("arrays", "all"):
+            arrays_arm(env, args.array_runs, args.repeats, args.arrays_csv)
+        if args.arm == "arrays":
+            return 0
         override = res / "override.yaml"
         res.mkdir(parents=True, exist_ok=True)
         override.write_text(

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
-from hvdscale.labelproof import main, prove
+import pytest
+
+from hvdscale.labelproof import EXPECTED, main, prove
+from hvdscale.launchspec import horovod_env
+from hvdscale.train.step import host_reduction
 
 
 def record(backend="gloo", workers=2, nodes=1, per_node=2, hosts=None, controller=None):
@@ -87,3 +91,42 @@ def test_cli_exit_status(tmp_path, capsys):
     assert main([str(good)]) == 0
     assert main([str(good), str(bad)]) == 1
     assert "MISLABELLED" in capsys.readouterr().out
+
+
+def test_nccl_under_label_mpi_is_mislabelled(tmp_path):
+    """Issue 20: on a GPU node Horovod built with NCCL reduces GPU tensors with NCCL
+    whatever the controller; a record labelled mpi whose timeline shows NCCL_ALLREDUCE
+    is mislabelled (the expected collective per backend: nccl/mpi/gloo -> *_ALLREDUCE)."""
+    assert EXPECTED == {
+        "nccl": "NCCL_ALLREDUCE",
+        "mpi": "MPI_ALLREDUCE",
+        "gloo": "GLOO_ALLREDUCE",
+    }
+    rec = record("mpi")
+    rec["environment"]["devices"] = ["GPU:0 (A100)", "GPU:1 (A100)"]
+    p = prove(rec, timeline(tmp_path / "t.json", "NCCL_ALLREDUCE"))
+    assert not p["ok"] and p["collective"] == "NCCL_ALLREDUCE", p
+    assert p["expected_collective"] == "MPI_ALLREDUCE" and p["devices"] == {"GPU": 2}
+    assert any("NCCL_ALLREDUCE" in m and "MPI_ALLREDUCE" in m for m in p["problems"])
+    # the same label with the host-side reduction's timeline proves mpi
+    assert prove(rec, timeline(tmp_path / "h.json", "MPI_ALLREDUCE"))["ok"]
+
+
+@pytest.mark.parametrize(
+    "device,env,host",
+    [
+        ("/GPU:0", {"HOROVOD_CPU_OPERATIONS": "mpi"}, True),
+        ("/GPU:0", {"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_CONTROLLER": "gloo"}, True),
+        ("/GPU:0", {"HOROVOD_GPU_OPERATIONS": "NCCL"}, False),  # nccl: stays on the GPU
+        ("/CPU:0", {"HOROVOD_CPU_OPERATIONS": "gloo"}, False),  # already on the host
+        ("/CPU:0", {}, False),
+    ],
+)
+def test_mpi_and_gloo_reduce_on_the_host_on_a_gpu(device, env, host):
+    """The launcher's Horovod variables per backend (launchspec.horovod_env) decide it."""
+    assert host_reduction(device, env) is host
+
+
+@pytest.mark.parametrize("backend,host", [("mpi", True), ("gloo", True), ("nccl", False)])
+def test_the_launchers_variables_say_which_backend_reduces_on_the_host(backend, host):
+    assert host_reduction("/GPU:0", horovod_env({}, backend)) is host

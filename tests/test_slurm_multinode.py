@@ -11,7 +11,11 @@ network namespaces, each declared with 8 GPUs as gres, 48 CPUs and 990000 MB).
   16-rank gloo run across both nodes started by srun with Horovod's rendezvous from
   `hvdscale launch` (no ssh: no ssh server runs here);
 - a run that reaches its time limit is warned by SIGUSR1, checkpoints, exits 4 and is
-  resumed by the retry, which gets a longer time limit.
+  resumed by the retry, which gets a longer time limit;
+- 16 runs of one job shape go through one SLURM job array (issue 20).
+
+These tests run in `make test` (CI, issue 20): one cluster start-up for the module, tiny
+data and runs; the label proofs of the runs are checked against their timelines.
 
 Real slurmctld/slurmd, real sbatch/srun, real Horovod (TensorFlow on the CPU: the GPUs
 are emulated, and the run records say CPU). Needs root and Debian's slurm-wlm + munge.
@@ -38,6 +42,8 @@ from slurm_support import (
     run_cluster_script,
     slurm_skip_reason,
 )
+
+from hvdscale.study.plan import array_commands, job_shapes, merged_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.horovod]
 
@@ -206,6 +212,12 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
             assert len(hosts) == workers and len(set(hosts)) == 1, hosts
             nodelist = hosts[0]
         assert all(d.startswith("CPU") for d in envb["devices"])  # emulated GPUs: CPU training
+        # the label proof read the timeline: the backend's own collective carried the grads
+        proof = rec["label_proof"]
+        assert proof["ok"], proof
+        if workers > 1:
+            want = "GLOO_ALLREDUCE" if "_gloo_" in run_id else "MPI_ALLREDUCE"
+            assert proof["collective"] == want and proof["timeline_checked"], proof
         # the plugin's job step strips SLURM_JOB_NODELIST; the launcher finds it anyway
         assert envb["slurm_nodelist"] == nodelist, envb
         shown = show_job(envb["slurm_job_id"], env)
@@ -251,6 +263,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
                 "training": {
                     "max_epochs": epochs,
                     "time_limit_margin_s": 80,
+                    "timeline": False,
                     "horovod": {"cycle_time_ms": 10},
                 },
                 "scaling": {
@@ -297,3 +310,89 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
     # the retry got the partition's runtime_min_retry and finished the run
     shown = show_job(second, env)
     assert field(shown, "TimeLimit") == "00:10:00" and field(shown, "JobState") == "COMPLETED"
+
+
+# --------------------------------------------------------------------------- job arrays
+
+ARRAY_OVERRIDE = {  # 16 repeats of one job shape: 1 worker on the CPU partition "local"
+    "training": {"repeats": 16, "timeline": False},
+    "scaling": {
+        "partitions": {
+            "local": {
+                "gpus_per_node": 0,
+                "cores_per_node": 2,
+                "mem_mb_per_node": 4000,
+                "workers_per_node": 1,
+                "runtime_min": 30,
+            }
+        },
+        "sweeps": [
+            {
+                "name": "arrays",
+                "partitions": ["local"],
+                "workers": [1],
+                "backends": ["mpi"],
+                "batch_sizes": [75],
+                "lr_rules": ["none"],
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.multinode
+def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir, tmp_path):
+    """Issue 20, item 4: `--slurm-array-jobs=train_run` (the command `hvdscale plan
+    --arrays` prints per job shape) submits the 16 runs with ONE sbatch call: the
+    plugin's log says so, and SLURM shows every run's job as a task of that array."""
+    env = alpha_cluster
+    override = tmp_path / "arrays.yaml"
+    override.write_text(yaml.safe_dump(ARRAY_OVERRIDE))
+    cfg = merged_config([ROOT / THESIS_TEST_CONFIG, override])
+    (shape,) = job_shapes(cfg)
+    assert len(shape["runs"]) == 16
+    (command,) = array_commands(cfg, [THESIS_TEST_CONFIG, "arrays.yaml"], "test-slurm")
+    assert "--slurm-array-jobs=train_run --jobs 16" in command, command
+    args = ["--configfile", THESIS_TEST_CONFIG, str(override), "--config"]
+    args.append(f"results_dir={results_dir}")
+    # the data and the run configs first: the plugin sends jobs that become ready one by
+    # one (here: after the local write_run_config jobs) as single jobs, as a study's runs
+    # all become ready at once when the data stage ends
+    prep = [f"{results_dir}/runs/{r}/config.json" for r in shape["runs"]]
+    out = snakemake([*args, "--", f"{results_dir}/data/manifest.json", *prep], env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    targets = [f"{results_dir}/runs/{r}/metrics.json" for r in shape["runs"]]
+    out = snakemake(
+        [
+            "--configfile",
+            THESIS_TEST_CONFIG,
+            str(override),
+            "--slurm-array-jobs=train_run",
+            "--jobs",
+            "16",
+            "--config",
+            f"results_dir={results_dir}",
+            "--",
+            *targets,
+        ],
+        env,
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    arrays = re.findall(
+        r"Submitted array job with Snakemake IDs ([\d,]+) and SLURM job ID (\d+)", log
+    )
+    single = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+)", log)
+    assert len(arrays) == 1 and len(arrays[0][0].split(",")) == 16, arrays
+    array_id = arrays[0][1]
+    tasks = set()
+    for run_id in shape["runs"]:
+        rec = json.loads((ROOT / results_dir / "runs" / run_id / "metrics.json").read_text())
+        assert rec["status"] == "completed", run_id
+        job = rec["environment"]["slurm_job_id"]
+        assert job not in single  # no train_run job was submitted on its own
+        shown = show_job(job, env)
+        assert field(shown, "ArrayJobId") == array_id and field(shown, "JobState") == "COMPLETED"
+        tasks.add(int(field(shown, "ArrayTaskId")))
+    assert tasks == set(range(1, 17)), tasks
+    assert not single, single  # this invocation made 1 sbatch call for the 16 runs

@@ -66,3 +66,74 @@ def test_dry_run_with_profile_as_typed(name):
     assert f"Using profile {name} for setting default command line arguments" in text
     assert "no profile.yaml (or config.yaml) found" not in text
     assert "train_run" in text
+
+
+def test_job_shapes_of_the_thesis_and_one_array_command_per_shape():
+    """Issue 20: the plugin gives an array the first job's resources, so arrays are
+    submitted per job shape (hvdscale plan --arrays)."""
+    from hvdscale.config import run_table
+    from hvdscale.jobspec import JobSpec
+    from hvdscale.study.plan import array_commands, job_shapes, merged_config
+
+    cfg = merged_config([ROOT / "config" / "thesis.yaml"])
+    shapes = job_shapes(cfg)
+    runs = {r.run_id: r for r in run_table(cfg)}
+    assert sum(len(s["runs"]) for s in shapes) == len(runs) == 576
+    seen = set()
+    for s in shapes:
+        res = {str(JobSpec.for_run(cfg, runs[r]).slurm_resources(1)) for r in s["runs"]}
+        assert len(res) == 1, s  # one allocation fits every run of the shape
+        seen |= res
+    assert len(seen) == len(shapes) == 18  # alpha 1-16, hpdlf 1-32 (3 per node), gpu2 1-32
+    commands = array_commands(cfg, ["config/thesis.yaml"])
+    assert len(commands) == 18
+    assert 'select="partition=alpha workers=16"' in " ".join(commands)
+    assert all("--slurm-array-jobs=train_run" in c for c in commands)
+
+
+def test_thesis_dry_run_through_the_profile_shows_the_arrays():
+    out = subprocess.run(
+        [*SNAKEMAKE, "--profile", "slurm", "--configfile", "config/thesis.yaml", "-n", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "arrays: 576 train_run jobs in 18 job shape(s)" in text, text[:3000]
+    assert "Partition gpu2 (K80, compute capability 3.7) cannot run" in text
+    # one shape, as `hvdscale plan --arrays` prints it: the plugin takes the setting
+    out = subprocess.run(
+        [
+            *SNAKEMAKE,
+            "--profile",
+            "slurm",
+            "--configfile",
+            "config/thesis.yaml",
+            "--slurm-array-jobs=train_run",
+            "--config",
+            "select=partition=alpha workers=16",
+            "-n",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "in 1 job shape(s): one SLURM array per shape is 1 sbatch call(s)" in text, text[:3000]
+
+
+def test_array_commands_keep_the_rest_of_the_selection():
+    from hvdscale.study.plan import array_commands, merged_config
+
+    cfg = merged_config([ROOT / "config" / "thesis.yaml"], "partition=alpha repeat=0 workers=8-")
+    commands = array_commands(cfg, ["config/thesis.yaml"])
+    assert [c.split("select=")[1].split("  #")[0] for c in commands] == [
+        f'"repeat=0 partition=alpha workers={w}"' for w in (8, 16, 32)
+    ]

@@ -12,6 +12,7 @@ from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.headline import headline_section
 from hvdscale.report.method import equal_accuracy_bullets
+from hvdscale.study.plan import gpu_support_notes
 
 STATUS_NOTE = (
     "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "
@@ -68,6 +69,8 @@ def title_section(d: Doc, r: ReportData) -> None:
         )
     state = state.strip() or "All runs completed."
     d.p(f"This report is generated from the run records by <i>hvdscale report</i>. {state}")
+    for note in gpu_support_notes(r.cfg or {}):  # issue 20: GPUs TF 2.15 cannot use (gpu2)
+        d.p(escape(note))
     headline_section(d, r)
     head, rows = status_counts(status)
     first = 40 if len(head) <= 7 else 30

@@ -12,8 +12,22 @@ are listed on their own line with the same worst case.
 Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
 requests (gres per node x nodes), 0 on CPU partitions.
 
+GPUs the train env cannot use are said before anything runs (``gpu_support_notes``,
+issue 20): TensorFlow 2.15 is built against CUDA 12, which needs compute capability
+>= 5.0, so a K80 partition (3.7, the thesis's gpu2) fails at run time with it. The plan,
+Snakemake's start banner and the report's overview say so and what to do instead.
+
+Job arrays (issue 20): snakemake-executor-plugin-slurm 2.8 submits the ready jobs of
+a rule named in ``--slurm-array-jobs`` as one SLURM array, with the FIRST job's
+resources for every task (its ``run_array_jobs``: "all jobs have the same resource
+requirement. Thus, we can simply take the first job"). Training runs of different worker
+counts or partitions need different allocations, so arrays are only right for runs of one
+job shape: ``job_shapes`` groups the selected runs, and ``hvdscale plan --arrays`` prints
+one submission per shape (one sbatch each instead of one per run).
+
 Example
   hvdscale plan config/thesis.yaml [--select "partition=alpha workers=1-8"] [--csv plan.csv]
+  hvdscale plan config/thesis.yaml --arrays    # one array submission per job shape
 """
 
 from __future__ import annotations
@@ -58,6 +72,61 @@ def nodes_text(nodes) -> str:
 def job_gpus(gpus_per_node: int, workers_per_node: int, nodes: int) -> int:
     """GPUs a job requests (train.smk res_gres: min(GPUs, workers) per node)."""
     return min(gpus_per_node, workers_per_node) * nodes if gpus_per_node else 0
+
+
+#: compute capability per GPU model (scaling.partitions.*.gpu_model; NVIDIA's tables)
+COMPUTE_CAPABILITY = {
+    "K20": 3.5,
+    "K40": 3.5,
+    "K80": 3.7,
+    "M40": 5.2,
+    "M60": 5.2,
+    "P100": 6.0,
+    "V100": 7.0,
+    "T4": 7.5,
+    "A100": 8.0,
+    "A40": 8.6,
+    "H100": 9.0,
+    "H200": 9.0,
+}
+#: TensorFlow 2.15 (the train env) is built against CUDA 12, whose oldest target is sm_50
+TRAIN_ENV_MIN_CC = 5.0
+
+
+def compute_capability(gpu_model: str) -> float | None:
+    """Compute capability of a gpu_model such as "K80" or "Tesla K80" (None: unknown)."""
+    words = str(gpu_model or "").upper().replace("-", " ").split()
+    return next((COMPUTE_CAPABILITY[w] for w in words if w in COMPUTE_CAPABILITY), None)
+
+
+def gpu_support_notes(cfg: dict) -> list[str]:
+    """One sentence per swept GPU partition whose GPUs TF 2.15 (CUDA 12) cannot use, with
+    what the user does instead. Empty when every swept partition is fine."""
+    parts = cfg.get("scaling", {}).get("partitions", {})
+    swept = dict.fromkeys(
+        p for s in cfg.get("scaling", {}).get("sweeps", []) for p in s["partitions"]
+    )
+    deployment = (cfg.get("environment") or {}).get("deployment", "venv")
+    notes = []
+    for name in swept:
+        part = parts.get(name, {})
+        cc = compute_capability(part.get("gpu_model", ""))
+        if not part.get("gpus_per_node") or cc is None or cc >= TRAIN_ENV_MIN_CC:
+            continue
+        unless = (
+            ""
+            if deployment == "venv"  # .venv-train: TensorFlow 2.15
+            else f" unless environment: (deployment {deployment}) gives it a CUDA-11 build"
+        )
+        notes.append(
+            f"Partition {name} ({part['gpu_model']}, compute capability {cc}) cannot run "
+            f"the train env's TensorFlow 2.15: its CUDA 12 needs compute capability >= "
+            f"{TRAIN_ENV_MIN_CC}, so {name}'s runs would fail at run time{unless}. Instead "
+            f"run {name} with a CUDA-11 TensorFlow (and Horovod built against it) through "
+            "environment: (deployment env-modules or conda) in a config for select "
+            f"'partition={name}', or drop {name} from the sweeps."
+        )
+    return notes
 
 
 def _load_expected(results: Path) -> tuple[dict, dict]:
@@ -144,7 +213,46 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "partitions": rows,
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
+        "notes": gpu_support_notes(cfg),
+        "job_shapes": len(job_shapes(cfg)),
     }
+
+
+def job_shapes(cfg: dict) -> list[dict]:
+    """The selected training runs grouped by SLURM job shape (the resources of their
+    first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras)."""
+    from hvdscale.jobspec import JobSpec
+
+    shapes: dict[tuple, dict] = {}
+    for r in run_table(cfg):
+        res = JobSpec.for_run(cfg, r).slurm_resources(1)
+        key = tuple(sorted((k, str(v)) for k, v in res.items()))
+        shape = shapes.setdefault(
+            key,
+            {"partition": r.partition, "workers": r.workers, "nodes": r.nodes, "runs": []},
+        )
+        shape["runs"].append(r.run_id)
+    return sorted(shapes.values(), key=lambda s: (s["partition"], s["workers"]))
+
+
+OTHER_SELECT_KEYS = ("sweep", "backend", "lr", "batch", "repeat")
+
+
+def array_commands(cfg: dict, configs: list[str], profile: str = "slurm") -> list[str]:
+    """One Snakemake submission per job shape, train_run as one SLURM array each."""
+    import re
+
+    base = cfg.get("select") if isinstance(cfg.get("select"), str) else ""
+    # the user's selection stays, but for partition and workers, which name the shape
+    items = [i for i in re.split(r"[ ;]+", base) if i.partition("=")[0] in OTHER_SELECT_KEYS]
+    extra = "".join(f"{i} " for i in items)
+    files = " ".join(configs)
+    return [
+        f"snakemake --profile {profile} --configfile {files} --slurm-array-jobs=train_run "
+        f'--jobs {len(s["runs"])} --config select="{extra}partition={s["partition"]} '
+        f'workers={s["workers"]}"  # {len(s["runs"])} runs, {s["nodes"]} node(s) each'
+        for s in job_shapes(cfg)
+    ]
 
 
 def _h(x) -> str:
@@ -183,6 +291,13 @@ def format_plan(p: dict, short: bool = False) -> str:
             f"  + {a['jobs']} allreduce sweeps (measure_allreduce), worst "
             f"{_h(a['node_hours_worst'])} node-h"
         )
+    if t["jobs"]:
+        lines.append(
+            f"  arrays: {t['jobs']} train_run jobs in {p['job_shapes']} job shape(s): one "
+            f"SLURM array per shape is {p['job_shapes']} sbatch call(s) instead of "
+            f"{t['jobs']} (hvdscale plan --arrays)"
+        )
+    lines += [f"  ! {note}" for note in p.get("notes", [])]
     if not short:
         lines.append(
             "worst case: every job runs to its partition's runtime_min; expected: measured "
@@ -210,6 +325,11 @@ def add_arguments(ap):
     ap.add_argument("--results", help="results directory (default: the config's results_dir)")
     ap.add_argument("--csv", help="also write the per-partition table as CSV")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument(
+        "--arrays",
+        action="store_true",
+        help="print one submission per job shape with train_run as a SLURM job array",
+    )
 
 
 def merged_config(paths, select=None) -> dict:
@@ -240,7 +360,9 @@ def run(args) -> int:
     p = plan(cfg, args.results)
     if args.csv:
         write_csv(p, args.csv)
-    if args.json:
+    if args.arrays:
+        print("\n".join(array_commands(cfg, args.config)))
+    elif args.json:
         print(json.dumps(p, indent=2, sort_keys=True))
     else:
         print(format_plan(p))

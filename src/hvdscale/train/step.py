@@ -17,6 +17,7 @@ one call runs n optimizer steps in a graph loop. Every Horovod-specific line is 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -25,6 +26,16 @@ from hvdscale.train.fault import FaultDelay
 from hvdscale.worker import WorkerInfo
 
 EVAL_BATCH = 4096
+
+
+def host_reduction(device: str, env=None) -> bool:  # HVD: issue 20
+    """True when the gradients must leave the GPU before the allreduce: backend mpi or
+    gloo (the launcher sets HOROVOD_CPU_OPERATIONS, no HOROVOD_GPU_OPERATIONS) on a GPU.
+    Horovod built with NCCL reduces GPU tensors with NCCL whatever the controller; a
+    tensor on the host is reduced by the CPU operations, the label's collective."""
+    env = os.environ if env is None else env
+    cpu_ops = env.get("HOROVOD_CPU_OPERATIONS", "").lower() in ("mpi", "gloo")
+    return "GPU" in device.upper() and cpu_ops and not env.get("HOROVOD_GPU_OPERATIONS")
 
 
 # =========================================================================== clocks
@@ -249,12 +260,14 @@ class StepProgram:
             # one worker: nothing to reduce (Horovod itself skips size-1 allreduces)
             return list(grads)
         hvd = self.worker.hvd
-        return hvd.grouped_allreduce(
-            list(grads),
-            op=hvd.Average,
-            compression=self.compression,  # HVD:
-            name="grads",
-        )  # HVD: gradient allreduce
+        host = host_reduction(self.device)  # HVD: issue 20: mpi/gloo on a GPU reduce on the host
+        with self.tf.device("/CPU:0") if host else contextlib.nullcontext():
+            return hvd.grouped_allreduce(
+                list(grads),
+                op=hvd.Average,
+                compression=self.compression,  # HVD:
+                name="grads",
+            )  # HVD: gradient allreduce
 
     def _noise(self, local, reduced, clock):
         """Timed multi-worker updates: add |g_local|^2 (this rank's gradient, batch =
