@@ -162,8 +162,9 @@ def link_params(fit: dict, nodes: int) -> tuple[float | None, float | None]:
 
 def sync_time(fit: dict, p, nodes, nbytes):
     """Predicted allreduce time (s); NaN where the needed terms are unknown."""
-    p_arr, m_arr = np.broadcast_arrays(np.asarray(p, dtype=float), np.asarray(nodes, dtype=float))
-    n_arr = np.broadcast_to(np.asarray(nbytes, dtype=float), p_arr.shape)
+    p_arr, m_arr, n_arr = np.broadcast_arrays(
+        *(np.asarray(v, dtype=float) for v in (p, nodes, nbytes))
+    )
     out = np.full(p_arr.shape, np.nan)
     for idx in np.ndindex(p_arr.shape):
         a, b = link_params(fit, int(m_arr[idx]))
