@@ -68,14 +68,6 @@ rule write_allreduce_config:
         "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
 
 
-def allreduce_sweep_args(wildcards):
-    """Message sizes and iterations of config key allreduce (empty: the program's defaults)."""
-    ar = CFG["allreduce"]
-    args = [f"--sizes {ar['sizes']}"] if ar["sizes"] else []
-    args += [f"--iterations {ar['iterations']}"] if ar["iterations"] else []
-    return " ".join(args)
-
-
 rule measure_allreduce:
     input:
         config=f"{RESULTS}/config/allreduce/{{allreduce_id}}.json",
