@@ -44,6 +44,7 @@ def main() -> int:
     ap.add_argument("--loads", required=True, help="load samples taken during the sweeps")
     ap.add_argument("--load-before", type=float, required=True)
     ap.add_argument("--load-after", type=float, required=True)
+    ap.add_argument("--measured", help="when the sweeps ran (e.g. START/END, UTC)")
     ap.add_argument("--fit-max-workers", type=int, default=4)
     ap.add_argument("--model-bytes", type=int, default=DEFAULT_MODEL_BYTES)
     ap.add_argument("--json", help="also write the costmodel.json here")
@@ -58,7 +59,9 @@ def main() -> int:
         else ""
     )
     load = {"load": peak, "load_before": args.load_before, "load_after": args.load_after}
-    keep = ["partition", "backend", "workers", "nodes", "bytes", "time_s", "p10", "p90"]
+    if args.measured:
+        load["measured"] = args.measured
+    keep = ["partition", "backend", "workers", "nodes", "bytes", "time_s", "p10_s", "p90_s"]
     rows = [
         {**load, **{k: r[k] for k in keep if k in r}, "note": note} for r in ar.to_dict("records")
     ]
