@@ -42,7 +42,8 @@ def _model_of(f: dict, cm: dict) -> tuple[dict, str]:
 
 def _panel_fit(ax, fits, pcol, cm):
     """(a) per node count: allreduce time vs message size at the largest rank count on
-    that many nodes, measured (markers; filled: one node) and predicted (lines)."""
+    that many nodes, measured (markers; filled: one node) and predicted (lines; solid:
+    one node, dashed: several)."""
     from hvdscale.analysis.costmodel_links import sync_time
 
     how = ""
@@ -57,9 +58,10 @@ def _panel_fit(ax, fits, pcol, cm):
             q = g[g["workers"] == g["workers"].max()].sort_values("bytes")
             p = int(q["workers"].iloc[0])
             fill = c if m == 1 else "none"
+            ls = "-" if m == 1 else (0, (5, 2))  # solid: one node; dashed: several
             ax.plot(q["bytes"], q["time_s"] * 1e3, ls="none", marker=mk, color=c, ms=3, mfc=fill)
             xs = np.geomspace(q["bytes"].min(), q["bytes"].max(), 50)
-            ax.plot(xs, sync_time(model, p, m, xs) * 1e3, color=c, ls=BACKEND_LS.get(f["backend"]))
+            ax.plot(xs, sync_time(model, p, m, xs) * 1e3, color=c, ls=ls, lw=1)
             ax.annotate(f"p={p}, m={m}", (xs[-1], q["time_s"].iloc[-1] * 1e3), fontsize=5)
     ax.axvline(cm["model_bytes"], color="0.5", lw=0.7, ls=":")
     ax.set_xscale("log")
