@@ -300,3 +300,41 @@ def test_config_asks_for_sweeps_over_rank_and_node_counts():
     cfg["allreduce"]["sweeps"][0]["partitions"] = ["nope"]
     with pytest.raises(ConfigError, match="allreduce.sweeps.0.partitions"):
         allreduce_jobs(cfg)
+
+
+def _story_text(flowables) -> str:
+    """Text of a reportlab story: paragraphs, table cells (one line per row), groups."""
+    out = []
+    for f in flowables:
+        if hasattr(f, "getPlainText"):
+            out.append(f.getPlainText())
+        elif hasattr(f, "_cellvalues"):
+            for row in f._cellvalues:
+                cells = [c.getPlainText() if hasattr(c, "getPlainText") else str(c) for c in row]
+                out.append(" | ".join(cells))
+        elif hasattr(f, "_content"):
+            out.append(_story_text(f._content))
+    return "\n".join(out)
+
+
+def test_report_section_shows_predicted_against_measured_per_node_count(tmp_path):
+    from hvdscale.report.context import ReportData
+    from hvdscale.report.costmodel_section import costmodel_section
+    from hvdscale.report.doc import Doc
+
+    df = _two_level_rows(0.0)
+    df.loc[df["workers"] == 16, "time_s"] *= 2.0  # 16 ranks: predicted -50 %
+    cm = json.loads(json.dumps(fit_costmodel(df, None, MODEL_BYTES, fit_max_workers=4)))
+    d = Doc()
+    r = ReportData({}, None, None, pd.DataFrame(), pd.DataFrame(), cm, tmp_path)
+    costmodel_section(d, r)
+    text = _story_text(d.story)
+    assert "slowest link" in text and "between nodes" in text and "inside node" in text
+    assert "held out" in text and "-50.0 %" in text
+    assert "Held-out prediction error (3 sweeps of 8, 16 ranks" in text
+    # a one-node sweep: the between-node terms are said to be unknown
+    one = _two_level_rows(0.0, layouts=[(2, 1), (4, 1)])
+    d = Doc()
+    r.cm = json.loads(json.dumps(fit_costmodel(one, None, MODEL_BYTES)))
+    costmodel_section(d, r)
+    assert "unknown: sweeps on one node only" in _story_text(d.story)
