@@ -167,3 +167,174 @@ def test_cli_writes_json_and_rejects_bad_input(tmp_path, capsys):
     )
     assert main(["fit-costmodel", "--allreduce", str(neg), "--out", str(out)]) == 2
     assert "time_s" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- across nodes
+
+INSIDE_AB, BETWEEN_AB = (20e-6, 8e9), (150e-6, 0.9e9)
+LAYOUTS = [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (16, 2)]  # (ranks, nodes)
+
+
+def _two_level_rows(noise: float = 0.0, seed: int = 0, layouts=LAYOUTS) -> pd.DataFrame:
+    """A sweep from known inside-node and between-node alpha/beta (ring over the slowest
+    link: the between-node terms wherever the ranks span several nodes)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w, m in layouts:
+        alpha, beta = INSIDE_AB if m == 1 else BETWEEN_AB
+        for n in [8 * 4**k for k in range(11)] + [MODEL_BYTES]:  # 8 B .. 8 MiB, the gradients
+            t = float(ring_time(w, n, alpha, beta)) * float(rng.lognormal(0.0, noise))
+            rows.append(
+                {"partition": "alpha", "backend": "gloo", "workers": w, "nodes": m}
+                | {"bytes": n, "time_s": t}
+            )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("noise,rel", [(0.0, 1e-9), (0.02, 0.03)])
+def test_fit_links_recovers_inside_and_between_node_terms(noise, rel):
+    from hvdscale.analysis.costmodel_links import fit_links
+
+    df = _two_level_rows(noise, seed=11)
+    f = fit_links(df["workers"], df["nodes"], df["bytes"], df["time_s"])
+    assert f["between_node_known"] and f["inside_node_known"] and f["link_note"] == ""
+    inside, between = f["links"]["inside_node"], f["links"]["between_node"]
+    assert inside["alpha_s"] == pytest.approx(INSIDE_AB[0], rel=rel)
+    assert inside["beta_Bps"] == pytest.approx(INSIDE_AB[1], rel=rel)
+    assert between["alpha_s"] == pytest.approx(BETWEEN_AB[0], rel=rel)
+    assert between["beta_Bps"] == pytest.approx(BETWEEN_AB[1], rel=rel)
+    assert inside["workers"] == [2, 4, 8] and between["workers"] == [2, 4, 8, 16]
+    assert f["node_counts"] == [1, 2] and f["slots_per_node"] == 8
+
+
+def test_fitted_from_small_counts_validates_on_large_ones(tmp_path):
+    df = _two_level_rows(0.0)
+    # the 8- and 16-rank sweeps run 30 % slower than the model: the error table shows it
+    slow = df["workers"] > 4
+    df.loc[slow, "time_s"] *= 1.3
+    res = fit_costmodel(df, None, MODEL_BYTES, fit_max_workers=4)
+    et = res["error_table"]
+    assert et["fit_max_workers"] == 4
+    (fit,) = et["fits"]
+    assert fit["between_node"]["alpha_s"] == pytest.approx(BETWEEN_AB[0], rel=1e-9)
+    assert fit["between_node"]["workers"] == [2, 4]  # fitted from the small counts only
+    rows = {(r["workers"], r["nodes"]): r for r in et["rows"]}
+    assert sorted(rows) == sorted(LAYOUTS)
+    assert {k for k, r in rows.items() if r["role"] == "validate"} == {(8, 1), (8, 2), (16, 2)}
+    for (w, m), r in rows.items():
+        want = 1 / 1.3 - 1 if w > 4 else 0.0
+        assert r["sync_rel_error"] == pytest.approx(want, abs=1e-9)
+        assert r["median_abs_rel_error_sizes"] == pytest.approx(abs(want), abs=1e-9)
+        assert r["link"] == ("inside_node" if m == 1 else "between_node")
+        alpha, beta = INSIDE_AB if m == 1 else BETWEEN_AB
+        assert r["sync_s_pred"] == pytest.approx(float(ring_time(w, MODEL_BYTES, alpha, beta)))
+    v = et["validated"]
+    assert v["n"] == 3 and v["workers"] == [8, 16]
+    assert v["median_abs_rel_error_sync"] == pytest.approx(1 - 1 / 1.3, rel=1e-9)
+    # the full fit (every sweep) sees both node counts
+    (f,) = res["fits"]
+    assert f["between_node_known"] and f["node_counts"] == [1, 2]
+    json.dumps(res, allow_nan=False)
+
+
+def test_cli_writes_the_error_table(tmp_path, capsys):
+    csv = tmp_path / "ar.csv"
+    _two_level_rows(0.01, seed=5).to_csv(csv, index=False)
+    out = tmp_path / "cm.json"
+    argv = ["fit-costmodel", "--allreduce", str(csv), "--fit-max-workers", "4", "--out", str(out)]
+    assert main(argv) == 0
+    res = json.loads(out.read_text())
+    v = res["error_table"]["validated"]
+    assert v["n"] == 3 and v["median_abs_rel_error_sync"] < 0.05
+    assert "held-out" in capsys.readouterr().out
+    assert res["model"].endswith("ring over the slowest link")
+
+
+def test_one_node_sweep_fits_inside_terms_and_says_between_unknown():
+    from hvdscale.analysis.costmodel_links import UNKNOWN_BETWEEN, sync_time
+
+    df = _two_level_rows(0.0, layouts=[(2, 1), (4, 1), (8, 1)])
+    res = fit_costmodel(df, None, MODEL_BYTES)
+    (f,) = res["fits"]
+    assert not f["between_node_known"] and f["links"]["between_node"] is None
+    assert UNKNOWN_BETWEEN in f["note"]
+    assert any("between-node terms unknown" in n for n in res["notes"])
+    assert f["alpha_s"] == pytest.approx(INSIDE_AB[0], rel=1e-9)
+    assert f["beta_Bps"] == pytest.approx(INSIDE_AB[1], rel=1e-9)
+    # more nodes: the one-node model (the inside-node terms), as before nodes were modelled
+    t16 = sync_time(f, 16, 2, MODEL_BYTES)
+    assert t16 == pytest.approx(float(ring_time(16, MODEL_BYTES, *INSIDE_AB)))
+    assert all(r["role"] == "fit" for r in res["error_table"]["rows"])
+    assert res["error_table"]["validated"]["n"] == 0
+
+
+def test_prediction_uses_the_link_of_each_node_count():
+    df = _two_level_rows(0.0)
+    s = _summary({1: 0.0, 2: 1e-4}).assign(partition="alpha", backend="gloo")
+    res = fit_costmodel(df, s, MODEL_BYTES, max_workers=32)
+    pts = {p["workers"]: p for p in res["predictions"][0]["points"]}
+    assert (pts[8]["nodes"], pts[16]["nodes"], pts[32]["nodes"]) == (1, 2, 4)
+    assert pts[8]["sync_step_s_pred"] == pytest.approx(float(ring_time(8, MODEL_BYTES, *INSIDE_AB)))
+    assert pts[16]["link"] == "between_node"
+    assert pts[16]["sync_step_s_pred"] == pytest.approx(
+        float(ring_time(16, MODEL_BYTES, *BETWEEN_AB))
+    )
+
+
+def test_config_asks_for_sweeps_over_rank_and_node_counts():
+    import yaml
+
+    from hvdscale.config import allreduce_jobs, validate_config
+    from hvdscale.errors import ConfigError, UserError
+    from hvdscale.jobspec import JobSpec
+
+    cfg = yaml.safe_load((F.PROJECT_ROOT / ".test" / "slurm-costmodel.yaml").read_text())
+    cfg = validate_config(cfg)
+    jobs = {j["id"]: j for j in allreduce_jobs(cfg)}
+    assert sorted((j["workers"], j["nodes"]) for j in jobs.values()) == sorted(LAYOUTS)
+    spec = JobSpec.for_allreduce_id(cfg, "alpha_gloo_n2_w4")
+    assert (spec.nodes, spec.workers_per_node, spec.tasks) == (2, 2, 4)
+    assert "-N 2 --ntasks-per-node=2" in " ".join(spec.srun_args())
+    with pytest.raises(UserError, match="spread evenly"):
+        JobSpec.for_allreduce_id(cfg, "alpha_gloo_n4_w2")
+    cfg["allreduce"]["sweeps"][0]["partitions"] = ["nope"]
+    with pytest.raises(ConfigError, match="allreduce.sweeps.0.partitions"):
+        allreduce_jobs(cfg)
+
+
+def _story_text(flowables) -> str:
+    """Text of a reportlab story: paragraphs, table cells (one line per row), groups."""
+    out = []
+    for f in flowables:
+        if hasattr(f, "getPlainText"):
+            out.append(f.getPlainText())
+        elif hasattr(f, "_cellvalues"):
+            for row in f._cellvalues:
+                cells = [c.getPlainText() if hasattr(c, "getPlainText") else str(c) for c in row]
+                out.append(" | ".join(cells))
+        elif hasattr(f, "_content"):
+            out.append(_story_text(f._content))
+    return "\n".join(out)
+
+
+def test_report_section_shows_predicted_against_measured_per_node_count(tmp_path):
+    from hvdscale.report.context import ReportData
+    from hvdscale.report.costmodel_section import costmodel_section
+    from hvdscale.report.doc import Doc
+
+    df = _two_level_rows(0.0)
+    df.loc[df["workers"] == 16, "time_s"] *= 2.0  # 16 ranks: predicted -50 %
+    cm = json.loads(json.dumps(fit_costmodel(df, None, MODEL_BYTES, fit_max_workers=4)))
+    d = Doc()
+    r = ReportData({}, None, None, pd.DataFrame(), pd.DataFrame(), cm, tmp_path)
+    costmodel_section(d, r)
+    text = _story_text(d.story)
+    assert "slowest link" in text and "between nodes" in text and "inside node" in text
+    assert "held out" in text and "-50.0 %" in text
+    assert "Held-out prediction error (3 sweeps of 8, 16 ranks" in text
+    # a one-node sweep: the between-node terms are said to be unknown
+    one = _two_level_rows(0.0, layouts=[(2, 1), (4, 1)])
+    d = Doc()
+    r.cm = json.loads(json.dumps(fit_costmodel(one, None, MODEL_BYTES)))
+    costmodel_section(d, r)
+    assert "unknown: sweeps on one node only" in _story_text(d.story)

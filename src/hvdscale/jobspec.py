@@ -102,15 +102,26 @@ class JobSpec:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def for_workers(cls, cfg: dict, partition: str, backend: str, workers: int) -> JobSpec:
-        """The layout of ``workers`` ranks of ``backend`` on ``partition`` of a validated config."""
+    def for_workers(
+        cls, cfg: dict, partition: str, backend: str, workers: int, nodes: int | None = None
+    ) -> JobSpec:
+        """The layout of ``workers`` ranks of ``backend`` on ``partition`` of a validated
+        config; ``nodes`` (allreduce sweeps only) spreads them evenly over that many nodes."""
         part = cfg["scaling"]["partitions"][partition]
+        per_node = workers_per_node_for(workers, part)
+        if nodes is not None and nodes != nodes_for(workers, part):
+            if nodes > workers or workers % nodes or workers // nodes > slots_per_node(part):
+                raise UserError(
+                    f"{workers} workers cannot be spread evenly over {nodes} node(s) of "
+                    f"partition {partition!r} ({slots_per_node(part)} slots per node)"
+                )
+            per_node = workers // nodes
         return cls(
             partition=partition,
             backend=backend,
-            nodes=nodes_for(workers, part),
+            nodes=nodes or nodes_for(workers, part),
             workers=workers,
-            workers_per_node=workers_per_node_for(workers, part),
+            workers_per_node=per_node,
             gpus_per_node=part["gpus_per_node"],
             cpus_per_task=cpus_per_task_for(part),
             mem_mb=part["mem_mb_per_node"],
@@ -132,7 +143,8 @@ class JobSpec:
     @classmethod
     def for_allreduce_id(cls, cfg: dict, allreduce_id: str) -> JobSpec:
         """The layout of an allreduce sweep ``{partition}_{backend}_n{nodes}_w{workers}``;
-        the id must name a partition of the config and the node count it implies."""
+        the id must name a partition of the config and at least the node count it implies
+        (more nodes: the ranks spread evenly, config key allreduce.sweeps)."""
         m = ALLREDUCE_ID.fullmatch(allreduce_id)
         if not m:
             raise UserError(
@@ -149,13 +161,16 @@ class JobSpec:
                 "is not in scaling.partitions "
                 f"({', '.join(sorted(parts))})"
             )
-        if nodes != nodes_for(workers, parts[part_name]):
+        if nodes < nodes_for(workers, parts[part_name]):
             raise UserError(
                 f"--allreduce-id {allreduce_id!r}: {workers} workers "
                 f"need {nodes_for(workers, parts[part_name])} node(s) "
                 f"on partition {part_name!r}"
             )
-        return cls.for_workers(cfg, part_name, backend, workers)
+        try:  # more nodes than the sequential fill: an allreduce.sweeps entry
+            return cls.for_workers(cfg, part_name, backend, workers, nodes=nodes)
+        except UserError as exc:
+            raise UserError(f"--allreduce-id {allreduce_id!r}: {exc}") from None
 
     # ----------------------------------------------------------------- derived values
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from hvdscale.errors import ConfigError
+from hvdscale.errors import ConfigError, UserError
 from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 
 # run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
@@ -421,4 +421,37 @@ def allreduce_jobs(cfg: dict) -> list[dict]:
                 "gpus_per_node": r.gpus_per_node,
             },
         )
+    for job in extra_allreduce_jobs(cfg):  # allreduce.sweeps: rank/node counts of their own
+        seen.setdefault(job["id"], job)
     return [seen[k] for k in sorted(seen)]
+
+
+def extra_allreduce_jobs(cfg: dict) -> list[dict]:
+    """The sweeps of config key allreduce.sweeps: partition x backend x workers x nodes,
+    the ranks spread evenly over the nodes; combinations that do not fit are skipped."""
+    jobs = []
+    parts = cfg["scaling"]["partitions"]
+    for i, sw in enumerate(cfg.get("allreduce", {}).get("sweeps", [])):
+        for part in sw["partitions"]:
+            if part not in parts:
+                raise ConfigError(
+                    f"config key allreduce.sweeps.{i}.partitions: got {part!r}; expected one "
+                    f"of {', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
+                )
+            for be, w, n in itertools.product(sw["backends"], sw["workers"], sw["nodes"]):
+                try:
+                    job = JobSpec.for_workers(cfg, part, be, w, nodes=n)
+                except UserError:
+                    continue
+                jobs.append(
+                    {
+                        "id": f"{part}_{be}_n{n}_w{w}",
+                        "partition": part,
+                        "backend": be,
+                        "nodes": n,
+                        "workers": w,
+                        "workers_per_node": job.workers_per_node,
+                        "gpus_per_node": job.gpus_per_node,
+                    }
+                )
+    return jobs

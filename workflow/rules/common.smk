@@ -107,6 +107,14 @@ def allreduce_config_json(wildcards):
     return json.dumps(allreduce_config(CFG, wildcards.allreduce_id), sort_keys=True)
 
 
+def allreduce_sweep_args(wildcards):
+    """Message sizes and iterations of config key allreduce (empty: the program's defaults)."""
+    ar = CFG["allreduce"]
+    args = [f"--sizes {ar['sizes']}"] if ar["sizes"] else []
+    args += [f"--iterations {ar['iterations']}"] if ar["iterations"] else []
+    return " ".join(args)
+
+
 def full_config_json(wildcards):
     return json.dumps(CFG, sort_keys=True)
 

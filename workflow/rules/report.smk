@@ -52,10 +52,13 @@ rule fit_costmodel:
         hvd=HVD,
         model_bytes=model_bytes,
         max_workers=CFG["report"]["max_extrapolation_workers"],
+        # validation: fit from <= this many ranks, error on the larger sweeps (0: none)
+        fit_max=CFG["allreduce"]["fit_max_workers"] or 0,
     shell:
         "{params.hvd} fit-costmodel --allreduce {input.allreduce} --runs {input.runs}"
         " --summary {input.summary} --model-bytes {params.model_bytes}"
-        " --max-workers {params.max_workers} --out {output} > {log} 2>&1"
+        " --max-workers {params.max_workers} --fit-max-workers {params.fit_max}"
+        " --out {output} > {log} 2>&1"
 
 
 rule plot_scaling:

@@ -126,7 +126,8 @@ rule measure_allreduce:
         hvd=LAUNCH,
         launcher=launcher,
         python=train_python,
+        sweep=allreduce_sweep_args,
     shell:
         "{params.hvd} launch --program measure-allreduce --config {input.config}"
-        " --allreduce-id {wildcards.allreduce_id} --out {output}"
+        " --allreduce-id {wildcards.allreduce_id} --out {output} {params.sweep}"
         " --launcher {params.launcher} --train-python {params.python} > {log} 2>&1"

@@ -1,16 +1,21 @@
 """Fit the ring-allreduce cost model and predict synchronisation time and speedup.
 
-Model (one allreduce of n bytes over p ranks, ring algorithm):
+Model (one allreduce of n bytes over p ranks on m nodes, ring over the slowest link;
+``hvdscale.analysis.costmodel_links``):
 
-    T(p, n) = 2(p-1) * alpha + 2(p-1)/p * n / beta
+    T(p, m, n) = 2(p-1) * alpha_c + 2(p-1)/p * n / beta_c
 
-alpha (latency, s) and beta (bandwidth, B/s) are fitted per partition and backend by
+with c the inside-node link (m = 1) or the between-node link (m > 1). alpha_c (latency,
+s) and beta_c (bandwidth, B/s) are fitted per partition, backend and link class by
 weighted least squares over every message size and worker count of the allreduce
 sweep (results/allreduce/*.csv as written by `hvdscale measure-allreduce`: columns
 partition, backend, workers, nodes, bytes, time_s; p10/p90/algbw/busbw, also named
 p10_s/p90_s/algbw_Bps/busbw_Bps, are optional; rows with one worker carry no
 communication and are left out). The weights are 1/time, so the fit minimises relative
 residuals and small (latency-bound) and large (bandwidth-bound) messages count alike.
+A sweep with one node count fits the inside-node terms only (the between-node terms are
+unknown, and said so). With --fit-max-workers K the error table (costmodel.json
+"error_table") compares a fit from the sweeps with <= K ranks with the larger ones.
 
 Prediction per configuration group (partition, backend, batch_per_worker, lr_rule)
 with a measured 1-worker baseline (summary.csv): per-step time
@@ -18,7 +23,8 @@ with a measured 1-worker baseline (summary.csv): per-step time
     T_step(p) = T_data + T_compute + T_update + T_other + T_sync(p)
 
 with the first four measured on the 1-worker run (T_other = step wall time not in a
-phase, usually small) and T_sync(p) = T(p, model_bytes); epoch time
+phase, usually small) and T_sync(p) = T(p, m(p), model_bytes) with m(p) the measured
+node count or the sequential fill of the one-node sweeps' largest rank count; epoch time
 T_epoch(p) = steps(1)/p * T_step(p); predicted speedup S(p) = T_epoch(1)/T_epoch(p).
 Where runs exist, the prediction is compared with the measured sync time per step and
 speedup: relative error (predicted - measured)/measured per point and its median.
@@ -39,90 +45,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.costmodel_links import (  # noqa: F401  (fit_ring, ring_time: API)
+    BETWEEN,
+    FORMULA_LINKS,
+    INSIDE,
+    LINK_MODEL,
+    error_table,
+    fit_links,
+    fit_ring,
+    link_of,
+    nodes_for_workers,
+    ring_time,
+    sync_time,
+)
 from hvdscale.common import GROUP_KEYS
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
 
 DEFAULT_MODEL_BYTES = 153441 * 4
-FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"
-
-
-# ----------------------------------------------------------------------------- model
-
-
-def ring_time(p, nbytes, alpha: float, beta: float):
-    """Ring allreduce time (s) of ``nbytes`` over ``p`` ranks (0 for one rank)."""
-    p = np.asarray(p, dtype=float)
-    t = (
-        2 * (p - 1) * alpha
-        + 2 * (p - 1) / np.maximum(p, 1) * np.asarray(nbytes, dtype=float) / beta
-    )
-    return np.where(p > 1, t, 0.0)
-
-
-def fit_ring(workers, nbytes, time_s, weights: str = "relative") -> dict:
-    """Fit alpha and beta of the ring model; returns a dict (see ``fit_costmodel``).
-
-    Non-negative: if the free fit gives a negative latency or bandwidth term, that term
-    is set to zero and the other refitted (a warning goes into ``note``).
-    """
-    p = np.asarray(workers, dtype=float)
-    n = np.asarray(nbytes, dtype=float)
-    y = np.asarray(time_s, dtype=float)
-    keep = (p > 1) & np.isfinite(y) & (y > 0) & np.isfinite(n)
-    p, n, y = p[keep], n[keep], y[keep]
-    out = {
-        "n_points": int(len(y)),
-        "workers": sorted({int(v) for v in p}),
-        "bytes_min": float(n.min()) if len(n) else None,
-        "bytes_max": float(n.max()) if len(n) else None,
-        "weighting": "1/time (relative residuals)" if weights == "relative" else "none",
-        "alpha_s": None,
-        "beta_Bps": None,
-        "alpha_se_s": None,
-        "beta_se_Bps": None,
-        "median_abs_rel_error": None,
-        "max_abs_rel_error": None,
-        "note": "",
-    }
-    if len(y) < 2:
-        out["note"] = "too few allreduce measurements with more than one worker"
-        return out
-    X = np.column_stack([2 * (p - 1), 2 * (p - 1) / p * n])
-    w = 1.0 / y if weights == "relative" else np.ones_like(y)
-    Xw, yw = X * w[:, None], y * w
-    if np.linalg.matrix_rank(Xw) < 2:
-        out["note"] = "latency and bandwidth cannot be separated (need several message sizes)"
-        return out
-    coef, *_ = np.linalg.lstsq(Xw, yw, rcond=None)
-    notes = []
-    if coef[0] < 0 or coef[1] <= 0:
-        if coef[1] <= 0:  # bandwidth term unusable: latency only
-            coef = np.array([max(np.sum(Xw[:, 0] * yw) / np.sum(Xw[:, 0] ** 2), 0.0), 0.0])
-            notes.append("bandwidth term fitted non-positive; latency-only model")
-        else:
-            coef = np.array([0.0, np.sum(Xw[:, 1] * yw) / np.sum(Xw[:, 1] ** 2)])
-            notes.append("latency term fitted negative; set to 0")
-    resid_w = yw - Xw @ coef
-    dof = max(len(y) - 2, 1)
-    try:
-        cov = np.linalg.inv(Xw.T @ Xw) * float(resid_w @ resid_w) / dof
-        se = np.sqrt(np.clip(np.diag(cov), 0, None))
-    except np.linalg.LinAlgError:
-        se = np.array([np.nan, np.nan])
-    alpha, inv_beta = float(coef[0]), float(coef[1])
-    pred = X @ coef
-    rel = (pred - y) / y
-    out.update(
-        alpha_s=alpha,
-        beta_Bps=(1.0 / inv_beta) if inv_beta > 0 else None,
-        alpha_se_s=float(se[0]),
-        beta_se_Bps=float(se[1] / inv_beta**2) if inv_beta > 0 else None,
-        median_abs_rel_error=float(np.median(np.abs(rel))),
-        max_abs_rel_error=float(np.max(np.abs(rel))),
-        note="; ".join(notes),
-    )
-    return out
+FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"  # one link class
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -223,21 +164,36 @@ ERROR_KEYS = ("sync_rel_error", "speedup_rel_error", "epoch_time_rel_error")
 
 
 def _fits(allreduce: pd.DataFrame) -> list[dict]:
-    """One ring fit per partition and backend, with its points and fitted times."""
+    """One fit per partition and backend (inside- and between-node terms, see
+    ``costmodel_links``), with its points and fitted times. The top-level alpha/beta
+    are the inside-node terms (the between-node ones where no sweep ran on one node)."""
     fits = []
     for (part, be), g in allreduce.groupby(["partition", "backend"], sort=True):
-        f = fit_ring(g["workers"], g["bytes"], g["time_s"])
+        lf = fit_links(g["workers"], g["nodes"], g["bytes"], g["time_s"])
+        primary = lf["links"][INSIDE]
+        if not lf["inside_node_known"] and lf["between_node_known"]:
+            primary = lf["links"][BETWEEN]
+        primary = primary or fit_ring([], [], [])
+        fitted = np.atleast_1d(sync_time(lf, g["workers"], g["nodes"], g["bytes"]))
         pts = [
             {
                 "workers": int(w),
+                "nodes": int(m),
                 "bytes": float(b),
                 "time_s": float(t),
-                "fitted_s": float(ring_time(w, b, f["alpha_s"], f["beta_Bps"]))
-                if f["beta_Bps"]
-                else None,
+                "fitted_s": float(ft) if np.isfinite(ft) and w > 1 else None,
             }
-            for w, b, t in zip(g["workers"], g["bytes"], g["time_s"])
+            for w, m, b, t, ft in zip(g["workers"], g["nodes"], g["bytes"], g["time_s"], fitted)
         ]
+        rel = [(q["fitted_s"] - q["time_s"]) / q["time_s"] for q in pts if q["fitted_s"]]
+        f = {**primary, **{k: v for k, v in lf.items()}}
+        f.update(
+            n_points=sum(1 for q in pts if q["workers"] > 1),
+            workers=sorted({q["workers"] for q in pts if q["workers"] > 1}),
+            median_abs_rel_error=float(np.median(np.abs(rel))) if rel else None,
+            max_abs_rel_error=float(np.max(np.abs(rel))) if rel else None,
+            note="; ".join(x for x in (primary["note"], lf["link_note"]) if x),
+        )
         fits.append({"partition": part, "backend": be, **f, "points": pts})
     return fits
 
@@ -261,11 +217,17 @@ def _point(p: int, f: dict, base: dict, model_bytes: int, measured: pd.DataFrame
     """Predicted (and, where measured, measured) sync time, epoch time and speedup at p."""
     t_local, steps1 = base["local_step_s"], base["steps_per_epoch"]
     t_epoch1 = steps1 * t_local
-    t_sync = float(ring_time(p, model_bytes, f["alpha_s"], f["beta_Bps"]))
+    nodes_meas = measured["nodes"].dropna().to_dict() if "nodes" in measured else {}
+    nodes = nodes_for_workers(f, p, nodes_meas)
+    t_sync = float(sync_time(f, p, nodes, model_bytes)) if p > 1 else 0.0
+    if not np.isfinite(t_sync):  # no terms for this node count: the inside-node ones
+        t_sync = float(ring_time(p, model_bytes, f["alpha_s"], f["beta_Bps"]))
     t_step = t_local + t_sync
     t_epoch = steps1 / p * t_step
     pt = {
         "workers": p,
+        "nodes": nodes,
+        "link": link_of(nodes),
         "sync_step_s_pred": t_sync,
         "step_time_s_pred": t_step,
         "epoch_time_s_pred": t_epoch,
@@ -313,7 +275,11 @@ def _prediction(key, g: pd.DataFrame, f: dict | None, model_bytes: int, max_work
         entry["note"] = "no completed 1-worker baseline run"
     if f is None or base.empty:
         return entry
-    entry["fit"] = {"alpha_s": f["alpha_s"], "beta_Bps": f["beta_Bps"]}
+    entry["fit"] = {
+        "alpha_s": f["alpha_s"],
+        "beta_Bps": f["beta_Bps"],
+        **{k: f.get(k) for k in ("links", "between_node_known", "slots_per_node")},
+    }
     entry["baseline"] = _baseline(base.iloc[0])
     measured = g.set_index("workers")
     entry["points"] = [
@@ -349,8 +315,10 @@ def fit_costmodel(
     model_bytes: int,
     max_workers: int = 64,
     sources: list[str] | None = None,
+    fit_max_workers: int | None = None,
 ) -> dict:
-    """Fits per partition/backend, predictions per configuration group, errors."""
+    """Fits per partition/backend, predictions per configuration group, errors, and the
+    error table per rank and node count (fitted from <= fit_max_workers ranks, if given)."""
     fits = _fits(allreduce)
     fit_by = {
         (f["partition"], f["backend"]): f
@@ -366,11 +334,14 @@ def fit_costmodel(
         notes.append("no summary table: no predictions")
     if not fits:
         notes.append("no allreduce measurements: no fit and no predictions")
+    one_node = [f"{f['partition']}/{f['backend']}" for f in fits if not f["between_node_known"]]
+    if one_node:
+        notes.append(f"between-node terms unknown for {', '.join(one_node)} (one node count only)")
     errs = _errors(predictions)
     return _clean(
         {
-            "model": "ring allreduce",
-            "formula": FORMULA,
+            "model": f"ring allreduce, {LINK_MODEL}",
+            "formula": FORMULA_LINKS,
             "step_time": "T_step(p) = T_data + T_compute + T_update + T_other (1-worker run)"
             " + T_sync(p, model_bytes)",
             "epoch_time": "T_epoch(p) = steps_per_epoch(1)/p * T_step(p);"
@@ -385,6 +356,7 @@ def fit_costmodel(
                 "speedup": _error_stats(errs["speedup_rel_error"]),
                 "epoch_time": _error_stats(errs["epoch_time_rel_error"]),
             },
+            "error_table": error_table(allreduce, model_bytes, fit_max_workers),
             "notes": notes,
         }
     )
@@ -419,6 +391,13 @@ def add_arguments(p):
         default=64,
         help="extrapolate up to this many workers (default: %(default)s)",
     )
+    p.add_argument(
+        "--fit-max-workers",
+        type=int,
+        default=0,
+        help="validation: fit from the sweeps with at most this many ranks and report the "
+        "error on the larger ones (0: no hold-out; default: %(default)s)",
+    )
     p.add_argument("--out", default="results/scaling/costmodel.json", help="(default: %(default)s)")
 
 
@@ -437,8 +416,15 @@ def run(args) -> int:
         mb = read_runs(args.runs)["model_bytes"].dropna()
         model_bytes = int(mb.mode().iloc[0]) if not mb.empty else None
     model_bytes = model_bytes or DEFAULT_MODEL_BYTES
+    if args.fit_max_workers < 0:
+        raise UserError(f"--fit-max-workers {args.fit_max_workers}: expected 0 or more")
     result = fit_costmodel(
-        allreduce, summary, model_bytes, args.max_workers, [str(p) for p in paths]
+        allreduce,
+        summary,
+        model_bytes,
+        args.max_workers,
+        [str(p) for p in paths],
+        fit_max_workers=args.fit_max_workers or None,
     )
     write_json_atomic(args.out, result)
     for f in result["fits"]:
@@ -454,6 +440,15 @@ def run(args) -> int:
                 f"fit-costmodel: {f['partition']}/{f['backend']}: no fit ({f['note']})",
                 file=sys.stderr,
             )
+    v = result["error_table"]["validated"]
+    if v["n"]:
+        print(
+            f"fit-costmodel: fitted from <= {result['error_table']['fit_max_workers']} ranks, "
+            f"sync-time error on {v['n']} held-out sweeps ({v['workers']} ranks): median "
+            f"|rel. error| {100 * v['median_abs_rel_error_sync']:.1f} %"
+            if v["median_abs_rel_error_sync"] is not None
+            else f"fit-costmodel: {v['n']} held-out sweeps, no sync-time error"
+        )
     e = result["errors"]["speedup"]
     if e["n"]:
         print(

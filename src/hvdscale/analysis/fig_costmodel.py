@@ -27,25 +27,48 @@ def _model_and_measured(ax, line, points, color, backend):
     ax.plot(*points, ls="none", color=color, marker=BACKEND_MARKER.get(backend, "o"))
 
 
-def _panel_fit(ax, fits, pcol, model_bytes):
-    """(a) fit check: allreduce time vs message size at the largest worker count."""
-    from hvdscale.analysis.costmodel import ring_time
+def _model_of(f: dict, cm: dict) -> tuple[dict, str]:
+    """The fit that predicts panel (a): the one from the small rank counts where the
+    config held the larger ones out (error table), else the fit of every sweep."""
+    et = cm.get("error_table") or {}
+    if et.get("fit_max_workers"):
+        for g in et.get("fits", []):
+            if (g["partition"], g["backend"]) == (f["partition"], f["backend"]):
+                links = {k: g.get(k) for k in ("inside_node", "between_node")}
+                known = {f"{k}_known": bool(v and v.get("beta_Bps")) for k, v in links.items()}
+                return {"links": links, **known}, f"fitted from <= {et['fit_max_workers']} ranks"
+    return f, "fitted from every sweep"
 
+
+def _panel_fit(ax, fits, pcol, cm):
+    """(a) per node count: allreduce time vs message size at the largest rank count on
+    that many nodes, measured (markers; filled: one node) and predicted (lines; solid:
+    one node, dashed: several)."""
+    from hvdscale.analysis.costmodel_links import sync_time
+
+    how = ""
     for f in fits:
         pts = pd.DataFrame(f["points"])
-        pmax = pts["workers"].max()
-        q = pts[pts["workers"] == pmax].sort_values("bytes")
-        c, m = pcol[f["partition"]], BACKEND_MARKER.get(f["backend"], "o")
-        ax.plot(q["bytes"], q["time_s"] * 1e3, ls="none", marker=m, color=c, ms=3, mfc="none")
-        xs = np.geomspace(q["bytes"].min(), q["bytes"].max(), 50)
-        y = ring_time(pmax, xs, f["alpha_s"], f["beta_Bps"]) * 1e3
-        ax.plot(xs, y, color=c, ls=BACKEND_LS.get(f["backend"]), lw=1)
-    ax.axvline(model_bytes, color="0.5", lw=0.7, ls=":")
+        pts = pts[pts["workers"] > 1]
+        if "nodes" not in pts:
+            pts["nodes"] = 1
+        model, how = _model_of(f, cm)
+        c, mk = pcol[f["partition"]], BACKEND_MARKER.get(f["backend"], "o")
+        for m, g in pts.groupby("nodes"):
+            q = g[g["workers"] == g["workers"].max()].sort_values("bytes")
+            p = int(q["workers"].iloc[0])
+            fill = c if m == 1 else "none"
+            ls = "-" if m == 1 else (0, (5, 2))  # solid: one node; dashed: several
+            ax.plot(q["bytes"], q["time_s"] * 1e3, ls="none", marker=mk, color=c, ms=3, mfc=fill)
+            xs = np.geomspace(q["bytes"].min(), q["bytes"].max(), 50)
+            ax.plot(xs, sync_time(model, p, m, xs) * 1e3, color=c, ls=ls, lw=1)
+            ax.annotate(f"p={p}, m={m}", (xs[-1], q["time_s"].iloc[-1] * 1e3), fontsize=5)
+    ax.axvline(cm["model_bytes"], color="0.5", lw=0.7, ls=":")
     ax.set_xscale("log")
     log_y(ax)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("allreduce time (ms)")
-    ax.set_title("(a) sweep (markers) and fit, largest p", fontsize=8)
+    ax.set_title(f"(a) per node count m, model {how}", fontsize=7)
 
 
 def _measured_sync(cm, summary) -> dict:
@@ -67,8 +90,10 @@ def _measured_sync(cm, summary) -> dict:
 
 
 def _panel_sync(ax, fits, pcol, cm, summary):
-    """(b) sync time per step: predicted (lines) vs measured (markers)."""
-    from hvdscale.analysis.costmodel import ring_time, worker_grid
+    """(b) sync time per step: predicted (lines) vs measured (markers: runs; x: the
+    sweeps' allreduce of the gradients)."""
+    from hvdscale.analysis.costmodel import worker_grid
+    from hvdscale.analysis.costmodel_links import nodes_for_workers, sync_time
 
     model_bytes = cm["model_bytes"]
     meas = _measured_sync(cm, summary)
@@ -77,9 +102,23 @@ def _panel_sync(ax, fits, pcol, cm, summary):
     for f in fits:
         m = meas.get((f["partition"], f["backend"]), {})
         ws = sorted(m)
-        line = (wgrid, ring_time(wgrid, model_bytes, f["alpha_s"], f["beta_Bps"]) * 1e3)
+        nodes = [nodes_for_workers(f, w) for w in wgrid]
+        line = (wgrid, sync_time(f, wgrid, nodes, model_bytes) * 1e3)
         points = (ws, [np.median(m[w]) * 1e3 for w in ws])
         _model_and_measured(ax, line, points, pcol[f["partition"]], f["backend"])
+        sweep = [
+            r
+            for r in (cm.get("error_table") or {}).get("rows", [])
+            if (r["partition"], r["backend"]) == (f["partition"], f["backend"]) and r["sync_s_meas"]
+        ]
+        ax.plot(
+            [r["workers"] for r in sweep],
+            [r["sync_s_meas"] * 1e3 for r in sweep],
+            ls="none",
+            marker="x",
+            ms=3,
+            color=pcol[f["partition"]],
+        )
     workers_axis(ax, wgrid)
     log_y(ax)
     ax.set_ylabel("sync time per step (ms)")
@@ -125,7 +164,7 @@ def fig_costmodel(runs, summary, epochs, cm):
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 3.0))
     fkeys = [(f["partition"], f["backend"]) for f in fits]
     pcol = partition_colors({p for p, _ in fkeys})
-    _panel_fit(axes[0], fits, pcol, cm["model_bytes"])
+    _panel_fit(axes[0], fits, pcol, cm)
     _panel_sync(axes[1], fits, pcol, cm, summary)
     _panel_speedup(axes[2], pcol, cm, summary)
     handles = [
@@ -142,6 +181,7 @@ def fig_costmodel(runs, summary, epochs, cm):
     handles += [
         Line2D([], [], color="0.3", ls="-", label="line: model"),
         Line2D([], [], color="0.3", ls="none", marker="o", label="marker: measured"),
+        Line2D([], [], color="0.3", ls="none", marker="x", label="x: sweep at n"),
     ]
     rows = legend_below(fig, handles, [h.get_label() for h in handles], ncol=5)
     layout(fig, rows, wspace=0.5)

@@ -14,15 +14,23 @@ from hvdscale.report.doc import Doc
 
 INTRO = (
     "Gradient synchronisation is modelled as one ring allreduce of the model's gradients per "
-    "step, T_sync(p) = 2(p-1) alpha + 2(p-1)/p n/beta, with latency alpha and bandwidth beta "
-    "fitted per partition and backend from an allreduce size sweep (weighted least squares, "
-    "relative residuals). With the 1-worker run's data, compute, update and other time per "
-    "step, T_step(p) = T_local + T_sync(p), the epoch time steps(1)/p T_step(p) and the "
-    "speedup follow up to the extrapolation limit."
+    "step over the slowest link of the ring: T_sync(p, m) = 2(p-1) alpha_c + 2(p-1)/p n/beta_c "
+    "for p ranks on m nodes, with the inside-node link (c = inside, m = 1) or, as soon as "
+    "the ring crosses a node boundary, the between-node link (c = between, m > 1). "
+    "Horovod's Gloo allreduce and Open MPI's large-message allreduce are flat rings whose "
+    "2(p-1) steps each wait for the slowest link, hence this choice over a hierarchical "
+    "model. Latency alpha_c and bandwidth beta_c are fitted per partition, backend and link "
+    "class from allreduce size sweeps (weighted least squares, relative residuals); a sweep "
+    "on one node count fits the inside-node terms only, and predictions for more nodes then "
+    "use them (said in the note). With the 1-worker run's data, compute, update and other "
+    "time per step, T_step(p) = T_local + T_sync(p, m(p)), the epoch time steps(1)/p "
+    "T_step(p) and the speedup follow up to the extrapolation limit."
 )
+LINK_LABEL = {"inside_node": "inside node", "between_node": "between nodes"}
 FIT_HEADER = [
     "Partition",
     "Backend",
+    "Link",
     "alpha (us)",
     "beta (GB/s)",
     "Points",
@@ -54,35 +62,51 @@ def _with_se(value: str, se: str, ok) -> str:
     return value + (f" \u00b1 {se}" if ok else "")
 
 
+def _link_rows(f: dict) -> list[tuple[str, dict, str]]:
+    """(link label, fit, note) per link class of a fit (one row for an old one-link fit)."""
+    links = f.get("links")
+    if not links:
+        return [("-", f, f.get("note") or "")]
+    out = []
+    for name, label in LINK_LABEL.items():
+        lf = links.get(name)
+        if lf is None:
+            if name == "between_node":
+                out.append((label, {}, "unknown: sweeps on one node only"))
+            continue
+        out.append((label, lf, lf.get("note") or ""))
+    return out
+
+
 def _fit_table(d: Doc, cm: dict, fits: list[dict]) -> None:
     rows = []
     for f in fits:
-        ok = f.get("alpha_s") is not None and f.get("beta_Bps")
-        sizes = (
-            f"{f['bytes_min']:.0f}{fmt.EN_DASH}{f['bytes_max']:.3g}" if f.get("bytes_min") else "-"
-        )
-        rows.append(
-            [
-                f["partition"],
-                f["backend"],
-                _with_se(fmt.micros(f.get("alpha_s")), fmt.micros(f.get("alpha_se_s")), ok),
-                _with_se(fmt.gbps(f.get("beta_Bps")), fmt.gbps(f.get("beta_se_Bps")), ok),
-                str(f.get("n_points", 0)),
-                d.cell(", ".join(str(w) for w in f.get("workers", []))),
-                sizes,
-                fmt.percent(f.get("median_abs_rel_error")),
-                d.cell(f.get("note") or ""),
-            ]
-        )
+        for label, lf, note in _link_rows(f):
+            ok = lf.get("alpha_s") is not None and lf.get("beta_Bps")
+            lo, hi = lf.get("bytes_min"), lf.get("bytes_max")
+            rows.append(
+                [
+                    f["partition"],
+                    f["backend"],
+                    d.cell(label),
+                    _with_se(fmt.micros(lf.get("alpha_s")), fmt.micros(lf.get("alpha_se_s")), ok),
+                    _with_se(fmt.gbps(lf.get("beta_Bps")), fmt.gbps(lf.get("beta_se_Bps")), ok),
+                    str(lf.get("n_points", 0)),
+                    d.cell(", ".join(str(w) for w in lf.get("workers", []))),
+                    f"{lo:.0f}{fmt.EN_DASH}{hi:.3g}" if lo else "-",
+                    fmt.percent(lf.get("median_abs_rel_error")),
+                    d.cell(note),
+                ]
+            )
     d.table(
-        "Fitted latency alpha (microseconds) and bandwidth beta (GB/s) with standard errors; "
-        "points (allreduce measurements with more than one rank), worker counts, message sizes "
-        "(bytes) and the median |relative error| of the fit. "
+        "Fitted latency alpha (microseconds) and bandwidth beta (GB/s) per link class with "
+        "standard errors; points (allreduce measurements with more than one rank), worker "
+        "counts, message sizes (bytes) and the median |relative error| of the fit. "
         f"Gradient size n = {cm['model_bytes']:,} bytes.",
         FIT_HEADER,
         rows,
-        [17, 14, 22, 24, 11, 25, 24, 14, 29],
-        align_right_from=2,
+        [16, 13, 17, 21, 22, 11, 21, 22, 13, 24],
+        align_right_from=3,
     )
 
 
@@ -162,6 +186,53 @@ def _error_paragraph(d: Doc, errs: dict) -> None:
         d.p("<b>Prediction error</b>: no measured multi-worker point to compare with.")
 
 
+def _node_table(d: Doc, et: dict) -> None:
+    """Predicted against measured allreduce time of the gradients per rank and node count."""
+    rows = [
+        [
+            r["partition"],
+            r["backend"],
+            str(r["workers"]),
+            str(r["nodes"]),
+            d.cell(LINK_LABEL.get(r["link"], r["link"])),
+            "fit" if r["role"] == "fit" else "held out",
+            fmt.millis(r["sync_s_meas"]),
+            fmt.millis(r["sync_s_pred"]),
+            fmt.rel_error(r["sync_rel_error"]),
+            fmt.percent(r["median_abs_rel_error_sizes"]),
+        ]
+        for r in et["rows"]
+    ]
+    k = et.get("fit_max_workers")
+    how = (
+        f"fitted from the sweeps with at most {k} ranks ('fit'), predicting the others ('held out')"
+        if k
+        else "fitted from every sweep (in-sample; config key allreduce.fit_max_workers "
+        "holds the larger ones out)"
+    )
+    d.table(
+        "Allreduce time of the gradients (ms; measured: log-log interpolation between the two "
+        f"nearest measured sizes) per rank and node count, predicted by the model {how}; "
+        "relative error (predicted - measured)/measured, and the median |relative error| "
+        "over every measured message size.",
+        ["Partition", "Backend", "Ranks", "Nodes", "Link", "Role", "Meas.", "Pred.", "Error"]
+        + ["Sizes |err|"],
+        rows,
+        [18, 15, 12, 12, 22, 17, 19, 19, 19, 20],
+        align_right_from=2,
+    )
+    v = et["validated"]
+    if v["n"]:
+        d.p(
+            f"<b>Held-out prediction error</b> ({v['n']} sweeps of "
+            f"{', '.join(map(str, v['workers']))} ranks, model fitted from at most {k}): "
+            f"median |error| of the gradients' allreduce time "
+            f"{fmt.percent(v['median_abs_rel_error_sync'])} (max "
+            f"{fmt.percent(v['max_abs_rel_error_sync'])}), over every message size "
+            f"{fmt.percent(v['median_abs_rel_error_sizes'])}."
+        )
+
+
 def costmodel_section(d: Doc, r: ReportData) -> None:
     d.section("Allreduce cost model")
     d.p(INTRO)
@@ -180,5 +251,7 @@ def costmodel_section(d: Doc, r: ReportData) -> None:
                 "completed 1-worker baseline.</i>"
             )
         _error_paragraph(d, cm.get("errors", {}))
+        if (cm.get("error_table") or {}).get("rows"):
+            _node_table(d, cm["error_table"])
     for fig in in_section("costmodel"):
         r.figure(d, fig.name)
