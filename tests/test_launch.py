@@ -193,8 +193,12 @@ def test_job_for_run_id_and_allreduce_id():
     )
     with pytest.raises(UserError, match="allreduce-id"):
         job_for(cfg, "measure-allreduce", None, "local_gloo_w2")
-    with pytest.raises(UserError, match="node"):
-        job_for(cfg, "measure-allreduce", None, "local_gloo_n2_w2")
+    with pytest.raises(UserError, match="need 2 node"):
+        job_for(cfg, "measure-allreduce", None, "local_gloo_n1_w4")
+    with pytest.raises(UserError, match="spread evenly"):
+        job_for(cfg, "measure-allreduce", None, "local_gloo_n3_w2")
+    job, _ = job_for(cfg, "measure-allreduce", None, "local_gloo_n2_w2")  # allreduce.sweeps
+    assert (job.nodes, job.workers_per_node) == (2, 1)
 
 
 def test_default_train_python():

@@ -44,7 +44,15 @@ PREFIX = "study/"
 RUN_FILES = ("metrics.json", "history.csv", "config.json", "failure.json")
 SCALING = ("runs.csv", "summary.csv", "status.csv", "epochs.csv", "costmodel.json")
 # optional: archives of studies from before these products existed
-OPTIONAL_PRODUCTS = ("scaling/references.csv", "scaling/systems.csv")
+OPTIONAL_PRODUCTS = (
+    "scaling/references.csv",
+    "scaling/systems.csv",
+    "scaling/headline.csv",
+    "scaling/tuned.csv",
+)
+# the study's target validation loss (rule calibrate_target): fixed before the scaling runs
+# and read by them, so it is an input of the report stage, archived as it was
+TARGET = "scaling/target.json"
 
 
 def sha256(data: bytes) -> str:
@@ -73,6 +81,8 @@ def study_files(results: str, root: Path) -> tuple[dict[str, Path], dict[str, Pa
                 inputs[f"{results}/runs/{d.name}/{name}"] = d / name
     for f in sorted((base / "allreduce").glob("*.csv")):
         inputs[f"{results}/allreduce/{f.name}"] = f
+    if (base / TARGET).is_file():
+        inputs[f"{results}/{TARGET}"] = base / TARGET
     products = {}
     for name in SCALING:
         products[f"{results}/scaling/{name}"] = base / "scaling" / name
@@ -167,13 +177,21 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
 
     r = manifest["results_dir"]
     s = f"{r}/scaling"
-    systems = f"{s}/systems.csv" in manifest["products"]
+    has = set(manifest["products"]) | set(manifest.get("inputs", {}))
+    systems = f"{s}/systems.csv" in has
     tabulate = ["tabulate-systems", "--runs-dir", f"{r}/runs", "--runs", f"{s}/runs.csv"]
     tabulate += ["--out", f"{s}/systems.csv"]
+    target = f"{r}/{TARGET}" in has
+    tuned = f"{s}/tuned.csv" in manifest["products"]
+    headline = f"{s}/headline.csv" in manifest["products"]
+    select = ["select-tuned", "--runs-dir", f"{r}/runs", "--config", f"{r}/config/full.json"]
+    select += ["--target", f"{r}/{TARGET}", "--out", f"{s}/tuned.csv"]
     steps = [
+        *([select] if tuned and target else []),
         ["aggregate", "--runs-dir", f"{r}/runs", "--config", f"{r}/config/full.json"]
         + ["--out-runs", f"{s}/runs.csv", "--out-summary", f"{s}/summary.csv"]
-        + ["--out-status", f"{s}/status.csv", "--out-epochs", f"{s}/epochs.csv"],
+        + ["--out-status", f"{s}/status.csv", "--out-epochs", f"{s}/epochs.csv"]
+        + (["--out-headline", f"{s}/headline.csv"] if headline else []),
         ["fit-costmodel", "--allreduce", *allreduce, "--runs", f"{s}/runs.csv"]
         + ["--summary", f"{s}/summary.csv", "--model-bytes", str(4 * count_parameters(cfg))]
         + ["--max-workers", str(cfg["report"]["max_extrapolation_workers"])]
@@ -188,8 +206,11 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
         + ["--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
         + ["--summary", f"{s}/summary.csv", "--status", f"{s}/status.csv"]
         + ["--costmodel", f"{s}/costmodel.json", "--plots-dir", f"{r}/plots"]
-        + ["--references", f"{s}/references.csv"]
+        + ["--references", f"{s}/references.csv", "--epochs", f"{s}/epochs.csv"]
+        + (["--tuned", f"{s}/tuned.csv"] if tuned else [])
         + (["--systems", f"{s}/systems.csv"] if systems else [])
+        + (["--headline", f"{s}/headline.csv"] if headline else [])
+        + (["--target", f"{r}/{TARGET}"] if target else [])
         + ["--out", f"{r}/report.pdf"],
     ]
     return steps

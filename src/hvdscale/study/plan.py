@@ -208,23 +208,29 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "gpu_hours_worst": round(sum(r["gpu_hours_worst"] for r in rows), 3),
         "jobs_done": sum(r["jobs_done"] for r in rows),
     }
+    shapes = job_shapes(cfg)
     return {
         "select": cfg.get("select"),
         "partitions": rows,
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
         "notes": gpu_support_notes(cfg),
-        "job_shapes": len(job_shapes(cfg)),
+        "job_shapes": len(shapes),
+        "array_jobs": sum(len(s["runs"]) for s in shapes),
     }
 
 
 def job_shapes(cfg: dict) -> list[dict]:
-    """The selected training runs grouped by SLURM job shape (the resources of their
-    first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras)."""
+    """The selected scaling runs grouped by SLURM job shape (the resources of their
+    first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras).
+    Calibration runs (kind cal) are not in a shape: every submission needs the target,
+    so the first one to start runs them, as single jobs."""
     from hvdscale.jobspec import JobSpec
 
     shapes: dict[tuple, dict] = {}
     for r in run_table(cfg):
+        if r.kind:
+            continue
         res = JobSpec.for_run(cfg, r).slurm_resources(1)
         key = tuple(sorted((k, str(v)) for k, v in res.items()))
         shape = shapes.setdefault(
@@ -291,11 +297,14 @@ def format_plan(p: dict, short: bool = False) -> str:
             f"  + {a['jobs']} allreduce sweeps (measure_allreduce), worst "
             f"{_h(a['node_hours_worst'])} node-h"
         )
-    if t["jobs"]:
+    n_arr = p.get("array_jobs", t["jobs"])
+    if n_arr:
+        single = t["jobs"] - n_arr
         lines.append(
-            f"  arrays: {t['jobs']} train_run jobs in {p['job_shapes']} job shape(s): one "
+            f"  arrays: {n_arr} train_run jobs in {p['job_shapes']} job shape(s): one "
             f"SLURM array per shape is {p['job_shapes']} sbatch call(s) instead of "
-            f"{t['jobs']} (hvdscale plan --arrays)"
+            f"{n_arr} (hvdscale plan --arrays)"
+            + (f"; {single} calibration run(s) go as single jobs first" if single else "")
         )
     lines += [f"  ! {note}" for note in p.get("notes", [])]
     if not short:
