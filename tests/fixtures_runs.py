@@ -102,6 +102,9 @@ def load_test_config(name: str = "config.yaml", **training) -> dict:
 
     raw = yaml.safe_load((PROJECT_ROOT / "config" / name).read_text())
     raw.setdefault("training", {}).update(training)
+    if "repeats" in training:  # every sweep, whatever repeats the config gives one
+        for sweep in raw.get("scaling", {}).get("sweeps", []):
+            sweep.pop("repeats", None)
     return validate_config(raw)
 
 

@@ -286,7 +286,7 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
     config = str(__import__("test_report").CONFIG_FILE)
     assert f"{config} + {config}" not in text
     for needle in (
-        f"local_gloo_n1_w2_b75_lrnone 2 150 1/{n_gloo2} {CENSORED} (no median)",
+        f"local_gloo_n1_w2_b75_lrlinear 2 150 1/{n_gloo2} {CENSORED} (no median)",
         ", ".join([fmt.seconds(5.0)] + [CENSORED] * (n_gloo2 - 1)),
         "Epochs ratio",
         "adding workers still pays at equal accuracy up to a global batch of about 1,200",
