@@ -191,7 +191,7 @@ def _planned_jobs(text: str) -> list[tuple[str, str, dict]]:
     """(rule, wildcards, resources) of every job of a dry run's output."""
     jobs, cur = [], None
     for line in text.splitlines():
-        m = re.match(r"^(?:local)?rule (\w+):$", line)
+        m = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line)
         if m:
             cur = [m[1], "", {}]
             jobs.append(cur)
@@ -227,7 +227,7 @@ def test_thesis_dag_resources_are_unchanged_by_jobspec(thesis):
             assert res == want, (rule, wildcards)
         else:  # the profile's default-resources only
             assert res == {"mem_mb": "4000", "runtime": "60"}, (rule, wildcards, res)
-    assert counts["train_run"] == len(run_table(thesis)) == 576
+    assert counts["train_run"] == len(run_table(thesis)) == 576 + 3  # + target calibration
     assert counts["measure_allreduce"] == 45
 
 

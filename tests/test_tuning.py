@@ -254,3 +254,31 @@ def test_headline_tuned_rows_come_from_the_reruns():
     assert r.ttt_speedup == pytest.approx(2.0 * 7.0 / 4.2)
     assert (r.reached, r.total) == (5, 5)
     assert r.ttt_lo <= r.ttt_speedup <= r.ttt_hi
+
+
+def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
+    """The default config tunes 2 workers only: the tuned 2-worker re-runs are compared
+    with the 1-worker scaling runs (base LR), unpaired (their seeds differ)."""
+    from hvdscale.analysis.headline import headline
+
+    rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]  # the selection run
+    rows += [
+        _run(2, "m2_wu0", k, t * 0.5, "rerun", epoch_time=0.5)
+        for k, t in enumerate([4.0, 4.5, 5.0, 3.5, 4.2])
+    ]
+    base = [6.0, 7.0, 8.0, 6.5, 7.5]
+    for k, t in enumerate(base):
+        r = _run(1, "m1_wu0", k, t, epoch_time=1.0)
+        r.update(run_id=f"local_gloo_n1_w1_b75_lrlinear_r{k}", candidate="")
+        rows.append(r)
+    h = headline(pd.DataFrame(rows))
+    tuned = h[h["tuned"]].iloc[0]
+    assert tuned.ttt_speedup == pytest.approx(2.0 * 7.0 / 4.2)
+    assert (tuned.reached, tuned.total, tuned.base_reached, tuned.base_total) == (5, 5, 5, 5)
+    assert "untuned 1-worker runs" in tuned.note
+    assert tuned.ttt_lo <= tuned.ttt_speedup <= tuned.ttt_hi
+    # a group whose candidates all missed the target says so, with 0/0 counts
+    missed = [_run(2, "m2_wu0", 0, math.inf, epoch_time=0.5)] + rows[6:]
+    t2 = headline(pd.DataFrame(missed))
+    t2 = t2[t2["tuned"]].iloc[0]
+    assert "no tuning candidate reached the target" in t2.note and t2.total == 0

@@ -70,7 +70,10 @@ FIGURES = (
         "results",
     ),
     Figure(
-        "loss_vs_time", "Test loss vs training time", f"{_TRAINING}:fig_loss_vs_time", "results"
+        "loss_vs_time",
+        "Validation loss vs training time",
+        f"{_TRAINING}:fig_loss_vs_time",
+        "results",
     ),
     Figure(
         "time_breakdown", "Time per step by phase", f"{_TRAINING}:fig_time_breakdown", "results"
@@ -84,7 +87,7 @@ FIGURES = (
     ),
     Figure(
         "tune_heatmap",
-        "Learning-rate re-tuning: final test loss",
+        "Learning-rate re-tuning: best validation loss",
         "hvdscale.analysis.fig_accuracy:fig_tune_heatmap",
         "accuracy",
     ),

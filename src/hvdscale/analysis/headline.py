@@ -46,6 +46,7 @@ from hvdscale.analysis.stats import (
 )
 from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned
 from hvdscale.noise_scale import estimate, predicted_epochs_ratio
+from hvdscale.runtable import SEED_KINDS
 
 HEADLINE_COLUMNS = [
     "partition",
@@ -101,6 +102,13 @@ def _median_ratio(b: pd.Series, g: pd.Series) -> tuple[float, str]:
     return mb / mg, "; ".join(notes)
 
 
+def _seed_ids(runs: pd.DataFrame) -> list[int]:
+    """One id per run's seed (kind, repeat): the bootstrap pairs two runs only where they
+    share a seed (a paired design), never a re-run with a scaling run of the same index."""
+    kinds = runs["kind"].fillna("").astype(str) if "kind" in runs else [""] * len(runs)
+    return [SEED_KINDS.get(k, 9) * 1_000_000 + int(r) for k, r in zip(kinds, runs["repeat"])]
+
+
 def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     """The headline figures of completed n-worker ``runs`` against completed 1-worker
     ``base`` runs (same partition, backend, per-worker batch)."""
@@ -110,7 +118,7 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
         "base_reached": int(base["reached_target"].astype(bool).sum()),
         "base_total": int(base["epochs_to_target"].notna().sum()),
     }
-    reps = dict(base_repeats=base["repeat"].tolist(), repeats=runs["repeat"].tolist())
+    reps = dict(base_repeats=_seed_ids(base), repeats=_seed_ids(runs))
     out["epoch_speedup"] = float(base["epoch_time_s"].median() / runs["epoch_time_s"].median())
     out["epoch_lo"], out["epoch_hi"], enote = speedup_interval(
         base["epoch_time_s"], runs["epoch_time_s"], name + "/epoch", **reps
@@ -128,8 +136,8 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
             [b["epoch_time_s"], b["epochs_to_target"]],
             [g["epoch_time_s"], g["epochs_to_target"]],
             name + "/ttt",
-            base_repeats=b["repeat"].tolist(),
-            repeats=g["repeat"].tolist(),
+            base_repeats=_seed_ids(b),
+            repeats=_seed_ids(g),
         )
     out["ttt_lo"], out["ttt_hi"] = tlo, thi
     bc = noise_scale_of(runs)
@@ -160,6 +168,15 @@ def _untuned(runs: pd.DataFrame) -> list[dict]:
     return rows
 
 
+#: why a tuned row has no figures, by the tuning group's status (tuned.csv)
+TUNED_GAP = {
+    "none_reached": "no tuning candidate reached the target within the budget, so nothing "
+    "was re-run",
+    "awaiting_reruns": "the selected candidate's re-runs are not complete yet",
+    "all_failed": "every tuning candidate failed",
+}
+
+
 def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
     tuned = select_tuned(runs, status)
     if tuned.empty:
@@ -170,14 +187,32 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
         (r.partition, r.backend, r.batch_per_worker): r
         for r in tuned[tuned["workers"] == 1].itertuples(index=False)
     }
+    plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
+    plain1 = plain[(plain["status"] == "completed") & (plain["workers"] == 1)]
     rows = []
     for r in tuned[tuned["workers"] > 1].itertuples(index=False):
         row = dict(partition=r.partition, backend=r.backend, batch_per_worker=r.batch_per_worker)
         row.update(workers=r.workers, tuned=True, global_batch=r.global_batch)
         b = base.get((r.partition, r.backend, r.batch_per_worker))
-        if b is None or b.status != "selected" or r.status != "selected":
+        same = plain1[
+            (plain1["partition"] == r.partition)
+            & (plain1["backend"] == r.backend)
+            & (plain1["batch_per_worker"] == r.batch_per_worker)
+        ]
+        if b is None and r.status == "selected" and not same.empty:
+            # no 1-worker group in the tuning sweep: the baseline is the 1-worker scaling
+            # runs at the base learning rate (one LR rule: with 1 worker they all agree)
+            same = same[same["lr_rule"] == pref_lr(same["lr_rule"])]
+            pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
+            name = f"headline/tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}"
+            row.update(factors(same, pick, name))
+            note = "baseline: the untuned 1-worker runs (base learning rate)"
+            row["note"] = "; ".join(n for n in (note, row.get("note", "")) if n)
+        elif b is None or b.status != "selected" or r.status != "selected":
             worst = r.status if b is None or r.status != "selected" else b.status
-            row["note"] = f"tuned: {str(worst).replace('_', ' ')}"
+            side = "" if r.status != "selected" else "1 worker: "
+            row["note"] = side + TUNED_GAP.get(str(worst), f"tuned: {worst}")
+            row.update(reached=0, total=0, base_reached=0, base_total=0)
         else:
             pick = [
                 re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(axis=1)]

@@ -208,7 +208,7 @@ def _censored_clause(row: Mapping) -> str:
     br, bt = int(row["base_reached"]), int(row["base_total"])
     ws = workers_text(w)
     if t == 0:
-        return f"{ws}: no completed run"
+        return f"{ws}: {row.get('note') or 'no completed run'}"
     if bt == 0:
         return f"no completed 1-worker run, so no baseline ({ws} {r}/{t} reached)"
     if no_median(r, t):
