@@ -106,7 +106,8 @@ def main() -> int:
     cfg = validate_config(json.loads(Path(a.config).read_text()))
     tcfg = cfg["training"]
     info = worker or WorkerInfo(rank=rank, size=size)  # prepare_data uses rank/size only
-    x, y, xt, yt, _info = prepare_data(Path(a.data_dir), cfg, info, a.batch)
+    arrays, _info = prepare_data(Path(a.data_dir), cfg, info, a.batch)
+    (x, y), (xt, yt) = arrays["train"], arrays["test"]
     B = a.batch
     from hvdscale.train import plan_rows
 

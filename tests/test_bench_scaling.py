@@ -204,7 +204,9 @@ def test_quick_mode_writes_the_summary_and_the_runs(tmp_path):
     with open(tmp_path / "bench_scaling_runs.csv", newline="") as fh:
         runs = list(csv.DictReader(fh))
     assert {r["phase"] for r in runs} == {"tune", "paired"}
-    assert all(r["status"] == "ok" for r in runs), [r for r in runs if r["status"] != "ok"]
+    assert all(r["status"] == "ok" for r in runs), [
+        (r["arm"], r["status"], r.get("invalid_reason")) for r in runs if r["status"] != "ok"
+    ]
     assert {"hvdscale", "independent"} <= {r["arm"] for r in runs if r["phase"] == "paired"}
     for row in runs:
         assert row["commit"] and row["machine"] and row["date"]
