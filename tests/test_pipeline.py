@@ -85,6 +85,9 @@ RUN_IDS = [
     "local_mpi_n1_w1_b75_lrnone_r0",
     "local_mpi_n1_w2_b75_lrnone_r0",
 ]
+# the target's calibration run (training.target.calibration: 1 seed, the first sweep's
+# partition and backend), before every scaling run
+CAL_IDS = ["local_gloo_n1_w1_b75_lrnone_cal_r0"]
 
 
 # --------------------------------------------------------------------------- local profile
@@ -127,18 +130,33 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     res = ROOT / results_dir
     # data stage
     manifest = json.loads((res / "data" / "manifest.json").read_text())
-    assert (
-        manifest["counts"]["total"]
-        == 3000
-        == manifest["counts"]["train"] + manifest["counts"]["test"]
-    )
-    # every run completed, with a valid record (the tuning candidates too)
-    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS + CANDIDATES}
+    counts = manifest["counts"]
+    assert counts["total"] == 3000 == counts["train"] + counts["val"] + counts["test"]
+    assert counts["val"] > 0
+    # every run completed, with a valid record (calibration, tuning candidates and the
+    # re-run of a selected candidate too)
+    with open(res / "scaling" / "tuned.csv") as fh:
+        tuned = list(csv.DictReader(fh))
+    # tuned.csv is the checkpoint's selection: the winner's re-runs come after it
+    assert len(tuned) == 1 and tuned[0]["status"] in ("awaiting_reruns", "none_reached")
+    picked = tuned[0]["status"] == "awaiting_reruns"
+    reruns = [CANDIDATES[0].replace("_r0", "_rerun_r0")] if picked else []
+    expected = RUN_IDS + CAL_IDS + CANDIDATES + reruns
+    status = read_status(results_dir)
+    assert {r: status.get(r) for r in expected} == {r: "completed" for r in expected}
     recs = records(results_dir)
-    assert sorted(recs) == sorted(RUN_IDS + CANDIDATES)
-    for rec in recs.values():
-        assert rec["status"] == "completed" and rec["summary"]["epochs_completed"] == 3
-        assert rec["config"]["launcher"] == "horovodrun"
+    assert sorted(recs) == sorted(expected)
+    target = json.loads((res / "scaling" / "target.json").read_text())
+    for rid, rec in recs.items():
+        assert rec["status"] == "completed" and rec["config"]["launcher"] == "horovodrun"
+        n = rec["summary"]["epochs_completed"]
+        if rid in CAL_IDS:  # trains its whole budget: it sets the target
+            assert n == 3 and rec["target"]["value"] is None
+        else:  # stops at the target (validation loss) or at max_epochs
+            assert rec["target"]["value"] == pytest.approx(target["value"])
+            assert 1 <= n <= 3
+            reached = rec["target"]["reached"]
+            assert n == 3 or reached, rid
     # summary has the speedups against the 1-worker baseline of each backend
     with open(res / "scaling" / "summary.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r["workers"] == "2"]
@@ -163,9 +181,6 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     # the tuning sweep: its candidates' record, tuned.csv and the report's section
     assert recs[CANDIDATES[0]]["config"]["warmup_epochs"] == 1
     assert recs[CANDIDATES[0]]["config"]["learning_rate"] == pytest.approx(2 * 4.7331e-4)
-    with open(res / "scaling" / "tuned.csv") as fh:
-        tuned = list(csv.DictReader(fh))
-    assert len(tuned) == 1 and tuned[0]["status"] in ("selected", "none_reached")
     assert tuned[0]["candidate"] == "m2_wu1"
     assert "Speedup at equal accuracy" in text and "Learning-rate re-tuning" in text
 
@@ -247,9 +262,10 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
     assert proc.returncode == 0, output[-4000:]
     assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
     recs = records(results_dir)
+    assert sorted(recs) == sorted(RUN_IDS + CAL_IDS)
     job_ids = {run_id: rec["environment"]["slurm_job_id"] for run_id, rec in recs.items()}
     assert all(job_ids.values()), job_ids
-    assert len(set(job_ids.values())) == 4, "every run is its own SLURM job"
+    assert len(set(job_ids.values())) == 5, "every run is its own SLURM job"
     for run_id, job_id in job_ids.items():
         assert job_id not in before
         # the job is known to the controller, ran on partition local, and belongs to this run

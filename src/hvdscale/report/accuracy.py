@@ -74,11 +74,14 @@ def with_ci(x, lo, hi) -> str:
 
 
 def tuned_table(r: ReportData) -> pd.DataFrame:
+    """The tuning table as of every record: tuned.csv is the checkpoint's selection,
+    written before the winners' re-runs (status awaiting_reruns), so the report selects
+    again from runs.csv, which holds the re-runs; tuned.csv only where no runs exist."""
+    if r.runs is not None and not r.runs.empty:
+        return select_tuned(r.runs, r.status)
     if getattr(r, "tuned", None) is not None:
         return r.tuned
-    if r.runs is None or r.runs.empty:
-        return pd.DataFrame(columns=TUNE_KEYS)
-    return select_tuned(r.runs, r.status)
+    return pd.DataFrame(columns=TUNE_KEYS)
 
 
 def _untuned(summary: pd.DataFrame) -> pd.DataFrame:
