@@ -98,7 +98,7 @@ def test_cpu_partition_account_and_constraint():
     assert res["gres"] is None and res["tasks_per_gpu"] is None
     # multi-rank jobs ask for SIGUSR1 before the time limit (training.time_limit_margin_s)
     assert res["slurm_extra"] == "--ntasks-per-node=4 --exclusive --signal=USR1@120"
-    assert job.local_threads == 18
+    assert job.local_threads == 24  # the whole node (6 ranks x 3 threads = 18 < 24 cores)
 
 
 def test_runtime_per_attempt(thesis):
@@ -242,3 +242,12 @@ def test_oracle_agrees_with_jobspec_on_every_thesis_run(thesis):
             got = JobSpec.for_run(cfg, run).slurm_resources()
             want = _before_jobspec(cfg, run.partition, run.backend, run.nodes, run.workers)
             assert {k: str(v) for k, v in got.items() if v is not None} == want, run.run_id
+
+
+def test_a_local_training_job_takes_the_whole_node():
+    """Two timed runs never share a machine: a 1-worker run asks for all cores of its
+    partition (the local profile runs it alone), as a SLURM job takes whole nodes."""
+    cfg = validate_config({})
+    one = JobSpec.for_workers(cfg, "local", "mpi", 1)
+    assert one.local_threads == cfg["scaling"]["partitions"]["local"]["cores_per_node"] == 2
+    assert JobSpec.for_workers(cfg, "local", "mpi", 2).local_threads == 2

@@ -98,6 +98,7 @@ class JobSpec:
     runtime_min_retry: int | None = None  # time limit of attempts 2, 3, ... (None: runtime_min)
     signal: str | None = None  # sbatch --signal=... before the time limit (hvdscale.timelimit)
     srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
+    node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
 
     # ----------------------------------------------------------------- construction
 
@@ -133,6 +134,7 @@ class JobSpec:
             runtime_min_retry=part.get("runtime_min_retry"),
             signal=signal_option(cfg["training"], workers),
             srun_mpi=cfg["training"].get("srun_mpi") or "pmix",
+            node_cores=int(part["cores_per_node"]),
         )
 
     @classmethod
@@ -210,8 +212,11 @@ class JobSpec:
 
     @property
     def local_threads(self) -> int:
-        """Cores the job occupies on a single machine (the local profile's --cores)."""
-        return self.workers * self.threads_per_worker
+        """Cores the job occupies on a single machine (the local profile's --cores): the
+        whole node, as the SLURM jobs take whole nodes (--exclusive). A timed run never
+        shares the machine with another timed run: two 1-worker runs side by side on a
+        2-core machine would slow each other and flatter every speedup against them."""
+        return max(self.workers * self.threads_per_worker, self.node_cores)
 
     def runtime(self, attempt: int = 1) -> int | None:
         """Time limit in minutes of attempt ``attempt`` (1, 2, ...): the partition's
