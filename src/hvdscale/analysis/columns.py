@@ -232,3 +232,30 @@ STRING_COLUMNS = [
     "note",
     "ci_method",
 ]
+
+#: headline.csv (hvdscale aggregate --out-headline; analysis.headline, report.headline)
+HEADLINE_COLUMNS = [
+    "partition",
+    "backend",
+    "batch_per_worker",
+    "workers",
+    "tuned",
+    "ttt_speedup",
+    "ttt_lo",
+    "ttt_hi",
+    "reached",
+    "total",
+    "base_reached",
+    "base_total",
+    "epoch_speedup",
+    "epoch_lo",
+    "epoch_hi",
+    "epochs_ratio",
+    "retained_fraction",
+    "b_simple",
+    "critical_batch",
+    "predicted_epochs_ratio",
+    "global_batch",
+    "note",
+    "ci_method",
+]

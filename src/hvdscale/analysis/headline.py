@@ -36,6 +36,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import HEADLINE_COLUMNS
 from hvdscale.analysis.select import pref_lr
 from hvdscale.analysis.stats import (
     CI_METHOD,
@@ -47,32 +48,6 @@ from hvdscale.analysis.stats import (
 from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned
 from hvdscale.noise_scale import estimate, predicted_epochs_ratio
 from hvdscale.runtable import SEED_KINDS
-
-HEADLINE_COLUMNS = [
-    "partition",
-    "backend",
-    "batch_per_worker",
-    "workers",
-    "tuned",
-    "ttt_speedup",
-    "ttt_lo",
-    "ttt_hi",
-    "reached",
-    "total",
-    "base_reached",
-    "base_total",
-    "epoch_speedup",
-    "epoch_lo",
-    "epoch_hi",
-    "epochs_ratio",
-    "retained_fraction",
-    "b_simple",
-    "critical_batch",
-    "predicted_epochs_ratio",
-    "global_batch",
-    "note",
-    "ci_method",
-]
 
 
 def noise_scale_of(runs: pd.DataFrame) -> float:

@@ -22,34 +22,10 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
+from hvdscale.analysis.columns import HEADLINE_COLUMNS
 from hvdscale.errors import UserError
 from hvdscale.report import fmt
 
-HEADLINE_COLUMNS = [
-    "partition",
-    "backend",
-    "batch_per_worker",
-    "workers",
-    "tuned",
-    "ttt_speedup",
-    "ttt_lo",
-    "ttt_hi",
-    "reached",
-    "total",
-    "base_reached",
-    "base_total",
-    "epoch_speedup",
-    "epoch_lo",
-    "epoch_hi",
-    "epochs_ratio",
-    "retained_fraction",
-    "b_simple",
-    "critical_batch",
-    "predicted_epochs_ratio",
-    "global_batch",
-    "note",
-    "ci_method",
-]
 _TEXT = ["partition", "backend", "note", "ci_method", "tuned"]
 _COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
