@@ -260,7 +260,7 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
     proc.wait(timeout=60)
     output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
-    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS}
+    assert read_status(results_dir) == {r: "completed" for r in RUN_IDS + CAL_IDS}
     recs = records(results_dir)
     assert sorted(recs) == sorted(RUN_IDS + CAL_IDS)
     job_ids = {run_id: rec["environment"]["slurm_job_id"] for run_id, rec in recs.items()}
