@@ -558,8 +558,7 @@ def write_study(
     """
     from hvdscale.config import config_hash as chash
 
-    tr = cfg["training"]
-    epochs = epochs or tr.get("max_epochs", tr.get("epochs"))
+    epochs = epochs or sim_epochs(cfg)
     if train_samples is None:
         train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
     h = config_hash or chash(cfg)
@@ -591,11 +590,18 @@ def write_study(
     return written
 
 
+def sim_epochs(cfg: dict) -> int:
+    """Epochs of a simulated record: the config's budget, at most 20 (the default budget
+    is a generous 300 epochs that real runs leave at the target; simulated records
+    stay small)."""
+    tr = cfg["training"]
+    return min(20, tr.get("max_epochs", tr.get("epochs")))
+
+
 def write_reruns(runs_dir: str | Path, cfg: dict, tuned, repeats: int = 5, **kw) -> list[str]:
     """Simulated re-runs (kind ``rerun``, fresh seeds) of every selected tuning candidate
     of ``tuned`` (select_tuned's table: status awaiting_reruns or selected); returns the
     run ids written. ``kw`` as for simulate_record (train_samples, ...)."""
-    tr = cfg["training"]
     written = []
     for x in tuned[tuned["status"].isin(["awaiting_reruns", "selected"])].itertuples():
         first = next(
@@ -608,7 +614,7 @@ def write_reruns(runs_dir: str | Path, cfg: dict, tuned, repeats: int = 5, **kw)
             rid = re.sub(r"_r[0-9]+$", f"_rerun_r{k}", first.run_id)
             rec = simulate_record(
                 rid,
-                epochs=tr.get("max_epochs", tr.get("epochs")),
+                epochs=sim_epochs(cfg),
                 target_test_loss=study_target(cfg),
                 workers_per_node=first.workers_per_node,
                 **kw,

@@ -77,6 +77,7 @@ def test_thesis_budget_matches_a_hand_computation():
 
 def test_expected_hours_from_records_and_cost_model(tmp_path):
     cfg = F.load_test_config("config.yaml")
+    PRED = 5.0  # s per epoch: the budget's epochs fit the partition's time limit
     ids = [r.run_id for r in run_table(cfg)]
     (tmp_path / "scaling").mkdir()
     pd.DataFrame({"run_id": [ids[0]], "train_time_s": [1800.0]}).to_csv(
@@ -90,7 +91,7 @@ def test_expected_hours_from_records_and_cost_model(tmp_path):
                 "backend": run.backend,
                 "batch_per_worker": run.batch,
                 "lr_rule": run.lr_rule,
-                "points": [{"workers": run.workers, "epoch_time_s_pred": 60.0}],
+                "points": [{"workers": run.workers, "epoch_time_s_pred": PRED}],
             }
         ]
     }
@@ -99,9 +100,10 @@ def test_expected_hours_from_records_and_cost_model(tmp_path):
     (tmp_path / "runs" / ids[0] / "metrics.json").write_text("{}")
     row = plan(cfg, tmp_path)["partitions"][0]
     epochs = cfg["training"]["max_epochs"]
-    # 0.5 h measured + epochs x 60 s predicted, one node each
+    # 0.5 h measured + epochs x PRED s predicted, one node each
+    assert epochs * PRED < 60 * cfg["scaling"]["partitions"][run.partition]["runtime_min"]
     assert row["jobs_estimated"] == 2 and row["jobs_done"] == 1
-    assert row["node_hours_expected"] == pytest.approx(0.5 + epochs * 60 / 3600, abs=1e-3)
+    assert row["node_hours_expected"] == pytest.approx(0.5 + epochs * PRED / 3600, abs=1e-3)
 
 
 # --------------------------------------------------------------------------- select
