@@ -17,10 +17,12 @@ from pathlib import Path
 import fixtures_runs as F
 import pandas as pd
 import pytest
+import yaml
 
 from hvdscale.analysis.figures import FIGURE_NAMES
-from hvdscale.config import allreduce_jobs
+from hvdscale.config import allreduce_jobs, run_table
 from hvdscale.study.export import read_archive, rebuild
+from hvdscale.study.plan import merged_config
 
 # real Snakemake jobs (about a minute on an idle 2-core machine): the full suite
 pytestmark = pytest.mark.slow
@@ -42,12 +44,41 @@ def snakemake(*args):
     )
 
 
+STUDY = {
+    "training": {"repeats": 3, "target": {"mode": "absolute", "value": 0.05}},
+    "scaling": {
+        "sweeps": [
+            {
+                "name": "archive",
+                "partitions": ["local"],
+                "workers": [1, 2],
+                "backends": ["gloo", "mpi"],
+                "batch_sizes": [75],
+                "lr_rules": ["none"],
+            }
+        ],
+        "tune": None,
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def study():
     """A finished study in RESULTS (3 repeats, so the references get intervals)."""
     res = ROOT / RESULTS
     shutil.rmtree(res, ignore_errors=True)
-    cfg = F.load_test_config("config.yaml", repeats=3)
+    # the study: 2 backends x 1, 2 workers x 3 repeats, an absolute target (no calibration
+    # runs) and no tuning sweep, so the 12 simulated records are the whole run table
+    res.mkdir(parents=True)
+    (res / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    configs = ["config/config.yaml", "config/partial.yaml", f"{RESULTS}/study.yaml"]
+    cfg = merged_config([ROOT / c for c in configs])
+    assert len(run_table(cfg)) == 12
+    # the study's target first, as the workflow fixes it before any run: the records
+    # written after it are up to date (Snakemake keeps them; they are not retrained)
+    first = f"{RESULTS}/scaling/target.json"
+    out = snakemake("--configfile", *configs, "--config", f"results_dir={RESULTS}", "--", first)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     F.write_study(res / "runs", cfg)
     F.add_systems(res / "runs", skip=2)  # two records as before runs described the system
     # the allreduce sweeps under the names the rules expect ({partition}_{backend}_n_w)
@@ -58,8 +89,6 @@ def study():
             tables[f"{job['partition']}_{job['backend']}"], res / "allreduce" / f"{job['id']}.csv"
         )
     shutil.rmtree(res / "tmp-allreduce")
-    (res / "study.yaml").write_text("training:\n  repeats: 3\n")
-    configs = ["config/config.yaml", "config/partial.yaml", f"{RESULTS}/study.yaml"]
     target = f"{RESULTS}/study.tar.gz"
     out = snakemake("--configfile", *configs, "--config", f"results_dir={RESULTS}", "--", target)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

@@ -40,12 +40,14 @@ def test_loop_plan_stop_decision():
     from hvdscale.train import LoopPlan
 
     plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1, max_train_s=60.0)
-    assert plan.stop_reason(0, 0.1, 1.0) == "target"  # <= target
-    assert plan.stop_reason(0, 0.2, 1.0) is None
+    assert plan.stop_reason(1, 0.1, 1.0) == "target"  # <= target
+    assert plan.stop_reason(1, 0.2, 1.0) is None
+    # never inside the warm-up (1 epoch): the record needs a timed epoch
+    assert plan.stop_reason(0, 0.05, 1.0) is None
     assert plan.stop_reason(4, 0.2, 1.0) == "max_epochs"
     assert plan.stop_reason(1, 0.2, 60.0) == "max_train_s"
     plan.stop_at_target = False  # calibration runs train the budget
-    assert plan.stop_reason(0, 0.01, 1.0) is None
+    assert plan.stop_reason(1, 0.01, 1.0) is None
     plan.stop_at_target, plan.target = True, None  # no target: the budget
     assert plan.stop_reason(3, 0.0, 1.0) is None
 

@@ -91,12 +91,16 @@ class LoopPlan:
         return self.max_epochs
 
     def stop_reason(self, epoch: int, val_loss: float | None, elapsed_s: float) -> str | None:
-        """Whether to stop after ``epoch`` (the same on every rank: reduced values)."""
+        """Whether to stop after ``epoch`` (the same on every rank: reduced values). Never
+        at the target inside the warm-up epochs: a record needs one timed epoch for its
+        epoch time (time to target still counts from the first crossing, flagged as in
+        the warm-up by the aggregation)."""
         if (
             self.stop_at_target
             and self.target is not None
             and val_loss is not None
             and val_loss <= self.target
+            and epoch >= self.warmup_epochs
         ):
             return "target"
         if epoch + 1 >= self.max_epochs:
