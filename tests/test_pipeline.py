@@ -148,7 +148,7 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     assert sorted(recs) == sorted(expected)
     target = json.loads((res / "scaling" / "target.json").read_text())
     for rid, rec in recs.items():
-        assert rec["status"] == "completed" and rec["config"]["launcher"] == "horovodrun"
+        assert rec["status"] == "completed" and rec["config"]["launcher"] == "mpirun"
         n = rec["summary"]["epochs_completed"]
         if rid in CAL_IDS:  # trains its whole budget: it sets the target
             assert n == 3 and rec["target"]["value"] is None

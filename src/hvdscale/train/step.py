@@ -115,7 +115,8 @@ class DeviceBatches:
     def compile(self, loop):
         """tf.function running ``loop(n, feed)``: called with the step count only."""
         tf = self.tf
-        return tf.function(lambda n: loop(n, ()), input_signature=[tf.TensorSpec([], tf.int32)])
+        sig = [tf.TensorSpec([], tf.int32)]
+        return tf.function(lambda n: loop(n, ()), input_signature=sig, autograph=False)
 
     def fetch(self, j, feed):
         tf, B = self.tf, self.batch
@@ -153,7 +154,7 @@ class HostBatches:
             tf.TensorSpec([None, 2], tf.float32),
             tf.TensorSpec([], tf.int32),
         ]
-        return tf.function(lambda x, y, n: loop(n, (x, y)), input_signature=sig)
+        return tf.function(lambda x, y, n: loop(n, (x, y)), input_signature=sig, autograph=False)
 
     def fetch(self, j, feed):
         xs, ys = feed
@@ -248,8 +249,12 @@ class StepProgram:
         timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
         self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
         self._plain = self.source.compile(lambda n, feed: self._loop(n, feed, plain))
-        self._eval = tf.function(lambda: self._eval_sse(self.x_test, self.y_test))
-        self._eval_val = tf.function(lambda: self._eval_sse(self.x_val, self.y_val))
+        # explicit tf.while_loop, no autograph: converting the step's call tree cost
+        # about 2 s of every job's start-up
+        self._eval = tf.function(lambda: self._eval_sse(self.x_test, self.y_test), autograph=False)
+        self._eval_val = tf.function(
+            lambda: self._eval_sse(self.x_val, self.y_val), autograph=False
+        )
         self._n_consts: dict[int, object] = {}
 
     # ------------------------------------------------------------------ graph pieces
@@ -361,24 +366,26 @@ class StepProgram:
 
     def _loop(self, n, feed, clock):
         tf = self.tf
-        t_prev = clock.start()
-        for j in tf.range(n):
-            # one iteration at a time: steps are sequential anyway, and fewer in-flight
-            # iteration frames make a call cheaper to start and finish
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            t_prev = self._one_step(j, feed, t_prev, clock)
-        return t_prev
+
+        def body(j, t_prev):
+            return j + 1, self._one_step(j, feed, t_prev, clock)
+
+        # one iteration at a time: steps are sequential anyway, and fewer in-flight
+        # iteration frames make a call cheaper to start and finish
+        start = (tf.constant(0), clock.start())
+        return tf.while_loop(lambda j, _: j < n, body, start, parallel_iterations=1)[1]
 
     def _eval_sse(self, xs, ys):
         tf = self.tf
         n = tf.shape(xs)[0]
-        sse = tf.constant(0.0, tf.float64)
-        for a in tf.range(0, n, EVAL_BATCH):
-            x = xs[a : a + EVAL_BATCH]
-            y = ys[a : a + EVAL_BATCH]
-            pred = self.model(x, training=False)
-            sse += tf.reduce_sum(tf.cast(tf.square(pred - y), tf.float64))
-        return sse
+
+        def body(a, sse):
+            pred = self.model(xs[a : a + EVAL_BATCH], training=False)
+            err = tf.square(pred - ys[a : a + EVAL_BATCH])
+            return a + EVAL_BATCH, sse + tf.reduce_sum(tf.cast(err, tf.float64))
+
+        start = (tf.constant(0), tf.constant(0.0, tf.float64))
+        return tf.while_loop(lambda a, _: a < n, body, start)[1]
 
     # ------------------------------------------------------------------ host side
 
