@@ -38,7 +38,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdscale.backends import is_gpu_partition
 from hvdscale.config import allreduce_jobs, rerun_runs, run_table, tune_runs
+from hvdscale.jobspec import JobSpec
+from hvdscale.select import describe
 
 
 @dataclass
@@ -67,11 +70,6 @@ class PartitionPlan:
 
 def nodes_text(nodes) -> str:
     return ",".join(str(n) for n in sorted(nodes)) or "-"
-
-
-def job_gpus(gpus_per_node: int, workers_per_node: int, nodes: int) -> int:
-    """GPUs a job requests (train.smk res_gres: min(GPUs, workers) per node)."""
-    return min(gpus_per_node, workers_per_node) * nodes if gpus_per_node else 0
 
 
 #: compute capability per GPU model (scaling.partitions.*.gpu_model; NVIDIA's tables)
@@ -111,7 +109,7 @@ def gpu_support_notes(cfg: dict) -> list[str]:
     for name in swept:
         part = parts.get(name, {})
         cc = compute_capability(part.get("gpu_model", ""))
-        if not part.get("gpus_per_node") or cc is None or cc >= TRAIN_ENV_MIN_CC:
+        if not is_gpu_partition(part) or cc is None or cc >= TRAIN_ENV_MIN_CC:
             continue
         unless = (
             ""
@@ -189,7 +187,7 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         p.jobs += 1
         p.nodes.add(r.nodes)
         p.node_hours += r.nodes * hours
-        p.gpu_hours += job_gpus(r.gpus_per_node, r.workers_per_node, r.nodes) * hours
+        p.gpu_hours += JobSpec.for_run(cfg, r).total_gpus * hours  # the rules' gres
         if (results / "runs" / r.run_id / "metrics.json").exists():
             p.done += 1
         t = measured.get(r.run_id)
@@ -225,8 +223,6 @@ def job_shapes(cfg: dict) -> list[dict]:
     first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras).
     Calibration runs (kind cal) are not in a shape: every submission needs the target,
     so the first one to start runs them, as single jobs."""
-    from hvdscale.jobspec import JobSpec
-
     shapes: dict[tuple, dict] = {}
     for r in run_table(cfg):
         if r.kind:
@@ -269,8 +265,6 @@ def _h(x) -> str:
 
 def format_plan(p: dict, short: bool = False) -> str:
     """The plan as text: one line per partition (short: the header says 'hvdscale plan')."""
-    from hvdscale.study.select import describe
-
     sel = describe(p["select"]) if p["select"] else ""
     t = p["total"]
     head = (
