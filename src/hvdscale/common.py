@@ -22,6 +22,7 @@ CONFIG_KEYS = GROUP_KEYS + ["workers"]
 # Exit status of a training run whose loss became NaN/inf (a result, not a crash).
 EXIT_NAN = 3
 
+
 # allreduce sweep id: {partition}_{backend}_n{nodes}_w{workers}; the backends from the
 # registry (hvdscale.backends): allreduce_id_pattern() reads it now, the constants at import
 def allreduce_id_pattern() -> str:

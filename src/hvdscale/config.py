@@ -24,8 +24,6 @@ from hvdscale.errors import ConfigError
 from hvdscale.jobspec import nodes_for as nodes_for
 from hvdscale.jobspec import slots_per_node as slots_per_node
 from hvdscale.runkinds import rerun_runs, target_config
-from hvdscale.select import check as check_selection
-from hvdscale.select import describe as describe_selection
 
 # the run table (scaling matrix, run ids, per-run config slices) lives in
 # hvdscale.runtable; its names stay importable from here
@@ -48,6 +46,8 @@ from hvdscale.runtable import (
     run_table,
     tune_runs,
 )
+from hvdscale.select import check as check_selection
+from hvdscale.select import describe as describe_selection
 
 # the re-exported names (declared so linters keep the imports)
 __all__ = [
@@ -328,7 +328,8 @@ def _check_select(cfg: dict) -> list[str]:
     # the calibration runs belong to every selection: they alone do not count
     if not problems and cfg.get("select") and all(r.kind == "cal" for r in run_table(cfg)):
         problems.append(
-            f"config key select: {describe_selection(cfg['select'])!r} matches no run of the scaling matrix"
+            f"config key select: {describe_selection(cfg['select'])!r} matches no run of the "
+            "scaling matrix"
         )
     return problems
 

@@ -55,9 +55,7 @@ RESOURCE_KEYS = (
 def slots_per_node(partition: dict) -> int:
     """Workers that fit on one node: its GPUs, or workers_per_node on CPU partitions."""
     return (
-        partition["gpus_per_node"]
-        if is_gpu_partition(partition)
-        else partition["workers_per_node"]
+        partition["gpus_per_node"] if is_gpu_partition(partition) else partition["workers_per_node"]
     )
 
 

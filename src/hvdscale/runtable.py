@@ -22,6 +22,7 @@ from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.select import parse as parse_selection
 from hvdscale.select import run_selected, sweep_selected
 
+
 # run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
 #         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
 # The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.plotstyle import (
-    backend_style,
     WIDTH,
+    backend_style,
     layout,
     legend_below,
     log_y,

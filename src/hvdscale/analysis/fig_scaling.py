@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from hvdscale.analysis.plotstyle import (
-    backend_style,
     LR_LS,
     WIDTH,
+    backend_style,
     grid,
     layout,
     legend_below,
