@@ -31,9 +31,9 @@ CONFIG_ENUM_PATHS = {
 RUN_ENUM_PATHS = {"properties.config.properties.backend"}
 FAKE = backends.Backend(
     "fake",
-    cpu_operations="mpi",
+    cpu_operations="fakeops",
     controllers={"horovodrun": "mpi", "mpirun": "mpi", "srun": "mpi"},
-    timeline_op="MPI_ALLREDUCE",
+    timeline_op="FAKE_ALLREDUCE",
     color="#123456",
     marker="x",
     linestyle="-.",
@@ -111,24 +111,32 @@ def test_a_new_backend_is_in_the_id_patterns(fake):
 def test_a_new_backend_is_launched_and_proved(fake, tmp_path):
     from hvdscale.labelproof import prove
     from hvdscale.launchspec import controller_for, effective_launcher, horovod_env
+    from hvdscale.train.step import host_reduction
 
-    assert horovod_env({}, "fake")["HOROVOD_CPU_OPERATIONS"] == "mpi"
+    assert horovod_env({}, "fake") == {"HOROVOD_CPU_OPERATIONS": "fakeops"}
+    assert host_reduction("GPU:0", {"HOROVOD_CPU_OPERATIONS": "fakeops"})
     assert controller_for("horovodrun", "fake") == "mpi"
     assert effective_launcher("mpirun", "fake") == "mpirun"
     record = {
         "config": {
             "backend": "fake",
-            "workers": 1,
+            "workers": 2,
             "nodes": 1,
-            "workers_per_node": 1,
+            "workers_per_node": 2,
             "controller": "gloo",
         },
-        "environment": {"hostnames": ["h1"], "devices": ["CPU"]},
+        "environment": {"hostnames": ["h1", "h1"], "devices": ["CPU", "CPU"]},
     }
-    proof = prove(record)
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grads_0"}},
+        {"name": "FAKE_ALLREDUCE", "ph": "X", "pid": 1, "ts": 0},
+    ]
+    (tmp_path / "timeline.json").write_text(json.dumps(events))
+    proof = prove(record, tmp_path / "timeline.json")
     assert proof["problems"] == ["backend fake but Horovod's controller was gloo"]
+    assert proof["collective"] == proof["expected_collective"] == "FAKE_ALLREDUCE"
     record["config"]["controller"] = "mpi"
-    assert prove(record)["ok"]
+    assert prove(record, tmp_path / "timeline.json")["ok"]
 
 
 def test_a_new_backend_has_a_plot_style_and_an_order(fake):

@@ -42,6 +42,11 @@ COLLECTIVES = (
 )
 
 
+def collectives() -> set[str]:
+    """The activities counted: Horovod's allreduce names and every backend's."""
+    return {*COLLECTIVES, *(b.timeline_op for b in backends.entries() if b.timeline_op)}
+
+
 def timeline_collectives(path: str | Path, tensor_filter: str = "grads") -> Counter:
     """How often each collective activity ran for the tensors named like ``tensor_filter``."""
     text = Path(path).read_text().strip()
@@ -54,8 +59,9 @@ def timeline_collectives(path: str | Path, tensor_filter: str = "grads") -> Coun
         if e.get("ph") == "M" and e.get("name") == "process_name"
     }
     counts: Counter = Counter()
+    known = collectives()
     for e in events:
-        if e.get("ph") in ("B", "X") and e.get("name") in COLLECTIVES:
+        if e.get("ph") in ("B", "X") and e.get("name") in known:
             if tensor_filter in names.get(e.get("pid"), ""):
                 counts[e["name"]] += 1
     return counts
