@@ -714,7 +714,7 @@ def deep_copy(rec: dict) -> dict:
 
 
 def synthetic_system(rec: dict) -> dict:
-    """A ``system`` object (hvdscale.study.system.collect_system's shape) for a synthetic
+    """A ``system`` object (hvdscale.system.collect_system's shape) for a synthetic
     record, from its partition's PERF entry and hosts."""
     perf = _perf(rec["config"]["partition"])
     gpu = perf["kind"] == "gpu"

@@ -14,14 +14,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from hvdscale.gpu_support import compute_capability, gpu_support_notes
 from hvdscale.report.overview import title_section
-from hvdscale.study.plan import (
-    compute_capability,
-    format_plan,
-    gpu_support_notes,
-    merged_config,
-    plan,
-)
+from hvdscale.study.plan import format_plan, merged_config, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"

@@ -444,8 +444,8 @@ def test_a_record_with_the_system_description_validates():
 
 
 def test_system_block_never_raises(monkeypatch):
+    from hvdscale import system as system_mod
     from hvdscale.runrecord import system_block
-    from hvdscale.study import system as system_mod
 
     monkeypatch.setattr(system_mod, "collect_system", lambda nodes: 1 / 0)
     broken = system_block(["n1"])

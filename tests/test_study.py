@@ -383,7 +383,7 @@ def test_compare_without_repeats_says_no_interval(tmp_path):
 
 
 def test_describe_system(tmp_path):
-    from hvdscale.study.system import collect_system
+    from hvdscale.system import collect_system
 
     info = collect_system()
     assert info["cores"] == os.cpu_count() and info["cpu_model"]
@@ -401,7 +401,7 @@ def test_describe_system(tmp_path):
 def test_describe_system_gpu_and_mpi_from_tools(tmp_path, monkeypatch):
     """nvidia-smi and mpirun as a GPU node has them (stubs on PATH); a probe that raises
     is named in errors and the others still describe the machine."""
-    from hvdscale.study import system
+    from hvdscale import system
 
     stub = tmp_path / "bin"
     stub.mkdir()

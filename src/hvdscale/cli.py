@@ -79,7 +79,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
     "export": ("hvdscale.study.export", "write one archive of a finished study"),
     "describe-system": (
-        "hvdscale.study.system",
+        "hvdscale.system",
         "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
     ),
     "rebuild": (

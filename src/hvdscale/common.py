@@ -13,6 +13,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from hvdscale import backends
+
 # A scaling group: runs that differ only in the number of workers (and the repeat).
 GROUP_KEYS = ["partition", "backend", "batch_per_worker", "lr_rule"]
 CONFIG_KEYS = GROUP_KEYS + ["workers"]
@@ -20,12 +22,18 @@ CONFIG_KEYS = GROUP_KEYS + ["workers"]
 # Exit status of a training run whose loss became NaN/inf (a result, not a crash).
 EXIT_NAN = 3
 
-# allreduce sweep id: {partition}_{backend}_n{nodes}_w{workers}
-ALLREDUCE_ID_PATTERN = (
-    r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
-    r"_w(?P<workers>[0-9]+)"
-)
-ALLREDUCE_ID = re.compile(ALLREDUCE_ID_PATTERN)
+
+# allreduce sweep id: {partition}_{backend}_n{nodes}_w{workers}; the backends from the
+# registry (hvdscale.backends): allreduce_id_pattern() reads it now, the constants at import
+def allreduce_id_pattern() -> str:
+    return (
+        r"(?P<partition>[a-z][a-z0-9-]{0,31})"
+        rf"_(?P<backend>{backends.id_alternation()})_n(?P<nodes>[0-9]+)"
+        r"_w(?P<workers>[0-9]+)"
+    )
+
+
+ALLREDUCE_ID_PATTERN = allreduce_id_pattern()
 # the same without named groups (Snakemake wildcard constraints)
 ALLREDUCE_ID_WILDCARD = re.sub(r"\(\?P<\w+>", "(?:", ALLREDUCE_ID_PATTERN)
 

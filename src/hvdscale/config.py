@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from hvdscale import backends
 from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import ConfigError
 
@@ -45,6 +46,8 @@ from hvdscale.runtable import (
     run_table,
     tune_runs,
 )
+from hvdscale.select import check as check_selection
+from hvdscale.select import describe as describe_selection
 
 # the re-exported names (declared so linters keep the imports)
 __all__ = [
@@ -277,16 +280,22 @@ def _check_semantics(cfg: dict) -> None:
                     f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
                 )
                 continue
-            if "nccl" in sweep["backends"] and parts[p]["gpus_per_node"] == 0:
-                problems.append(
-                    f"config key scaling.sweeps.{i}.backends: 'nccl' needs GPUs but partition "
-                    f"{p!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
-                )
+            problems += _gpu_problems(f"scaling.sweeps.{i}.backends", sweep["backends"], p, parts)
     problems += _tune_problems(cfg)
     if not problems:
         problems += _check_select(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _gpu_problems(key: str, backend_names, partition: str, parts: dict) -> list[str]:
+    """A backend that needs GPUs (hvdscale.backends) on a partition without them."""
+    others = " or ".join(map(repr, backends.cpu_backends()))
+    return [
+        f"config key {key}: {b!r} needs GPUs but partition {partition!r} has "
+        f"gpus_per_node 0; use {others}"
+        for b in backends.gpu_problems(backend_names, parts[partition])
+    ]
 
 
 def _calibration_problems(cfg: dict) -> list[str]:
@@ -301,10 +310,9 @@ def _calibration_problems(cfg: dict) -> list[str]:
             f"config key training.target.calibration.partition: got {cal['partition']!r}; "
             f"expected one of {', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
         )
-    elif cal["backend"] == "nccl" and parts[cal["partition"]]["gpus_per_node"] == 0:
-        problems.append(
-            "config key training.target.calibration.backend: 'nccl' needs GPUs but partition "
-            f"{cal['partition']!r} has gpus_per_node 0; use 'mpi' or 'gloo'"
+    else:
+        problems += _gpu_problems(
+            "training.target.calibration.backend", [cal["backend"]], cal["partition"], parts
         )
     if cfg["training"]["warmup_epochs"] >= cal["max_epochs"]:
         problems.append(
@@ -316,13 +324,12 @@ def _calibration_problems(cfg: dict) -> list[str]:
 
 def _check_select(cfg: dict) -> list[str]:
     """The selection (config key select) names known sweeps/partitions and keeps a run."""
-    from hvdscale.study.select import check, describe
-
-    problems = check(cfg)
+    problems = check_selection(cfg)
     # the calibration runs belong to every selection: they alone do not count
     if not problems and cfg.get("select") and all(r.kind == "cal" for r in run_table(cfg)):
         problems.append(
-            f"config key select: {describe(cfg['select'])!r} matches no run of the scaling matrix"
+            f"config key select: {describe_selection(cfg['select'])!r} matches no run of the "
+            "scaling matrix"
         )
     return problems
 
@@ -339,11 +346,8 @@ def _tune_problems(cfg: dict) -> list[str]:
                 f"config key scaling.tune.partitions: got {p!r}; expected one of "
                 f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
             )
-        elif "nccl" in tune["backends"] and parts[p]["gpus_per_node"] == 0:
-            problems.append(
-                f"config key scaling.tune.backends: 'nccl' needs GPUs but partition {p!r} "
-                "has gpus_per_node 0; use 'mpi' or 'gloo'"
-            )
+        else:
+            problems += _gpu_problems("scaling.tune.backends", tune["backends"], p, parts)
     for m in tune["lr_multipliers"]:
         if abs(round(m * 100) - m * 100) > 1e-6:
             problems.append(

@@ -25,9 +25,11 @@ Pure Python (no Snakemake, no TensorFlow): used by the workflow, the launcher an
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-from hvdscale.common import ALLREDUCE_ID
+from hvdscale.backends import is_gpu_partition
+from hvdscale.common import allreduce_id_pattern
 from hvdscale.errors import UserError
 from hvdscale.timelimit import signal_option
 
@@ -53,9 +55,7 @@ RESOURCE_KEYS = (
 def slots_per_node(partition: dict) -> int:
     """Workers that fit on one node: its GPUs, or workers_per_node on CPU partitions."""
     return (
-        partition["gpus_per_node"]
-        if partition["gpus_per_node"] > 0
-        else partition["workers_per_node"]
+        partition["gpus_per_node"] if is_gpu_partition(partition) else partition["workers_per_node"]
     )
 
 
@@ -147,7 +147,7 @@ class JobSpec:
         """The layout of an allreduce sweep ``{partition}_{backend}_n{nodes}_w{workers}``;
         the id must name a partition of the config and at least the node count it implies
         (more nodes: the ranks spread evenly, config key allreduce.sweeps)."""
-        m = ALLREDUCE_ID.fullmatch(allreduce_id)
+        m = re.fullmatch(allreduce_id_pattern(), allreduce_id)
         if not m:
             raise UserError(
                 f"--allreduce-id {allreduce_id!r}: expected "
@@ -188,7 +188,12 @@ class JobSpec:
     @property
     def gpus(self) -> int:
         """GPUs requested per node: one per local rank, at most the node's."""
-        return min(self.gpus_per_node, self.workers_per_node) if self.gpus_per_node else 0
+        return min(self.gpus_per_node, self.workers_per_node) if is_gpu_partition(self) else 0
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the whole job requests (every node: ``gpus``)."""
+        return self.gpus * self.nodes
 
     @property
     def gres(self) -> str | None:
@@ -238,7 +243,7 @@ class JobSpec:
             "nodes": self.nodes,
             "tasks": self.tasks,
             # plugin 2.8 turns `tasks` into --ntasks-per-gpu on GPU jobs unless this is 0
-            "tasks_per_gpu": 0 if self.gpus_per_node else None,
+            "tasks_per_gpu": 0 if is_gpu_partition(self) else None,
             "cpus_per_task": self.cpus_per_task,
             "mem_mb": self.mem_mb,
             "runtime": self.runtime(attempt),

@@ -25,10 +25,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from hvdscale import backends
+
 #: the collective each backend label must show: the timeline activity of its allreduce
-#: (Horovod's common.h names). mpi/gloo runs on GPUs reduce on the host (issue 20,
-#: hvdscale.train.step.host_reduction), else Horovod built with NCCL would show NCCL_ALLREDUCE.
-EXPECTED = {"mpi": "MPI_ALLREDUCE", "gloo": "GLOO_ALLREDUCE", "nccl": "NCCL_ALLREDUCE"}
+#: (Horovod's common.h names; hvdscale.backends timeline_op). mpi/gloo runs on GPUs reduce
+#: on the host (issue 20, hvdscale.train.step.host_reduction), else Horovod built with NCCL
+#: would show NCCL_ALLREDUCE. (The registry at import; prove() reads it at call time.)
+EXPECTED = {b.name: b.timeline_op for b in backends.entries()}
 COLLECTIVES = (
     "MPI_ALLREDUCE",
     "MPI_CUDA_ALLREDUCE",
@@ -37,6 +40,11 @@ COLLECTIVES = (
     "CCL_ALLREDUCE",
     "ADASUM_ALLREDUCE",
 )
+
+
+def collectives() -> set[str]:
+    """The activities counted: Horovod's allreduce names and every backend's."""
+    return {*COLLECTIVES, *(b.timeline_op for b in backends.entries() if b.timeline_op)}
 
 
 def timeline_collectives(path: str | Path, tensor_filter: str = "grads") -> Counter:
@@ -51,8 +59,9 @@ def timeline_collectives(path: str | Path, tensor_filter: str = "grads") -> Coun
         if e.get("ph") == "M" and e.get("name") == "process_name"
     }
     counts: Counter = Counter()
+    known = collectives()
     for e in events:
-        if e.get("ph") in ("B", "X") and e.get("name") in COLLECTIVES:
+        if e.get("ph") in ("B", "X") and e.get("name") in known:
             if tensor_filter in names.get(e.get("pid"), ""):
                 counts[e["name"]] += 1
     return counts
@@ -83,19 +92,20 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
     if per_host != want or len(blocks) != len(order):
         problems.append(f"ranks per host {dict(zip(order, per_host))}, sequential fill is {want}")
     kinds = Counter("GPU" if str(d).startswith("GPU") else "CPU" for d in devices)
-    if backend == "nccl" and kinds.get("CPU"):
-        problems.append(f"backend nccl but {kinds['CPU']} rank(s) ran on the CPU")
+    entry = backends.get(backend)
+    if entry.needs_gpu and kinds.get("CPU"):
+        problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
     controller = cfg.get("controller")
-    if backend in ("mpi", "gloo") and controller != backend:
+    if entry.controller is not None and controller != entry.controller:
         problems.append(f"backend {backend} but Horovod's controller was {controller}")
     collective, counts = None, {}
     if workers > 1 and timeline is not None and Path(timeline).is_file():
         counts = dict(timeline_collectives(timeline))
         collective = max(counts, key=counts.get) if counts else None
-        if collective != EXPECTED[backend]:
+        if collective != entry.timeline_op:
             problems.append(
                 f"gradients were reduced by {collective or 'no collective'} "
-                f"({counts}), backend {backend} means {EXPECTED[backend]}"
+                f"({counts}), backend {backend} means {entry.timeline_op}"
             )
     return {
         "ok": not problems,
@@ -107,7 +117,7 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
         "controller": controller,
         "collective": collective,
         "collective_counts": counts,
-        "expected_collective": EXPECTED[backend] if workers > 1 else None,
+        "expected_collective": entry.timeline_op if workers > 1 else None,
         "timeline_checked": bool(counts) or collective is not None,
     }
 

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale import gloo_slurm, site_settings, timelimit
+from hvdscale import backends, gloo_slurm, site_settings, timelimit
 from hvdscale.errors import UserError
 from hvdscale.jobspec import JobSpec
 from hvdscale.ranks import hosts_argument
@@ -55,14 +55,11 @@ class LaunchSpec:
 def horovod_env(training: dict, backend: str, timeline_path: str | None = None) -> dict[str, str]:
     """HOROVOD_* variables for a run from the config's training section and backend."""
     env: dict[str, str] = {}
-    if backend == "gloo":
-        env["HOROVOD_CPU_OPERATIONS"] = "gloo"
-    elif backend == "mpi":
-        env["HOROVOD_CPU_OPERATIONS"] = "mpi"
-    elif backend == "nccl":
-        env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
-    else:
-        raise UserError(f"backend {backend!r}: expected nccl, mpi or gloo")
+    entry = backends.get(backend)  # hvdscale.backends: which collectives
+    if entry.cpu_operations:
+        env["HOROVOD_CPU_OPERATIONS"] = entry.cpu_operations
+    if entry.gpu_operations:
+        env["HOROVOD_GPU_OPERATIONS"] = entry.gpu_operations
     hv = training.get("horovod", {})
     if hv.get("cycle_time_ms") is not None:
         env["HOROVOD_CYCLE_TIME"] = f"{float(hv['cycle_time_ms']):g}"
@@ -70,7 +67,7 @@ def horovod_env(training: dict, backend: str, timeline_path: str | None = None) 
         env["HOROVOD_FUSION_THRESHOLD"] = str(
             int(round(float(hv["fusion_threshold_mb"]) * 1024 * 1024))
         )
-    if backend == "mpi" and hv.get("mpi_yield_when_idle", True):
+    if entry.cpu_operations == "mpi" and hv.get("mpi_yield_when_idle", True):
         # Open MPI busy-polls while it waits; with a rank's threads bound to its own core
         # the polling of Horovod's background thread takes the core from TensorFlow's
         # compute (measured +40 % compute time at batch 1000 on 2 cores). Yield instead.
@@ -85,22 +82,18 @@ def effective_launcher(launcher: str, backend: str) -> str:
     rendezvous (under mpirun/srun Horovod's controller is MPI, and
     HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
     --gloo; inside a SLURM allocation its hosts come from the allocation."""
-    if backend == "gloo" and launcher == "srun":  # srun + our own rendezvous, no ssh
-        return "srun"
-    return "horovodrun" if backend == "gloo" else launcher
+    controllers = backends.get(backend).controllers  # gloo: horovodrun, or srun + our own
+    return launcher if launcher in controllers else next(iter(controllers))
 
 
 def controller_for(launcher: str, backend: str) -> str:
-    """The Horovod controller a launcher/backend pair uses."""
-    if backend == "gloo":
-        if launcher == "srun":  # hvdscale.gloo_slurm
-            return "gloo"
-        if launcher != "horovodrun":
-            raise UserError(f"backend 'gloo' needs launcher horovodrun (got {launcher!r})")
-        return "gloo"
-    if backend == "nccl" and launcher == "horovodrun":
-        return "gloo"  # NCCL does the GPU collectives; the controller only coordinates
-    return "mpi"
+    """The Horovod controller a launcher/backend pair uses (hvdscale.backends)."""
+    controllers = backends.get(backend).controllers
+    if launcher not in controllers:
+        raise UserError(
+            f"backend {backend!r} needs launcher {next(iter(controllers))} (got {launcher!r})"
+        )
+    return controllers[launcher]
 
 
 def build_launch(
@@ -126,7 +119,7 @@ def build_launch(
     launcher = _resolve_launcher(launcher, job, notes)
     controller = controller_for(launcher, job.backend)
     env = _launch_env(training, job, launcher, out_dir, timeline)
-    if launcher == "srun" and job.backend == "gloo":  # Gloo across nodes without ssh
+    if launcher == "srun" and controller == "gloo":  # Gloo across nodes without ssh
         return gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
         )
@@ -149,13 +142,15 @@ def build_launch(
 
 def _resolve_launcher(launcher: str, job: JobSpec, notes: list[str]) -> str:
     """The launcher that can run the job's backend; a note when it is not ``launcher``."""
-    if effective_launcher(launcher, job.backend) != launcher:
+    fallback = effective_launcher(launcher, job.backend)
+    if fallback != launcher:
+        ctrl = controller_for(fallback, job.backend)
         notes.append(
-            f"backend gloo needs horovodrun's Gloo rendezvous: starting with horovodrun --gloo "
-            f"instead of {launcher}"
+            f"backend {job.backend} needs {fallback}'s {ctrl.capitalize()} rendezvous: "
+            f"starting with {fallback} --{ctrl} instead of {launcher}"
             + (" (remote ranks via ssh to the allocation's nodes)" if job.nodes > 1 else "")
         )
-        launcher = effective_launcher(launcher, job.backend)
+        launcher = fallback
     return launcher
 
 
@@ -226,7 +221,7 @@ def _mpirun_argv(
 def _srun_argv(srun: str, job: JobSpec, training: dict, notes: list) -> list[str]:
     # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
     argv = job.srun_args(srun, mpi=training.get("srun_mpi"))
-    if job.gpus_per_node:
+    if backends.is_gpu_partition(job):
         notes.append(
             "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
         )

@@ -132,11 +132,11 @@ def environment_block(
 
 
 def system_block(nodes: list[str]) -> dict:
-    """The record's optional ``system`` (hvdscale.study.system.collect_system with the
+    """The record's optional ``system`` (hvdscale.system.collect_system with the
     run's hosts as node names), checked against the run schema here so that writing the
     record cannot fail on it. Never raises: what failed is in ``errors``."""
     try:
-        from hvdscale.study.system import collect_system
+        from hvdscale.system import collect_system
 
         system = collect_system(nodes=nodes)
         from jsonschema import Draft202012Validator

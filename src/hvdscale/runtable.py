@@ -16,8 +16,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from hvdscale import backends
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
+from hvdscale.select import parse as parse_selection
+from hvdscale.select import run_selected, sweep_selected
+
 
 # run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
 #         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
@@ -26,12 +30,19 @@ from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
 # and warm-up epochs. The optional kind: cal (a target calibration run: 1 worker, the
 # long budget of training.target.calibration, no stop at the target) or rerun (a re-run
 # of the selected candidate of a tuning group with fresh seeds).
-RUN_ID_PATTERN = (
-    r"(?P<partition>[a-z][a-z0-9-]{0,31})_(?P<backend>nccl|mpi|gloo)_n(?P<nodes>[0-9]+)"
-    r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
-    r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?"
-    r"(?:_(?P<kind>cal|rerun))?_r(?P<repeat>[0-9]+)"
-)
+# The backends come from the registry (hvdscale.backends): run_id_pattern() reads it
+# now, RUN_ID_PATTERN is what it read at import.
+def run_id_pattern() -> str:
+    return (
+        r"(?P<partition>[a-z][a-z0-9-]{0,31})"
+        rf"_(?P<backend>{backends.id_alternation()})_n(?P<nodes>[0-9]+)"
+        r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
+        r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?"
+        r"(?:_(?P<kind>cal|rerun))?_r(?P<repeat>[0-9]+)"
+    )
+
+
+RUN_ID_PATTERN = run_id_pattern()
 
 # run ids of a kind (end of the id): target calibration runs, tuning re-runs
 CAL_ID = r"_cal_r[0-9]+$"
@@ -127,12 +138,10 @@ def run_table(cfg: dict) -> list[Run]:
     in calibrated target mode, the calibration runs; sorted, without duplicates.
 
     Scaling runs and candidates only of the config's selection (key ``select``,
-    hvdscale.study.select); the calibration runs always (the target needs them). The
+    hvdscale.select); the calibration runs always (the target needs them). The
     re-runs of the selected tuning candidates depend on the selection: rerun_runs.
     """
-    from hvdscale.study.select import parse, run_selected, sweep_selected
-
-    sel = parse(cfg.get("select"))
+    sel = parse_selection(cfg.get("select"))
     runs: dict[str, Run] = {}
     parts = cfg["scaling"]["partitions"]
     seed = int(cfg.get("seed", 0))
@@ -256,7 +265,7 @@ def run_sort_key(runs: dict[str, Run]):
 
 
 def parse_run_id(run_id: str) -> dict:
-    m = re.fullmatch(RUN_ID_PATTERN, run_id)
+    m = re.fullmatch(run_id_pattern(), run_id)
     if not m:
         raise ConfigError(
             f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}"

@@ -8,9 +8,8 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.plotstyle import (
-    BACKEND_LS,
-    BACKEND_MARKER,
     WIDTH,
+    backend_style,
     layout,
     legend_below,
     log_y,
@@ -23,8 +22,8 @@ from hvdscale.analysis.select import NoData, prediction_choice
 
 def _model_and_measured(ax, line, points, color, backend):
     """The model as a line, the measurements as markers, in the backend's style."""
-    ax.plot(*line, color=color, ls=BACKEND_LS.get(backend, "-"), lw=1)
-    ax.plot(*points, ls="none", color=color, marker=BACKEND_MARKER.get(backend, "o"))
+    ax.plot(*line, color=color, ls=backend_style(backend)["ls"], lw=1)
+    ax.plot(*points, ls="none", color=color, marker=backend_style(backend)["marker"])
 
 
 def _model_of(f: dict, cm: dict) -> tuple[dict, str]:
@@ -53,7 +52,7 @@ def _panel_fit(ax, fits, pcol, cm):
         if "nodes" not in pts:
             pts["nodes"] = 1
         model, how = _model_of(f, cm)
-        c, mk = pcol[f["partition"]], BACKEND_MARKER.get(f["backend"], "o")
+        c, mk = pcol[f["partition"]], backend_style(f["backend"])["marker"]
         for m, g in pts.groupby("nodes"):
             q = g[g["workers"] == g["workers"].max()].sort_values("bytes")
             p = int(q["workers"].iloc[0])
@@ -172,8 +171,8 @@ def fig_costmodel(runs, summary, epochs, cm):
             [],
             [],
             color=pcol[p],
-            ls=BACKEND_LS.get(be, "-"),
-            marker=BACKEND_MARKER.get(be, "o"),
+            ls=backend_style(be)["ls"],
+            marker=backend_style(be)["marker"],
             label=f"{p}, {be}",
         )
         for p, be in fkeys

@@ -7,11 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from hvdscale.analysis.plotstyle import (
-    BACKEND_COLOR,
-    BACKEND_LS,
-    BACKEND_MARKER,
     LR_LS,
     WIDTH,
+    backend_style,
     grid,
     layout,
     legend_below,
@@ -53,15 +51,15 @@ def fig_speedup_efficiency(runs, summary, epochs, cm):
                 g["workers"],
                 g["speedup"],
                 yerr=yerr,
-                color=BACKEND_COLOR.get(be),
-                marker=BACKEND_MARKER.get(be, "o"),
+                color=backend_style(be)["color"],
+                marker=backend_style(be)["marker"],
                 ls=LR_LS.get(lr, "-"),
             )
             ax_e.plot(
                 g["workers"],
                 g["efficiency"],
-                color=BACKEND_COLOR.get(be),
-                marker=BACKEND_MARKER.get(be, "o"),
+                color=backend_style(be)["color"],
+                marker=backend_style(be)["marker"],
                 ls=LR_LS.get(lr, "-"),
             )
             handles.setdefault((be, lr), h)
@@ -97,9 +95,9 @@ def fig_sync_time(runs, summary, epochs, cm):
             (h,) = ax.plot(
                 g["workers"],
                 g["sync_step_s"] * 1e3,
-                color=BACKEND_COLOR.get(be),
-                marker=BACKEND_MARKER.get(be, "o"),
-                ls=BACKEND_LS.get(be, "-"),
+                color=backend_style(be)["color"],
+                marker=backend_style(be)["marker"],
+                ls=backend_style(be)["ls"],
             )
             handles.setdefault(be, h)
         workers_axis(ax, g0["workers"])
@@ -144,7 +142,7 @@ def fig_epoch_time_batch(runs, summary, epochs, cm):
             g["epoch_time_s"],
             yerr=yerr.clip(min=0),
             color=pcol[part],
-            marker=BACKEND_MARKER.get(be, "o"),
+            marker=backend_style(be)["marker"],
             ls=wls[w],
             label=label,
         )
@@ -180,8 +178,8 @@ def fig_utilisation(runs, summary, epochs, cm):
             g["workers"],
             g["utilisation"],
             color=pcol[part],
-            marker=BACKEND_MARKER.get(be, "o"),
-            ls=BACKEND_LS.get(be, "-"),
+            marker=backend_style(be)["marker"],
+            ls=backend_style(be)["ls"],
             label=f"{part}, {be}",
         )
     workers_axis(ax, s["workers"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale import backends
 from hvdscale.analysis.select import NoData  # noqa: F401 (the figures raise it)
 from hvdscale.io import atomic_path
 
@@ -32,9 +33,6 @@ STYLE = {
     "pdf.fonttype": 3,
     "figure.constrained_layout.use": False,
 }
-BACKEND_COLOR = {"nccl": "#1b9e77", "mpi": "#d95f02", "gloo": "#7570b3"}
-BACKEND_MARKER = {"nccl": "o", "mpi": "s", "gloo": "^"}
-BACKEND_LS = {"nccl": "-", "mpi": "--", "gloo": ":"}
 LR_LS = {"none": "-", "linear": "--", "sqrt": "-."}
 PHASE_COLOR = {
     "data": "#66c2a5",
@@ -44,6 +42,14 @@ PHASE_COLOR = {
     "other": "#c8c8c8",
 }
 WIDTH = 7.0  # inches: the text width of the A4 report
+
+
+def backend_style(backend: str) -> dict:
+    """Colour, marker and line style of a backend's lines (hvdscale.backends; an unknown
+    backend: matplotlib's next colour, circles, solid lines)."""
+    entry = next((b for b in backends.entries() if b.name == backend), None)
+    entry = entry or backends.Backend(backend)
+    return {"color": entry.color, "marker": entry.marker, "ls": entry.linestyle}
 
 
 def partition_colors(parts) -> dict:

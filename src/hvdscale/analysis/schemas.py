@@ -14,10 +14,11 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
+from hvdscale import backends
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS  # noqa: F401 (re-exported)
 from hvdscale.config import RUN_ID_PATTERN, parse_run_id
 
-BACKENDS = ["nccl", "mpi", "gloo"]
+BACKENDS = backends.names()  # the registry's (hvdscale.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]
 RECORD_STATUSES = ["completed", "nan_loss", "failed", "mislabelled"]
 STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]

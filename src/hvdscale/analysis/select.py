@@ -3,7 +3,7 @@
 - the main per-worker batch size: the one with the most worker counts (ties: smallest);
 - the preferred learning-rate rule: 'none' where measured, else the first by name;
 - the preferred backend of a partition: the one with the most completed runs
-  (ties: nccl, mpi, gloo);
+  (ties: the registry's order, hvdscale.backends: nccl, mpi, gloo);
 - the preferred configuration group of a partition (the report's comparison with the
   reference study): nccl first, then the main batch (else the closest), then LR none;
 - the cost-model predictions shown: the main batch of the measured speedups where
@@ -16,7 +16,8 @@ from collections import Counter
 
 import pandas as pd
 
-BACKEND_ORDER = {"nccl": 0, "mpi": 1, "gloo": 2}
+from hvdscale import backends
+
 LR_ORDER = {"none": 0, "linear": 1, "sqrt": 2}
 
 
@@ -49,12 +50,12 @@ def pref_backend(df: pd.DataFrame) -> str:
         if "n_completed" in df
         else df["backend"].value_counts()
     )
-    return sorted(n.items(), key=lambda kv: (-kv[1], BACKEND_ORDER.get(kv[0], 9)))[0][0]
+    return sorted(n.items(), key=lambda kv: (-kv[1], backends.order(kv[0])))[0][0]
 
 
 def config_order(backend: str, lr_rule: str) -> tuple[int, int]:
     """Sort key of a (backend, LR rule) pair: nccl, mpi, gloo; none, linear, sqrt."""
-    return BACKEND_ORDER.get(backend, 9), LR_ORDER.get(lr_rule, 9)
+    return backends.order(backend), LR_ORDER.get(lr_rule, 9)
 
 
 def main_rows(summary: pd.DataFrame | None, column: str, why: str, *, one_lr: bool = True):
@@ -78,7 +79,7 @@ def preferred_group(g: pd.DataFrame, batch=None) -> pd.Series | None:
     batch = batch or 75
     g = g.assign(
         _k=[
-            (BACKEND_ORDER.get(b, 9), 0 if bs == batch else 1, abs(bs - batch), LR_ORDER.get(lr, 9))
+            (backends.order(b), 0 if bs == batch else 1, abs(bs - batch), LR_ORDER.get(lr, 9))
             for b, bs, lr in zip(g["backend"], g["batch_per_worker"], g["lr_rule"])
         ]
     )

@@ -1,5 +1,5 @@
 """The system description per partition (results/scaling/systems.csv), from the run
-records' optional ``system`` object (rank 0's hvdscale.study.system.collect_system):
+records' optional ``system`` object (rank 0's hvdscale.system.collect_system):
 CPU model, cores, memory, GPU model, driver, CUDA, cuDNN and NCCL versions, MPI
 implementation and version, Horovod's controllers, network interfaces, node names,
 kernel and OS.
@@ -23,6 +23,7 @@ import io
 import json
 from pathlib import Path
 
+from hvdscale.backends import CONTROLLERS
 from hvdscale.errors import UserError
 
 COLUMNS = [
@@ -85,8 +86,8 @@ def _interfaces(items) -> str:
 
 
 def _controllers(s: dict) -> str:
-    built = [name for name in ("mpi", "gloo") if s.get(f"horovod_{name}")]
-    known = any(s.get(f"horovod_{n}") is not None for n in ("mpi", "gloo"))
+    built = [name for name in CONTROLLERS if s.get(f"horovod_{name}")]
+    known = any(s.get(f"horovod_{n}") is not None for n in CONTROLLERS)
     return ", ".join(built) if built else ("none" if known else "")
 
 

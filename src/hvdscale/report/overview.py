@@ -8,11 +8,11 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES
+from hvdscale.gpu_support import gpu_support_notes
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.headline import headline_section
 from hvdscale.report.method import equal_accuracy_bullets
-from hvdscale.study.plan import gpu_support_notes
 
 STATUS_NOTE = (
     "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from hvdscale.analysis.columns import ENV_VERSIONS
+from hvdscale.backends import is_gpu_partition
 from hvdscale.common import git_commit
 from hvdscale.config import config_hash
 
@@ -140,7 +141,7 @@ def collect(
         for name, p in cfg["scaling"]["partitions"].items():
             gpus = (
                 f"{p['gpus_per_node']} x {p.get('gpu_model') or 'GPU'}"
-                if p["gpus_per_node"]
+                if is_gpu_partition(p)
                 else "no GPU"
             )
             mem_gb = p["mem_mb_per_node"] // 1000

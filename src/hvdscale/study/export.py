@@ -5,7 +5,7 @@
   MANIFEST.json     format, results_dir, config files, git commit, config hash, the
                     workflow env's versions, SOURCE_DATE_EPOCH if set, sha256 of every
                     member (inputs and products)
-  system.json       the exporting machine (hvdscale.study.system)
+  system.json       the exporting machine (hvdscale.system)
   config files      at the paths they were given (relative to the project root)
   envs/*.lock.txt   the pinned environments
   inputs            {results}/config/full.json, {results}/runs/*/ (metrics.json,
@@ -114,7 +114,7 @@ def export_study(
     from hvdscale.common import git_commit
     from hvdscale.config import PROJECT_ROOT, config_hash
     from hvdscale.report.provenance import workflow_versions
-    from hvdscale.study.system import collect_system
+    from hvdscale.system import collect_system
 
     root = Path(root)
     inputs, products = study_files(results, root)

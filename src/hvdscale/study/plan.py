@@ -12,7 +12,7 @@ are listed on their own line with the same worst case.
 Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
 requests (gres per node x nodes), 0 on CPU partitions.
 
-GPUs the train env cannot use are said before anything runs (``gpu_support_notes``,
+GPUs the train env cannot use are said before anything runs (hvdscale.gpu_support,
 issue 20): TensorFlow 2.15 is built against CUDA 12, which needs compute capability
 >= 5.0, so a K80 partition (3.7, the thesis's gpu2) fails at run time with it. The plan,
 Snakemake's start banner and the report's overview say so and what to do instead.
@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvdscale.config import allreduce_jobs, rerun_runs, run_table, tune_runs
+from hvdscale.gpu_support import gpu_support_notes
+from hvdscale.jobspec import JobSpec
+from hvdscale.select import describe
 
 
 @dataclass
@@ -67,66 +70,6 @@ class PartitionPlan:
 
 def nodes_text(nodes) -> str:
     return ",".join(str(n) for n in sorted(nodes)) or "-"
-
-
-def job_gpus(gpus_per_node: int, workers_per_node: int, nodes: int) -> int:
-    """GPUs a job requests (train.smk res_gres: min(GPUs, workers) per node)."""
-    return min(gpus_per_node, workers_per_node) * nodes if gpus_per_node else 0
-
-
-#: compute capability per GPU model (scaling.partitions.*.gpu_model; NVIDIA's tables)
-COMPUTE_CAPABILITY = {
-    "K20": 3.5,
-    "K40": 3.5,
-    "K80": 3.7,
-    "M40": 5.2,
-    "M60": 5.2,
-    "P100": 6.0,
-    "V100": 7.0,
-    "T4": 7.5,
-    "A100": 8.0,
-    "A40": 8.6,
-    "H100": 9.0,
-    "H200": 9.0,
-}
-#: TensorFlow 2.15 (the train env) is built against CUDA 12, whose oldest target is sm_50
-TRAIN_ENV_MIN_CC = 5.0
-
-
-def compute_capability(gpu_model: str) -> float | None:
-    """Compute capability of a gpu_model such as "K80" or "Tesla K80" (None: unknown)."""
-    words = str(gpu_model or "").upper().replace("-", " ").split()
-    return next((COMPUTE_CAPABILITY[w] for w in words if w in COMPUTE_CAPABILITY), None)
-
-
-def gpu_support_notes(cfg: dict) -> list[str]:
-    """One sentence per swept GPU partition whose GPUs TF 2.15 (CUDA 12) cannot use, with
-    what the user does instead. Empty when every swept partition is fine."""
-    parts = cfg.get("scaling", {}).get("partitions", {})
-    swept = dict.fromkeys(
-        p for s in cfg.get("scaling", {}).get("sweeps", []) for p in s["partitions"]
-    )
-    deployment = (cfg.get("environment") or {}).get("deployment", "venv")
-    notes = []
-    for name in swept:
-        part = parts.get(name, {})
-        cc = compute_capability(part.get("gpu_model", ""))
-        if not part.get("gpus_per_node") or cc is None or cc >= TRAIN_ENV_MIN_CC:
-            continue
-        unless = (
-            ""
-            if deployment == "venv"  # .venv-train: TensorFlow 2.15
-            else f" unless environment: (deployment {deployment}) gives it a CUDA-11 build"
-        )
-        notes.append(
-            f"Partition {name} ({part['gpu_model']}, compute capability {cc}) cannot run "
-            f"the train env's TensorFlow 2.15: its CUDA 12 needs compute capability >= "
-            f"{TRAIN_ENV_MIN_CC}, so {name}'s runs would fail at run time{unless}. Instead "
-            f"run {name} with a CUDA-11 TensorFlow (and Horovod built against it) through "
-            "environment: (deployment env-modules or conda) in a config for select "
-            f"'partition={name}', or drop {name} from the sweeps."
-        )
-    return notes
 
 
 def _load_expected(results: Path) -> tuple[dict, dict]:
@@ -189,7 +132,7 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         p.jobs += 1
         p.nodes.add(r.nodes)
         p.node_hours += r.nodes * hours
-        p.gpu_hours += job_gpus(r.gpus_per_node, r.workers_per_node, r.nodes) * hours
+        p.gpu_hours += JobSpec.for_run(cfg, r).total_gpus * hours  # the rules' gres
         if (results / "runs" / r.run_id / "metrics.json").exists():
             p.done += 1
         t = measured.get(r.run_id)
@@ -225,8 +168,6 @@ def job_shapes(cfg: dict) -> list[dict]:
     first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras).
     Calibration runs (kind cal) are not in a shape: every submission needs the target,
     so the first one to start runs them, as single jobs."""
-    from hvdscale.jobspec import JobSpec
-
     shapes: dict[tuple, dict] = {}
     for r in run_table(cfg):
         if r.kind:
@@ -269,8 +210,6 @@ def _h(x) -> str:
 
 def format_plan(p: dict, short: bool = False) -> str:
     """The plan as text: one line per partition (short: the header says 'hvdscale plan')."""
-    from hvdscale.study.select import describe
-
     sel = describe(p["select"]) if p["select"] else ""
     t = p["total"]
     head = (

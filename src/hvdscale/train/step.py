@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from hvdscale import backends
 from hvdscale.train.fault import FaultDelay
 from hvdscale.worker import WorkerInfo
 
@@ -29,12 +30,14 @@ EVAL_BATCH = 4096
 
 
 def host_reduction(device: str, env=None) -> bool:  # HVD: issue 20
-    """True when the gradients must leave the GPU before the allreduce: backend mpi or
-    gloo (the launcher sets HOROVOD_CPU_OPERATIONS, no HOROVOD_GPU_OPERATIONS) on a GPU.
+    """True when the gradients must leave the GPU before the allreduce: a backend with CPU
+    operations, mpi or gloo (the launcher sets HOROVOD_CPU_OPERATIONS, hvdscale.backends;
+    no HOROVOD_GPU_OPERATIONS) on a GPU.
     Horovod built with NCCL reduces GPU tensors with NCCL whatever the controller; a
     tensor on the host is reduced by the CPU operations, the label's collective."""
     env = os.environ if env is None else env
-    cpu_ops = env.get("HOROVOD_CPU_OPERATIONS", "").lower() in ("mpi", "gloo")
+    registered = {b.cpu_operations for b in backends.entries() if b.cpu_operations}
+    cpu_ops = env.get("HOROVOD_CPU_OPERATIONS", "").lower() in registered
     return "GPU" in device.upper() and cpu_ops and not env.get("HOROVOD_GPU_OPERATIONS")
 
 

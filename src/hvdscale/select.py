@@ -6,7 +6,7 @@ of the same keys (in a config file). Keys:
 
   sweep      sweep names (scaling.sweeps[].name)
   partition  partition names
-  backend    nccl, mpi, gloo
+  backend    backend names (hvdscale.backends: nccl, mpi, gloo)
   lr         none, linear, sqrt
   workers    worker counts and ranges: ``1,2,4`` or ``1-8`` or ``16-`` (16 and more)
   batch      per-worker batch sizes and ranges
@@ -20,6 +20,8 @@ An empty selection (null, "" or {}) selects every run.
 from __future__ import annotations
 
 import re
+
+from hvdscale import backends
 
 KEYS = ("sweep", "partition", "backend", "lr", "workers", "batch", "repeat")
 NUMERIC = ("workers", "batch", "repeat")
@@ -102,7 +104,7 @@ def check(cfg: dict) -> list[str]:
     known = {
         "sweep": {s.get("name", "sweep") for s in cfg["scaling"]["sweeps"]},
         "partition": set(cfg["scaling"]["partitions"]),
-        "backend": {"nccl", "mpi", "gloo"},
+        "backend": set(backends.names()),
         "lr": {"none", "linear", "sqrt"},
     }
     for key, allowed in known.items():
