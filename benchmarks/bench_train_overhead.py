@@ -115,6 +115,8 @@ def main(argv=None) -> int:
         f"load {meas.before:.2f} before, {meas.after:.2f} after"
     )
     for r in rows:
+        if r["kind"] == "overhead":  # printed by overhead_row
+            continue
         ci = (
             f"({r['ratio_ci_low']:.3f}-{r['ratio_ci_high']:.3f})"
             if r["ratio_ci_low"] is not None
