@@ -44,6 +44,13 @@ def test_sentence_when_slower_says_so():
     assert "50 % of the epoch-time gain survives" in s
 
 
+def test_sentence_without_a_faster_epoch_names_the_hardware_not_a_share():
+    row = RF.headline_row(epoch_speedup=0.97, epoch_lo=0.8, epoch_hi=1.07, epochs_ratio=0.93)
+    s = headline_sentence(row)
+    assert "no epoch-time gain to keep: the epoch itself is not faster (hardware)" in s
+    assert "survives" not in s
+
+
 def test_sentence_when_censored_has_no_median_and_names_the_factor():
     none = headline_sentence(RF.censored_row(0))
     assert none.startswith("2 workers do not reach the target within the budget (0/5 reached)")

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.report import fmt
-from hvdscale.report.headline import no_median, with_interval, workers_text
+from hvdscale.report.headline import no_median, survival_clause, with_interval, workers_text
 
 CENSORED = "> budget"
 _KIND = re.compile(r"_(?P<kind>cal|rerun)_r[0-9]+$")
@@ -194,10 +194,7 @@ def conclusion(x) -> str:
                 else ": no more epochs than 1 worker"
             )
         if fmt.isnum(x.retained_fraction):
-            text += (
-                f"; {fmt.percent(x.retained_fraction, 0)} of the epoch-time gain survives at "
-                "equal accuracy"
-            )
+            text += f"; {survival_clause(x.retained_fraction, e)}"
         return text + "."
     if no_median(int(x.base_reached), int(x.base_total)):
         return (

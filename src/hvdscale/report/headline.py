@@ -227,9 +227,17 @@ def headline_sentence(row: Mapping) -> str:
     text += f"; {_epoch_clause(row)}"
     rf = row["retained_fraction"]
     if fmt.isnum(rf):
-        gain = "gain" if fmt.isnum(row["epoch_speedup"]) and row["epoch_speedup"] > 1 else "speedup"
-        text += f"; {100 * float(rf):.0f} % of the epoch-time {gain} survives at equal accuracy"
+        text += f"; {survival_clause(rf, row['epoch_speedup'])}"
     return text
+
+
+def survival_clause(retained_fraction, epoch_speedup) -> str:
+    """How much of the parallel gain survives at equal accuracy; with no faster epoch
+    there is no gain to keep, and the clause names the factor that stops the speedup."""
+    if fmt.isnum(epoch_speedup) and float(epoch_speedup) > 1:
+        share = f"{100 * float(retained_fraction):.0f} %"
+        return f"{share} of the epoch-time gain survives at equal accuracy"
+    return "no epoch-time gain to keep: the epoch itself is not faster (hardware)"
 
 
 def batch_sentence(untuned: Mapping | None, tuned: Mapping | None) -> str:
