@@ -201,7 +201,7 @@ def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
         *([tabulate] if systems else []),
         ["plot", "--runs", f"{s}/runs.csv", "--summary", f"{s}/summary.csv"]
         + ["--epochs", f"{s}/epochs.csv", "--costmodel", f"{s}/costmodel.json"]
-        + ["--outdir", f"{r}/plots"],
+        + ["--config", f"{r}/config/full.json", "--outdir", f"{r}/plots"],
         ["report", "--config-file", *manifest["config_files"]]
         + ["--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
         + ["--summary", f"{s}/summary.csv", "--status", f"{s}/status.csv"]
