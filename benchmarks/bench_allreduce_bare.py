@@ -56,6 +56,7 @@ from _results import (  # noqa: E402
     quiet_main,
     write_csv,
 )
+
 from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "_allreduce_worker.py"

@@ -41,6 +41,7 @@ from _results import (  # noqa: E402
     quiet_main,
     write_csv,
 )
+
 from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 

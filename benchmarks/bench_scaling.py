@@ -79,8 +79,9 @@ from _results import (  # noqa: E402
     warn_load,
     write_csv,
 )
-from hvdscale.analysis.stats import median_interval  # noqa: E402
 from _scaling_runner import Arm, Runner, base_config, build_data, candidates, hvd  # noqa: E402
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 CEILING_MAX = 1.05  # two 1-worker runs at once cannot beat twice one alone by more
 

@@ -44,6 +44,7 @@ from _results import (  # noqa: E402
     training_budget,
     write_csv,
 )
+
 from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 # the arm's processes outside this process tree: the daemons that run the SLURM paths' jobs

@@ -25,8 +25,8 @@ import traceback
 from pathlib import Path
 
 from hvdscale.analysis.figures import BY_NAME, FIGURE_NAMES, Figure
-from hvdscale.analysis.references import references_of
 from hvdscale.analysis.plotstyle import STYLE, note_figure, save_figure, suptitle
+from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import NoData
 
 FIGURES = FIGURE_NAMES  # the names, in the registry's order

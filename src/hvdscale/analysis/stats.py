@@ -294,9 +294,7 @@ def product_interval(
         total = sum(_log_ratio(b[i], g[j]) for b, g in zip(bcols, gcols))
         return np.clip(total, -_BIG, _BIG)
 
-    ci = _percentile(
-        (bi.astype(float), gi.astype(float)), stat, paired=paired, rng=rng_for(name)
-    )
+    ci = _percentile((bi.astype(float), gi.astype(float)), stat, paired=paired, rng=rng_for(name))
     lo, hi = (float(x) for x in ci)
     note = ""
     if min(n_b, n_g) < FEW_REPEATS:

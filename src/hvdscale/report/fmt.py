@@ -9,6 +9,7 @@ import math
 MISSING = "-"
 EN_DASH = "\u2013"
 
+
 def isnum(x) -> bool:
     try:
         return x is not None and math.isfinite(float(x))

@@ -160,7 +160,8 @@ def add_arguments(p):
         "--provenance", help="optional provenance JSON (e.g. train env versions, hardware)"
     )
     p.add_argument(
-        "--references", help="references.csv (optional: the verdicts in the reference study's section)"
+        "--references",
+        help="references.csv (optional: the verdicts in the reference study's section)",
     )
     p.add_argument(
         "--systems", help="systems.csv (optional: the 'System description' section per partition)"
@@ -207,9 +208,9 @@ def run(args) -> int:
     tuned = read_tuned(args.tuned) if args.tuned else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
+    from hvdscale.analysis.references import read_references
     from hvdscale.analysis.systems import read_systems
     from hvdscale.report.headline import read_headline, read_target
-    from hvdscale.analysis.references import read_references
 
     inputs["headline"] = read_headline(args.headline) if args.headline else None
     inputs["target"] = read_target(args.target) if args.target else None
