@@ -10,7 +10,7 @@ and the cost model's predicted epoch time x the epoch budget for the others
 are listed on their own line with the same worst case.
 
 Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
-requests (gres per node x nodes), 0 on CPU partitions.
+requests (``job_gpus``: the gres per node of its job layout x nodes), 0 on CPU partitions.
 
 GPUs the train env cannot use are said before anything runs (``gpu_support_notes``,
 issue 20): TensorFlow 2.15 is built against CUDA 12, which needs compute capability
@@ -70,7 +70,8 @@ def nodes_text(nodes) -> str:
 
 
 def job_gpus(gpus_per_node: int, workers_per_node: int, nodes: int) -> int:
-    """GPUs a job requests (train.smk res_gres: min(GPUs, workers) per node)."""
+    """GPUs a job requests: min(GPUs, workers) per node, as the job layout's gres
+    (hvdscale.jobspec.JobSpec.gpus)."""
     return min(gpus_per_node, workers_per_node) * nodes if gpus_per_node else 0
 
 
