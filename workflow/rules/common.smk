@@ -230,9 +230,10 @@ def allreduce_tables(wildcards):
 
 
 def config_files(wildcards):
-    """The config files of this invocation, in merge order (for the report's provenance)."""
+    """The config files of this invocation, in merge order (for the report's provenance),
+    relative to the working directory (the project root; a rebuild's --directory)."""
     return " ".join(
-        shlex.quote(os.path.relpath(str(p), workflow.basedir)) for p in workflow.configfiles
+        shlex.quote(os.path.relpath(str(p), os.getcwd())) for p in workflow.configfiles
     )
 
 
