@@ -28,6 +28,8 @@ from hvdscale.analysis.figures import BY_NAME, FIGURE_NAMES, Figure
 from hvdscale.analysis.plotstyle import STYLE, note_figure, save_figure, suptitle
 from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import NoData
+from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
+from hvdscale.config import load_config
 
 FIGURES = FIGURE_NAMES  # the names, in the registry's order
 
@@ -112,9 +114,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
-    from hvdscale.config import load_config
-
     runs = read_runs(args.runs)
     summary = read_summary(args.summary)
     epath = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)

@@ -40,6 +40,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import UserError
 
 FORMAT = 1
@@ -115,7 +116,7 @@ def export_study(
 ) -> dict:
     """Write the archive ``out``; returns its manifest."""
     from hvdscale.common import git_commit
-    from hvdscale.config import PROJECT_ROOT, config_hash
+    from hvdscale.config import config_hash
     from hvdscale.report.provenance import workflow_versions
     from hvdscale.study.system import collect_system
 
@@ -191,8 +192,6 @@ def snakemake_command(manifest: dict, outdir: Path) -> list[str]:
     """The Snakemake invocation that rebuilds the archived products in ``outdir``: the
     project's Snakefile on the archived config files (results_dir as archived), only the
     report rules allowed (and forced), the products as targets."""
-    from hvdscale.common import PROJECT_ROOT
-
     return [
         *(sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile")),
         *("--directory", str(outdir), "--cores", "1"),
