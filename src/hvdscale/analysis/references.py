@@ -155,20 +155,31 @@ def _share(quantity: str, summary, done, multi: bool) -> dict:
     return row
 
 
-def _batch(ref: dict, summary, done) -> dict:
-    row = {"quantity": "batch_epoch_speedup", "partition": "", "better": "higher"}
-    if summary is None or summary.empty:
-        return row
-    b0, b1 = ref.get("batch_from", 75), ref.get("batch_to", 1000)
+def batch_pair(summary: pd.DataFrame, b0: int, b1: int):
+    """((partition, backend, lr_rule, workers), its summary rows by batch) of the
+    configuration measured at both per-worker batches b0 and b1 (fewest workers, then
+    the preferred backend and LR rule, then the partition's name); None without one."""
     e = summary[summary["epoch_time_s"].notna() & summary["batch_per_worker"].isin([b0, b1])]
     cands = []
     for key, g in e.groupby(["partition", "backend", "lr_rule", "workers"]):
         if {b0, b1} <= set(g["batch_per_worker"]):
             cands.append(((key[3], *config_order(key[1], key[2]), key[0]), key, g))
     if not cands:
+        return None
+    _, key, g = min(cands, key=lambda c: c[0])
+    return key, g.set_index("batch_per_worker")
+
+
+def _batch(ref: dict, summary, done) -> dict:
+    row = {"quantity": "batch_epoch_speedup", "partition": "", "better": "higher"}
+    if summary is None or summary.empty:
         return row
-    _, (part, be, lr, w), g = min(cands, key=lambda c: c[0])
-    t = g.set_index("batch_per_worker")["epoch_time_s"]
+    b0, b1 = ref["batch_from"], ref["batch_to"]
+    pair = batch_pair(summary, b0, b1)
+    if pair is None:
+        return row
+    (part, be, lr, w), bt = pair
+    t = bt["epoch_time_s"]
     match = dict(partition=part, backend=be, lr_rule=lr, workers=w)
     groups = [
         _values(done, "epoch_time_s", **match, batch_per_worker=b0),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from hvdscale.analysis.references import references_of
-from hvdscale.analysis.select import config_order, preferred_group, summary_batch
+from hvdscale.analysis.references import batch_pair, references_of
+from hvdscale.analysis.select import preferred_group, summary_batch
 from hvdscale.common import GROUP_KEYS
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
@@ -81,14 +81,9 @@ def _batch_row(s: pd.DataFrame, ref: dict) -> dict:
     row = _row(f"Epoch speedup from batch {b0} to {b1}", f"{ref['value']:.0f}x")
     if not len(s):
         return row
-    e = s[s["epoch_time_s"].notna() & s["batch_per_worker"].isin([b0, b1])]
-    cands = []
-    for key, g in e.groupby(["partition", "backend", "lr_rule", "workers"]):
-        bt = g.set_index("batch_per_worker")
-        if b0 in bt.index and b1 in bt.index:
-            cands.append(((key[3], *config_order(key[1], key[2])), key, bt))
-    if cands:
-        _, (part, be, lr, w), bt = min(cands, key=lambda c: c[0])
+    pair = batch_pair(s, b0, b1)
+    if pair is not None:
+        (part, be, lr, w), bt = pair
         row.update(
             ours=f"{bt.at[b0, 'epoch_time_s'] / bt.at[b1, 'epoch_time_s']:.1f}x",
             config=f"{part}, {be}, LR {lr}, {w} worker{'s' if w > 1 else ''}",
