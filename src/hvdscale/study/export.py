@@ -221,6 +221,7 @@ def rebuild(archive, outdir) -> dict:
     _unpack(members, manifest, outdir)
     env = {**os.environ, "HVDSCALE_REPORT_COMMIT": manifest["git_commit"]}
     env.pop("SOURCE_DATE_EPOCH", None)
+    env.pop("SNAKEMAKE_PROFILE", None)  # the rebuild runs here, never through a cluster profile
     if manifest.get("source_date_epoch"):
         env["SOURCE_DATE_EPOCH"] = manifest["source_date_epoch"]
     cmd = snakemake_command(manifest, outdir)
