@@ -104,16 +104,17 @@ def reference_rows(summary: pd.DataFrame | None, refs: dict) -> list[dict]:
     ]
     multi = s[s["workers"] > 1] if len(s) else s
     shares = (
-        ("sync_share", multi, "Share of epoch time in gradient synchronisation"),
-        ("data_share", s, "Share of epoch time in data loading"),
+        (
+            "sync_share",
+            multi,
+            "Share of epoch time in gradient synchronisation",
+            "multi-worker configurations; share of the training-step time",
+        ),
+        ("data_share", s, "Share of epoch time in data loading", "configurations"),
     )
-    what = {
-        "sync_share": "multi-worker configurations; share of the training-step time",
-        "data_share": "configurations",
-    }
-    for column, sel, quantity in shares:
+    for column, sel, quantity, what in shares:
         if refs.get(column):
-            rows.append(_share_row(sel, quantity, column, what[column], refs[column]["value"]))
+            rows.append(_share_row(sel, quantity, column, what, refs[column]["value"]))
     if refs.get("batch_epoch_speedup"):
         rows.append(_batch_row(s, refs["batch_epoch_speedup"]))
     return rows
