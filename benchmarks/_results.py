@@ -35,7 +35,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from _quiet import CpuMeter, NotQuiet, QuietGuard, add_quiet_args, load_avg, validity
@@ -243,12 +243,3 @@ def _fmt(v):
     if isinstance(v, float):
         return f"{v:.6g}"
     return v
-
-
-def median_ci(values: Iterable[float]) -> tuple[float, float | None, float | None]:
-    """Median of ``values`` with the project's bootstrap 95 % interval (hvdscale.analysis.
-    stats: scipy.stats.bootstrap, percentile; None, None with fewer than 3 values: too
-    few to say anything about the spread)."""
-    from hvdscale.analysis.stats import median_interval
-
-    return median_interval(values, name="benchmark")

@@ -52,11 +52,12 @@ from _results import (  # noqa: E402
     Measured,
     add_quiet_args,
     configure_quiet,
-    median_ci,
     merge_fields,
     quiet_main,
     write_csv,
 )
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "_allreduce_worker.py"
 PARAMS = 153441
@@ -184,7 +185,7 @@ def summary_rows(arms: list[BareArm], runs: list[dict], a) -> list[dict]:
         vals = per[arm.name]
         if not vals:
             continue
-        m, lo, hi = median_ci(list(vals.values()))
+        m, lo, hi = median_interval(list(vals.values()), name="benchmark")
         ref = per.get("mpi", {})
         ratio = [vals[k] / ref[k] for k in vals if k in ref]
         parts = [r for r in ok if r["arm"] == arm.name]

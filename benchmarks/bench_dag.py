@@ -18,10 +18,11 @@ from _results import (  # noqa: E402
     Measured,
     add_quiet_args,
     configure_quiet,
-    median_ci,
     quiet_main,
     write_csv,
 )
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 
 @quiet_main
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    med, lo, hi = median_ci(times)
+    med, lo, hi = median_interval(times, name="benchmark")
     print(f"{jobs}")
     print(
         f"snakemake -n ({' '.join(cmd[3:])}): median {med:.2f} s over {args.repeats} runs "

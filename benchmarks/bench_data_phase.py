@@ -38,10 +38,11 @@ from _results import (  # noqa: E402
     Measured,
     add_quiet_args,
     configure_quiet,
-    median_ci,
     quiet_main,
     write_csv,
 )
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 
 @quiet_main
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
                     if k == "gather":
                         host.append(t_host / steps)
             for k in kinds:
-                d, lo, hi = median_ci(res[k]["data"])
+                d, lo, hi = median_interval(res[k]["data"], name="benchmark")
                 rows.append(
                     {
                         "batch": B,

@@ -75,12 +75,13 @@ from _results import (  # noqa: E402
     add_quiet_args,
     configure_quiet,
     load_avg,
-    median_ci,
     merge_fields,
     warn_load,
     write_csv,
 )
 from _scaling_runner import Arm, Runner, base_config, build_data, candidates, hvd  # noqa: E402
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 CEILING_MAX = 1.05  # two 1-worker runs at once cannot beat twice one alone by more
 
@@ -154,7 +155,7 @@ def measure(runner: Runner, arm: Arm, batch: int, phase: str, rep: int, rows: li
 def summary_row(batch, metric, vals, arm, workers, note, loads) -> dict:
     """One figure: median and interval of ``vals`` with the fields of the runs behind it
     (their loads, the highest foreign CPU)."""
-    med, lo, hi = median_ci(vals)
+    med, lo, hi = median_interval(vals, name="benchmark")
     before = [p["load_before"] for p in loads]
     return {
         "batch": batch,

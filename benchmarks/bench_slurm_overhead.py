@@ -39,12 +39,13 @@ from _results import (  # noqa: E402
     Measured,
     add_quiet_args,
     configure_quiet,
-    median_ci,
     merge_fields,
     quiet_main,
     training_budget,
     write_csv,
 )
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 # the arm's processes outside this process tree: the daemons that run the SLURM paths' jobs
 SLURM_NAMES = ("slurmctld", "slurmd", "slurmstepd", "munged")
@@ -206,7 +207,7 @@ def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
         print(f"arrays round {i + 1}: {arms}", flush=True)
     rows = []
     for name, rounds in arms.items():
-        med, lo, hi = median_ci([r["wall_s"] for r in rounds])
+        med, lo, hi = median_interval([r["wall_s"] for r in rounds], name="benchmark")
         rows.append(
             {
                 "path": name,
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
         print(f"{'path':28s} {'median s':>9s} {'min-max s':>13s} {'overhead s':>11s}")
         rows = []
         for k, v in times.items():
-            med, lo, hi = median_ci(v)
+            med, lo, hi = median_interval(v, name="benchmark")
             share = 100 * (med - direct) / JOB_S
             print(
                 f"{k:28s} {med:9.1f} {min(v):6.1f}-{max(v):<6.1f} {med - direct:11.1f}"

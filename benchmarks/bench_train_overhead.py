@@ -43,10 +43,11 @@ from _results import (  # noqa: E402
     Measured,
     add_quiet_args,
     configure_quiet,
-    median_ci,
     quiet_main,
     write_csv,
 )
+
+from hvdscale.analysis.stats import median_interval  # noqa: E402
 
 
 @quiet_main
@@ -85,8 +86,8 @@ def main(argv=None) -> int:
     kbest = max(keras_cfg, key=lambda k: med[k])
     rows = []
     for k, v in res.items():
-        m, lo, hi = median_ci(v)
-        rm, rlo, rhi = median_ci([a / b for a, b in zip(v, res[kbest])])
+        m, lo, hi = median_interval(v, name="benchmark")
+        rm, rlo, rhi = median_interval([a / b for a, b in zip(v, res[kbest])], name="benchmark")
         kind = "keras" if k in keras_cfg else "hvdscale"
         rows.append(
             {
@@ -152,7 +153,7 @@ def overhead_row(res: dict, hvd_cfg: dict, args, fields: dict) -> dict:
     """``instrumentation_overhead``: epoch time with every k-th call instrumented over
     epoch time with none, minus 1, per round (paired); goal <= 0.02 (issue 17)."""
     per_round = [p / i - 1.0 for i, p in zip(res["inst"], res["plain"])]  # t_inst/t_plain - 1
-    m, lo, hi = median_ci(per_round)
+    m, lo, hi = median_interval(per_round, name="benchmark")
     print(
         f"  instrumentation overhead (instrument_every {args.instrument_every} vs 0): "
         f"{100 * m:.2f} % of epoch time (goal <= 2 %)"

@@ -18,7 +18,7 @@ from hvdscale.analysis.plots import FIGURES
 from hvdscale.cli import main
 from hvdscale.config import PROJECT_ROOT, run_table, validate_config
 from hvdscale.report import fmt
-from hvdscale.report.pdf import reference_rows
+from hvdscale.report.reference import reference_rows
 
 needs_poppler = pytest.mark.skipif(
     shutil.which("pdftotext") is None, reason="poppler-utils not installed"
@@ -244,7 +244,7 @@ def test_reference_rows_against_a_thesis_like_study(tmp_path):
     cfg = validate_config(raw)
     F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
     summary = aggregate(tmp_path / "runs", cfg).summary
-    rows = {r["quantity"]: r for r in reference_rows(summary)}
+    rows = {r["quantity"]: r for r in reference_rows(summary, cfg["references"])}
     alpha = rows["Speedup per GPU, Alpha (A100)"]
     g = summary[
         (summary.partition == "alpha")

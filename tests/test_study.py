@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from hvdscale.analysis.aggregate import aggregate
+from hvdscale.analysis.references import check_references, verdict
 from hvdscale.cli import main
 from hvdscale.config import ConfigError, load_config, run_table, validate_config
 from hvdscale.study.plan import format_plan, merged_config, plan
-from hvdscale.study.references import check_references, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"

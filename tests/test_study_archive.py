@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import yaml
 
 from hvdscale.analysis.figures import FIGURE_NAMES
 from hvdscale.config import allreduce_jobs, run_table
-from hvdscale.study.export import read_archive, rebuild
+from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
 from hvdscale.study.plan import merged_config
 
 # real Snakemake jobs (about a minute on an idle 2-core machine): the full suite
@@ -139,6 +140,9 @@ def test_rebuild_from_the_archive_alone_is_byte_identical(study, tmp_path):
     assert files[f"{RESULTS}/report.pdf"] == "identical"
     assert set(files.values()) == {"identical"}, files
     assert (tmp_path / "rebuilt" / RESULTS / "report.pdf").exists()
+    # the report rules themselves, run by Snakemake; nothing of the training stage
+    ran = set(re.findall(r"^(?:local)?rule (\w+):", "\n".join(out["log"]), re.M))
+    assert "build_report" in ran and ran <= set(REPORT_RULES), ran
 
     # a tampered record is detected: the products differ
     members = read_archive(archive)

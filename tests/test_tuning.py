@@ -216,9 +216,10 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
 
     matplotlib.use("Agg", force=True)
     from hvdscale.analysis.fig_accuracy import fig_speedup_ttt, fig_tune_heatmap
+    from hvdscale.analysis.references import references_of
 
-    fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None)
-    fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None)
+    fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None, references_of(None))
+    fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None, references_of(None))
 
 
 def test_rerun_records_never_enter_the_selection():

@@ -73,7 +73,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("hvdscale.analysis.plots", "draw the scaling figures (PDF and PNG)"),
     "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
     "check-references": (
-        "hvdscale.study.references",
+        "hvdscale.analysis.references",
         "compare measured values with the config's references (within/better/worse)",
     ),
     "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),

@@ -145,10 +145,6 @@ def install() -> None:
     signal.siginterrupt(signal.SIGUSR1, False)
 
 
-def received() -> bool:
-    return bool(_received)
-
-
 def stop_requested(worker, epoch: int, epochs_total: int) -> bool:
     """True on every rank when any rank got the warning and epochs are left (collective:
     every rank calls it at the same point; only inside SLURM jobs)."""

@@ -230,10 +230,9 @@ def allreduce_tables(wildcards):
 
 
 def config_files(wildcards):
-    """The config files of this invocation, in merge order (for the report's provenance)."""
-    return " ".join(
-        shlex.quote(os.path.relpath(str(p), workflow.basedir)) for p in workflow.configfiles
-    )
+    """The config files of this invocation, in merge order (for the report's provenance),
+    relative to the working directory (the project root; a rebuild's --directory)."""
+    return " ".join(shlex.quote(os.path.relpath(str(p), os.getcwd())) for p in workflow.configfiles)
 
 
 def model_bytes(wildcards):

@@ -63,6 +63,7 @@ rule fit_costmodel:
 
 rule plot_scaling:
     input:
+        config=f"{RESULTS}/config/full.json",
         runs=f"{RESULTS}/scaling/runs.csv",
         summary=f"{RESULTS}/scaling/summary.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
@@ -90,7 +91,8 @@ rule plot_scaling:
         caption=caption_values(CFG),
     shell:
         "{params.hvd} plot --runs {input.runs} --summary {input.summary} --epochs {input.epochs}"
-        " --costmodel {input.costmodel} --outdir {params.outdir} > {log} 2>&1"
+        " --costmodel {input.costmodel} --config {input.config} --outdir {params.outdir}"
+        " > {log} 2>&1"
 
 
 rule check_references:

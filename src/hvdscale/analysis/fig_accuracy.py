@@ -19,7 +19,7 @@ def _yerr(mid, lo, hi):
     return np.vstack([lo, hi]).clip(min=0)
 
 
-def fig_speedup_ttt(runs, summary, epochs, cm):
+def fig_speedup_ttt(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
 
     s = summary[summary["speedup_ttt"].notna()] if summary is not None else None
@@ -81,7 +81,7 @@ def _ttt_errorbar(ax, g, **style):
     )
 
 
-def fig_tune_heatmap(runs, summary, epochs, cm):
+def fig_tune_heatmap(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
 
     c = candidates(runs) if runs is not None else None

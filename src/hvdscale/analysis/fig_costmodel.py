@@ -151,7 +151,7 @@ def _panel_speedup(ax, pcol, cm, summary):
     ax.set_title(f"(c) speedup, batch {b}, LR {lr}", fontsize=8)
 
 
-def fig_costmodel(runs, summary, epochs, cm):
+def fig_costmodel(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 

@@ -18,10 +18,9 @@ from hvdscale.analysis.plotstyle import (
     workers_axis,
 )
 from hvdscale.analysis.select import NoData, config_order, main_batch, main_rows, pref_lr
-from hvdscale.report.fmt import REFERENCE
 
 
-def fig_speedup_efficiency(runs, summary, epochs, cm):
+def fig_speedup_efficiency(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
 
     if summary is None or summary.empty or summary["n_completed"].sum() == 0:
@@ -78,7 +77,7 @@ def fig_speedup_efficiency(runs, summary, epochs, cm):
     return fig
 
 
-def fig_sync_time(runs, summary, epochs, cm):
+def fig_sync_time(runs, summary, epochs, cm, refs):
     positive = None if summary is None else summary[summary["sync_step_s"] > 0]
     s, b, _ = main_rows(
         positive, "sync_step_s", "no completed run with a measured sync time", one_lr=False
@@ -109,9 +108,12 @@ def fig_sync_time(runs, summary, epochs, cm):
     return fig
 
 
-def fig_epoch_time_batch(runs, summary, epochs, cm):
+def fig_epoch_time_batch(runs, summary, epochs, cm, refs):
+    """Epoch time against the per-worker batch; the legend gives the epoch-time ratio
+    between the batches of the config's references.batch_epoch_speedup where measured."""
     import matplotlib.pyplot as plt
 
+    ref = refs.get("batch_epoch_speedup")
     if summary is None or summary.empty:
         raise NoData("no summary rows")
     s = summary[summary["epoch_time_s"].notna()]
@@ -131,8 +133,8 @@ def fig_epoch_time_batch(runs, summary, epochs, cm):
         g = g.sort_values("batch_per_worker")
         label = f"{part} {be}, {w} worker{'s' if w > 1 else ''}"
         bt = g.set_index("batch_per_worker")["epoch_time_s"]
-        b0, b1 = REFERENCE["batch_from"], REFERENCE["batch_to"]
-        if b0 in bt.index and b1 in bt.index:
+        if ref and ref["batch_from"] in bt.index and ref["batch_to"] in bt.index:
+            b0, b1 = ref["batch_from"], ref["batch_to"]
             label += f" (b{b0}->{b1}: {bt[b0] / bt[b1]:.1f}x)"
         yerr = np.vstack(
             [g["epoch_time_s"] - g["epoch_time_min_s"], g["epoch_time_max_s"] - g["epoch_time_s"]]
@@ -160,7 +162,7 @@ def fig_epoch_time_batch(runs, summary, epochs, cm):
     return fig
 
 
-def fig_utilisation(runs, summary, epochs, cm):
+def fig_utilisation(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
 
     s, b, lr = main_rows(summary, "utilisation", "no utilisation samples in the run records")

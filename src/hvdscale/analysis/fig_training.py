@@ -19,7 +19,7 @@ from hvdscale.analysis.plotstyle import (
 from hvdscale.analysis.select import NoData, main_batch, main_rows, pref_backend
 
 
-def fig_loss_vs_time(runs, summary, epochs, cm):
+def fig_loss_vs_time(runs, summary, epochs, cm, refs):
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -83,7 +83,7 @@ def fig_loss_vs_time(runs, summary, epochs, cm):
     return fig
 
 
-def fig_time_breakdown(runs, summary, epochs, cm):
+def fig_time_breakdown(runs, summary, epochs, cm, refs):
     from matplotlib.patches import Patch
 
     s, b, lr = main_rows(summary, "step_time_s", "no completed run with per-phase timing")

@@ -26,7 +26,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from hvdscale.config import PROJECT_ROOT, count_parameters, run_table
-from hvdscale.report.fmt import REFERENCE
 
 CAPTION_DIR = PROJECT_ROOT / "workflow" / "report"
 
@@ -35,7 +34,9 @@ CAPTION_DIR = PROJECT_ROOT / "workflow" / "report"
 class Figure:
     name: str
     title: str
-    draw: str  # "module:function"; the function takes (runs, summary, epochs, costmodel)
+    # "module:function"; the function takes (runs, summary, epochs, costmodel, references),
+    # references: the config's ``references``
+    draw: str
     section: str  # where the PDF report shows it: "results", "accuracy" or "costmodel"
 
     @property
@@ -117,7 +118,8 @@ def caption_values(cfg: dict | None) -> dict:
     runs = run_table(cfg)
     batches = sorted({r.batch for r in runs}) or [0]
     tgt = cfg["training"]["target"]
-    return {
+    ref = cfg["references"]["batch_epoch_speedup"] or {}
+    values = {
         "target": (
             f"validation loss {tgt['value']:g}"
             if tgt["mode"] == "absolute"
@@ -129,10 +131,12 @@ def caption_values(cfg: dict | None) -> dict:
         "max_extrapolation_workers": cfg["report"]["max_extrapolation_workers"],
         "batch_min": batches[0],
         "batch_max": batches[-1],
-        "ref_batch_from": REFERENCE["batch_from"],
-        "ref_batch_to": REFERENCE["batch_to"],
-        "ref_batch_speedup": f"{REFERENCE['batch_epoch_speedup']:.0f}",
     }
+    if ref:  # the reference study's batch question (config references.batch_epoch_speedup)
+        values["ref_batch_from"] = ref["batch_from"]
+        values["ref_batch_to"] = ref["batch_to"]
+        values["ref_batch_speedup"] = f"{ref['value']:.0f}"
+    return values
 
 
 def caption_rst(name: str, values: dict, caption_dir: Path = CAPTION_DIR) -> str:

@@ -1,14 +1,9 @@
 """Draw the scaling figures, each as PDF and PNG, into --outdir.
 
-Figures (fixed names, {outdir}/{name}.pdf and .png; the registry
-``hvdscale.analysis.figures`` lists them with their draw functions and captions):
-  speedup_efficiency  speedup and efficiency vs workers per partition, ideal line
-  sync_time           gradient synchronisation time per step vs workers, per backend
-  epoch_time_batch    epoch time vs per-worker batch size
-  loss_vs_time        test loss vs training wall-clock time per configuration
-  time_breakdown      data / compute / sync / update (/ other) time per step vs workers
-  utilisation         device utilisation vs workers
-  costmodel           allreduce fit, measured vs predicted sync time and speedup
+The figures are those of the registry ``hvdscale.analysis.figures`` (fixed names,
+{outdir}/{name}.pdf and .png, in its order; ``--only`` picks some), each drawn by its
+registry's draw function from runs.csv, summary.csv, epochs.csv, costmodel.json and the
+config's references (``--config``; without it the schema's defaults).
 
 Where the scaling sweep has several per-worker batch sizes, the worker-scaling figures
 use the batch size with the most worker counts; where it has several LR rules and only
@@ -18,7 +13,8 @@ same inputs give byte-identical files.
 
 Example
   hvdscale plot --runs results/scaling/runs.csv --summary results/scaling/summary.csv \\
-      --costmodel results/scaling/costmodel.json --outdir results/plots
+      --costmodel results/scaling/costmodel.json --config results/config/full.json \\
+      --outdir results/plots
 """
 
 from __future__ import annotations
@@ -30,7 +26,10 @@ from pathlib import Path
 
 from hvdscale.analysis.figures import BY_NAME, FIGURE_NAMES, Figure
 from hvdscale.analysis.plotstyle import STYLE, note_figure, save_figure, suptitle
+from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import NoData
+from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
+from hvdscale.config import load_config
 
 FIGURES = FIGURE_NAMES  # the names, in the registry's order
 
@@ -58,9 +57,10 @@ def draw_figure(figure: Figure, data: tuple, warn) -> tuple[object, str]:
 
 
 def plot_all(
-    runs, summary, epochs, cm, outdir: str | Path, names=None, warn=None
+    runs, summary, epochs, cm, outdir: str | Path, names=None, warn=None, refs=None
 ) -> dict[str, str]:
-    """Write every figure; returns {name: 'ok' | 'no data: reason' | 'error: ...'}."""
+    """Write every figure; returns {name: 'ok' | 'no data: reason' | 'error: ...'}.
+    ``refs``: the config's ``references`` (None: the schema's defaults)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -69,10 +69,12 @@ def plot_all(
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     warn = warn or (lambda msg: None)
+    refs = references_of(None) if refs is None else refs
+    data = (runs, summary, epochs, cm, refs)
     result = {}
     with plt.rc_context(STYLE):
         for name in names or FIGURES:
-            fig, result[name] = draw_figure(BY_NAME[name], (runs, summary, epochs, cm), warn)
+            fig, result[name] = draw_figure(BY_NAME[name], data, warn)
             save_figure(fig, outdir, name)
     return result
 
@@ -102,28 +104,27 @@ def add_arguments(p):
         "--epochs", help="per-epoch table (default: epochs.csv next to --runs; optional)"
     )
     p.add_argument("--costmodel", help="costmodel.json from 'hvdscale fit-costmodel' (optional)")
+    p.add_argument(
+        "--config",
+        help="the validated config JSON (results/config/full.json) for its references "
+        "(default: the schema's)",
+    )
     p.add_argument("--outdir", default="results/plots", help="(default: %(default)s)")
     p.add_argument("--only", nargs="*", choices=FIGURES, help="draw only these figures")
 
 
 def run(args) -> int:
-    from hvdscale.analysis.aggregate import (
-        default_epochs_path,
-        read_epochs,
-        read_runs,
-        read_summary,
-    )
-
     runs = read_runs(args.runs)
     summary = read_summary(args.summary)
     epath = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
     epochs = read_epochs(epath) if epath.exists() else None
     cm = load_costmodel(args.costmodel)
+    refs = references_of(load_config(args.config) if args.config else None)
 
     def warn(msg):
         print(f"hvdscale plot: warning: {msg}", file=sys.stderr)
 
-    result = plot_all(runs, summary, epochs, cm, args.outdir, names=args.only, warn=warn)
+    result = plot_all(runs, summary, epochs, cm, args.outdir, names=args.only, warn=warn, refs=refs)
     for name, st in result.items():
         if st != "ok":
             warn(f"{name}: {st}")

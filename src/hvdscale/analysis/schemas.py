@@ -1,4 +1,4 @@
-"""pandera schemas of the analysis tables (runs.csv, summary.csv, status.csv, epochs.csv)
+"""pandera schemas of the analysis tables (runs.csv, summary.csv)
 and of the allreduce sweep input (results/allreduce/*.csv).
 
 The run records are validated against ``workflow/schemas/run.schema.json`` first (one
@@ -21,7 +21,6 @@ from hvdscale.config import RUN_ID_PATTERN, parse_run_id
 BACKENDS = backends.names()  # the registry's (hvdscale.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]
 RECORD_STATUSES = ["completed", "nan_loss", "failed", "mislabelled"]
-STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
 SHARE_TOL = 1e-6
 
 
@@ -148,18 +147,6 @@ RUNS_SCHEMA = pa.DataFrameSchema(
     name="runs",
 )
 
-STATUS_SCHEMA = pa.DataFrameSchema(
-    {
-        "run_id": Column(str),
-        "status": Column(str, Check.isin(STATUSES)),
-        "in_config": Column(bool, coerce=True),
-        "workers": _int(1, nullable=True),
-        "repeat": _int(0, nullable=True),
-    },
-    strict=False,
-    name="status",
-)
-
 SUMMARY_SCHEMA = pa.DataFrameSchema(
     {
         **_CONFIG_COLUMNS,
@@ -210,7 +197,6 @@ SUMMARY_SCHEMA = pa.DataFrameSchema(
 )
 
 ALLREDUCE_COLUMNS = ["partition", "backend", "workers", "nodes", "bytes", "time_s"]  # required
-ALLREDUCE_OPTIONAL = ["p10_s", "p90_s", "algbw_Bps", "busbw_Bps"]
 # the names hvdscale measure-allreduce writes -> the names used here
 ALLREDUCE_ALIASES = {"p10": "p10_s", "p90": "p90_s", "algbw": "algbw_Bps", "busbw": "busbw_Bps"}
 

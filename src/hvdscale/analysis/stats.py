@@ -1,7 +1,8 @@
 """The project's one bootstrap: 95 % intervals over repeats on ``scipy.stats.bootstrap``.
 
-Used by the summary and tuning tables, the study checks (study/bootstrap.py: references,
-compare) and the benchmarks (benchmarks/_results.py).
+Used by the summary and tuning tables, the reference checks (analysis/references.py),
+the study comparison (study/compare.py) and the benchmarks; every interval comes from
+one call of ``scipy.stats.bootstrap`` (``_percentile``).
 
 Speedup S = median(T_baseline) / median(T_n) (Hoefler & Belli). One bootstrap replicate
 resamples the baseline's repeats too. Where both sides hold the same repeat indices the
@@ -98,6 +99,34 @@ def _from_log(x: float) -> float:
     return float(math.exp(x))
 
 
+def _percentile(
+    data,
+    statistic,
+    *,
+    rng: np.random.Generator,
+    paired: bool = False,
+    n_resamples: int = N_RESAMPLES,
+    level: float = LEVEL,
+):
+    """(lo, hi) of the percentile bootstrap interval of the vectorised ``statistic`` over
+    the samples ``data`` (last axis), resampled as pairs with ``paired``; the project's
+    one call of scipy.stats.bootstrap."""
+    from scipy import stats  # lazy: slow to import, and most importers never bootstrap
+
+    res = stats.bootstrap(
+        data,
+        statistic,
+        paired=paired,
+        vectorized=True,
+        axis=-1,
+        n_resamples=n_resamples,
+        confidence_level=level,
+        method="percentile",
+        rng=rng,
+    )
+    return res.confidence_interval
+
+
 def bootstrap_ratio(
     base,
     values,
@@ -110,22 +139,16 @@ def bootstrap_ratio(
     """(lo, hi) of the percentile bootstrap interval of median(base) / median(values)
     (arrays; with ``paired`` of equal length, element i of each from the same seed).
     Works on a batch too: arrays of shape (trials, n) give arrays of intervals."""
-    from scipy import stats
-
     base = np.asarray(base, dtype=float)
     values = np.asarray(values, dtype=float)
-    res = stats.bootstrap(
+    lo, hi = _percentile(
         (base, values),
         _log_ratio,
         paired=paired,
-        vectorized=True,
-        axis=-1,
         n_resamples=n_resamples,
-        confidence_level=level,
-        method="percentile",
+        level=level,
         rng=rng if rng is not None else rng_for("ratio"),
     )
-    lo, hi = res.confidence_interval
     if np.ndim(lo):
         return np.vectorize(_from_log)(lo), np.vectorize(_from_log)(hi)
     return _from_log(float(lo)), _from_log(float(hi))
@@ -205,25 +228,27 @@ def bootstrap_ci(
     ``stat`` is vectorised: it gets one array per group whose last axis holds the
     group's (resampled) values (reduce with ``axis=-1``). None where a group has fewer
     than ``min_repeats`` finite values or the interval is not finite."""
-    from scipy import stats
-
     arrays = [np.asarray([v for v in g if math.isfinite(v)], dtype=float) for g in groups]
     if not arrays or min(len(a) for a in arrays) < min_repeats:
         return None
-    res = stats.bootstrap(
+    ci = _percentile(
         arrays,
         lambda *gs, axis=-1: stat(list(gs)),
-        vectorized=True,
-        axis=-1,
         n_resamples=n_resamples,
-        confidence_level=level,
-        method="percentile",
+        level=level,
         rng=rng if rng is not None else rng_for("ci"),
     )
-    lo, hi = (float(x) for x in res.confidence_interval)
+    lo, hi = (float(x) for x in ci)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
     return lo, hi
+
+
+def intervals_overlap(a: tuple | None, b: tuple | None) -> bool | None:
+    """Whether two intervals overlap (None when either is missing)."""
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def _aligned(base_ids, ids) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -252,8 +277,6 @@ def product_interval(
     together (run i of a side keeps its epoch time and its epochs), pairs of repeats
     together where both sides hold the same repeat indices. Runs with a missing quantity
     must be dropped by the caller; +inf (censored) is allowed."""
-    from scipy import stats
-
     bcols = [np.asarray(c, dtype=float) for c in base]
     gcols = [np.asarray(c, dtype=float) for c in values]
     n_b, n_g = len(bcols[0]), len(gcols[0])
@@ -271,18 +294,8 @@ def product_interval(
         total = sum(_log_ratio(b[i], g[j]) for b, g in zip(bcols, gcols))
         return np.clip(total, -_BIG, _BIG)
 
-    res = stats.bootstrap(
-        (bi.astype(float), gi.astype(float)),
-        stat,
-        paired=paired,
-        vectorized=True,
-        axis=-1,
-        n_resamples=N_RESAMPLES,
-        confidence_level=LEVEL,
-        method="percentile",
-        rng=rng_for(name),
-    )
-    lo, hi = (float(x) for x in res.confidence_interval)
+    ci = _percentile((bi.astype(float), gi.astype(float)), stat, paired=paired, rng=rng_for(name))
+    lo, hi = (float(x) for x in ci)
     note = ""
     if min(n_b, n_g) < FEW_REPEATS:
         note = f"interval from fewer than {FEW_REPEATS} repeats: coverage below 95 %"

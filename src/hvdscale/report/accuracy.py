@@ -15,6 +15,7 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.analysis.figures import in_section
+from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import pref_lr
 from hvdscale.analysis.target import TOO_LOOSE, describe, target_spec, time_to
 from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
@@ -159,15 +160,17 @@ def batch_question(
     summary: pd.DataFrame,
     runs: pd.DataFrame | None,
     epochs: pd.DataFrame | None,
-    b0: int = 75,
-    b1: int = 1000,
+    ref: dict | None,
 ) -> str | None:
     """One sentence answering the reference study's question, from the data: the
     epoch-time speedup from batch b0 to b1 per worker (same partition, backend, workers,
     LR rule as configured) and, at the same target test loss (that of batch b0), the
-    time-to-target speedup after re-tuning (the best candidate of the sweep at b1)."""
-    if summary is None or summary.empty:
+    time-to-target speedup after re-tuning (the best candidate of the sweep at b1).
+    ``ref``: the config's references.batch_epoch_speedup (value, batch_from, batch_to);
+    None: no question."""
+    if summary is None or summary.empty or not ref:
         return None
+    b0, b1 = ref["batch_from"], ref["batch_to"]
     u = _untuned(summary)
     u = u[u["epoch_time_s"].notna()]
     best = None
@@ -186,7 +189,7 @@ def batch_question(
     text = (
         f"Batch {b0} -> {b1} per worker ({part}, {be}, {ws}, LR {x0['lr_rule']}): the epoch "
         f"is {fmt.speedup(x0['epoch_time_s'] / x1['epoch_time_s'])}x faster (reference "
-        f"study: {fmt.REFERENCE['batch_epoch_speedup']:.0f}x)"
+        f"study: {ref['value']:.0f}x)"
     )
     target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
@@ -290,7 +293,8 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
         factors_part(d, headline)
     else:
         _summary_table(d, r)
-    sentence = batch_question(summary, r.runs, getattr(r, "epochs", None))
+    ref = references_of(r.cfg)["batch_epoch_speedup"]
+    sentence = batch_question(summary, r.runs, getattr(r, "epochs", None), ref)
     if sentence:
         d.p(escape(sentence))
     for fig in in_section("accuracy"):

@@ -19,7 +19,7 @@ class ReportData:
     cm: dict | None
     plots_dir: Path
     captions: dict[str, str] = field(default_factory=dict)  # figure name -> markup
-    references: pd.DataFrame | None = None  # references.csv (hvdscale.study.references)
+    references: pd.DataFrame | None = None  # references.csv (hvdscale.analysis.references)
     epochs: pd.DataFrame | None = None  # epochs.csv (time to any target)
     tuned: pd.DataFrame | None = None  # tuned.csv (select_tuned); None: computed from runs
     systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section

@@ -1,5 +1,6 @@
 """Number formatting for the report tables (one place, so the tests can format a value
-exactly as the report prints it) and the reference study's numbers."""
+exactly as the report prints it). The reference study's numbers are the config's
+``references`` (hvdscale.analysis.references.references_of)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,6 @@ import math
 
 MISSING = "-"
 EN_DASH = "\u2013"
-
-# The reference study (the thesis this project reproduces)
-REFERENCE = {
-    "speedup_per_gpu": {"alpha": 0.53, "hpdlf": 0.57, "gpu2": 0.74},
-    "partition_label": {
-        "alpha": "Alpha (A100)",
-        "hpdlf": "HPDLF (RTX 2080 Ti)",
-        "gpu2": "GPU2 (K80)",
-    },
-    "sync_share": 0.28,
-    "data_share": 0.02,
-    "batch_epoch_speedup": 7.0,  # epoch time at batch 75 / epoch time at batch 1000
-    "batch_from": 75,
-    "batch_to": 1000,
-}
 
 
 def isnum(x) -> bool:

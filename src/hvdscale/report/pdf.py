@@ -34,10 +34,9 @@ from hvdscale.report.overview import (
     provenance_section,
     title_section,
 )
-from hvdscale.report.reference import reference_rows, reference_section  # noqa: F401
+from hvdscale.report.reference import reference_section
 from hvdscale.report.results import figures_section, results_section
 from hvdscale.report.systems_section import systems_section
-from hvdscale.study.references import references_section
 
 # The report, in order: each section is a function (Doc, ReportData) in its own module;
 # numbered sections number themselves (Doc.section).
@@ -50,7 +49,6 @@ SECTIONS = [
     accuracy_section,
     figures_section,
     reference_section,
-    references_section,
     costmodel_section,
     missing_section,
 ]
@@ -162,7 +160,8 @@ def add_arguments(p):
         "--provenance", help="optional provenance JSON (e.g. train env versions, hardware)"
     )
     p.add_argument(
-        "--references", help="references.csv (optional: the 'Against the references' section)"
+        "--references",
+        help="references.csv (optional: the verdicts in the reference study's section)",
     )
     p.add_argument(
         "--systems", help="systems.csv (optional: the 'System description' section per partition)"
@@ -209,9 +208,9 @@ def run(args) -> int:
     tuned = read_tuned(args.tuned) if args.tuned else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
+    from hvdscale.analysis.references import read_references
     from hvdscale.analysis.systems import read_systems
     from hvdscale.report.headline import read_headline, read_target
-    from hvdscale.study.references import read_references
 
     inputs["headline"] = read_headline(args.headline) if args.headline else None
     inputs["target"] = read_target(args.target) if args.target else None

@@ -1,10 +1,12 @@
-"""Planning, checking, comparing and archiving a whole study (issue 13).
+"""Top-level tools over a whole study (issue 13): planning, comparing, archiving.
 
 - ``plan``: the node-hour budget of a config before anything is submitted;
-- ``references``: reference values with tolerances and verdicts;
 - ``compare``: one study against another;
-- ``export``: one archive of a finished study, and the rebuild of its report.
+- ``export``: one archive of a finished study; ``rebuild``: its report rebuilt from it
+  through the workflow's report rules.
 
-The selection (``hvdscale.select``) and the machine description (``hvdscale.system``)
-live lower down: the core needs them.
+Lower down, because the core needs them: the selection (``hvdscale.select``), the
+machine description (``hvdscale.system``), the reference checks (values with tolerances
+and verdicts, ``hvdscale.analysis.references``) and the bootstrap
+(``hvdscale.analysis.stats``).
 """

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.stats import bootstrap_ci, intervals_overlap, rng_for
 from hvdscale.common import CONFIG_KEYS
 from hvdscale.errors import UserError
-from hvdscale.study.bootstrap import bootstrap_ci, intervals_overlap
 
 METRICS = {
     "epoch_time_s": "epoch time (s)",
@@ -111,7 +111,7 @@ def _metric(done: pd.DataFrame, key: tuple, metric: str) -> tuple[float | None, 
         xs = _samples(done, key, metric)
         if not xs:
             return None, None, 0
-        ci = bootstrap_ci([xs], lambda g: np.median(g[0], axis=-1))
+        ci = bootstrap_ci([xs], lambda g: np.median(g[0], axis=-1), rng=rng_for("study"))
         return float(np.median(xs)), ci, len(xs)
     workers = int(key[CONFIG_KEYS.index("workers")])
     base_key = tuple(1 if k == "workers" else v for k, v in zip(CONFIG_KEYS, key))
@@ -123,7 +123,8 @@ def _metric(done: pd.DataFrame, key: tuple, metric: str) -> tuple[float | None, 
         return np.median(g[0], axis=-1) / (workers * np.median(g[1], axis=-1))
 
     value = float(eff([np.array(t1), np.array(tn)]))
-    return value, bootstrap_ci([t1, tn], eff), min(len(t1), len(tn))
+    ci = bootstrap_ci([t1, tn], eff, rng=rng_for("study"))
+    return value, ci, min(len(t1), len(tn))
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -16,10 +16,11 @@
                     run records), {results}/plots/*.pdf|png, {results}/report.pdf
 
 ``hvdscale rebuild ARCHIVE --out DIR`` (``make report FROM=ARCHIVE``) extracts the
-inputs and config files into DIR and runs, in DIR and with the workflow env only (in
-this process), what the Snakemake rules run: aggregate, fit-costmodel, check-references,
-tabulate-systems, plot, report. It then compares every product with the archived bytes
-and exits 1 if one differs.
+inputs and config files into DIR and runs the report rules themselves there: Snakemake
+(the workflow env's) with the project's Snakefile, ``--directory DIR``, the archived
+config files, only the report-stage rules allowed (``REPORT_RULES``: no training, the
+archived run records are its inputs) and the archived products as targets. It then
+compares every product with the archived bytes and exits 1 if one differs.
 
 Example
   hvdscale export --config-file config/config.yaml --out study.tar.gz
@@ -28,15 +29,18 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
+import shlex
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
+from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import UserError
 
 FORMAT = 1
@@ -112,7 +116,7 @@ def export_study(
 ) -> dict:
     """Write the archive ``out``; returns its manifest."""
     from hvdscale.common import git_commit
-    from hvdscale.config import PROJECT_ROOT, config_hash
+    from hvdscale.config import config_hash
     from hvdscale.report.provenance import workflow_versions
     from hvdscale.system import collect_system
 
@@ -170,119 +174,61 @@ def read_archive(path) -> dict[str, bytes]:
     return out
 
 
-def _steps(cfg: dict, manifest: dict, allreduce: list[str]) -> list[list[str]]:
-    """The commands of the report rules (workflow/rules/report.smk), in their order
-    (tabulate-systems and the report's --systems only where the archive has systems.csv)."""
-    from hvdscale.config import count_parameters
+# the report stage of workflow/rules/report.smk (and tune.smk's checkpoint): the only rules
+# a rebuild runs; every other file (run records, allreduce tables, the validated config,
+# the target) is an archived input
+REPORT_RULES = (
+    "select_tuned",
+    "aggregate_runs",
+    "fit_costmodel",
+    "check_references",
+    "tabulate_systems",
+    "plot_scaling",
+    "build_report",
+)
 
-    r = manifest["results_dir"]
-    s = f"{r}/scaling"
-    has = set(manifest["products"]) | set(manifest.get("inputs", {}))
-    systems = f"{s}/systems.csv" in has
-    tabulate = ["tabulate-systems", "--runs-dir", f"{r}/runs", "--runs", f"{s}/runs.csv"]
-    tabulate += ["--out", f"{s}/systems.csv"]
-    target = f"{r}/{TARGET}" in has
-    tuned = f"{s}/tuned.csv" in manifest["products"]
-    headline = f"{s}/headline.csv" in manifest["products"]
-    select = ["select-tuned", "--runs-dir", f"{r}/runs", "--config", f"{r}/config/full.json"]
-    select += ["--target", f"{r}/{TARGET}", "--out", f"{s}/tuned.csv"]
-    steps = [
-        *([select] if tuned and target else []),
-        ["aggregate", "--runs-dir", f"{r}/runs", "--config", f"{r}/config/full.json"]
-        + ["--out-runs", f"{s}/runs.csv", "--out-summary", f"{s}/summary.csv"]
-        + ["--out-status", f"{s}/status.csv", "--out-epochs", f"{s}/epochs.csv"]
-        + (["--out-headline", f"{s}/headline.csv"] if headline else []),
-        ["fit-costmodel", "--allreduce", *allreduce, "--runs", f"{s}/runs.csv"]
-        + ["--summary", f"{s}/summary.csv", "--model-bytes", str(4 * count_parameters(cfg))]
-        + ["--max-workers", str(cfg["report"]["max_extrapolation_workers"])]
-        + ["--out", f"{s}/costmodel.json"],
-        ["check-references", "--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
-        + ["--summary", f"{s}/summary.csv", "--out", f"{s}/references.csv"],
-        *([tabulate] if systems else []),
-        ["plot", "--runs", f"{s}/runs.csv", "--summary", f"{s}/summary.csv"]
-        + ["--epochs", f"{s}/epochs.csv", "--costmodel", f"{s}/costmodel.json"]
-        + ["--outdir", f"{r}/plots"],
-        ["report", "--config-file", *manifest["config_files"]]
-        + ["--config", f"{r}/config/full.json", "--runs", f"{s}/runs.csv"]
-        + ["--summary", f"{s}/summary.csv", "--status", f"{s}/status.csv"]
-        + ["--costmodel", f"{s}/costmodel.json", "--plots-dir", f"{r}/plots"]
-        + ["--references", f"{s}/references.csv", "--epochs", f"{s}/epochs.csv"]
-        + (["--tuned", f"{s}/tuned.csv"] if tuned else [])
-        + (["--systems", f"{s}/systems.csv"] if systems else [])
-        + (["--headline", f"{s}/headline.csv"] if headline else [])
-        + (["--target", f"{r}/{TARGET}"] if target else [])
-        + ["--out", f"{r}/report.pdf"],
+
+def snakemake_command(manifest: dict, outdir: Path) -> list[str]:
+    """The Snakemake invocation that rebuilds the archived products in ``outdir``: the
+    project's Snakefile on the archived config files (results_dir as archived), only the
+    report rules allowed (and forced), the products as targets."""
+    return [
+        *(sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile")),
+        *("--directory", str(outdir), "--cores", "1"),
+        *("--configfiles", *(str(outdir / c) for c in manifest["config_files"])),
+        *("--config", f"results_dir={manifest['results_dir']}"),
+        *("--allowed-rules", *REPORT_RULES),
+        *("--forcerun", *REPORT_RULES),
+        *("--", *sorted(manifest["products"])),
     ]
-    return steps
 
 
-@contextlib.contextmanager
-def _inside(directory: Path, env: dict[str, str | None]):
-    """Run in ``directory`` with these environment variables (None: unset); restore."""
-    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
-    try:
-        os.chdir(directory)
-        _set_environ(env)
-        yield
-    finally:
-        os.chdir(old_cwd)
-        _set_environ(old_env)
-
-
-def _set_environ(env: dict[str, str | None]) -> None:
-    """Set these environment variables; unset those given as None."""
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-def _run_step(step: list[str]) -> str:
-    """One ``hvdscale`` command in this process (the workflow env); its output."""
-    from hvdscale.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        rc = main(step)
-    text = f"$ hvdscale {' '.join(step)}\n{buf.getvalue()}"
-    if rc != 0:
-        raise UserError(f"rebuild step 'hvdscale {step[0]}' failed:\n{text}")
-    return text
+def _unpack(members: dict[str, bytes], manifest: dict, outdir: Path) -> None:
+    """The archived inputs and config files at their paths in ``outdir``; no product."""
+    for name in [*manifest["inputs"], "MANIFEST.json", "system.json"]:
+        dest = outdir / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(members[name])
 
 
 def rebuild(archive, outdir) -> dict:
-    """Rebuild every product of ``archive`` in ``outdir``; returns
-    {"manifest", "files": {path: identical|differs|missing}, "log"}."""
-    from hvdscale.config import allreduce_jobs, validate_config
-
+    """Rebuild every product of ``archive`` in ``outdir`` with the report rules run by
+    Snakemake; returns {"manifest", "files": {path: identical|differs|missing}, "log"}."""
     members = read_archive(archive)
     manifest = json.loads(members["MANIFEST.json"])
     outdir = Path(outdir).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
-    r = manifest["results_dir"]
-    for name in manifest["inputs"]:
-        dest = outdir / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(members[name])
-    for name in ("MANIFEST.json", "system.json"):
-        (outdir / name).write_bytes(members[name])
-    cfg = validate_config(json.loads(members[f"{r}/config/full.json"]))
-    allreduce = [
-        f"{r}/allreduce/{j['id']}.csv"
-        for j in allreduce_jobs(cfg)
-        if f"{r}/allreduce/{j['id']}.csv" in manifest["inputs"]
-    ]
-    env = {"HVDSCALE_REPORT_COMMIT": manifest["git_commit"]}
-    env["SOURCE_DATE_EPOCH"] = manifest.get("source_date_epoch")
-    log = []
-    with _inside(outdir, env):
-        for step in _steps(cfg, manifest, allreduce):
-            if step[0] == "check-references" and (
-                f"{r}/scaling/references.csv" not in manifest["products"]
-            ):
-                continue
-            log.append(_run_step(step))
+    _unpack(members, manifest, outdir)
+    env = {**os.environ, "HVDSCALE_REPORT_COMMIT": manifest["git_commit"]}
+    env.pop("SOURCE_DATE_EPOCH", None)
+    env.pop("SNAKEMAKE_PROFILE", None)  # the rebuild runs here, never through a cluster profile
+    if manifest.get("source_date_epoch"):
+        env["SOURCE_DATE_EPOCH"] = manifest["source_date_epoch"]
+    cmd = snakemake_command(manifest, outdir)
+    proc = subprocess.run(cmd, cwd=outdir, env=env, capture_output=True, text=True)
+    log = f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    if proc.returncode != 0:
+        raise UserError(f"rebuild: the report rules failed (Snakemake):\n{log[-4000:]}")
     files = {}
     for name, digest in manifest["products"].items():
         p = outdir / name
@@ -290,7 +236,7 @@ def rebuild(archive, outdir) -> dict:
             files[name] = "missing"
         else:
             files[name] = "identical" if sha256(p.read_bytes()) == digest else "differs"
-    return {"manifest": manifest, "files": files, "log": log}
+    return {"manifest": manifest, "files": files, "log": [log]}
 
 
 def add_arguments(p):

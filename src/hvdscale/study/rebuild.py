@@ -1,6 +1,7 @@
-"""Rebuild every figure and the report of an archive written by ``hvdscale export``,
-with the workflow env only, and compare each product with the archived bytes (exit 1
-when one differs). See hvdscale.study.export.
+"""Rebuild every figure and the report of an archive written by ``hvdscale export`` by
+running the report rules with Snakemake (workflow env only, no training), and compare
+each product with the archived bytes (exit 1 when one differs). See
+hvdscale.study.export.
 
 Example
   hvdscale rebuild study.tar.gz --out rebuilt

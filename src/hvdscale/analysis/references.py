@@ -32,11 +32,17 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from hvdscale.study.bootstrap import bootstrap_ci
+from hvdscale.analysis.select import config_order, preferred_group, summary_batch
+from hvdscale.analysis.stats import bootstrap_ci, rng_for
+from hvdscale.analysis.tables import read_runs, read_summary
+from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
+from hvdscale.config import load_config, validate_config
+from hvdscale.io import atomic_path
 
 COLUMNS = [
     "quantity",
@@ -52,13 +58,17 @@ COLUMNS = [
     "configuration",
     "note",
 ]
-VERDICTS = ["within", "better", "worse", "inconclusive", "not measured"]
-LABELS = {
-    "speedup_per_gpu": "Speedup per GPU",
-    "sync_share": "Sync share of step time",
-    "data_share": "Data share of step time",
-    "batch_epoch_speedup": "Epoch speedup from larger batch",
-}
+
+
+def references_of(cfg: dict | None) -> dict:
+    """The config's ``references`` (validated, defaults filled); the schema's defaults
+    without a config."""
+    return (cfg if cfg is not None else validate_config({}))["references"]
+
+
+def _ci(groups, stat):
+    """The study checks' interval: hvdscale.analysis.stats.bootstrap_ci, seeded 'study'."""
+    return bootstrap_ci(groups, stat, rng=rng_for("study"))
 
 
 def verdict(measured, ci, reference: float, tolerance: float, better: str) -> str:
@@ -102,9 +112,6 @@ def _slope(workers: list[int], times: list[np.ndarray]) -> float:
 
 
 def _speedup(cfg_ref: dict, part: str, summary, done) -> dict:
-    from hvdscale.analysis.select import preferred_group, summary_batch
-    from hvdscale.common import GROUP_KEYS
-
     row = {"quantity": "speedup_per_gpu", "partition": part, "better": "higher"}
     if summary is None or summary.empty:
         return row
@@ -120,7 +127,7 @@ def _speedup(cfg_ref: dict, part: str, summary, done) -> dict:
     times = [_values(done, "epoch_time_s", **key, workers=w) for w in workers]
     row.update(
         measured=float(pick["speedup_per_gpu"]),
-        ci=bootstrap_ci(times, lambda t: _slope(workers, t)) if len(workers) >= 2 else None,
+        ci=_ci(times, lambda t: _slope(workers, t)) if len(workers) >= 2 else None,
         min_repeats=min((len(t) for t in times), default=0),
         configuration=f"{part}, {key['backend']}, batch {int(key['batch_per_worker'])}, "
         f"LR {key['lr_rule']}, n = {','.join(map(str, workers))}",
@@ -129,8 +136,6 @@ def _speedup(cfg_ref: dict, part: str, summary, done) -> dict:
 
 
 def _share(quantity: str, summary, done, multi: bool) -> dict:
-    from hvdscale.common import CONFIG_KEYS
-
     row = {"quantity": quantity, "partition": "", "better": "lower"}
     if summary is None or summary.empty or quantity not in summary:
         return row
@@ -142,7 +147,7 @@ def _share(quantity: str, summary, done, multi: bool) -> dict:
     groups = [_values(done, quantity, **{k: r[k] for k in CONFIG_KEYS}) for _, r in s.iterrows()]
     row.update(
         measured=float(s[quantity].median()),
-        ci=bootstrap_ci(groups, lambda gs: np.median([np.median(g, axis=-1) for g in gs], axis=0)),
+        ci=_ci(groups, lambda gs: np.median([np.median(g, axis=-1) for g in gs], axis=0)),
         min_repeats=min(len(g) for g in groups),
         configuration=f"median over {len(s)} "
         + ("multi-worker configurations" if multi else "configurations"),
@@ -150,22 +155,31 @@ def _share(quantity: str, summary, done, multi: bool) -> dict:
     return row
 
 
-def _batch(ref: dict, summary, done) -> dict:
-    from hvdscale.analysis.select import config_order
-
-    row = {"quantity": "batch_epoch_speedup", "partition": "", "better": "higher"}
-    if summary is None or summary.empty:
-        return row
-    b0, b1 = ref.get("batch_from", 75), ref.get("batch_to", 1000)
+def batch_pair(summary: pd.DataFrame, b0: int, b1: int):
+    """((partition, backend, lr_rule, workers), its summary rows by batch) of the
+    configuration measured at both per-worker batches b0 and b1 (fewest workers, then
+    the preferred backend and LR rule, then the partition's name); None without one."""
     e = summary[summary["epoch_time_s"].notna() & summary["batch_per_worker"].isin([b0, b1])]
     cands = []
     for key, g in e.groupby(["partition", "backend", "lr_rule", "workers"]):
         if {b0, b1} <= set(g["batch_per_worker"]):
             cands.append(((key[3], *config_order(key[1], key[2]), key[0]), key, g))
     if not cands:
+        return None
+    _, key, g = min(cands, key=lambda c: c[0])
+    return key, g.set_index("batch_per_worker")
+
+
+def _batch(ref: dict, summary, done) -> dict:
+    row = {"quantity": "batch_epoch_speedup", "partition": "", "better": "higher"}
+    if summary is None or summary.empty:
         return row
-    _, (part, be, lr, w), g = min(cands, key=lambda c: c[0])
-    t = g.set_index("batch_per_worker")["epoch_time_s"]
+    b0, b1 = ref["batch_from"], ref["batch_to"]
+    pair = batch_pair(summary, b0, b1)
+    if pair is None:
+        return row
+    (part, be, lr, w), bt = pair
+    t = bt["epoch_time_s"]
     match = dict(partition=part, backend=be, lr_rule=lr, workers=w)
     groups = [
         _values(done, "epoch_time_s", **match, batch_per_worker=b0),
@@ -174,7 +188,7 @@ def _batch(ref: dict, summary, done) -> dict:
     row.update(
         partition=part,
         measured=float(t[b0] / t[b1]),
-        ci=bootstrap_ci(groups, lambda gs: np.median(gs[0], axis=-1) / np.median(gs[1], axis=-1)),
+        ci=_ci(groups, lambda gs: np.median(gs[0], axis=-1) / np.median(gs[1], axis=-1)),
         min_repeats=min(len(x) for x in groups),
         configuration=f"{part}, {be}, LR {lr}, {w} worker(s), batch {b0} vs {b1}",
     )
@@ -220,16 +234,12 @@ def check_references(
 
 
 def read_references(path) -> pd.DataFrame | None:
-    from pathlib import Path
-
     if not path or not Path(path).exists():
         return None
     return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"partition": str})
 
 
 def write_references(df: pd.DataFrame, path) -> None:
-    from hvdscale.io import atomic_path
-
     with atomic_path(path, ".csv") as tmp:
         df.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n")
 
@@ -270,8 +280,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     if args.check:
         df = read_references(args.check)
         if df is None:
@@ -288,9 +296,6 @@ def run(args) -> int:
             Path(args.ok).write_text("no value worse than its reference\n")
         print(f"check-references: {len(df)} reference(s), none worse")
         return 0
-    from hvdscale.analysis.aggregate import read_runs, read_summary
-    from hvdscale.config import load_config
-
     if not args.config:
         raise SystemExit("hvdscale check-references: --config (or --check) is required")
     cfg = load_config(args.config)
@@ -305,40 +310,3 @@ def run(args) -> int:
         print("check-references: worse than the reference beyond the tolerance", file=sys.stderr)
         return 1
     return 0
-
-
-# --------------------------------------------------------------------------- report
-
-
-def references_section(d, r) -> None:
-    """The report's 'Against the references' section (references.csv, when given)."""
-    df = getattr(r, "references", None)
-    if df is None:
-        return
-    d.section("Against the references")
-    rows = []
-    for x in df.itertuples():
-        label = LABELS.get(x.quantity, x.quantity)
-        if isinstance(x.partition, str) and x.partition and x.quantity == "speedup_per_gpu":
-            label += f", {x.partition}"
-        m = "not measured" if pd.isna(x.measured) else f"{x.measured:.3g}"
-        ci = "-" if pd.isna(x.ci_low) else f"{x.ci_low:.3g} to {x.ci_high:.3g}"
-        rows.append(
-            [
-                d.cell(label),
-                m,
-                ci,
-                f"{x.reference:g} \u00b1 {x.tolerance:g}",
-                d.cell(x.verdict),
-                d.cell(x.configuration if isinstance(x.configuration, str) else ""),
-            ]
-        )
-    note = (
-        "Measured values against the config's references (key references; results/scaling/"
-        "references.csv). 95 % interval: percentile bootstrap over the repeats (baseline "
-        "included) where every group has 3 or more; '-' otherwise. Verdict better or worse "
-        "only when the whole interval (or, without one, the value) lies outside reference "
-        "\u00b1 tolerance; speedups higher, shares lower are better."
-    )
-    header = ["Quantity", "Measured", "95 % interval", "Reference", "Verdict", "Configuration"]
-    d.table(note, header, rows, [40, 17, 25, 22, 18, 58], align_right_from=1, keep=True)

@@ -1,0 +1,95 @@
+"""The reference values come from the config's ``references`` only (issue 18): the report's
+reference section, the batch question, the figure captions and the epoch-time figure
+follow a config that changes them; without a config, the schema's defaults (the
+reference study's figures)."""
+
+from __future__ import annotations
+
+import fixtures_runs as F
+
+from hvdscale.analysis.aggregate import aggregate
+from hvdscale.analysis.figures import caption_values
+from hvdscale.analysis.references import references_of
+from hvdscale.config import validate_config
+from hvdscale.report.accuracy import batch_question
+from hvdscale.report.reference import reference_rows
+
+OWN = {
+    "speedup_per_gpu": {"local": {"value": 0.9, "tolerance": 0.1}},
+    "sync_share": None,
+    "data_share": {"value": 0.1, "tolerance": 0.05},
+    "batch_epoch_speedup": {"value": 3.0, "tolerance": 1.0, "batch_to": 150},
+}
+
+
+def own_config() -> dict:
+    return validate_config(
+        {
+            "training": {"max_epochs": 4, "warmup_epochs": 1, "repeats": 1},
+            "scaling": {
+                "sweeps": [
+                    {
+                        "partitions": ["local"],
+                        "workers": [1, 2],
+                        "backends": ["gloo"],
+                        "batch_sizes": [75, 150],
+                        "lr_rules": ["none"],
+                    }
+                ],
+                "tune": None,
+            },
+            "references": OWN,
+        }
+    )
+
+
+def test_without_a_config_the_schema_defaults_are_the_reference_study():
+    refs = references_of(None)
+    assert refs["speedup_per_gpu"]["alpha"]["value"] == 0.53
+    assert refs["batch_epoch_speedup"] == {
+        "value": 7.0,
+        "tolerance": 1.0,
+        "batch_from": 75,
+        "batch_to": 1000,
+    }
+    quantities = [r["quantity"] for r in reference_rows(None, refs)]
+    assert quantities[0] == "Speedup per GPU, Alpha (A100)"
+    assert "Epoch speedup from batch 75 to 1000" in quantities
+
+
+def test_report_and_captions_follow_the_config(tmp_path):
+    cfg = own_config()
+    refs = cfg["references"]
+    assert refs["batch_epoch_speedup"]["batch_from"] == 75  # the schema's default filled in
+    F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
+    summary = aggregate(tmp_path / "runs", cfg).summary
+    rows = {r["quantity"]: r for r in reference_rows(summary, refs)}
+    assert list(rows)[0] == "Speedup per GPU, local"  # a partition of its own: its name
+    assert rows["Speedup per GPU, local"]["reference"] == "0.90"
+    assert rows["Speedup per GPU, local"]["ours"] != "not measured"
+    assert not any("Alpha" in q or "synchronisation" in q for q in rows)  # null: no row
+    assert rows["Share of epoch time in data loading"]["reference"] == "10 %"
+    batch = rows["Epoch speedup from batch 75 to 150"]
+    assert batch["reference"] == "3x" and batch["ours"].endswith("x")
+    sentence = batch_question(summary, None, None, refs["batch_epoch_speedup"])
+    assert sentence.startswith("Batch 75 -> 150 per worker") and "(reference study: 3x)" in sentence
+    assert batch_question(summary, None, None, None) is None
+    values = caption_values(cfg)
+    assert (values["ref_batch_from"], values["ref_batch_to"]) == (75, 150)
+    assert values["ref_batch_speedup"] == "3"
+
+
+def test_epoch_time_figure_labels_the_configured_batches(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from hvdscale.analysis.fig_scaling import fig_epoch_time_batch
+
+    cfg = own_config()
+    F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
+    agg = aggregate(tmp_path / "runs", cfg)
+    fig = fig_epoch_time_batch(agg.runs, agg.summary, agg.epochs, None, cfg["references"])
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels and all("(b75->150: " in label for label in labels)
+    fig = fig_epoch_time_batch(agg.runs, agg.summary, agg.epochs, None, references_of(None))
+    assert not any("->" in label for label in fig.axes[0].get_legend_handles_labels()[1])
