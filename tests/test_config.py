@@ -307,7 +307,7 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
 
 
 def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edits():
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     cfg = load_config(ROOT / "config/thesis.yaml")
     ids = [job["id"] for job in allreduce_jobs(cfg)]

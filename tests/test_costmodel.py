@@ -286,7 +286,7 @@ def test_config_asks_for_sweeps_over_rank_and_node_counts():
 
     from hvdscale.config import allreduce_jobs, validate_config
     from hvdscale.errors import ConfigError, UserError
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     cfg = yaml.safe_load((F.PROJECT_ROOT / ".test" / "slurm-costmodel.yaml").read_text())
     cfg = validate_config(cfg)

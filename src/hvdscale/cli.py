@@ -48,7 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.calibration",
         "the study's target validation loss (absolute, or from the calibration runs)",
     ),
-    "launch": ("hvdscale.launch", "start one training run as N ranks (horovodrun, mpirun or srun)"),
+    "launch": (
+        "hvdscale.launch.command",
+        "start one training run as N ranks (horovodrun, mpirun or srun)",
+    ),
     "train": ("hvdscale.train", "train one run (one rank; started by 'launch' or a launcher)"),
     "measure-allreduce": (
         "hvdscale.allreduce",

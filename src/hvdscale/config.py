@@ -20,8 +20,8 @@ from hvdscale.errors import ConfigError
 
 # the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
 # slots_per_node and nodes_for stay importable from here
-from hvdscale.jobspec import nodes_for as nodes_for
-from hvdscale.jobspec import slots_per_node as slots_per_node
+from hvdscale.launch.jobspec import nodes_for as nodes_for
+from hvdscale.launch.jobspec import slots_per_node as slots_per_node
 from hvdscale.runkinds import rerun_runs, target_config
 
 # the run table (scaling matrix, run ids, per-run config slices) lives in

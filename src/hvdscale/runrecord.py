@@ -256,8 +256,8 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
 
 def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
     """The record config's model, Horovod and step settings."""
+    from hvdscale.launch.site_settings import nccl_env_now
     from hvdscale.model import model_bytes
-    from hvdscale.site_settings import nccl_env_now
 
     tcfg = cfg["training"]
     return dict(

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
+from hvdscale.launch.jobspec import JobSpec, nodes_for, workers_per_node_for
 
 # run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
 #         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
@@ -229,7 +229,7 @@ def _make_run(
     repeat: int,
     **extra,
 ) -> Run:
-    """A run on partition ``part`` (its config section), laid out by hvdscale.jobspec;
+    """A run on partition ``part`` (its config section), laid out by hvdscale.launch.jobspec;
     ``extra``: the candidate (lr_mult, tune_warmup), kind and seed_base."""
     return Run(
         partition=partition,

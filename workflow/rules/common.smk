@@ -30,7 +30,8 @@ from hvdscale.config import (
     target_config,
     validate_config,
 )
-from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch.launchspec import default_train_python
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
 # means no tuning sweep; Snakemake's validate() fills defaults only into mappings
@@ -77,7 +78,6 @@ HVD = "python -m hvdscale.cli" if USE_CONDA else f"{sys.executable} -m hvdscale.
 # `hvdscale launch` always runs in Snakemake's own env; the ranks it starts run in the
 # train env (venv, env-modules or the conda env of train_run/measure_allreduce)
 LAUNCH = f"{sys.executable} -m hvdscale.cli"
-DEPLOYMENT = CFG["environment"]["deployment"]
 TRAIN_MODULES = CFG["environment"]["modules"]
 TRAIN_CONDA_ENV = CFG["environment"]["conda_env"]
 
@@ -121,9 +121,7 @@ def full_config_json(wildcards):
 
 def train_python(wildcards):
     """The train env's interpreter: the venv, or `python` of the loaded modules/conda env."""
-    if DEPLOYMENT == "venv":
-        return f"{workflow.basedir}/{CFG['environment']['venv']}/bin/python"
-    return "python"
+    return default_train_python(CFG, workflow.basedir)
 
 
 def launcher(wildcards):

@@ -225,7 +225,7 @@ def job_shapes(cfg: dict) -> list[dict]:
     first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras).
     Calibration runs (kind cal) are not in a shape: every submission needs the target,
     so the first one to start runs them, as single jobs."""
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     shapes: dict[tuple, dict] = {}
     for r in run_table(cfg):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdscale import timelimit
+from hvdscale.launch import timelimit
 from hvdscale.runrecord import epoch_entry, finite_or_none
 from hvdscale.train.checkpoint import Checkpointer, ResumeState
 from hvdscale.train.metrics import EpochMetrics

@@ -14,11 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from hvdscale import timelimit
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, find_run, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
+from hvdscale.launch import timelimit
 from hvdscale.runrecord import (
     build_record,
     environment_block,
