@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.launch.command",
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
-    "train": ("hvdscale.train", "train one run (one rank; started by 'launch' or a launcher)"),
+    "train": ("hvdscale.train.main", "train one run (one rank; started by 'launch' or a launcher)"),
     "measure-allreduce": (
         "hvdscale.allreduce",
         "time Horovod allreduce over a range of message sizes",
