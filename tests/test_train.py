@@ -33,6 +33,7 @@ from conftest_train import (
     write_config,
 )
 
+from hvdscale.config import validate_config
 from hvdscale.errors import DataError, UserError
 from hvdscale.model import check_parameter_count, model_bytes, parameter_count
 from hvdscale.timing import PHASES
@@ -40,6 +41,7 @@ from hvdscale.train.checkpoint import ResumeState
 from hvdscale.train.data import plan_rows, steps_per_epoch
 from hvdscale.train.fault import FaultDelay
 from hvdscale.train.metrics import EpochMetrics
+from hvdscale.train.step import build_step_program
 from hvdscale.worker import WorkerInfo
 
 # --------------------------------------------------------------------------- unit
@@ -129,6 +131,33 @@ def test_fault_delay_setting(text, phase, seconds):
 def test_a_bad_fault_delay_is_a_clear_error(text):
     with pytest.raises(UserError, match="HVDSCALE_FAULT_DELAY"):
         FaultDelay.parse(text)
+
+
+def test_the_step_program_factory_takes_the_training_section_settings():
+    class Recorded:  # stands in for StepProgram (whose constructor needs TensorFlow)
+        def __init__(self, **kw):
+            self.kw = kw
+
+    tcfg = validate_config({})["training"]
+    tcfg["horovod"].update(compression="fp16", backward_passes_per_step=2)
+    fault = FaultDelay.parse("sync:0.01")
+    p = build_step_program(
+        "model", "opt", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), val=(5, 6),
+        batch=8, device="/cpu:0", fault=fault, program=Recorded,
+    )  # fmt: skip
+    assert p.kw == {
+        **dict(model="model", optimizer="opt", worker=WorkerInfo(), batch=8, device="/cpu:0"),
+        **dict(x_train=1, y_train=2, x_test=3, y_test=4, x_val=5, y_val=6, fault=fault),
+        "in_device_memory": tcfg["data_in_device_memory"],
+        "compression": "fp16",
+        "backward_passes_per_step": 2,
+    }
+    p = build_step_program(
+        "m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8, device="d",
+        in_device_memory=not tcfg["data_in_device_memory"], program=Recorded,
+    )  # fmt: skip
+    assert p.kw["in_device_memory"] is not tcfg["data_in_device_memory"]
+    assert (p.kw["x_val"], p.kw["y_val"], p.kw["fault"]) == (None, None, None)
 
 
 # --------------------------------------------------------------------------- runs
