@@ -21,7 +21,8 @@ from hvdscale.analysis.aggregate import (
     read_summary,
 )
 from hvdscale.cli import main
-from hvdscale.config import run_table, validate_config
+from hvdscale.config import validate_config
+from hvdscale.runtable import run_table
 
 SAMPLES = 30000
 

@@ -9,20 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale.config import (
-    ConfigError,
+from hvdscale.config import count_parameters, load_config, validate_config
+from hvdscale.errors import ConfigError, UserError
+from hvdscale.runtable import (
     allreduce_config,
     allreduce_jobs,
-    count_parameters,
     find_run,
     learning_rate_for,
-    load_config,
     parse_run_id,
     run_config,
     run_table,
-    validate_config,
 )
-from hvdscale.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

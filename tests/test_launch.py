@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
 
-from hvdscale.config import allreduce_config, validate_config
+from hvdscale.config import validate_config
 from hvdscale.errors import UserError
 from hvdscale.launch.command import describe_failure, job_for
 from hvdscale.launch.jobspec import JobSpec
@@ -23,6 +23,7 @@ from hvdscale.launch.launchspec import (
     default_train_python,
     horovod_env,
 )
+from hvdscale.runtable import allreduce_config
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
 T = {

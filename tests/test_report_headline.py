@@ -175,7 +175,7 @@ def test_censored_median_and_every_time_to_target():
 
 
 def test_method_text_states_the_rules():
-    from hvdscale.config import PROJECT_ROOT
+    from hvdscale.common import PROJECT_ROOT
     from hvdscale.report.method import equal_accuracy_bullets
 
     cfg = {

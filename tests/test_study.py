@@ -19,7 +19,9 @@ import yaml
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.cli import main
-from hvdscale.config import ConfigError, load_config, run_table, validate_config
+from hvdscale.config import load_config, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import run_table
 from hvdscale.study.plan import format_plan, merged_config, plan
 from hvdscale.study.references import check_references, verdict
 

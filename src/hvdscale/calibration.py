@@ -66,7 +66,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
     may be empty, in absolute mode). Raises UserError naming a calibration run that
     has no record, did not complete, or has no validation loss.
     """
-    from hvdscale.config import calibration_runs
+    from hvdscale.runtable import calibration_runs
 
     tgt = cfg["training"]["target"]
     if tgt["mode"] == "absolute":

@@ -15,20 +15,17 @@ from snakemake.settings.types import DeploymentMethod
 os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.common import ALLREDUCE_ID_WILDCARD
-from hvdscale.config import (
-    ConfigError,
+from hvdscale.config import count_parameters, data_section, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runkinds import rerun_runs, target_config
+from hvdscale.runtable import (
     RUN_ID_WILDCARD,
     allreduce_config,
     allreduce_jobs,
-    count_parameters,
-    data_section,
     find_run,
     parse_run_id,
-    rerun_runs,
     run_config,
     run_table,
-    target_config,
-    validate_config,
 )
 from hvdscale.launch.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python

@@ -80,8 +80,9 @@ from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the reader
     read_summary,
     write_csv,
 )
-from hvdscale.config import config_hash, load_config, run_table
+from hvdscale.config import config_hash, load_config
 from hvdscale.errors import UserError
+from hvdscale.runtable import run_table
 
 
 @dataclass
@@ -161,7 +162,8 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
 
 def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
     """Whether ``run_id`` is a re-run (kind rerun) of a tuning candidate of the config."""
-    from hvdscale.config import ConfigError, find_run
+    from hvdscale.errors import ConfigError
+    from hvdscale.runtable import find_run
 
     if "_rerun_r" not in run_id:
         return False

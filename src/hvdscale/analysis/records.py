@@ -20,7 +20,9 @@ from hvdscale.analysis.columns import (
     STATUS_COLUMNS,
     STATUS_CONFIG_FIELDS,
 )
-from hvdscale.config import RUN_SCHEMA, ConfigError, parse_run_id
+from hvdscale.config import RUN_SCHEMA
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import parse_run_id
 
 # ----------------------------------------------------------------------------- validation
 

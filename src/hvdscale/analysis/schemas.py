@@ -15,7 +15,7 @@ import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS  # noqa: F401 (re-exported)
-from hvdscale.config import RUN_ID_PATTERN, parse_run_id
+from hvdscale.runtable import RUN_ID_PATTERN, parse_run_id
 
 BACKENDS = ["nccl", "mpi", "gloo"]
 LR_RULES = ["none", "linear", "sqrt"]

@@ -162,7 +162,8 @@ def load_data_config(path: str | Path) -> dict:
     data section ``{"seed": ..., "data": {...}}`` is returned. Errors are ConfigError
     (a UserError-like message naming the file and the key).
     """
-    from hvdscale.config import ConfigError, data_section, read_config_file, validate_config
+    from hvdscale.config import data_section, read_config_file, validate_config
+    from hvdscale.errors import ConfigError
 
     path = Path(path)
     raw = read_config_file(path)

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from hvdscale.common import EXIT_NAN
-from hvdscale.config import find_run, load_config
+from hvdscale.config import load_config
 from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm, timelimit
 from hvdscale.launch.jobspec import JobSpec
@@ -57,6 +57,7 @@ from hvdscale.launch.launchspec import (
     build_launch,
     default_train_python,
 )
+from hvdscale.runtable import find_run
 
 
 def companion(python: str, tool: str) -> str:

@@ -111,8 +111,8 @@ def export_study(
     out, *, config_files: list[str], results: str = "results", root: str | Path = "."
 ) -> dict:
     """Write the archive ``out``; returns its manifest."""
-    from hvdscale.common import git_commit
-    from hvdscale.config import PROJECT_ROOT, config_hash
+    from hvdscale.common import PROJECT_ROOT, git_commit
+    from hvdscale.config import config_hash
     from hvdscale.report.provenance import workflow_versions
     from hvdscale.study.system import collect_system
 
@@ -254,7 +254,8 @@ def _run_step(step: list[str]) -> str:
 def rebuild(archive, outdir) -> dict:
     """Rebuild every product of ``archive`` in ``outdir``; returns
     {"manifest", "files": {path: identical|differs|missing}, "log"}."""
-    from hvdscale.config import allreduce_jobs, validate_config
+    from hvdscale.config import validate_config
+    from hvdscale.runtable import allreduce_jobs
 
     members = read_archive(archive)
     manifest = json.loads(members["MANIFEST.json"])

@@ -38,7 +38,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.config import allreduce_jobs, rerun_runs, run_table, tune_runs
+from hvdscale.runkinds import rerun_runs
+from hvdscale.runtable import allreduce_jobs, run_table, tune_runs
 
 
 @dataclass
@@ -343,7 +344,8 @@ def add_arguments(ap):
 
 def merged_config(paths, select=None) -> dict:
     """Config files merged like Snakemake (mappings merge, lists replace), validated."""
-    from hvdscale.config import ConfigError, read_config_file, validate_config
+    from hvdscale.config import read_config_file, validate_config
+    from hvdscale.errors import ConfigError
 
     merged: dict = {}
     for path in paths:

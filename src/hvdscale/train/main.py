@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from hvdscale.common import EXIT_NAN
-from hvdscale.config import config_hash, find_run, load_config
+from hvdscale.config import config_hash, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
 from hvdscale.launch import timelimit
@@ -53,6 +53,7 @@ from hvdscale.runrecord import (
     utc_now,
     write_run_outputs,
 )
+from hvdscale.runtable import find_run
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdscale.config import learning_rate_for
+from hvdscale.runtable import learning_rate_for
 
 
 class WarmupSchedule:
