@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hvdscale.analysis.costmodel import fit_costmodel, fit_ring, ring_time
+from hvdscale.analysis.costmodel import fit_costmodel
+from hvdscale.analysis.costmodel_links import fit_ring, ring_time
 from hvdscale.cli import main
 
 MODEL_BYTES = 153441 * 4

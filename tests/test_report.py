@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
 
-from hvdscale.analysis.aggregate import aggregate, read_summary
+from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.plots import FIGURES
+from hvdscale.analysis.tables import read_summary
 from hvdscale.cli import main
 from hvdscale.common import PROJECT_ROOT
 from hvdscale.config import validate_config

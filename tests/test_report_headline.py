@@ -226,7 +226,7 @@ def rendered(tmp_path_factory):
     import fixtures_runs as F
     from test_report import CONFIG_FILE, pipeline
 
-    from hvdscale.analysis.aggregate import read_runs, read_status
+    from hvdscale.analysis.tables import read_runs, read_status
     from hvdscale.cli import main
 
     root = tmp_path_factory.mktemp("headline")

@@ -10,21 +10,20 @@ import re
 
 import pytest
 
+from hvdscale.common import git_commit
 from hvdscale.runrecord import (
     HISTORY_COLUMNS,
     RecordError,
     environment_block,
     finite_or_none,
-    git_commit,
     history_csv,
     mpi_version,
     read_record,
-    summarise,
-    time_to_target,
     validate_record,
     write_failure,
     write_run_outputs,
 )
+from hvdscale.runsummary import summarise, time_to_target
 from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 

@@ -21,16 +21,14 @@ from pathlib import Path
 
 from hvdscale.common import (
     EXIT_NAN,
-    git_commit,  # noqa: F401 (re-exported for tests)
+    git_commit,
 )
 from hvdscale.config import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.runsummary import (  # noqa: F401 (re-exported)
+from hvdscale.runsummary import (
     noise_scale_block,
     summarise,
     target_block,
-    target_epoch,
-    time_to_target,
 )
 from hvdscale.timing import TIMING_METHOD, instrumentation_block
 

@@ -57,14 +57,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from hvdscale.analysis.columns import (  # noqa: F401 (the tables' columns, re-exported)
+from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
     RUNS_COLUMNS,
-    STATUS_COLUMNS,
     STATUSES,
-    SUMMARY_COLUMNS,
 )
-from hvdscale.analysis.records import (  # noqa: F401 (re-exported)
+from hvdscale.analysis.records import (
     RecordValidator,
     read_run_dir,
     record_row,
@@ -72,12 +70,8 @@ from hvdscale.analysis.records import (  # noqa: F401 (re-exported)
     validate_runs,
 )
 from hvdscale.analysis.summary import summarise
-from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the readers)
+from hvdscale.analysis.tables import (
     default_epochs_path,
-    read_epochs,
-    read_runs,
-    read_status,
-    read_summary,
     write_csv,
 )
 from hvdscale.config import config_hash, load_config

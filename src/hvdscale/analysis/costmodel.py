@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.costmodel_links import (  # noqa: F401  (fit_ring, ring_time: API)
+from hvdscale.analysis.costmodel_links import (
     BETWEEN,
     FORMULA_LINKS,
     INSIDE,
@@ -402,7 +402,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.aggregate import read_runs, read_summary
+    from hvdscale.analysis.tables import read_runs, read_summary
 
     if args.max_workers < 1:
         raise UserError(f"--max-workers {args.max_workers}: expected a positive integer")

@@ -107,12 +107,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.aggregate import (
-        default_epochs_path,
-        read_epochs,
-        read_runs,
-        read_summary,
-    )
+    from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
 
     runs = read_runs(args.runs)
     summary = read_summary(args.summary)

@@ -14,7 +14,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
-from hvdscale.common import CONFIG_KEYS, GROUP_KEYS  # noqa: F401 (re-exported)
+from hvdscale.common import CONFIG_KEYS
 from hvdscale.runtable import RUN_ID_PATTERN, parse_run_id
 
 BACKENDS = ["nccl", "mpi", "gloo"]

@@ -288,7 +288,7 @@ def run(args) -> int:
             Path(args.ok).write_text("no value worse than its reference\n")
         print(f"check-references: {len(df)} reference(s), none worse")
         return 0
-    from hvdscale.analysis.aggregate import read_runs, read_summary
+    from hvdscale.analysis.tables import read_runs, read_summary
     from hvdscale.config import load_config
 
     if not args.config:
