@@ -11,12 +11,11 @@ import re
 import pytest
 
 from hvdscale.common import git_commit
+from hvdscale.history import HISTORY_COLUMNS, history_csv
 from hvdscale.runrecord import (
-    HISTORY_COLUMNS,
     RecordError,
     environment_block,
     finite_or_none,
-    history_csv,
     mpi_version,
     read_record,
     validate_record,

@@ -8,8 +8,6 @@ aggregation), and the launcher writes failure.json with it.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -24,6 +22,7 @@ from hvdscale.common import (
     git_commit,
 )
 from hvdscale.config import RUN_SCHEMA
+from hvdscale.history import history_csv
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.runsummary import (
     noise_scale_block,
@@ -33,29 +32,6 @@ from hvdscale.runsummary import (
 from hvdscale.timing import TIMING_METHOD, instrumentation_block
 
 SCHEMA_VERSION = 1
-HISTORY_COLUMNS = [
-    "epoch",
-    "warmup",
-    "wall_s",
-    "steps",
-    "samples",
-    "throughput",
-    "time_data_s",
-    "time_compute_s",
-    "time_sync_s",
-    "time_update_s",
-    "time_other_s",
-    "time_dispatch_s",
-    "time_train_s",
-    "time_eval_s",
-    "train_loss",
-    "val_loss",
-    "test_loss",
-    "elapsed_s",
-    "utilisation_mean",
-    "learning_rate",
-    "attempt",
-]
 
 
 class RecordError(ValueError):
@@ -386,23 +362,6 @@ def validate_record(record: dict) -> None:
             for e in errors[:20]
         ]
         raise RecordError("run record does not match run.schema.json:\n  " + "\n  ".join(lines))
-
-
-def history_csv(epochs: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(
-        buf, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n"
-    )
-    writer.writeheader()
-    for ep in epochs:
-        row = {k: ep.get(k) for k in HISTORY_COLUMNS}
-        for k, v in row.items():
-            if v is None:
-                row[k] = ""
-            elif isinstance(v, bool):
-                row[k] = int(v)
-        writer.writerow(row)
-    return buf.getvalue()
 
 
 def write_run_outputs(out_dir: str | Path, record: dict) -> Path:
