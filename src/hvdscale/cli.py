@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from hvdscale import __version__
+from hvdscale.errors import UserError
 
 # name -> (module, one-line help). The order is the pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -132,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hvdscale {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # user-facing errors carry their own clear message
-        from hvdscale.errors import UserError
-
         if isinstance(exc, (UserError, CLIError)):
             print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
             return 2

@@ -24,6 +24,8 @@ from hvdscale.common import (
 from hvdscale.config import RUN_SCHEMA
 from hvdscale.history import history_csv
 from hvdscale.io import write_json_atomic, write_text_atomic
+from hvdscale.launch.site_settings import nccl_env_now
+from hvdscale.model import model_bytes
 from hvdscale.runsummary import (
     noise_scale_block,
     summarise,
@@ -230,9 +232,6 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
 
 def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
     """The record config's model, Horovod and step settings."""
-    from hvdscale.launch.site_settings import nccl_env_now
-    from hvdscale.model import model_bytes
-
     tcfg = cfg["training"]
     return dict(
         model_parameters=model_parameters,

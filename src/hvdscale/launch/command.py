@@ -57,6 +57,7 @@ from hvdscale.launch.launchspec import (
     build_launch,
     default_train_python,
 )
+from hvdscale.runrecord import read_record, write_failure
 from hvdscale.runtable import find_run
 
 
@@ -307,7 +308,6 @@ def run(args) -> int:
         done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
     if done:
         return 0
-    from hvdscale.runrecord import write_failure
 
     write_failure(
         failure_path,
@@ -376,8 +376,6 @@ def _train_outcome(
     ident: str, out_dir: Path, status: int, tail: str, t0: float, took: float, workers: int
 ) -> tuple[bool, int, str]:
     """(succeeded, exit status, failure message) of a training run from its fresh record."""
-    from hvdscale.runrecord import read_record
-
     metrics = out_dir / "metrics.json"
     record = read_record(metrics) if metrics.exists() else None
     fresh = record is not None and metrics.stat().st_mtime >= t0 - 1

@@ -62,6 +62,7 @@ from hvdscale.train.fault import FaultDelay
 from hvdscale.train.loop import LoopPlan, TimelineWindow, train_epochs
 from hvdscale.train.optim import Optimisation
 from hvdscale.train.step import build_step_program
+from hvdscale.utilisation import NullSampler, UtilisationSampler
 from hvdscale.worker import WorkerInfo, detect_launcher, launcher_rank_env
 
 
@@ -358,8 +359,6 @@ def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first
 
 
 def make_sampler(worker: WorkerInfo):
-    from hvdscale.utilisation import NullSampler, UtilisationSampler
-
     return UtilisationSampler(interval_s=0.25) if worker.is_root else NullSampler()
 
 
