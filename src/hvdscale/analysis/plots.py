@@ -31,6 +31,8 @@ from pathlib import Path
 from hvdscale.analysis.figures import BY_NAME, FIGURE_NAMES, Figure
 from hvdscale.analysis.plotstyle import STYLE, note_figure, save_figure, suptitle
 from hvdscale.analysis.select import NoData
+from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
+from hvdscale.errors import UserError
 
 FIGURES = FIGURE_NAMES  # the names, in the registry's order
 
@@ -86,8 +88,6 @@ def load_costmodel(path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        from hvdscale.errors import UserError
-
         raise UserError(
             f"cost model {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None
@@ -107,8 +107,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
-
     runs = read_runs(args.runs)
     summary = read_summary(args.summary)
     epath = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)

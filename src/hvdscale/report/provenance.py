@@ -17,6 +17,7 @@ import pandas as pd
 from hvdscale.analysis.columns import ENV_VERSIONS
 from hvdscale.common import git_commit
 from hvdscale.config import config_hash
+from hvdscale.errors import UserError
 
 WORKFLOW_PACKAGES = [
     "hvdscale",
@@ -91,8 +92,6 @@ def load_provenance(path) -> dict | None:
     except FileNotFoundError:
         return None
     except json.JSONDecodeError as exc:
-        from hvdscale.errors import UserError
-
         raise UserError(
             f"provenance {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None

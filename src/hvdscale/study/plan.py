@@ -38,6 +38,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdscale.config import read_config_file, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.io import atomic_path
+from hvdscale.launch.jobspec import JobSpec
 from hvdscale.runkinds import rerun_runs
 from hvdscale.runtable import allreduce_jobs, run_table, tune_runs
 
@@ -226,8 +230,6 @@ def job_shapes(cfg: dict) -> list[dict]:
     first attempt: partition, nodes, tasks, CPUs, gres, memory, time limit, extras).
     Calibration runs (kind cal) are not in a shape: every submission needs the target,
     so the first one to start runs them, as single jobs."""
-    from hvdscale.launch.jobspec import JobSpec
-
     shapes: dict[tuple, dict] = {}
     for r in run_table(cfg):
         if r.kind:
@@ -319,8 +321,6 @@ def format_plan(p: dict, short: bool = False) -> str:
 def write_csv(p: dict, path: str | Path) -> None:
     import csv
 
-    from hvdscale.io import atomic_path
-
     cols = list(p["partitions"][0]) if p["partitions"] else ["partition"]
     with atomic_path(path, ".csv") as tmp, open(tmp, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n")
@@ -344,9 +344,6 @@ def add_arguments(ap):
 
 def merged_config(paths, select=None) -> dict:
     """Config files merged like Snakemake (mappings merge, lists replace), validated."""
-    from hvdscale.config import read_config_file, validate_config
-    from hvdscale.errors import ConfigError
-
     merged: dict = {}
     for path in paths:
         _merge(merged, read_config_file(path))

@@ -127,11 +127,8 @@ def run(args) -> int:
 
 def train_rank(args, out_dir: Path) -> int:
     """Train this rank's part of the run; rank 0 writes the run record. Exit status.
-
-    Reads as the run's recipe, in the order Horovod's TF2 examples use: bind the CPUs,
-    ``hvd.init()``, pin the device, read this rank's data, build the model, resume or
-    broadcast the initial state, train the epochs, and (rank 0) write the run record.
-    """
+    The recipe, in the order of Horovod's TF2 examples: bind the CPUs, hvd.init(), pin the
+    device, read the rank's data, build the model, resume or broadcast, train, record."""
     cfg = load_config(args.config)
     run_ = find_run(cfg, args.run_id)
     tcfg = cfg["training"]
@@ -164,17 +161,10 @@ def train_rank(args, out_dir: Path) -> int:
     environment, system = describe_environment(worker, device_desc, chash, progress.attempts[0])
 
     program = build_step_program(
-        optim.model,
-        optim.optimizer,
-        worker,
-        tcfg,
-        train=(data.x_train, data.y_train),
-        test=(data.x_test, data.y_test),
-        val=(data.x_val, data.y_val),
-        batch=run_.batch,
-        device=device,
-        fault=fault,
-    )
+        optim.model, optim.optimizer, worker, tcfg, train=(data.x_train, data.y_train),
+        test=(data.x_test, data.y_test), val=(data.x_val, data.y_val), batch=run_.batch,
+        device=device, fault=fault,
+    )  # fmt: skip
     data.release()
     program.warm_up(tcfg["steps_per_execution"])
     plan = LoopPlan.from_config(
