@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from xml.sax.saxutils import escape
+
 from hvdscale.analysis.plotstyle import STYLE, WIDTH
 
 
