@@ -184,7 +184,7 @@ class Runner:
         self.lr_rule_2w = lr_rule_2w
         self.port = 30000 + (os.getpid() % 1000) * 20
         from hvdscale.config import load_config
-        from hvdscale.launch import horovod_env
+        from hvdscale.launch.launchspec import horovod_env
 
         self.hvd_env = horovod_env(load_config(cfg_path)["training"], "mpi")
 

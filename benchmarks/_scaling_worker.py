@@ -9,7 +9,7 @@ starts it, pinned to a core with ``taskset`` exactly like every other arm.
            control starts two of these at once, one per core, with ``--barrier``.
 
 The same for every arm (and for ``hvdscale train``, which bench_scaling.py runs through
-``hvdscale launch``): the rank's rows from hvdscale.train.prepare_data, 1 intra-op and 1
+``hvdscale launch``): the rank's rows from hvdscale.train.data.prepare_data, 1 intra-op and 1
 inter-op thread, the same number of steps per epoch (the smallest rank's full batches),
 the epoch's permutation drawn on the host with numpy *before* the clock starts
 (``default_rng([seed, epoch, rank])``, as hvdscale), the gather of each batch by that
@@ -96,7 +96,7 @@ def main() -> int:
 
     from hvdscale.config import validate_config
     from hvdscale.model import build_model
-    from hvdscale.train import prepare_data, steps_per_epoch
+    from hvdscale.train.data import plan_rows, prepare_data, steps_per_epoch
     from hvdscale.worker import WorkerInfo
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -109,8 +109,6 @@ def main() -> int:
     arrays, _info = prepare_data(Path(a.data_dir), cfg, info, a.batch)
     (x, y), (xt, yt) = arrays["train"], arrays["test"]
     B = a.batch
-    from hvdscale.train import plan_rows
-
     counts = [
         int(e["n_samples"])
         for e in json.loads((Path(a.data_dir) / "manifest.json").read_text())["shards"]["train"]
@@ -135,25 +133,16 @@ def main() -> int:
     phases: list[list[float]] = []
 
     if a.mode == "hvdstep":
-        from hvdscale.train import StepProgram, pin_device, run_epoch_steps
+        from hvdscale.train.device import pin_device
+        from hvdscale.train.loop import run_epoch_steps
+        from hvdscale.train.step import build_step_program
 
         device, _ = pin_device(worker, tcfg["threads_per_worker"])
         model = build_model(cfg)
         opt = tf.keras.optimizers.Adam(learning_rate=lr)
         opt.build(model.trainable_variables)
-        prog = StepProgram(
-            model=model,
-            optimizer=opt,
-            worker=worker,
-            x_train=x,
-            y_train=y,
-            x_test=xt,
-            y_test=yt,
-            batch=B,
-            device=device,
-            in_device_memory=tcfg["data_in_device_memory"],
-            compression="none",
-            backward_passes_per_step=1,
+        prog = build_step_program(
+            model, opt, worker, tcfg, train=(x, y), test=(xt, yt), batch=B, device=device
         )
         spe, k_inst = tcfg["steps_per_execution"], tcfg["instrument_every"]
         if a.instrument_every is not None:

@@ -7,7 +7,7 @@ step reduces its gradients, at 2 ranks started by ``horovodrun --mpi`` and
 ``horovodrun --gloo`` (benchmarks/_allreduce_worker.py). Every call is timed on the host;
 a run's figure is the median per-call time of rank 0 over ``--iters`` calls after
 ``--warmup`` calls. Arms (every one with hvdscale's Horovod environment of the config
-defaults, ``hvdscale.launchspec.horovod_env``, unless the arm changes it):
+defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it):
 
   mpi / gloo             the defaults: cycle time of the config, each rank bound to its
                          own core (hvdscale's cpu_binding core)
@@ -100,7 +100,7 @@ ARMS["torch gloo"] = BareArm("torch gloo", "torch", settings="torch.distributed 
 def horovod_env(controller: str) -> dict:
     """hvdscale's Horovod variables of the config defaults for this controller."""
     from hvdscale.config import validate_config
-    from hvdscale.launchspec import horovod_env as hv_env
+    from hvdscale.launch.launchspec import horovod_env as hv_env
 
     return hv_env(validate_config({})["training"], controller)
 

@@ -68,7 +68,9 @@ def main(argv=None) -> int:
 
     from hvdscale.config import validate_config
     from hvdscale.model import build_model
-    from hvdscale.train import StepProgram, pin_device, run_epoch_steps
+    from hvdscale.train.device import pin_device
+    from hvdscale.train.loop import run_epoch_steps
+    from hvdscale.train.step import build_step_program
 
     device, _ = pin_device(worker, 1)
     cfg = validate_config({})
@@ -106,19 +108,16 @@ def main(argv=None) -> int:
                 model = build_model(cfg)
                 opt = tf.keras.optimizers.Adam(cfg["training"]["learning_rate"])
                 opt.build(model.trainable_variables)
-                p = StepProgram(
-                    model=model,
-                    optimizer=opt,
-                    worker=worker,
-                    x_train=x,
-                    y_train=y,
-                    x_test=x[:B],
-                    y_test=y[:B],
+                p = build_step_program(
+                    model,
+                    opt,
+                    worker,
+                    cfg["training"],
+                    train=(x, y),
+                    test=(x[:B], y[:B]),
                     batch=B,
                     device=device,
                     in_device_memory=True,
-                    compression="none",
-                    backward_passes_per_step=1,
                 )
                 with tf.device(device):
                     p.source.x_fixed, p.source.y_fixed = tf.constant(x[:B]), tf.constant(y[:B])

@@ -207,7 +207,9 @@ def run(args):
 
     from hvdscale.config import validate_config
     from hvdscale.model import build_model
-    from hvdscale.train import StepProgram, pin_device, run_epoch_steps
+    from hvdscale.train.device import pin_device
+    from hvdscale.train.loop import run_epoch_steps
+    from hvdscale.train.step import StepProgram, build_step_program
 
     device, _desc = pin_device(worker, 1)
     cfg = validate_config({})
@@ -264,19 +266,17 @@ def run(args):
         model = build_model(cfg)
         opt = tf.keras.optimizers.Adam(learning_rate=lr)
         opt.build(model.trainable_variables)
-        progs[v] = (xla_program_class(tf, StepProgram) if v == "xla" else StepProgram)(
-            model=model,
-            optimizer=opt,
-            worker=worker,
-            x_train=x,
-            y_train=y,
-            x_test=x_test,
-            y_test=y_test,
+        progs[v] = build_step_program(
+            model,
+            opt,
+            worker,
+            tcfg,
+            train=(x, y),
+            test=(x_test, y_test),
             batch=B,
             device=device,
             in_device_memory=o["in_device_memory"],
-            compression="none",
-            backward_passes_per_step=1,
+            program=xla_program_class(tf, StepProgram) if v == "xla" else StepProgram,
         )
         progs[v].warm_up(o["spe"])
     arms = {}

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdscale.config import learning_rate_for, parse_run_id, run_table, validate_config
+from hvdscale.config import validate_config
+from hvdscale.runtable import learning_rate_for, parse_run_id, run_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL_PARAMETERS = 153441

@@ -11,17 +11,12 @@ import fixtures_runs as F
 import pandas as pd
 import pytest
 
-from hvdscale.analysis.aggregate import (
-    RUNS_COLUMNS,
-    STATUS_COLUMNS,
-    SUMMARY_COLUMNS,
-    aggregate,
-    read_runs,
-    read_status,
-    read_summary,
-)
+from hvdscale.analysis.aggregate import aggregate
+from hvdscale.analysis.columns import RUNS_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS
+from hvdscale.analysis.tables import read_runs, read_status, read_summary
 from hvdscale.cli import main
-from hvdscale.config import run_table, validate_config
+from hvdscale.config import validate_config
+from hvdscale.runtable import run_table
 
 SAMPLES = 30000
 
@@ -422,7 +417,7 @@ MUTATIONS = [
 
 @pytest.mark.parametrize("name,mutate", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_fast_and_reference_validators_agree(name, mutate):
-    from hvdscale.analysis.aggregate import RecordValidator
+    from hvdscale.analysis.records import RecordValidator
 
     v = RecordValidator()
     ref = RecordValidator()

@@ -102,7 +102,7 @@ def fake(monkeypatch):
 def test_a_new_backend_is_in_the_id_patterns(fake):
     d = parse_run_id("local_fake_n1_w2_b75_lrnone_r0")
     assert (d["backend"], d["workers"]) == ("fake", 2)
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     job = JobSpec.for_allreduce_id(validate_config({}), "local_fake_n1_w2")
     assert (job.backend, job.workers) == ("fake", 2)
@@ -110,7 +110,7 @@ def test_a_new_backend_is_in_the_id_patterns(fake):
 
 def test_a_new_backend_is_launched_and_proved(fake, tmp_path):
     from hvdscale.labelproof import prove
-    from hvdscale.launchspec import controller_for, effective_launcher, horovod_env
+    from hvdscale.launch.launchspec import controller_for, effective_launcher, horovod_env
     from hvdscale.train.step import host_reduction
 
     assert horovod_env({}, "fake") == {"HOROVOD_CPU_OPERATIONS": "fakeops"}
@@ -190,7 +190,7 @@ def test_a_backend_that_needs_gpus_is_refused_on_a_cpu_partition(monkeypatch):
 
 
 def test_partition_kind_is_decided_once():
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     assert backends.partition_kind({"gpus_per_node": 0}) == "cpu"
     assert backends.partition_kind({}) == "cpu"

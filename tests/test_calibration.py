@@ -9,8 +9,10 @@ import yaml
 
 from hvdscale.calibration import best_val_loss, calibrate_target, read_target
 from hvdscale.cli import main as cli_main
-from hvdscale.config import calibration_runs, target_config, validate_config
+from hvdscale.config import validate_config
 from hvdscale.errors import UserError
+from hvdscale.runkinds import target_config
+from hvdscale.runtable import calibration_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

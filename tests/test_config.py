@@ -9,20 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale.config import (
-    ConfigError,
+from hvdscale.config import count_parameters, load_config, validate_config
+from hvdscale.errors import ConfigError, UserError
+from hvdscale.runtable import (
     allreduce_config,
     allreduce_jobs,
-    count_parameters,
     find_run,
     learning_rate_for,
-    load_config,
     parse_run_id,
     run_config,
     run_table,
-    validate_config,
 )
-from hvdscale.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -307,7 +304,7 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
 
 
 def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edits():
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
 
     cfg = load_config(ROOT / "config/thesis.yaml")
     ids = [job["id"] for job in allreduce_jobs(cfg)]

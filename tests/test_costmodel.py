@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hvdscale.analysis.costmodel import fit_costmodel, fit_ring, ring_time
+from hvdscale.analysis.costmodel import fit_costmodel
+from hvdscale.analysis.costmodel_links import fit_ring, ring_time
 from hvdscale.cli import main
 
 MODEL_BYTES = 153441 * 4
@@ -284,9 +285,10 @@ def test_prediction_uses_the_link_of_each_node_count():
 def test_config_asks_for_sweeps_over_rank_and_node_counts():
     import yaml
 
-    from hvdscale.config import allreduce_jobs, validate_config
+    from hvdscale.config import validate_config
     from hvdscale.errors import ConfigError, UserError
-    from hvdscale.jobspec import JobSpec
+    from hvdscale.launch.jobspec import JobSpec
+    from hvdscale.runtable import allreduce_jobs
 
     cfg = yaml.safe_load((F.PROJECT_ROOT / ".test" / "slurm-costmodel.yaml").read_text())
     cfg = validate_config(cfg)

@@ -1,4 +1,4 @@
-"""Gloo under srun without ssh (hvdscale.gloo_slurm, issue 12): the slot plan equals
+"""Gloo under srun without ssh (hvdscale.launch.gloo_slurm, issue 12): the slot plan equals
 Horovod's own, the srun command line and environment, the per-rank exec wrapper, and
 Horovod's rendezvous server started from the train env. Real processes, no SLURM
 (the two-node runs are in tests/test_slurm_multinode.py)."""
@@ -14,9 +14,10 @@ import pytest
 from conftest_train import TRAIN_PY
 from slurm_support import horovod_skip_reason
 
-from hvdscale import gloo_slurm
 from hvdscale.errors import UserError
-from hvdscale.launch import Job, build_launch
+from hvdscale.launch import gloo_slurm
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch.launchspec import build_launch
 
 needs_horovod = pytest.mark.skipif(
     TRAIN_PY.exists() is False or horovod_skip_reason() is not None,
@@ -60,7 +61,7 @@ def test_slot_plan_is_horovods_plan(workers, per_node):
 def test_srun_gloo_spec_has_no_horovodrun_and_no_ssh():
     s = build_launch(
         launcher="srun",
-        job=Job("p", "gloo", 2, 16, 8, 8, 2),
+        job=JobSpec("p", "gloo", 2, 16, 8, 8, 2),
         program_argv=PROG,
         training=T,
         hosts=["node1", "node2"],
@@ -69,7 +70,7 @@ def test_srun_gloo_spec_has_no_horovodrun_and_no_ssh():
     assert s.argv[:2] == ["srun", "--mpi=none"] and "horovodrun" not in " ".join(s.argv)
     assert "--distribution=block" in s.argv and "--ntasks-per-node=8" in s.argv
     assert s.argv[s.argv.index("-n") + 1] == "16" and s.argv[s.argv.index("-N") + 1] == "2"
-    i = s.argv.index("hvdscale.gloo_slurm")
+    i = s.argv.index(gloo_slurm.MODULE)
     assert s.argv[i + 1 : i + 3] == ["exec", "--"] and s.argv[i + 3 :] == PROG
     assert s.env["HOROVOD_CONTROLLER"] == "gloo" and s.env["HOROVOD_CPU_OPERATIONS"] == "gloo"
     assert s.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == gloo_slurm.PORT_PLACEHOLDER
@@ -81,7 +82,8 @@ def test_srun_gloo_needs_a_host_list_for_two_nodes(monkeypatch):
     for k in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "SLURM_JOBID"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(UserError, match="no host list"):
-        build_launch(launcher="srun", job=Job("p", "gloo", 2, 4, 2), program_argv=PROG, training=T)
+        job = JobSpec("p", "gloo", 2, 4, 2)
+        build_launch(launcher="srun", job=job, program_argv=PROG, training=T)
 
 
 def _exec(env_extra: dict) -> subprocess.CompletedProcess:
@@ -92,7 +94,7 @@ def _exec(env_extra: dict) -> subprocess.CompletedProcess:
     )
     env.update(env_extra)
     show = "import json, os; print(json.dumps({k: v for k, v in os.environ.items()}))"
-    cmd = [sys.executable, "-m", "hvdscale.gloo_slurm", "exec", "--", sys.executable, "-c", show]
+    cmd = [sys.executable, "-m", gloo_slurm.MODULE, "exec", "--", sys.executable, "-c", show]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -120,7 +122,7 @@ def test_exec_refuses_a_placement_that_differs_from_the_plan():
 def test_rendezvous_server_starts_and_stops():
     s = build_launch(
         launcher="srun",
-        job=Job("p", "gloo", 1, 2, 2),
+        job=JobSpec("p", "gloo", 1, 2, 2),
         program_argv=PROG,
         training=T,
         hosts=["localhost"],

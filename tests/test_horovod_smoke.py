@@ -9,7 +9,9 @@ import textwrap
 import pytest
 from conftest_train import TRAIN_PY, needs_train_env, sub_env
 
-from hvdscale.launch import Job, build_launch, companion
+from hvdscale.launch.command import companion
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch.launchspec import build_launch
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -37,7 +39,7 @@ def test_two_rank_allreduce_sum(tmp_path, launcher, backend):
     script.write_text(SCRIPT)
     spec = build_launch(
         launcher=launcher,
-        job=Job("local", backend, 1, 2, 2),
+        job=JobSpec("local", backend, 1, 2, 2),
         program_argv=[str(TRAIN_PY), str(script), str(tmp_path)],
         training={"threads_per_worker": 1},
         horovodrun=companion(str(TRAIN_PY), "horovodrun"),

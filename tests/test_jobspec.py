@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hvdscale.config import load_config, run_table, validate_config
+from hvdscale.config import load_config, validate_config
 from hvdscale.errors import UserError
-from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
-from hvdscale.launch import Job, build_launch, job_for
+from hvdscale.launch.command import job_for
+from hvdscale.launch.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch.launchspec import build_launch
+from hvdscale.runtable import run_table
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"
@@ -139,7 +141,6 @@ def test_launcher_and_rules_see_the_same_job(thesis):
         assert (job.nodes, job.workers_per_node) == (run.nodes, run.workers_per_node)
     job, _ = job_for(thesis, "measure-allreduce", None, "alpha_nccl_n2_w16")
     assert job == JobSpec.for_workers(thesis, "alpha", "nccl", 16)
-    assert Job is JobSpec  # the former name
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hvdscale.labelproof import EXPECTED, main, prove
-from hvdscale.launchspec import horovod_env
+from hvdscale.launch.launchspec import horovod_env
 from hvdscale.train.step import host_reduction
 
 

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
 
-from hvdscale.config import allreduce_config, validate_config
+from hvdscale.config import validate_config
 from hvdscale.errors import UserError
-from hvdscale.launch import (
-    Job,
+from hvdscale.launch.command import describe_failure, job_for
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch.launchspec import (
     build_launch,
     controller_for,
     default_train_python,
-    describe_failure,
     horovod_env,
-    job_for,
 )
+from hvdscale.runtable import allreduce_config
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
 T = {
@@ -38,7 +38,7 @@ def spec(launcher, backend, workers=2, nodes=1, wpn=2, gpus=0, **kw):
     kw.setdefault("cpu_count", 16)
     return build_launch(
         launcher=launcher,
-        job=Job("p", backend, nodes, workers, wpn, gpus),
+        job=JobSpec("p", backend, nodes, workers, wpn, gpus),
         program_argv=PROG,
         training=kw.pop("training", T),
         **kw,
@@ -142,7 +142,7 @@ def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
     with pytest.raises(UserError, match="horovodrun"):
         controller_for(launcher, "gloo")
     # inside a SLURM allocation of two nodes the hosts come from the allocation
-    monkeypatch.setattr("hvdscale.ranks.slurm_hostnames", lambda: ["c1", "c2"])
+    monkeypatch.setattr("hvdscale.launch.gloo_slurm.slurm_hostnames", lambda: ["c1", "c2"])
     s = spec(launcher, "gloo", workers=4, nodes=2, wpn=2)
     assert s.argv[s.argv.index("-H") + 1] == "c1:2,c2:2"
 
@@ -306,7 +306,7 @@ def test_dry_run_prints_the_command_without_tensorflow(tmp_path):
     )
     # issue 12: gloo under srun: srun --mpi=none + Horovod's rendezvous, no horovodrun
     assert r.returncode == 0 and "srun --mpi=none -n 2" in r.stdout, r.stdout + r.stderr
-    assert "hvdscale.gloo_slurm exec" in r.stdout and "horovodrun" not in r.stdout
+    assert "hvdscale.launch.gloo_slurm exec" in r.stdout and "horovodrun" not in r.stdout
 
 
 def test_user_errors_are_one_line(tmp_path):

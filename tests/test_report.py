@@ -13,12 +13,15 @@ import pandas as pd
 import pytest
 import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
 
-from hvdscale.analysis.aggregate import aggregate, read_summary
+from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.plots import FIGURES
+from hvdscale.analysis.tables import read_summary
 from hvdscale.cli import main
-from hvdscale.config import PROJECT_ROOT, run_table, validate_config
+from hvdscale.common import PROJECT_ROOT
+from hvdscale.config import validate_config
 from hvdscale.report import fmt
 from hvdscale.report.reference import reference_rows
+from hvdscale.runtable import run_table
 
 needs_poppler = pytest.mark.skipif(
     shutil.which("pdftotext") is None, reason="poppler-utils not installed"

@@ -182,7 +182,7 @@ def test_censored_median_and_every_time_to_target():
 
 
 def test_method_text_states_the_rules():
-    from hvdscale.config import PROJECT_ROOT
+    from hvdscale.common import PROJECT_ROOT
     from hvdscale.report.method import equal_accuracy_bullets
 
     cfg = {
@@ -233,7 +233,7 @@ def rendered(tmp_path_factory):
     import fixtures_runs as F
     from test_report import CONFIG_FILE, pipeline
 
-    from hvdscale.analysis.aggregate import read_runs, read_status
+    from hvdscale.analysis.tables import read_runs, read_status
     from hvdscale.cli import main
 
     root = tmp_path_factory.mktemp("headline")

@@ -8,18 +8,16 @@ import numpy as np
 import pytest
 import yaml
 
-from hvdscale.config import (
-    ConfigError,
+from hvdscale.config import load_config, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runkinds import rerun_runs, target_config
+from hvdscale.runtable import (
     calibration_runs,
     find_run,
-    load_config,
     parse_run_id,
-    rerun_runs,
     run_config,
     run_seed,
     run_table,
-    target_config,
-    validate_config,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,21 +10,19 @@ import re
 
 import pytest
 
+from hvdscale.common import git_commit
+from hvdscale.history import HISTORY_COLUMNS, history_csv
 from hvdscale.runrecord import (
-    HISTORY_COLUMNS,
     RecordError,
     environment_block,
     finite_or_none,
-    git_commit,
-    history_csv,
     mpi_version,
     read_record,
-    summarise,
-    time_to_target,
     validate_record,
     write_failure,
     write_run_outputs,
 )
+from hvdscale.runsummary import summarise, time_to_target
 from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 
@@ -342,8 +340,9 @@ def test_split_error_of_a_real_looking_epoch():
 def built_record(fault_delay=None, system=None):
     """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
     validated config."""
-    from hvdscale.config import find_run, validate_config
+    from hvdscale.config import validate_config
     from hvdscale.runrecord import build_record, epoch_entry
+    from hvdscale.runtable import find_run
 
     cfg = validate_config({"training": {"max_epochs": 3, "warmup_epochs": 1}})
     run = find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0")

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale import site_settings, timelimit
-from hvdscale.launch import Job, build_launch
+from hvdscale.launch import site_settings, timelimit
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch.launchspec import build_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
@@ -29,7 +30,7 @@ T = {"threads_per_worker": 1, "timeline": False, "horovod": {}, "nccl": NCCL}
 def test_nccl_settings_reach_the_ranks_with_every_launcher(launcher, backend):
     s = build_launch(
         launcher=launcher,
-        job=Job("p", backend, 1, 2, 2),
+        job=JobSpec("p", backend, 1, 2, 2),
         program_argv=PROG,
         training=T,
         hosts=["localhost"] if launcher == "srun" and backend == "gloo" else None,
@@ -52,7 +53,7 @@ def test_nccl_env_is_empty_by_default_and_recorded_from_the_environment():
 def test_srun_mpi_type_is_configurable():
     s = build_launch(
         launcher="srun",
-        job=Job("p", "mpi", 1, 2, 2),
+        job=JobSpec("p", "mpi", 1, 2, 2),
         program_argv=PROG,
         training={**T, "srun_mpi": "pmi2"},
     )

@@ -20,7 +20,9 @@ import yaml
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import check_references, verdict
 from hvdscale.cli import main
-from hvdscale.config import ConfigError, load_config, run_table, validate_config
+from hvdscale.config import load_config, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import run_table
 from hvdscale.study.plan import format_plan, merged_config, plan
 
 ROOT = Path(__file__).resolve().parents[1]

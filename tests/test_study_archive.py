@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from hvdscale.analysis.figures import FIGURE_NAMES
-from hvdscale.config import allreduce_jobs, run_table
+from hvdscale.runtable import allreduce_jobs, run_table
 from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
 from hvdscale.study.plan import merged_config
 

@@ -33,10 +33,16 @@ from conftest_train import (
     write_config,
 )
 
+from hvdscale.config import validate_config
 from hvdscale.errors import DataError, UserError
 from hvdscale.model import check_parameter_count, model_bytes, parameter_count
 from hvdscale.timing import PHASES
-from hvdscale.train import plan_rows, steps_per_epoch
+from hvdscale.train.checkpoint import ResumeState
+from hvdscale.train.data import plan_rows, steps_per_epoch
+from hvdscale.train.fault import FaultDelay
+from hvdscale.train.metrics import EpochMetrics
+from hvdscale.train.step import build_step_program
+from hvdscale.worker import WorkerInfo
 
 # --------------------------------------------------------------------------- unit
 
@@ -88,9 +94,6 @@ def test_steps_per_epoch_is_the_smallest_ranks_full_batches():
 
 
 def test_epoch_metrics_round_trip_and_reduction_without_horovod():
-    from hvdscale.train import EpochMetrics
-    from hvdscale.worker import WorkerInfo
-
     m = EpochMetrics(0.5, 3.0, 6.0, 0.1, 0.2, 0.3, 0.4, 0.01, 1.0, 0.05, 8.0, 6.0, 4.0, 2.5)
     assert EpochMetrics.from_vector(m.to_vector()) == m
     assert m.phases == [0.1, 0.2, 0.3, 0.4] and m.val_loss == 0.5
@@ -103,8 +106,6 @@ def test_epoch_metrics_round_trip_and_reduction_without_horovod():
 
 
 def test_resume_state_from_a_checkpoint_state():
-    from hvdscale.train import ResumeState
-
     fresh = ResumeState.from_state(None)
     fresh.begin_attempt("t0")
     assert fresh.start_epoch == 0 and not fresh.resumed and fresh.attempts[0]["start_epoch"] == 0
@@ -121,8 +122,6 @@ def test_resume_state_from_a_checkpoint_state():
     [(None, None, 0.0), ("", None, 0.0), ("sync:0.03", "sync", 0.03), ("data:1", "data", 1.0)],
 )
 def test_fault_delay_setting(text, phase, seconds):
-    from hvdscale.train import FaultDelay
-
     f = FaultDelay.parse(text)
     assert (f.phase, f.seconds, f.active) == (phase, seconds, phase is not None)
     assert f.describe() == (None if phase is None else f"{phase}:{seconds:g}")
@@ -130,10 +129,35 @@ def test_fault_delay_setting(text, phase, seconds):
 
 @pytest.mark.parametrize("text", ["sync", "comms:0.1", "compute:x", "update:-1", "data:100"])
 def test_a_bad_fault_delay_is_a_clear_error(text):
-    from hvdscale.train import FaultDelay
-
     with pytest.raises(UserError, match="HVDSCALE_FAULT_DELAY"):
         FaultDelay.parse(text)
+
+
+def test_the_step_program_factory_takes_the_training_section_settings():
+    class Recorded:  # stands in for StepProgram (whose constructor needs TensorFlow)
+        def __init__(self, **kw):
+            self.kw = kw
+
+    tcfg = validate_config({})["training"]
+    tcfg["horovod"].update(compression="fp16", backward_passes_per_step=2)
+    fault = FaultDelay.parse("sync:0.01")
+    p = build_step_program(
+        "model", "opt", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), val=(5, 6),
+        batch=8, device="/cpu:0", fault=fault, program=Recorded,
+    )  # fmt: skip
+    assert p.kw == {
+        **dict(model="model", optimizer="opt", worker=WorkerInfo(), batch=8, device="/cpu:0"),
+        **dict(x_train=1, y_train=2, x_test=3, y_test=4, x_val=5, y_val=6, fault=fault),
+        "in_device_memory": tcfg["data_in_device_memory"],
+        "compression": "fp16",
+        "backward_passes_per_step": 2,
+    }
+    p = build_step_program(
+        "m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8, device="d",
+        in_device_memory=not tcfg["data_in_device_memory"], program=Recorded,
+    )  # fmt: skip
+    assert p.kw["in_device_memory"] is not tcfg["data_in_device_memory"]
+    assert (p.kw["x_val"], p.kw["y_val"], p.kw["fault"]) == (None, None, None)
 
 
 # --------------------------------------------------------------------------- runs

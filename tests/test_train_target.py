@@ -37,7 +37,7 @@ def test_run_seed_is_paired_over_worker_counts_and_differs_between_repeats():
 
 
 def test_loop_plan_stop_decision():
-    from hvdscale.train import LoopPlan
+    from hvdscale.train.loop import LoopPlan
 
     plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1, max_train_s=60.0)
     assert plan.stop_reason(1, 0.1, 1.0) == "target"  # <= target
@@ -53,8 +53,8 @@ def test_loop_plan_stop_decision():
 
 
 def test_a_resumed_run_whose_checkpoint_already_ends_it_stops_at_once():
-    from hvdscale.train import LoopPlan, ResumeState
-    from hvdscale.train.loop import _resumed_stop
+    from hvdscale.train.checkpoint import ResumeState
+    from hvdscale.train.loop import LoopPlan, _resumed_stop
 
     plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1)
     hist = [{"epoch": 0, "val_loss": 0.3, "elapsed_s": 1.0}]

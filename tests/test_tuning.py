@@ -9,7 +9,9 @@ from fixtures_runs import record_from_epochs, write_failure, write_record, write
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tuning import candidates, select_tuned
-from hvdscale.config import ConfigError, find_run, run_config, run_table, validate_config
+from hvdscale.config import validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import find_run, run_config, run_table
 
 TUNE = {
     "partitions": ["local"],

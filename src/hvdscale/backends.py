@@ -78,7 +78,7 @@ REGISTRY: dict[tuple[str, str], Backend] = {
         Backend(
             "gloo",
             cpu_operations="gloo",
-            # Gloo needs horovodrun's rendezvous, or hvdscale.gloo_slurm's under srun
+            # Gloo needs horovodrun's rendezvous, or hvdscale.launch.gloo_slurm's under srun
             controllers={"horovodrun": "gloo", "srun": "gloo"},
             timeline_op="GLOO_ALLREDUCE",
             color="#7570b3",

@@ -30,7 +30,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from hvdscale.config import load_config
 from hvdscale.errors import ConfigError, UserError
+from hvdscale.io import write_json_atomic
+from hvdscale.runtable import calibration_runs
 
 TARGET_KEYS = (
     "mode",
@@ -66,8 +69,6 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
     may be empty, in absolute mode). Raises UserError naming a calibration run that
     has no record, did not complete, or has no validation loss.
     """
-    from hvdscale.config import calibration_runs
-
     tgt = cfg["training"]["target"]
     if tgt["mode"] == "absolute":
         return {
@@ -168,9 +169,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.config import load_config
-    from hvdscale.io import write_json_atomic
-
     cfg = load_config(args.config)
     tgt = calibrate_target(cfg, read_records(args.records))
     write_json_atomic(args.out, tgt)

@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from hvdscale import __version__
+from hvdscale.errors import UserError
 
 # name -> (module, one-line help). The order is the pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,8 +49,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.calibration",
         "the study's target validation loss (absolute, or from the calibration runs)",
     ),
-    "launch": ("hvdscale.launch", "start one training run as N ranks (horovodrun, mpirun or srun)"),
-    "train": ("hvdscale.train", "train one run (one rank; started by 'launch' or a launcher)"),
+    "launch": (
+        "hvdscale.launch.command",
+        "start one training run as N ranks (horovodrun, mpirun or srun)",
+    ),
+    "train": ("hvdscale.train.main", "train one run (one rank; started by 'launch' or a launcher)"),
     "measure-allreduce": (
         "hvdscale.allreduce",
         "time Horovod allreduce over a range of message sizes",
@@ -129,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hvdscale {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # user-facing errors carry their own clear message
-        from hvdscale.errors import UserError
-
         if isinstance(exc, (UserError, CLIError)):
             print(f"hvdscale {name}: error: {exc}", file=sys.stderr)
             return 2

@@ -18,60 +18,9 @@ import yaml
 from hvdscale import backends
 from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import ConfigError
-
-# the job layout (nodes and ranks per node of a run) lives in hvdscale.jobspec;
-# slots_per_node and nodes_for stay importable from here
-from hvdscale.jobspec import nodes_for as nodes_for
-from hvdscale.jobspec import slots_per_node as slots_per_node
-from hvdscale.runkinds import rerun_runs, target_config
-
-# the run table (scaling matrix, run ids, per-run config slices) lives in
-# hvdscale.runtable; its names stay importable from here
-from hvdscale.runtable import (
-    ALLREDUCE_TRAINING_KEYS,
-    RUN_ID_PATTERN,
-    RUN_ID_WILDCARD,
-    Run,
-    allreduce_config,
-    allreduce_jobs,
-    calibration_runs,
-    find_run,
-    format_multiplier,
-    iter_run_ids,
-    learning_rate_for,
-    parse_multiplier,
-    parse_run_id,
-    run_config,
-    run_seed,
-    run_table,
-    tune_runs,
-)
+from hvdscale.runtable import run_table
 from hvdscale.select import check as check_selection
 from hvdscale.select import describe as describe_selection
-
-# the re-exported names (declared so linters keep the imports)
-__all__ = [
-    "ALLREDUCE_TRAINING_KEYS",
-    "RUN_ID_PATTERN",
-    "RUN_ID_WILDCARD",
-    "ConfigError",
-    "Run",
-    "allreduce_config",
-    "allreduce_jobs",
-    "calibration_runs",
-    "find_run",
-    "format_multiplier",
-    "iter_run_ids",
-    "learning_rate_for",
-    "parse_multiplier",
-    "parse_run_id",
-    "rerun_runs",
-    "run_config",
-    "run_seed",
-    "run_table",
-    "target_config",
-    "tune_runs",
-]
 
 # PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.common)
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"

@@ -70,7 +70,7 @@ def normalisation_from_manifest(manifest: dict) -> dict:
     Returns ``{"curves": (mean (3,), std (3,)), "labels": (mean (2,), std (2,))}`` as
     float32; a standard deviation of 0 (e.g. a constant channel) is replaced by 1.
     """
-    from hvdscale.data.check import normalisation
+    from hvdscale.data.check import normalisation  # reason: h5py, which launch need not load
 
     try:
         nm = normalisation(manifest)

@@ -8,8 +8,6 @@ aggregation), and the launcher writes failure.json with it.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -21,43 +19,21 @@ from pathlib import Path
 
 from hvdscale.common import (
     EXIT_NAN,
-    git_commit,  # noqa: F401 (re-exported for tests)
+    git_commit,
 )
 from hvdscale.config import RUN_SCHEMA
+from hvdscale.history import history_csv
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.runsummary import (  # noqa: F401 (re-exported)
+from hvdscale.launch.site_settings import nccl_env_now
+from hvdscale.model import model_bytes
+from hvdscale.runsummary import (
     noise_scale_block,
     summarise,
     target_block,
-    target_epoch,
-    time_to_target,
 )
 from hvdscale.timing import TIMING_METHOD, instrumentation_block
 
 SCHEMA_VERSION = 1
-HISTORY_COLUMNS = [
-    "epoch",
-    "warmup",
-    "wall_s",
-    "steps",
-    "samples",
-    "throughput",
-    "time_data_s",
-    "time_compute_s",
-    "time_sync_s",
-    "time_update_s",
-    "time_other_s",
-    "time_dispatch_s",
-    "time_train_s",
-    "time_eval_s",
-    "train_loss",
-    "val_loss",
-    "test_loss",
-    "elapsed_s",
-    "utilisation_mean",
-    "learning_rate",
-    "attempt",
-]
 
 
 class RecordError(ValueError):
@@ -256,9 +232,6 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
 
 def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
     """The record config's model, Horovod and step settings."""
-    from hvdscale.model import model_bytes
-    from hvdscale.site_settings import nccl_env_now
-
     tcfg = cfg["training"]
     return dict(
         model_parameters=model_parameters,
@@ -388,23 +361,6 @@ def validate_record(record: dict) -> None:
             for e in errors[:20]
         ]
         raise RecordError("run record does not match run.schema.json:\n  " + "\n  ".join(lines))
-
-
-def history_csv(epochs: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(
-        buf, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n"
-    )
-    writer.writeheader()
-    for ep in epochs:
-        row = {k: ep.get(k) for k in HISTORY_COLUMNS}
-        for k, v in row.items():
-            if v is None:
-                row[k] = ""
-            elif isinstance(v, bool):
-                row[k] = int(v)
-        writer.writerow(row)
-    return buf.getvalue()
 
 
 def write_run_outputs(out_dir: str | Path, record: dict) -> Path:

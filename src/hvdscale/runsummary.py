@@ -1,6 +1,6 @@
 """The run record's derived blocks: the summary (medians, losses, time to target), the
 validation-loss ``target`` block (reached or censored) and the gradient-noise-scale raw
-means (``noise_scale``). Pure Python; re-exported by hvdscale.runrecord."""
+means (``noise_scale``). Pure Python; hvdscale.runrecord puts them into the record."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from hvdscale import backends
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.jobspec import JobSpec, nodes_for, workers_per_node_for
+from hvdscale.launch.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.select import parse as parse_selection
 from hvdscale.select import run_selected, sweep_selected
 
@@ -238,7 +238,7 @@ def _make_run(
     repeat: int,
     **extra,
 ) -> Run:
-    """A run on partition ``part`` (its config section), laid out by hvdscale.jobspec;
+    """A run on partition ``part`` (its config section), laid out by hvdscale.launch.jobspec;
     ``extra``: the candidate (lr_mult, tune_warmup), kind and seed_base."""
     return Run(
         partition=partition,

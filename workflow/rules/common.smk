@@ -15,22 +15,20 @@ from snakemake.settings.types import DeploymentMethod
 os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.common import ALLREDUCE_ID_WILDCARD
-from hvdscale.config import (
-    ConfigError,
+from hvdscale.config import count_parameters, data_section, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.runkinds import rerun_runs, target_config
+from hvdscale.runtable import (
     RUN_ID_WILDCARD,
     allreduce_config,
     allreduce_jobs,
-    count_parameters,
-    data_section,
     find_run,
     parse_run_id,
-    rerun_runs,
     run_config,
     run_table,
-    target_config,
-    validate_config,
 )
-from hvdscale.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.launch.launchspec import default_train_python
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
 # means no tuning sweep; Snakemake's validate() fills defaults only into mappings
@@ -77,7 +75,6 @@ HVD = "python -m hvdscale.cli" if USE_CONDA else f"{sys.executable} -m hvdscale.
 # `hvdscale launch` always runs in Snakemake's own env; the ranks it starts run in the
 # train env (venv, env-modules or the conda env of train_run/measure_allreduce)
 LAUNCH = f"{sys.executable} -m hvdscale.cli"
-DEPLOYMENT = CFG["environment"]["deployment"]
 TRAIN_MODULES = CFG["environment"]["modules"]
 TRAIN_CONDA_ENV = CFG["environment"]["conda_env"]
 
@@ -121,9 +118,7 @@ def full_config_json(wildcards):
 
 def train_python(wildcards):
     """The train env's interpreter: the venv, or `python` of the loaded modules/conda env."""
-    if DEPLOYMENT == "venv":
-        return f"{workflow.basedir}/{CFG['environment']['venv']}/bin/python"
-    return "python"
+    return default_train_python(CFG, workflow.basedir)
 
 
 def launcher(wildcards):
@@ -240,7 +235,7 @@ def model_bytes(wildcards):
 
 
 # --------------------------------------------------------------------------- resources
-# The layout of every job that starts ranks comes from one JobSpec (hvdscale.jobspec):
+# The layout of every job that starts ranks comes from one JobSpec (hvdscale.launch.jobspec):
 # nodes, tasks, tasks per node, CPUs per task, gres, memory, runtime per attempt,
 # mpi. train_run and measure_allreduce share JOB_RESOURCES, one callable per SLURM
 # resource (snakemake-executor-plugin-slurm maps them to sbatch flags); a callable

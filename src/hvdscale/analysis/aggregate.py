@@ -57,31 +57,28 @@ from pathlib import Path
 
 import pandas as pd
 
-from hvdscale.analysis.columns import (  # noqa: F401 (the tables' columns, re-exported)
+from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
     RUNS_COLUMNS,
-    STATUS_COLUMNS,
     STATUSES,
-    SUMMARY_COLUMNS,
 )
-from hvdscale.analysis.records import (  # noqa: F401 (re-exported)
+from hvdscale.analysis.headline import headline
+from hvdscale.analysis.records import (
     RecordValidator,
     read_run_dir,
     record_row,
     status_frame,
     validate_runs,
 )
+from hvdscale.analysis.schemas import SUMMARY_SCHEMA
 from hvdscale.analysis.summary import summarise
-from hvdscale.analysis.tables import (  # noqa: F401 (re-exported for the readers)
+from hvdscale.analysis.tables import (
     default_epochs_path,
-    read_epochs,
-    read_runs,
-    read_status,
-    read_summary,
     write_csv,
 )
-from hvdscale.config import config_hash, load_config, run_table
-from hvdscale.errors import UserError
+from hvdscale.config import config_hash, load_config
+from hvdscale.errors import ConfigError, UserError
+from hvdscale.runtable import find_run, run_table
 
 
 @dataclass
@@ -153,16 +150,12 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     ).reset_index(drop=True)
     summary = summarise(runs, status_df)
     if not summary.empty:
-        from hvdscale.analysis.schemas import SUMMARY_SCHEMA
-
         SUMMARY_SCHEMA.validate(summary)
     return Aggregation(runs, summary, status_df, epochs, problems)
 
 
 def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
     """Whether ``run_id`` is a re-run (kind rerun) of a tuning candidate of the config."""
-    from hvdscale.config import ConfigError, find_run
-
     if "_rerun_r" not in run_id:
         return False
     try:
@@ -216,8 +209,6 @@ def run(args) -> int:
     write_csv(agg.status, args.out_status)
     write_csv(agg.epochs, args.out_epochs or default_epochs_path(args.out_runs))
     if args.out_headline:
-        from hvdscale.analysis.headline import headline
-
         write_csv(headline(agg.runs, agg.status), args.out_headline)
     if not args.quiet:
         counts = agg.status["status"].value_counts()

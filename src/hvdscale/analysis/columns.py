@@ -4,7 +4,7 @@ the tests and the report refer to them. New summary columns go into SUMMARY_COLU
 
 from __future__ import annotations
 
-from hvdscale.runrecord import HISTORY_COLUMNS
+from hvdscale.history import HISTORY_COLUMNS
 
 PHASES = ["data", "compute", "sync", "update"]
 STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
@@ -91,7 +91,7 @@ RUNS_COLUMNS = [
     "timing_method",
     "record",
 ]
-# the run record's per-epoch history (runrecord.HISTORY_COLUMNS) without these
+# the run record's per-epoch history (history.HISTORY_COLUMNS) without these
 _NOT_IN_EPOCHS = {
     "time_other_s",
     "time_dispatch_s",

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.costmodel_links import (  # noqa: F401  (fit_ring, ring_time: API)
+from hvdscale.analysis.costmodel_links import (
     BETWEEN,
     FORMULA_LINKS,
     INSIDE,
@@ -58,6 +58,13 @@ from hvdscale.analysis.costmodel_links import (  # noqa: F401  (fit_ring, ring_t
     ring_time,
     sync_time,
 )
+from hvdscale.analysis.schemas import (
+    ALLREDUCE_ALIASES,
+    ALLREDUCE_COLUMNS,
+    ALLREDUCE_SCHEMA,
+    describe_failures,
+)
+from hvdscale.analysis.tables import read_runs, read_summary
 from hvdscale.common import GROUP_KEYS
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
@@ -86,13 +93,6 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
 def read_allreduce(paths: list[Path]) -> pd.DataFrame:
     """Concatenate and validate allreduce sweep CSVs (pandera)."""
     import pandera.pandas as pa
-
-    from hvdscale.analysis.schemas import (
-        ALLREDUCE_ALIASES,
-        ALLREDUCE_COLUMNS,
-        ALLREDUCE_SCHEMA,
-        describe_failures,
-    )
 
     frames = []
     for path in paths:
@@ -402,8 +402,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.aggregate import read_runs, read_summary
-
     if args.max_workers < 1:
         raise UserError(f"--max-workers {args.max_workers}: expected a positive integer")
     if args.model_bytes is not None and args.model_bytes < 1:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.costmodel import worker_grid
+from hvdscale.analysis.costmodel_links import nodes_for_workers, sync_time
 from hvdscale.analysis.plotstyle import (
     WIDTH,
     backend_style,
@@ -43,8 +45,6 @@ def _panel_fit(ax, fits, pcol, cm):
     """(a) per node count: allreduce time vs message size at the largest rank count on
     that many nodes, measured (markers; filled: one node) and predicted (lines; solid:
     one node, dashed: several)."""
-    from hvdscale.analysis.costmodel_links import sync_time
-
     how = ""
     for f in fits:
         pts = pd.DataFrame(f["points"])
@@ -91,9 +91,6 @@ def _measured_sync(cm, summary) -> dict:
 def _panel_sync(ax, fits, pcol, cm, summary):
     """(b) sync time per step: predicted (lines) vs measured (markers: runs; x: the
     sweeps' allreduce of the gradients)."""
-    from hvdscale.analysis.costmodel import worker_grid
-    from hvdscale.analysis.costmodel_links import nodes_for_workers, sync_time
-
     model_bytes = cm["model_bytes"]
     meas = _measured_sync(cm, summary)
     all_w = [w for d in meas.values() for w in d]

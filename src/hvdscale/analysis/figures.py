@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from hvdscale.config import PROJECT_ROOT, count_parameters, run_table
+from hvdscale.common import PROJECT_ROOT
+from hvdscale.config import count_parameters
+from hvdscale.runtable import run_table
 
 CAPTION_DIR = PROJECT_ROOT / "workflow" / "report"
 

@@ -30,6 +30,7 @@ from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import NoData
 from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
 from hvdscale.config import load_config
+from hvdscale.errors import UserError
 
 FIGURES = FIGURE_NAMES  # the names, in the registry's order
 
@@ -88,8 +89,6 @@ def load_costmodel(path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        from hvdscale.errors import UserError
-
         raise UserError(
             f"cost model {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None

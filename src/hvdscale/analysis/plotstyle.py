@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from hvdscale import backends
-from hvdscale.analysis.select import NoData  # noqa: F401 (the figures raise it)
 from hvdscale.io import atomic_path
 
 STYLE = {

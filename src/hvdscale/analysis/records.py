@@ -20,7 +20,10 @@ from hvdscale.analysis.columns import (
     STATUS_COLUMNS,
     STATUS_CONFIG_FIELDS,
 )
-from hvdscale.config import RUN_SCHEMA, ConfigError, parse_run_id
+from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures
+from hvdscale.config import RUN_SCHEMA
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import parse_run_id
 
 # ----------------------------------------------------------------------------- validation
 
@@ -297,8 +300,6 @@ def read_run_dir(d: Path, validator: RecordValidator) -> tuple[dict, dict | None
 def validate_runs(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """Validate all rows at once; return the valid rows and {run_id: 'field ...'} of the others."""
     import pandera.pandas as pa
-
-    from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures
 
     if runs.empty:
         return runs, {}

@@ -15,8 +15,8 @@ import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
 from hvdscale import backends
-from hvdscale.common import CONFIG_KEYS, GROUP_KEYS  # noqa: F401 (re-exported)
-from hvdscale.config import RUN_ID_PATTERN, parse_run_id
+from hvdscale.common import CONFIG_KEYS
+from hvdscale.runtable import RUN_ID_PATTERN, parse_run_id
 
 BACKENDS = backends.names()  # the registry's (hvdscale.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hvdscale.backends import CONTROLLERS
 from hvdscale.errors import UserError
+from hvdscale.io import write_text_atomic
 
 COLUMNS = [
     "partition",
@@ -184,8 +185,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.io import write_text_atomic
-
     rows = system_rows(load_records(args.runs_dir, args.runs))
     write_text_atomic(args.out, csv_text(rows))
     print(f"tabulate-systems: wrote {args.out} ({len(rows)} partition(s))")

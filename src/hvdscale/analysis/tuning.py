@@ -36,7 +36,9 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
+from hvdscale.analysis.tables import _as_bool, _read_csv, read_runs, read_status, write_csv
 from hvdscale.analysis.target import TOO_LOOSE
+from hvdscale.config import load_config
 from hvdscale.errors import UserError
 
 TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
@@ -282,8 +284,6 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_tuned(path) -> pd.DataFrame:
-    from hvdscale.analysis.tables import _as_bool, _read_csv
-
     df = _read_csv(path, "tuned table", TUNED_COLUMNS)
     df["target_too_loose"] = _as_bool(df["target_too_loose"])
     for c in ("ci_note", "candidate", "lr_rule"):
@@ -313,11 +313,9 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
-    from hvdscale.analysis.tables import read_runs, read_status, write_csv
-
     if args.runs_dir:
+        # reason: import cycle (aggregate imports headline, which imports tuning)
         from hvdscale.analysis.aggregate import aggregate
-        from hvdscale.config import load_config
 
         if not args.config:
             raise UserError("select-tuned: --runs-dir needs --config")

@@ -54,6 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.config import data_section, read_config_file, validate_config
+from hvdscale.errors import ConfigError, UserError
+
 GENERATOR_NAME = "hvdscale-elastoplastic-1d"
 GENERATOR_VERSION = 1
 CHANNEL_NAMES = ("strain", "stress", "flag")
@@ -123,8 +126,6 @@ class GeneratorParams:
         return p
 
     def check(self) -> None:
-        from hvdscale.errors import UserError
-
         if self.n_points - 1 < 2 * self.cycles:
             raise UserError(
                 f"config key data.n_points: got {self.n_points}; expected at least 2 * "
@@ -162,8 +163,6 @@ def load_data_config(path: str | Path) -> dict:
     data section ``{"seed": ..., "data": {...}}`` is returned. Errors are ConfigError
     (a UserError-like message naming the file and the key).
     """
-    from hvdscale.config import ConfigError, data_section, read_config_file, validate_config
-
     path = Path(path)
     raw = read_config_file(path)
     if "data" not in raw or "seed" not in raw:

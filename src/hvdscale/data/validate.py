@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.config import config_hash
 from hvdscale.data import h5
 from hvdscale.data.check import sha256_file
 from hvdscale.data.generate import tune_malloc
@@ -235,8 +236,6 @@ def validate_features(
 
 def validate_shard(cfg: dict, path: str | Path) -> dict:
     """Validate one generated shard; returns the report or raises DataError (naming the file)."""
-    from hvdscale.config import config_hash
-
     path = Path(path)
     t0 = time.perf_counter()
     params = GeneratorParams.from_config(cfg)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from hvdscale.analysis.figures import BY_NAME
+
 
 @dataclass
 class ReportData:
@@ -28,7 +30,5 @@ class ReportData:
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""
-        from hvdscale.analysis.figures import BY_NAME
-
         caption = self.captions.get(name) or BY_NAME[name].title + "."
         d.figure(self.plots_dir / f"{name}.png", caption)

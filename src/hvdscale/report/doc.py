@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from hvdscale.analysis.plotstyle import STYLE, WIDTH
+
 
 def styles():
     """The paragraph styles by name: (parent in reportlab's sample sheet, settings)."""
@@ -180,8 +182,6 @@ class Doc:
         iw, ih = ImageReader(str(path)).getSize()
         # keep the figures' font sizes alike: a full-width figure (plots.WIDTH inches at
         # plots' PNG dpi) gets width_mm, narrower ones proportionally less
-        from hvdscale.analysis.plotstyle import STYLE, WIDTH
-
         w = min(width_mm, width_mm * iw / (STYLE["savefig.dpi"] * WIDTH)) * mm
         h = w * ih / iw
         if h > max_height_mm * mm:

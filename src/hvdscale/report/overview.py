@@ -8,6 +8,7 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES
+from hvdscale.analysis.stats import CI_METHOD
 from hvdscale.gpu_support import gpu_support_notes
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
@@ -159,7 +160,6 @@ def _method_bullets(warm) -> list[str]:
 
 def method_section(d: Doc, r: ReportData) -> None:
     d.section("How the times were measured")
-    from hvdscale.analysis.stats import CI_METHOD
 
     warm = r.cfg["training"]["warmup_epochs"] if r.cfg else "the configured"
     d.bullets(_method_bullets(warm))

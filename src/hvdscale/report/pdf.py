@@ -178,8 +178,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.aggregate import read_runs, read_status, read_summary
     from hvdscale.analysis.plots import load_costmodel
+    from hvdscale.analysis.tables import read_runs, read_status, read_summary
     from hvdscale.config import load_config
     from hvdscale.report.provenance import load_provenance
 
@@ -200,7 +200,7 @@ def run(args) -> int:
                 "no hash in the provenance",
                 file=sys.stderr,
             )
-    from hvdscale.analysis.aggregate import default_epochs_path, read_epochs
+    from hvdscale.analysis.tables import default_epochs_path, read_epochs
     from hvdscale.analysis.tuning import read_tuned
 
     epochs_path = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)

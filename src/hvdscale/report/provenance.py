@@ -18,6 +18,7 @@ from hvdscale.analysis.columns import ENV_VERSIONS
 from hvdscale.backends import is_gpu_partition
 from hvdscale.common import git_commit
 from hvdscale.config import config_hash
+from hvdscale.errors import UserError
 
 WORKFLOW_PACKAGES = [
     "hvdscale",
@@ -92,8 +93,6 @@ def load_provenance(path) -> dict | None:
     except FileNotFoundError:
         return None
     except json.JSONDecodeError as exc:
-        from hvdscale.errors import UserError
-
         raise UserError(
             f"provenance {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None

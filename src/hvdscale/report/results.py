@@ -10,6 +10,7 @@ import pandas as pd
 from hvdscale.analysis.figures import in_section
 from hvdscale.common import GROUP_KEYS
 from hvdscale.report import fmt
+from hvdscale.report.accuracy import with_ci
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 
@@ -110,8 +111,6 @@ def _group_table(d: Doc, summary: pd.DataFrame) -> None:
 
 
 def _config_row(x) -> list[str]:
-    from hvdscale.report.accuracy import with_ci
-
     def spread(f, mid, lo, hi):
         return fmt.spread(f(mid), f(lo), f(hi))
 

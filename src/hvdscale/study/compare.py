@@ -28,9 +28,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import ENV_VERSIONS
 from hvdscale.analysis.stats import bootstrap_ci, intervals_overlap, rng_for
+from hvdscale.analysis.tables import read_runs
 from hvdscale.common import CONFIG_KEYS
+from hvdscale.config import config_hash
 from hvdscale.errors import UserError
+from hvdscale.io import atomic_path
+from hvdscale.report.doc import Doc, a4_document, canvas_maker
+from hvdscale.study.export import read_archive
 
 METRICS = {
     "epoch_time_s": "epoch time (s)",
@@ -65,12 +71,8 @@ class Study:
 
 def load_study(path) -> Study:
     """A results directory or an archive of ``hvdscale export``."""
-    from hvdscale.analysis.tables import read_runs
-
     path = Path(path)
     if path.is_file():
-        from hvdscale.study.export import read_archive
-
         members = read_archive(path)
         manifest = json.loads(members["MANIFEST.json"])
         r = manifest["results_dir"]
@@ -173,8 +175,6 @@ def _values(runs: pd.DataFrame, column: str) -> str:
 
 def provenance_rows(a: Study, b: Study) -> list[dict]:
     """What the two studies ran with: item, A, B, same."""
-    from hvdscale.analysis.columns import ENV_VERSIONS
-    from hvdscale.config import config_hash
 
     def items(s: Study) -> dict[str, str]:
         out = {
@@ -224,9 +224,6 @@ def _with_ci(v, lo, hi, metric) -> str:
 
 def write_pdf(path, a: Study, b: Study, table: pd.DataFrame, prov: list[dict]) -> None:
     """The short comparison PDF (deterministic like the report: invariant mode)."""
-    from hvdscale.io import atomic_path
-    from hvdscale.report.doc import Doc, a4_document, canvas_maker
-
     d = Doc()
     d.p(f"Comparison of two studies: A = {a.name}, B = {b.name}", "title")
     n_diff = int((table["flag"] == "differs").sum())
@@ -286,7 +283,6 @@ def compare(a_path, b_path, outdir) -> pd.DataFrame:
     table = compare_runs(a.runs, b.runs)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    from hvdscale.io import atomic_path
 
     with atomic_path(outdir / "comparison.csv", ".csv") as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n")

@@ -115,7 +115,7 @@ def export_study(
     out, *, config_files: list[str], results: str = "results", root: str | Path = "."
 ) -> dict:
     """Write the archive ``out``; returns its manifest."""
-    from hvdscale.common import git_commit
+    from hvdscale.common import PROJECT_ROOT, git_commit
     from hvdscale.config import config_hash
     from hvdscale.report.provenance import workflow_versions
     from hvdscale.system import collect_system

@@ -38,9 +38,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.config import allreduce_jobs, rerun_runs, run_table, tune_runs
+from hvdscale.config import read_config_file, validate_config
+from hvdscale.errors import ConfigError
 from hvdscale.gpu_support import gpu_support_notes
-from hvdscale.jobspec import JobSpec
+from hvdscale.io import atomic_path
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.runkinds import rerun_runs
+from hvdscale.runtable import allreduce_jobs, run_table, tune_runs
 from hvdscale.select import describe
 
 
@@ -257,8 +261,6 @@ def format_plan(p: dict, short: bool = False) -> str:
 def write_csv(p: dict, path: str | Path) -> None:
     import csv
 
-    from hvdscale.io import atomic_path
-
     cols = list(p["partitions"][0]) if p["partitions"] else ["partition"]
     with atomic_path(path, ".csv") as tmp, open(tmp, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n")
@@ -282,8 +284,6 @@ def add_arguments(ap):
 
 def merged_config(paths, select=None) -> dict:
     """Config files merged like Snakemake (mappings merge, lists replace), validated."""
-    from hvdscale.config import ConfigError, read_config_file, validate_config
-
     merged: dict = {}
     for path in paths:
         _merge(merged, read_config_file(path))

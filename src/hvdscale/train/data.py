@@ -8,7 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.data import h5
+from hvdscale.data.check import load_manifest, verify_data_dir, verify_shard
 from hvdscale.errors import DataError, UserError
+from hvdscale.model import check_parameter_count, normalisation_from_manifest, normalise
 from hvdscale.worker import WorkerInfo
 
 
@@ -49,8 +52,6 @@ def plan_rows(
 
 def read_rows(data_dir: Path, entries: list[dict], plan: list[tuple[int, int, int]], n_points: int):
     """Read the planned rows (whole shards via h5.read_shards, else row ranges)."""
-    from hvdscale.data import h5
-
     if plan and all(lo == 0 and hi == entries[i]["n_samples"] for i, lo, hi in plan):
         return h5.read_shards([data_dir / entries[i]["file"] for i, _, _ in plan], n_points)
     total = sum(hi - lo for _, lo, hi in plan)
@@ -95,9 +96,6 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
 
     Returns ({split: (x, y)}, info), normalised with the manifest's train-split statistics.
     """
-    from hvdscale.data.check import load_manifest, verify_data_dir, verify_shard
-    from hvdscale.model import normalisation_from_manifest, normalise
-
     tcfg = cfg["training"]
     manifest = load_manifest(data_dir)
     check_val_split(data_dir, manifest)
@@ -176,8 +174,6 @@ def load_rank_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int) ->
     """Check the config against the model and read this rank's data. Every rank learns of
     every other rank's problem, so all stop together with the same clear message
     (DataError) before any training."""
-    from hvdscale.model import check_parameter_count
-
     error = data = None
     try:
         check_parameter_count(cfg)

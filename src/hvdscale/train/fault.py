@@ -4,7 +4,7 @@
 unset or empty) makes every training step sleep that long inside that phase: after the
 phase's work and before the timestamp that ends it. The test of the phase attribution
 (tests/test_train.py) checks that exactly that phase's measured time grows by the delay.
-The launcher passes the variable to every rank (hvdscale.launch.PASS_ENV); a run with a
+The launcher passes the variable to every rank (hvdscale.launch.launchspec.PASS_ENV); a run with a
 delay says so in its record (``config.fault_delay``) and on stderr. docs/timing.md.
 """
 

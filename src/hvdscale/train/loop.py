@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdscale import timelimit
+from hvdscale.launch import timelimit
 from hvdscale.runrecord import epoch_entry, finite_or_none
+from hvdscale.timing import EpochTimer
 from hvdscale.train.checkpoint import Checkpointer, ResumeState
 from hvdscale.train.metrics import EpochMetrics
 from hvdscale.train.optim import Optimisation
@@ -135,8 +136,6 @@ def run_epoch_steps(
     with steps/timed_steps and the calls by kind, (loss_sum, phase sums [data, compute,
     sync, update] over the timed steps, launch overhead of the timed calls, wall time of
     the step loop)), all of this rank."""
-    from hvdscale.timing import EpochTimer
-
     program.start_epoch(perm)
     timer = EpochTimer(steps=steps)
     tl_left = timeline.steps if timeline is not None else 0

@@ -1,8 +1,35 @@
-"""``hvdscale train``: the command line and the top-level training function of one rank.
+"""Train one run: this is ONE rank of a Horovod job (train env).
 
-``train_rank`` reads as the run's recipe, in the order Horovod's TF2 examples use: bind
-the CPUs, ``hvd.init()``, pin the device, read this rank's data, build the model, resume
-or broadcast the initial state, train the epochs, and (rank 0) write the run record.
+Started N times by `hvdscale launch` (horovodrun, mpirun or srun); started directly it
+is a one-worker run. Reads the validated config snapshot (JSON), finds the run in its
+scaling matrix, reads only this rank's part of the train, validation and test splits,
+trains the stress-strain network with Adam and Horovod (weights and shuffle from the
+run's derived seed, hvdscale.runtable.run_seed) until the validation loss reaches the
+target of ``--target target.json`` or a budget (training.max_epochs, max_train_s) runs
+out, evaluates the test split once at the end, and writes (rank 0 only)
+OUT_DIR/metrics.json (the run record, validated against workflow/schemas/run.schema.json),
+OUT_DIR/history.csv, a checkpoint per epoch in OUT_DIR/checkpoint/ and, with
+training.timeline (whole run) or training.timeline_steps (a window after the warm-up
+epochs), OUT_DIR/timeline.json (written by Horovod; the label proof reads it).
+
+Re-running the same command after a crash resumes from the last completed epoch.
+Each rank writes OUT_DIR/.pids/rank-N.pid (diagnostics: which process is which rank).
+
+Exit status: 0 completed; 3 the loss became NaN/inf (a run record with status nan_loss
+is written); 2 bad input (config, data, checkpoint), with a one-line message; 1 other
+errors.
+
+Example (one rank, without a launcher):
+  hvdscale train --config results/config/runs/local_gloo_n1_w1_b75_lrnone_r0.json \\
+      --run-id local_gloo_n1_w1_b75_lrnone_r0 --data-dir results/data \\
+      --out-dir results/runs/local_gloo_n1_w1_b75_lrnone_r0
+
+Layout of the package: device (rank detection, CPU binding, device pinning), data (row
+planning, reading, normalisation, steps per epoch), checkpoint (find/save, ResumeState),
+optim (model, optimizer, LR schedule), step (the compiled step: a clock and a batch
+source), metrics (EpochMetrics and its allreduce), loop (the epochs), fault (test-only
+delay hook), main (command line and the top-level function). The run record is built by
+hvdscale.runrecord. Nothing here imports TensorFlow or Horovod at module level.
 """
 
 from __future__ import annotations
@@ -14,11 +41,11 @@ import threading
 import time
 from pathlib import Path
 
-from hvdscale import timelimit
 from hvdscale.common import EXIT_NAN
-from hvdscale.config import config_hash, find_run, load_config
+from hvdscale.config import config_hash, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
+from hvdscale.launch import timelimit
 from hvdscale.runrecord import (
     build_record,
     environment_block,
@@ -26,6 +53,7 @@ from hvdscale.runrecord import (
     utc_now,
     write_run_outputs,
 )
+from hvdscale.runtable import find_run
 from hvdscale.timing import timeline_check
 from hvdscale.train.checkpoint import Checkpointer
 from hvdscale.train.data import load_rank_data
@@ -33,7 +61,8 @@ from hvdscale.train.device import bind_cpus, pin_device
 from hvdscale.train.fault import FaultDelay
 from hvdscale.train.loop import LoopPlan, TimelineWindow, train_epochs
 from hvdscale.train.optim import Optimisation
-from hvdscale.train.step import StepProgram
+from hvdscale.train.step import build_step_program
+from hvdscale.utilisation import NullSampler, UtilisationSampler
 from hvdscale.worker import WorkerInfo, detect_launcher, launcher_rank_env
 
 
@@ -97,7 +126,9 @@ def run(args) -> int:
 
 
 def train_rank(args, out_dir: Path) -> int:
-    """Train this rank's part of the run; rank 0 writes the run record. Exit status."""
+    """Train this rank's part of the run; rank 0 writes the run record. Exit status.
+    The recipe, in the order of Horovod's TF2 examples: bind the CPUs, hvd.init(), pin the
+    device, read the rank's data, build the model, resume or broadcast, train, record."""
     cfg = load_config(args.config)
     run_ = find_run(cfg, args.run_id)
     tcfg = cfg["training"]
@@ -129,7 +160,11 @@ def train_rank(args, out_dir: Path) -> int:
     progress.begin_attempt(started_utc)
     environment, system = describe_environment(worker, device_desc, chash, progress.attempts[0])
 
-    program = build_program(optim, worker, data, run_.batch, device, tcfg, fault)
+    program = build_step_program(
+        optim.model, optim.optimizer, worker, tcfg, train=(data.x_train, data.y_train),
+        test=(data.x_test, data.y_test), val=(data.x_val, data.y_val), batch=run_.batch,
+        device=device, fault=fault,
+    )  # fmt: skip
     data.release()
     program.warm_up(tcfg["steps_per_execution"])
     plan = LoopPlan.from_config(
@@ -169,26 +204,6 @@ def train_rank(args, out_dir: Path) -> int:
 
 
 # =========================================================================== helpers
-
-
-def build_program(optim, worker, data, batch: int, device: str, tcfg: dict, fault) -> StepProgram:
-    return StepProgram(
-        model=optim.model,
-        optimizer=optim.optimizer,
-        worker=worker,
-        x_train=data.x_train,
-        y_train=data.y_train,
-        x_test=data.x_test,
-        y_test=data.y_test,
-        x_val=data.x_val,
-        y_val=data.y_val,
-        batch=batch,
-        device=device,
-        in_device_memory=tcfg["data_in_device_memory"],
-        compression=tcfg["horovod"]["compression"],
-        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
-        fault=fault,
-    )
 
 
 def run_record(
@@ -334,8 +349,6 @@ def describe_environment(worker: WorkerInfo, device_desc: str, chash: str, first
 
 
 def make_sampler(worker: WorkerInfo):
-    from hvdscale.utilisation import NullSampler, UtilisationSampler
-
     return UtilisationSampler(interval_s=0.25) if worker.is_root else NullSampler()
 
 

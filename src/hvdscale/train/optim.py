@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdscale.config import learning_rate_for
+from hvdscale.model import build_model, check_parameter_count
+from hvdscale.runtable import learning_rate_for
 
 
 class WarmupSchedule:
@@ -50,8 +51,6 @@ class Optimisation:
         Adam with the rule's learning rate (and warm-up ramp), built so that its variables
         exist before they are broadcast or restored."""
         import tensorflow as tf
-
-        from hvdscale.model import build_model, check_parameter_count
 
         tcfg = cfg["training"]
         tf.keras.utils.set_random_seed(cfg["seed"] if seed is None else int(seed))

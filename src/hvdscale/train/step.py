@@ -439,3 +439,44 @@ class StepProgram:
         if not self.has_val:
             raise ValueError("StepProgram: built without a validation split (x_val)")
         return float(self._eval_val().numpy()), int(self.x_val.shape[0]) * 2
+
+
+def build_step_program(
+    model,
+    optimizer,
+    worker: WorkerInfo,
+    training: dict,
+    *,
+    train: tuple,
+    test: tuple,
+    batch: int,
+    device: str,
+    val: tuple = (None, None),
+    fault: FaultDelay | None = None,
+    in_device_memory: bool | None = None,
+    program: type[StepProgram] = StepProgram,
+) -> StepProgram:
+    """The ``StepProgram`` of a rank with the settings of the config's training section
+    (data in device memory, Horovod compression, backward passes per step), as
+    ``hvdscale train`` and the benchmarks build it. ``train``/``test``/``val``: (x, y);
+    ``in_device_memory`` overrides the config (a benchmark's variant); ``program``: a
+    StepProgram subclass (a benchmark's variant of the step)."""
+    if in_device_memory is None:
+        in_device_memory = training["data_in_device_memory"]
+    return program(
+        model=model,
+        optimizer=optimizer,
+        worker=worker,
+        x_train=train[0],
+        y_train=train[1],
+        x_test=test[0],
+        y_test=test[1],
+        x_val=val[0],
+        y_val=val[1],
+        batch=batch,
+        device=device,
+        in_device_memory=in_device_memory,
+        compression=training["horovod"]["compression"],
+        backward_passes_per_step=training["horovod"]["backward_passes_per_step"],
+        fault=fault,
+    )

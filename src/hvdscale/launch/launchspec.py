@@ -12,10 +12,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale import backends, gloo_slurm, site_settings, timelimit
+from hvdscale import backends
+from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import UserError
-from hvdscale.jobspec import JobSpec
-from hvdscale.ranks import hosts_argument
+from hvdscale.launch import gloo_slurm, site_settings, timelimit
+from hvdscale.launch.jobspec import JobSpec
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun")
 PROGRAMS = ("train", "measure-allreduce")
@@ -50,6 +51,15 @@ class LaunchSpec:
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.argv)}".strip()
+
+
+def default_train_python(cfg: dict, root: str | Path = PROJECT_ROOT) -> str:
+    """The train env's interpreter: ROOT/environment.venv/bin/python for a venv
+    deployment, else `python` (of the loaded environment modules or conda env)."""
+    envc = cfg.get("environment", {})
+    if envc.get("deployment", "venv") == "venv":
+        return str(Path(root) / envc.get("venv", ".venv-train") / "bin" / "python")
+    return "python"
 
 
 def horovod_env(training: dict, backend: str, timeline_path: str | None = None) -> dict[str, str]:
@@ -120,9 +130,10 @@ def build_launch(
     controller = controller_for(launcher, job.backend)
     env = _launch_env(training, job, launcher, out_dir, timeline)
     if launcher == "srun" and controller == "gloo":  # Gloo across nodes without ssh
-        return gloo_slurm.build_gloo_srun(
+        argv, env, note = gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
         )
+        return LaunchSpec(argv=argv, env=env, controller="gloo", launcher="srun", notes=[note])
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
     cpu_count = (os.cpu_count() or 1) if cpu_count is None else cpu_count
     if launcher == "horovodrun":
@@ -173,7 +184,7 @@ def _launch_env(
     # job step strips SLURM_JOB_NODELIST)
     env.update(gloo_slurm.rank_env_from_slurm())
     env.update(site_settings.nccl_env(training))  # NCCL_* from training.nccl, every launcher
-    # SIGUSR1 from the launcher before the time limit (hvdscale.timelimit)
+    # SIGUSR1 from the launcher before the time limit (hvdscale.launch.timelimit)
     env.update(timelimit.launch_env(training, out_dir, job.workers))
     return env
 
@@ -226,3 +237,35 @@ def _srun_argv(srun: str, job: JobSpec, training: dict, notes: list) -> list[str
             "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
         )
     return argv
+
+
+def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:
+    """horovodrun -H / mpirun -H value: host:slots for each node of the job."""
+    if hosts:
+        names = hosts
+    elif job.nodes == 1:
+        names = ["localhost"]
+    else:
+        names = gloo_slurm.slurm_hostnames()
+        if not names:
+            raise UserError(
+                f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
+                "(SLURM_JOB_NODELIST) "
+                "or pass --hosts host1,host2,..."
+            )
+    if len(names) < job.nodes:
+        raise UserError(
+            f"{job.nodes} nodes needed but only {len(names)} host(s) given: {', '.join(names)}"
+        )
+    out, left = [], job.workers
+    for h in names[: job.nodes]:
+        h, _, slots = h.partition(":")
+        n = min(left, int(slots) if slots else job.workers_per_node)
+        out.append(f"{h}:{n}")
+        left -= n
+    if left > 0:
+        raise UserError(
+            f"{job.workers} workers do not fit on {job.nodes} node(s) "
+            f"with {job.workers_per_node} each"
+        )
+    return ",".join(out)

@@ -45,48 +45,20 @@ import threading
 import time
 from pathlib import Path
 
-from hvdscale import gloo_slurm, timelimit
 from hvdscale.common import EXIT_NAN
-from hvdscale.config import PROJECT_ROOT, find_run, load_config
+from hvdscale.config import load_config
 from hvdscale.errors import UserError
-from hvdscale.jobspec import JobSpec
-
-# the launch specification (pure functions) lives in hvdscale.launchspec; these names are
-# re-exported for existing callers
-from hvdscale.launchspec import (
+from hvdscale.launch import gloo_slurm, timelimit
+from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch.launchspec import (
     LAUNCHERS,
-    PASS_ENV,
+    PROGRAMS,
     LaunchSpec,
     build_launch,
-    controller_for,
-    effective_launcher,
-    horovod_env,
+    default_train_python,
 )
-from hvdscale.ranks import rank_exit_codes
-
-# the re-exported names (declared so linters keep the imports)
-__all__ = [
-    "LAUNCHERS",
-    "PASS_ENV",
-    "LaunchSpec",
-    "build_launch",
-    "controller_for",
-    "effective_launcher",
-    "horovod_env",
-]
-
-PROGRAMS = ("train", "measure-allreduce")
-
-# the former name of JobSpec (same positional fields), kept for existing callers
-Job = JobSpec
-
-
-def default_train_python(cfg: dict) -> str:
-    """The train env's interpreter: environment.venv/bin/python, or `python` (modules/conda)."""
-    envc = cfg.get("environment", {})
-    if envc.get("deployment", "venv") == "venv":
-        return str(PROJECT_ROOT / envc.get("venv", ".venv-train") / "bin" / "python")
-    return "python"
+from hvdscale.runrecord import read_record, write_failure
+from hvdscale.runtable import find_run
 
 
 def companion(python: str, tool: str) -> str:
@@ -100,6 +72,16 @@ def companion(python: str, tool: str) -> str:
 
 
 # =========================================================================== running
+
+
+def rank_exit_codes(out_dir: Path, workers: int) -> dict[int, str]:
+    """Exit status each rank recorded in OUT_DIR/.pids/rank-N.exit (absent: killed/crashed hard)."""
+    codes = {}
+    for r in range(workers):
+        f = out_dir / ".pids" / f"rank-{r}.exit"
+        if f.is_file():
+            codes[r] = f.read_text().strip()
+    return codes
 
 
 def _reader(stream, sink, tail: collections.deque):
@@ -326,7 +308,6 @@ def run(args) -> int:
         done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
     if done:
         return 0
-    from hvdscale.runrecord import write_failure
 
     write_failure(
         failure_path,
@@ -395,8 +376,6 @@ def _train_outcome(
     ident: str, out_dir: Path, status: int, tail: str, t0: float, took: float, workers: int
 ) -> tuple[bool, int, str]:
     """(succeeded, exit status, failure message) of a training run from its fresh record."""
-    from hvdscale.runrecord import read_record
-
     metrics = out_dir / "metrics.json"
     record = read_record(metrics) if metrics.exists() else None
     fresh = record is not None and metrics.stat().st_mtime >= t0 - 1

@@ -25,7 +25,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+
+from hvdscale.io import write_json_atomic
 
 #: exit status of a rank (and so of ``hvdscale launch``) stopped before the time limit
 EXIT_TIME_LIMIT = 4
@@ -60,17 +66,12 @@ def launch_env(training: dict, out_dir=None, workers: int = 0) -> dict[str, str]
         return {}
     env = {MARGIN_ENV: str(margin)}
     if out_dir is not None and workers:
-        from pathlib import Path
-
         env[READY_ENV] = f"{Path(out_dir).resolve() / '.pids'}:{workers}"
     return env
 
 
 def job_end_time(job_id: str) -> float | None:
     """The job's end time (its time limit) as a POSIX time, from squeue; None if unknown."""
-    import subprocess
-    import time
-
     try:
         out = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30
@@ -90,10 +91,6 @@ def watch(proc, env: dict[str, str]) -> None:
     start late, would miss it; and in a 1-worker job it would also hit the plugin's own
     step (Snakemake under ``srun -n1``). The launcher knows when its ranks run.
     """
-    import threading
-    import time
-    from pathlib import Path
-
     job = os.environ.get("SLURM_JOB_ID")
     if not env.get(MARGIN_ENV) or not job:
         return
@@ -129,7 +126,6 @@ def watch(proc, env: dict[str, str]) -> None:
 
 def install() -> None:
     """Catch SIGUSR1 in this rank: remember it, keep training until the epoch ends."""
-    import time
 
     def on_signal(signum, _frame):
         _received.append(time.time())
@@ -158,12 +154,7 @@ def stopped(log, run_id: str, epoch: int, out_dir=None, is_root: bool = False) -
     """Say why the run stops and note it in the checkpoint's attempt list (rank 0), so
     the run record's ``resume.attempts`` shows it: ``ended: time_limit``, the time the
     warning came, the exit status. Returns the exit status for the rank."""
-    import time
-    from pathlib import Path
-
     if is_root and out_dir is not None:
-        from hvdscale.io import write_json_atomic
-
         ck = Path(out_dir) / "checkpoint"
         latest = ck / "LATEST"
         try:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from hvdscale.backends import is_gpu_partition
 from hvdscale.common import allreduce_id_pattern
 from hvdscale.errors import UserError
-from hvdscale.timelimit import signal_option
+from hvdscale.launch.timelimit import signal_option
 
 # The resources of the rules that start ranks, in the order the rules declare them.
 # A value None leaves the resource unset (no sbatch flag).
@@ -78,8 +78,8 @@ def cpus_per_task_for(partition: dict) -> int:
 class JobSpec:
     """What to start: one program on ``workers`` ranks over ``nodes`` nodes.
 
-    The first seven fields are what the launcher needs (and the positional order of
-    the former ``hvdscale.launch.Job``); the rest only matters for SLURM resources.
+    The first seven fields are what the launcher needs; the rest only matters for
+    SLURM resources.
     """
 
     partition: str
@@ -96,7 +96,7 @@ class JobSpec:
     threads_per_worker: int = 1
     cluster: str = ""  # the partition's SLURM cluster (sbatch --clusters), "" for the default
     runtime_min_retry: int | None = None  # time limit of attempts 2, 3, ... (None: runtime_min)
-    signal: str | None = None  # sbatch --signal=... before the time limit (hvdscale.timelimit)
+    signal: str | None = None  # sbatch --signal=... before the time limit (launch.timelimit)
     srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
     node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
 

@@ -8,10 +8,10 @@ gloo run in three pieces, the same ones horovodrun uses, with srun in place of s
    the first node, then the next; the same plan as Horovod's ``get_host_assignments``)
    from the allocation's host list;
 2. it starts Horovod's own ``RendezvousServer`` (``horovod.runner.http.http_server``) in
-   the train env (``python -m hvdscale.gloo_slurm serve``), initialised with that plan,
+   the train env (``python -m hvdscale.launch.gloo_slurm serve``), initialised with that plan,
    and learns its port;
 3. ``srun --mpi=none --distribution=block`` starts every rank through
-   ``python -m hvdscale.gloo_slurm exec -- PROGRAM``, which turns SLURM_PROCID into the
+   ``python -m hvdscale.launch.gloo_slurm exec -- PROGRAM``, which turns SLURM_PROCID into the
    variables Horovod's Gloo controller reads (HOROVOD_RANK/SIZE, HOROVOD_LOCAL_RANK/SIZE,
    HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), checks that srun placed the rank where the
    plan says, and execs PROGRAM. HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
@@ -48,6 +48,8 @@ PLAN_PER_NODE = "HVDSCALE_GLOO_PER_NODE"
 PLAN_WORKERS = "HVDSCALE_GLOO_WORKERS"
 NODELIST = "HVDSCALE_SLURM_NODELIST"
 PORT_PLACEHOLDER = "<port>"
+#: this module as ``python -m`` runs it in the ranks (exec) and next to the launcher (serve)
+MODULE = "hvdscale.launch.gloo_slurm"
 #: Gloo's rendezvous waits 30 s by default; ranks that import TensorFlow on busy or
 #: oversubscribed nodes reach hvd.init() minutes apart
 DEFAULT_GLOO_TIMEOUT_S = "600"
@@ -190,14 +192,13 @@ def build_gloo_srun(
     hosts: list[str] | None,
     srun: str = "srun",
     srun_extra: list[str] | None = None,
-):
-    """argv/env of ``srun`` starting ``job.workers`` Gloo ranks (see the module doc).
+) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, note) of ``srun`` starting ``job.workers`` Gloo ranks (see the module
+    doc); ``hvdscale.launch.launchspec`` makes them a LaunchSpec.
 
     ``env`` is the launcher's environment for the ranks (HOROVOD_* of the backend, ...);
     the rendezvous port is filled in by :func:`rendezvous_for` when the run starts.
     """
-    from hvdscale.launchspec import LaunchSpec
-
     if not hosts:
         hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
     if not hosts:
@@ -240,17 +241,12 @@ def build_gloo_srun(
     if job.workers == 1:
         argv.append("--overlap")  # as for MPI runs: the plugin's own step holds the CPUs
     python = program_argv[0]
-    argv += [python, "-m", "hvdscale.gloo_slurm", "exec", "--", *program_argv]
-    return LaunchSpec(
-        argv=argv,
-        env=env,
-        controller="gloo",
-        launcher="srun",
-        notes=[
-            "gloo without ssh: Horovod's rendezvous server runs next to this launcher "
-            f"(port chosen at start), srun starts the ranks on {', '.join(hosts)}"
-        ],
+    argv += [python, "-m", MODULE, "exec", "--", *program_argv]
+    note = (
+        "gloo without ssh: Horovod's rendezvous server runs next to this launcher "
+        f"(port chosen at start), srun starts the ranks on {', '.join(hosts)}"
     )
+    return argv, env, note
 
 
 @contextlib.contextmanager
@@ -260,11 +256,11 @@ def rendezvous_for(spec, python: str | None = None) -> Iterator[None]:
     if spec.env.get("HOROVOD_GLOO_RENDEZVOUS_PORT") != PORT_PLACEHOLDER:
         yield
         return
-    python = python or spec.argv[spec.argv.index("hvdscale.gloo_slurm") - 2]
+    python = python or spec.argv[spec.argv.index(MODULE) - 2]
     env = dict(os.environ)
     env.update(spec.env)
     proc = subprocess.Popen(
-        [python, "-m", "hvdscale.gloo_slurm", "serve"],
+        [python, "-m", MODULE, "serve"],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -276,7 +272,7 @@ def rendezvous_for(spec, python: str | None = None) -> Iterator[None]:
         if not m:
             proc.kill()
             raise UserError(
-                f"Horovod's rendezvous server did not start ({python} -m hvdscale.gloo_slurm "
+                f"Horovod's rendezvous server did not start ({python} -m {MODULE} "
                 f"serve said {line.strip()!r}, exit {proc.wait()})"
             )
         spec.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = m.group(1)
@@ -367,7 +363,7 @@ def exec_rank(program: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvdscale.gloo_slurm", description=__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("serve", help="run Horovod's Gloo rendezvous server for the plan in the env")
     e = sub.add_parser("exec", help="set this srun task's Horovod Gloo env and exec PROGRAM")

@@ -1,0 +1,14 @@
+"""Starting a run's ranks (pure Python, no TensorFlow; imported by both environments).
+
+- ``jobspec``: the job layout of a run (nodes, tasks, CPUs, gres, memory, runtime);
+  the rules' SLURM resources and the launcher's arguments both come from it.
+- ``launchspec``: the launcher's argv and the ranks' environment (pure functions).
+- ``gloo_slurm``: Gloo across SLURM nodes without ssh (host list, slot plan, rendezvous,
+  ``python -m hvdscale.launch.gloo_slurm exec|serve`` in the ranks).
+- ``timelimit``: SIGUSR1 before the SLURM time limit, in the launcher and in the ranks.
+- ``site_settings``: NCCL variables, ``srun --mpi`` and SLURM clusters from the config.
+- ``command``: the ``hvdscale launch`` command (runs a launch spec, records failures).
+
+Levels, low to high: site_settings, timelimit -> jobspec -> gloo_slurm -> launchspec ->
+command. This file imports nothing, so ``hvdscale.launch.jobspec`` stays cheap.
+"""

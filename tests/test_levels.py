@@ -1,0 +1,145 @@
+"""The package's levels (issue 18): every module of src/hvdscale has a level in
+docs/extending.md, imports only from its own level or a lower one, and the module-level
+imports have no cycle. The levels are read from the page, so page and code cannot drift."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "hvdscale"
+DOC = ROOT / "docs" / "extending.md"
+
+
+def doc_levels(text: str) -> dict[str, int]:
+    """{module name: level} from the numbered list under '## Levels'."""
+    section = text.split("## Levels", 1)[1]
+    levels: dict[str, int] = {}
+    current = None
+    for line in section.splitlines():
+        m = re.match(r"^(\d+)\. (.*)", line)
+        if m:
+            current = int(m.group(1))
+            body = m.group(2)
+        elif current is not None and line.startswith("   "):
+            body = line
+        else:
+            current = None if not line.strip() else current
+            continue
+        body = body.split(":")[0]  # names come before the description
+        for name in re.findall(r"`([a-z_.]+)`", body):
+            levels.setdefault(name, current)
+    return levels
+
+
+def level_of(module: str, levels: dict[str, int]) -> int | None:
+    """Longest listed name that is the module or a parent; __main__ modules are entry points."""
+    if module.split(".")[-1] == "__main__":
+        return max(levels.values())
+    best = None
+    for name, lv in levels.items():
+        if (module == name or module.startswith(name + ".")) and (
+            best is None or len(name) > len(best[0])
+        ):
+            best = (name, lv)
+    return best[1] if best else None
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(SRC.rglob("*.py")):
+        parts = p.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            out[".".join(parts)] = p
+    return out
+
+
+def imports(path: Path, top_level_only: bool) -> list[tuple[str, int]]:
+    """(imported hvdscale module or module.name, line) of one file."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hvdscale"):
+            base = node.module[len("hvdscale") :].lstrip(".")
+            out += [(f"{base}.{a.name}" if base else a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name[9:], node.lineno) for a in node.names if a.name.startswith("hvdscale.")]
+    return out
+
+
+def resolve(name: str, mods: dict[str, Path]) -> str | None:
+    """The module an imported name belongs to ('analysis.stats.CI_METHOD' -> 'analysis.stats')."""
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+LEVELS = doc_levels(DOC.read_text())
+MODULES = modules()
+
+
+def test_the_page_lists_the_levels():
+    assert LEVELS["errors"] == 1 and LEVELS["launch.jobspec"] == 3 and LEVELS["cli"] == 8
+    assert level_of("launch.command", LEVELS) == 4 and level_of("launch.jobspec", LEVELS) == 3
+    assert level_of("train.__main__", LEVELS) == 8
+
+
+def test_every_module_has_a_level():
+    missing = [m for m in MODULES if level_of(m, LEVELS) is None]
+    assert not missing, f"modules without a level in {DOC.name} (## Levels): {missing}"
+
+
+def test_no_import_from_a_higher_level():
+    bad = []
+    for mod, path in MODULES.items():
+        mine = level_of(mod, LEVELS)
+        for name, line in imports(path, top_level_only=False):
+            target = resolve(name, MODULES)
+            theirs = level_of(target, LEVELS) if target else None
+            if mine is not None and theirs is not None and theirs > mine:
+                bad.append(
+                    f"{path.relative_to(ROOT)}:{line}: {mod} (level {mine}) imports "
+                    f"{target} (level {theirs})"
+                )
+    assert not bad, "\n".join(bad)
+
+
+def test_no_cycle_among_module_level_imports():
+    graph = {
+        mod: {t for n, _ in imports(path, top_level_only=True) if (t := resolve(n, MODULES))}
+        - {mod}
+        for mod, path in MODULES.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n) :] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The checker is not blind: a low module importing the report is found."""
+    p = tmp_path / "x.py"
+    p.write_text("from hvdscale.report.fmt import speedup\n")
+    ((name, _),) = imports(p, top_level_only=True)
+    assert level_of(resolve(name, MODULES), LEVELS) == 6 > LEVELS["errors"]
