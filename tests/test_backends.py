@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from hvdscale import backends
-from hvdscale.config import ConfigError, parse_run_id, run_table, validate_config
+from hvdscale.config import ConfigError, validate_config
+from hvdscale.runtable import parse_run_id, run_table
 from hvdscale.select import check as check_selection
 
 ROOT = Path(__file__).resolve().parents[1]
