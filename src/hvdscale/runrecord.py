@@ -112,7 +112,7 @@ def system_block(nodes: list[str]) -> dict:
     run's hosts as node names), checked against the run schema here so that writing the
     record cannot fail on it. Never raises: what failed is in ``errors``."""
     try:
-        from hvdscale.system import collect_system
+        from hvdscale.system import collect_system  # inside the try: the record never fails on it
 
         system = collect_system(nodes=nodes)
         from jsonschema import Draft202012Validator

@@ -29,8 +29,14 @@ def styles():
                 spaceAfter=10,
             ),
         ),
-        "h1": ("Heading1", dict(fontSize=13, leading=16, spaceBefore=10, spaceAfter=5)),
-        "h2": ("Heading2", dict(fontSize=10.5, leading=13, spaceBefore=7, spaceAfter=3)),
+        "h1": (
+            "Heading1",
+            dict(fontSize=13, leading=16, spaceBefore=10, spaceAfter=5, keepWithNext=1),
+        ),
+        "h2": (
+            "Heading2",
+            dict(fontSize=10.5, leading=13, spaceBefore=7, spaceAfter=3, keepWithNext=1),
+        ),
         "body": ("BodyText", dict(fontSize=9, leading=11.6, spaceAfter=4)),
         "bullet": (
             "BodyText",
@@ -153,10 +159,11 @@ class Doc:
                 ("ALIGN", (0, r), (-1, r), "LEFT"),
             ]
         t.setStyle(TableStyle(cmds))
+        head = self._open_headings()
         if keep or len(data) <= 25:
-            self.story.append(KeepTogether([cap, t]))
+            self.story.append(KeepTogether([*head, cap, t]))
         else:
-            self.story.append(cap)
+            self.story.append(KeepTogether([*head, cap]))
             self.story.append(t)
         from reportlab.platypus import Spacer
 
@@ -187,7 +194,16 @@ class Doc:
         if h > max_height_mm * mm:
             h = max_height_mm * mm
             w = h * iw / ih
-        self.story.append(KeepTogether([Image(str(path), width=w, height=h), cap]))
+        head = self._open_headings()
+        self.story.append(KeepTogether([*head, Image(str(path), width=w, height=h), cap]))
+
+    def _open_headings(self) -> list:
+        """The headings at the end of the story, taken off it, to go on the page of what
+        follows them (reportlab's keepWithNext does not reach into a KeepTogether)."""
+        head: list = []
+        while self.story and getattr(getattr(self.story[-1], "style", None), "keepWithNext", 0):
+            head.insert(0, self.story.pop())
+        return head
 
 
 def a4_document(buf, **meta):

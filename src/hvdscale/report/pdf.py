@@ -24,16 +24,32 @@ import io
 import sys
 from pathlib import Path
 
+from hvdscale.analysis.figures import FIGURE_NAMES, caption_markup, caption_values
+from hvdscale.analysis.plots import load_costmodel
+from hvdscale.analysis.references import read_references
+from hvdscale.analysis.systems import read_systems
+from hvdscale.analysis.tables import (
+    default_epochs_path,
+    read_epochs,
+    read_runs,
+    read_status,
+    read_summary,
+)
+from hvdscale.analysis.tuning import read_tuned
+from hvdscale.config import load_config
+from hvdscale.io import atomic_path
 from hvdscale.report.accuracy import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
+from hvdscale.report.headline import read_headline, read_target
 from hvdscale.report.overview import (
     method_section,
     missing_section,
     provenance_section,
     title_section,
 )
+from hvdscale.report.provenance import collect, load_provenance
 from hvdscale.report.reference import reference_section
 from hvdscale.report.results import figures_section, results_section
 from hvdscale.report.systems_section import systems_section
@@ -61,8 +77,6 @@ def build_story(d: Doc, data: ReportData) -> None:
 
 def figure_captions(cfg: dict | None) -> dict[str, str]:
     """Every figure's caption (workflow/report/{name}.rst with the config's values)."""
-    from hvdscale.analysis.figures import FIGURE_NAMES, caption_markup, caption_values
-
     values = caption_values(cfg)
     return {name: caption_markup(name, values) for name in FIGURE_NAMES}
 
@@ -104,9 +118,6 @@ def build_report(
     target=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
-    from hvdscale.io import atomic_path
-    from hvdscale.report.provenance import collect
-
     info = collect(config_file=config_file, cfg=cfg, runs=runs, provenance=provenance)
     data = ReportData(
         info=info,
@@ -178,11 +189,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hvdscale.analysis.plots import load_costmodel
-    from hvdscale.analysis.tables import read_runs, read_status, read_summary
-    from hvdscale.config import load_config
-    from hvdscale.report.provenance import load_provenance
-
     cfg = load_config(args.config)
     runs = read_runs(args.runs)
     summary = read_summary(args.summary)
@@ -200,17 +206,12 @@ def run(args) -> int:
                 "no hash in the provenance",
                 file=sys.stderr,
             )
-    from hvdscale.analysis.tables import default_epochs_path, read_epochs
-    from hvdscale.analysis.tuning import read_tuned
 
     epochs_path = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
     epochs = read_epochs(epochs_path) if epochs_path.exists() else None
     tuned = read_tuned(args.tuned) if args.tuned else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
-    from hvdscale.analysis.references import read_references
-    from hvdscale.analysis.systems import read_systems
-    from hvdscale.report.headline import read_headline, read_target
 
     inputs["headline"] = read_headline(args.headline) if args.headline else None
     inputs["target"] = read_target(args.target) if args.target else None

@@ -40,8 +40,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-from hvdscale.common import PROJECT_ROOT
+from hvdscale.common import PROJECT_ROOT, git_commit
+from hvdscale.config import config_hash
 from hvdscale.errors import UserError
+from hvdscale.io import atomic_path
+from hvdscale.report.provenance import workflow_versions
+from hvdscale.system import collect_system
 
 FORMAT = 1
 PREFIX = "study/"
@@ -115,11 +119,6 @@ def export_study(
     out, *, config_files: list[str], results: str = "results", root: str | Path = "."
 ) -> dict:
     """Write the archive ``out``; returns its manifest."""
-    from hvdscale.common import PROJECT_ROOT, git_commit
-    from hvdscale.config import config_hash
-    from hvdscale.report.provenance import workflow_versions
-    from hvdscale.system import collect_system
-
     root = Path(root)
     inputs, products = study_files(results, root)
     files = {_relative(c): root / c for c in config_files}
@@ -147,7 +146,6 @@ def export_study(
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for name in sorted(data):
                 _add(tar, name, data[name])
-    from hvdscale.io import atomic_path
 
     with atomic_path(out, ".tar.gz") as tmp:
         Path(tmp).write_bytes(buf.getvalue())
