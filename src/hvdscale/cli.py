@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "split-dataset": (
         "hvdscale.data.split",
-        "split validated shards 75/25 into HDF5 shards + manifest.json",
+        "split validated shards into train/val/test HDF5 shards + manifest.json",
     ),
     "check-data": (
         "hvdscale.data.check",
