@@ -148,7 +148,9 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     assert sorted(recs) == sorted(expected)
     target = json.loads((res / "scaling" / "target.json").read_text())
     for rid, rec in recs.items():
-        assert rec["status"] == "completed" and rec["config"]["launcher"] == "mpirun"
+        # the default config's launcher; Gloo needs horovodrun's rendezvous
+        launcher = "horovodrun" if rec["config"]["backend"] == "gloo" else "mpirun"
+        assert rec["status"] == "completed" and rec["config"]["launcher"] == launcher
         n = rec["summary"]["epochs_completed"]
         if rid in CAL_IDS:  # trains its whole budget: it sets the target
             assert n == 3 and rec["target"]["value"] is None
