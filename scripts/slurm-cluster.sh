@@ -397,6 +397,11 @@ conf_link_add() {
         log "warning: /etc/slurm/slurm.conf exists and wins over $RUN_CONF_LINK; jobs of the Snakemake SLURM plugin will talk to that cluster"
     fi
     if [[ -L "$RUN_CONF_LINK" && "$(readlink "$RUN_CONF_LINK")" == "$DIR/etc" ]]; then return 0; fi
+    if [[ -L "$RUN_CONF_LINK" && ! -e "$RUN_CONF_LINK" ]]; then
+        # dangling: left by a cluster whose directory is gone (a killed test run)
+        log "replacing the dangling $RUN_CONF_LINK -> $(readlink "$RUN_CONF_LINK")"
+        rm -f "$RUN_CONF_LINK"
+    fi
     if [[ -e "$RUN_CONF_LINK" || -L "$RUN_CONF_LINK" ]]; then
         log "warning: $RUN_CONF_LINK exists and is not ours; leaving it alone (Snakemake SLURM jobs need SLURM_CONF, which the plugin's job step drops)"
         return 0
