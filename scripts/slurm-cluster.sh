@@ -569,6 +569,7 @@ cmd_up() {
     chmod 0755 "$DIR" "$DIR/run"   # munged wants a socket dir everyone can enter
     chmod 0700 "$DIR/munge"
     write_config "$nodes" "$emulate"
+    write_sacct_shim
     trap 'rc=$?; if ((rc)); then log "start failed; stopping what was started (logs kept in $DIR)"; do_down || true; fi' EXIT
     start_munge
     conf_link_add
@@ -618,8 +619,33 @@ cmd_status() {
     return 0
 }
 
+# No slurmdbd here, so Debian's sacct only says "accounting storage is disabled". The
+# Snakemake SLURM plugin switches its status query to sacct whenever `scontrol show
+# config` does not answer within 10 s (a loaded 2-core machine during a 16-rank job),
+# and then never sees its jobs finish. Clients of this cluster (`env` puts $DIR/bin first
+# on PATH) get a sacct that answers the plugin's query (JobIdRaw|State of the jobs named
+# --name) from the controller, which keeps finished jobs for MinJobAge.
+write_sacct_shim() {
+    mkdir -p "$DIR/bin"
+    cat > "$DIR/bin/sacct" <<'SHIM'
+#!/bin/bash
+# hvdscale test cluster: sacct without slurmdbd, from squeue (scripts/slurm-cluster.sh)
+name=
+while (($#)); do
+    case "$1" in
+        --name) name="$2"; shift ;;
+        --name=*) name="${1#--name=}" ;;
+    esac
+    shift
+done
+exec squeue --noheader --states=all ${name:+--name="$name"} --format='%i|%T'
+SHIM
+    chmod 0755 "$DIR/bin/sacct"
+}
+
 cmd_env() {
     printf 'export SLURM_CONF=%q\n' "$CONF"
+    printf 'export PATH=%q\n' "$DIR/bin:$PATH"
     printf 'export HVD_SLURM_DIR=%q\n' "$DIR"
     printf 'export HVD_SLURM_PARTITION=%q\n' "$PARTITION"
 }
