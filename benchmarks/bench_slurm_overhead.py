@@ -197,13 +197,13 @@ def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
     configs = [f"{ARRAY_RESULTS}/runs/{ARRAY_RUN.format(r)}/config.json" for r in range(n)]
     sh([*smk, "--profile", "profiles/local", f"{ARRAY_RESULTS}/data/manifest.json", *configs])
     arms = {"one job per run": [], "job array": []}
-    loads = []
+    fields: dict = {k: [] for k in arms}
     for i in range(repeats):
-        meas = Measured(f"bench_slurm_overhead arrays round {i + 1}").start()
-        for name in arms:
-            arms[name].append(arrays_round(smk, env, n, arrays=name == "job array"))
-        meas.stop()
-        loads += [meas.before, meas.after]
+        for name in arms:  # every arm: quiet guard, load, foreign CPU (daemons are its own)
+            meas = Measured(f"bench_slurm_overhead arrays {name}, round {i + 1}", names=SLURM_NAMES)
+            with meas:
+                arms[name].append(arrays_round(smk, env, n, arrays=name == "job array"))
+            fields[name].append(meas.fields())
         print(f"arrays round {i + 1}: {arms}", flush=True)
     rows = []
     for name, rounds in arms.items():
@@ -219,7 +219,7 @@ def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
                 "seconds_ci_high": hi,
                 "submit_span_s": statistics.median(r["submit_span_s"] for r in rounds),
                 "wait_per_job_s": statistics.median(r["wait_per_job_s"] for r in rounds),
-                "load": max(loads),
+                **merge_fields(fields[name]),
             }
         )
         print(f"{name:18s} {rows[-1]}")

@@ -2,6 +2,7 @@
 """Record the allreduce sweeps of the cost model across nodes (issue 20) and its error
 table as benchmark CSVs with provenance (commit, machine, date, load columns).
 
+`make bench-costmodel` (benchmarks/bench_costmodel.py) does all of this, measured alone.
 The sweeps come from the rule measure_allreduce on the emulated two-node partition
 (.test/slurm-costmodel.yaml; scripts/slurm-cluster.sh up --nodes 2 --emulate alpha):
 
@@ -15,8 +16,8 @@ Writes benchmarks/results/costmodel_emulated.csv (every measured row) and
 benchmarks/results/costmodel_emulated_errors.csv (the error table: fitted from <= 4
 ranks, validated on 8 and 16), and prints the held-out median |error|. The load column
 is the highest 1-minute load average sampled during the sweeps (--loads: lines
-"HH:MM:SS LOAD"); above 1.0 the figures are test figures of a busy machine, not
-benchmark figures (the note column says so).
+"HH:MM:SS LOAD"; the sweeps' own ranks raise it); the rows are valid only when the
+load before the sweeps (--load-before) was at most 1.0, i.e. nothing else ran.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _quiet import validity  # noqa: E402
 from _results import LOAD_WARN, write_csv  # noqa: E402
 
 
@@ -44,6 +46,11 @@ def main() -> int:
     ap.add_argument("--loads", required=True, help="load samples taken during the sweeps")
     ap.add_argument("--load-before", type=float, required=True)
     ap.add_argument("--load-after", type=float, required=True)
+    ap.add_argument(
+        "--foreign-cpu",
+        type=float,
+        help="CPU share of processes outside the sweeps while they ran (bench_costmodel.py)",
+    )
     ap.add_argument("--measured", help="when the sweeps ran (e.g. START/END, UTC)")
     ap.add_argument("--fit-max-workers", type=int, default=4)
     ap.add_argument("--model-bytes", type=int, default=DEFAULT_MODEL_BYTES)
@@ -52,13 +59,25 @@ def main() -> int:
     paths = expand_inputs(args.allreduce)
     ar = read_allreduce(paths)
     samples = [float(x.split()[1]) for x in Path(args.loads).read_text().splitlines() if x.strip()]
+    # the sweeps' own ranks (up to 16 on 2 cores) make the load during them: the peak
+    # is recorded, but whether the machine was shared is the load before they started
     peak = max([args.load_before, args.load_after, *samples])
-    note = (
-        "busy machine (shared by other sessions): test figures, not benchmark figures"
-        if peak > LOAD_WARN
-        else ""
-    )
-    load = {"load": peak, "load_before": args.load_before, "load_after": args.load_after}
+    ok, why = validity(args.foreign_cpu)
+    alone = args.load_before <= LOAD_WARN and ok
+    if args.load_before > LOAD_WARN:
+        why = f"started at load {args.load_before:.2f} (> {LOAD_WARN}): not measured alone"
+    quality = {
+        "foreign_cpu": args.foreign_cpu,
+        "valid": "true" if alone else "false",
+        "invalid_reason": why,
+    }
+    note = "" if alone else "busy machine (shared): test figures, not benchmark figures"
+    load = {
+        "load": peak,
+        "load_before": args.load_before,
+        "load_after": args.load_after,
+        **quality,
+    }
     if args.measured:
         load["measured"] = args.measured
     keep = ["partition", "backend", "workers", "nodes", "bytes", "time_s", "p10_s", "p90_s"]

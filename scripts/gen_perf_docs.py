@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
+from _perf_cluster import block_costmodel, block_slurm_arrays  # noqa: E402
 from _perf_common import (  # noqa: E402
     INVALID,
     QCOLS,
@@ -303,6 +304,9 @@ VALIDITY_SOURCES = [
     "bench_dag",
     "bench_report",
     "bench_slurm_overhead",
+    "bench_slurm_arrays",
+    "costmodel_emulated",
+    "costmodel_emulated_errors",
 ]
 
 
@@ -406,6 +410,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "dag": block_dag,
     "report": block_report,
     "slurm": block_slurm,
+    "slurm-arrays": block_slurm_arrays,
+    "costmodel": block_costmodel,
 }
 
 
