@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -193,6 +194,74 @@ def run(
     return proc
 
 
+def _tail(path: Path, chars: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return f"({exc})"
+
+
+def cluster_diagnostics(env: dict[str, str], logs: list[Path] = ()) -> str:
+    """What a person needs to see when a job on the test cluster did not end: the
+    queue, every job's record, the newest job logs, the daemons' log tails."""
+    parts = []
+    for cmd in (
+        ["squeue", "--states=all", "-o", "%i %j %T %M %l %D %R"],
+        ["scontrol", "show", "job", "-d"],
+    ):
+        try:
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+            parts.append(f"$ {' '.join(cmd)}\n{out.stdout[-6000:]}{out.stderr[-1000:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            parts.append(f"$ {' '.join(cmd)}: {exc}")
+    newest = []
+    for d in logs:
+        if d.is_dir():
+            newest += [f for f in d.rglob("*") if f.is_file()]
+    newest.sort(key=lambda f: f.stat().st_mtime)
+    for f in newest[-8:]:
+        parts.append(f"--- {f} (last 1500 characters)\n{_tail(f)}")
+    for f in sorted(cluster_dir().glob("**/*.log"))[:6]:
+        parts.append(f"--- {f} (last 1500 characters)\n{_tail(f)}")
+    return "\n".join(parts)
+
+
+def run_plugin(
+    args: list[str], env: dict[str, str], timeout: float, logs: list[Path] = ()
+) -> subprocess.CompletedProcess:
+    """Run Snakemake (``args`` after ``python -m snakemake``) in the project root.
+
+    Past ``timeout`` it is not killed outright (that leaves its lock on the directory
+    and its jobs in the queue for the next test): it gets SIGINT, which cancels its
+    SLURM jobs and releases the lock, then SIGKILL after 60 s; the test fails with
+    Snakemake's output and :func:`cluster_diagnostics`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        diagnostics = cluster_diagnostics(env, list(logs))
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=30)
+        pytest.fail(
+            f"snakemake {' '.join(args)} did not end within {timeout:.0f} s\n"
+            f"--- snakemake stdout (tail)\n{out[-4000:]}\n--- stderr (tail)\n{err[-6000:]}\n"
+            f"{diagnostics}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """A running one-node local SLURM cluster; yields the environment for its clients."""
@@ -238,6 +307,8 @@ __all__ = [
     "our_processes",
     "restore",
     "run",
+    "run_plugin",
+    "cluster_diagnostics",
     "run_cluster_script",
     "slurm_cluster",
     "slurm_cluster_two_nodes",

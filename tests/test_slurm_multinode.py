@@ -24,7 +24,6 @@ are emulated, and the run records say CPU). Needs root and Debian's slurm-wlm + 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -40,6 +39,7 @@ from slurm_support import (
     restore,
     run,
     run_cluster_script,
+    run_plugin,
     slurm_skip_reason,
 )
 
@@ -87,14 +87,16 @@ def field(text: str, name: str) -> str:
     return m.group(1)
 
 
-def snakemake(args: list[str], env: dict, timeout: float = 2400) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SNAKEMAKE, "--profile", "profiles/test-slurm", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=timeout,
+def snakemake(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """The plugin run; past ``timeout`` the test fails with the queue, the jobs and
+    their newest logs (a hung job is killed by SLURM at its partition's runtime_min and
+    retried first: .test/slurm-thesis.yaml keeps that limit short)."""
+    results = ROOT / re.search(r"results_dir=(\S+)", " ".join(args)).group(1)
+    return run_plugin(
+        ["--profile", "profiles/test-slurm", *args],
+        env,
+        timeout,
+        logs=[results / "logs", ROOT / ".snakemake" / "slurm_logs"],
     )
 
 
@@ -195,6 +197,7 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
             *targets,
         ],
         env,
+        timeout=1500,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     for run_id, (nodes, per_node, gpus) in RUNS.items():
@@ -293,6 +296,7 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
             f"{results_dir}/runs/{run_id}/metrics.json",
         ],
         env,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     rec = json.loads((ROOT / results_dir / "runs" / run_id / "metrics.json").read_text())
@@ -359,7 +363,7 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
     # one (here: after the local write_run_config jobs) as single jobs, as a study's runs
     # all become ready at once when the data stage ends
     prep = [f"{results_dir}/runs/{r}/config.json" for r in shape["runs"]]
-    out = snakemake([*args, "--", f"{results_dir}/data/manifest.json", *prep], env)
+    out = snakemake([*args, "--", f"{results_dir}/data/manifest.json", *prep], env, 600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     targets = [f"{results_dir}/runs/{r}/metrics.json" for r in shape["runs"]]
     out = snakemake(
@@ -376,6 +380,7 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
             *targets,
         ],
         env,
+        timeout=900,
     )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
