@@ -9,6 +9,8 @@ Horovod in .venv-train (skipped otherwise).
 from __future__ import annotations
 
 import re
+import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,19 @@ def test_srun_pmix_starts_two_horovod_ranks(slurm_cluster, needs_horovod, tmp_pa
     assert all(r["size"] == "2" and r["sum"] == "3" for r in ranks), proc.stdout
 
 
+CRASH = re.compile(r"Segmentation fault|Address not mapped|signal 11")
+
+
+def _sbatch_two_nodes(env: dict, script: Path, out: Path) -> str:
+    out.unlink(missing_ok=True)
+    cmd = ["sbatch", "--wait", "-p", PARTITION, "-N", "2", "-n", "2", "--ntasks-per-node=1"]
+    proc = subprocess.run(
+        [*cmd, "-o", str(out), str(script)], env=env, timeout=300, capture_output=True, text=True
+    )
+    text = out.read_text() if out.exists() else ""
+    return text + (f"\nsbatch exit {proc.returncode}: {proc.stderr}" if proc.returncode else "")
+
+
 @pytest.mark.slow
 @pytest.mark.horovod
 def test_two_node_job_spans_both_nodes(slurm_cluster_two_nodes, needs_horovod, tmp_path):
@@ -123,28 +138,17 @@ def test_two_node_job_spans_both_nodes(slurm_cluster_two_nodes, needs_horovod, t
         "srun -l hostname | sort\n"
         "export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp "
         f"OMPI_MCA_btl_tcp_if_include={TWO_NODE_SUBNET}.0/24\n"
-        f"srun --mpi=pmix -n 2 --ntasks-per-node=1 {TRAIN_PYTHON} {prog}\n"
+        # -K: a rank that dies ends the step at once (its peer would wait in the allreduce)
+        f"srun --mpi=pmix -K1 -n 2 --ntasks-per-node=1 {TRAIN_PYTHON} {prog}\n"
     )
     out = tmp_path / "two_nodes.out"
-    run(
-        [
-            "sbatch",
-            "--wait",
-            "-p",
-            PARTITION,
-            "-N",
-            "2",
-            "-n",
-            "2",
-            "--ntasks-per-node=1",
-            "-o",
-            str(out),
-            str(script),
-        ],
-        env,
-        timeout=300,
-    )
-    text = out.read_text()
+    text = _sbatch_two_nodes(env, script, out)
+    if len(_hvd_lines(text)) < 2 and CRASH.search(text):
+        # seen once in a CI run (the other rank then waited 300 s), never in 35 runs of
+        # this job here: a rank segfaults in OpenMPI's start-up (address nil). Said, then
+        # tried once more; a second crash or any other failure fails the test.
+        warnings.warn(f"two-node job: a rank crashed, trying again:\n{text[-2000:]}", stacklevel=1)
+        text = _sbatch_two_nodes(env, script, out)
     hosts = dict(re.findall(r"^(\d+): (\S+)$", text, re.MULTILINE))
     assert set(hosts) == {"0", "1"} and hosts["0"] != hosts["1"], text
     ranks = _hvd_lines(text)
