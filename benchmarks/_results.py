@@ -171,9 +171,9 @@ def training_budget(epochs: int) -> dict:
     else the older ``epochs`` (benchmarks that write configs run on either)."""
     from hvdscale.config import validate_config
 
-    new = {"max_epochs": epochs, "stop_at_target": False, "warmup_epochs": 1}
+    probe = {"max_epochs": 4, "stop_at_target": False, "warmup_epochs": 1}  # keys, not values
     try:
-        validate_config({"training": new})
+        validate_config({"training": probe})
     except Exception:  # an older schema: no max_epochs
         return {"epochs": epochs}
     # an absolute target: no calibration runs, the arms time one training run each

@@ -52,15 +52,14 @@ SLURM_NAMES = ("slurmctld", "slurmd", "slurmstepd", "munged")
 
 
 def sh(cmd, env=None, check=True, **kw):
-    return subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        text=True,
-        capture_output=True,
-        check=check,
-        **kw,
+    """Run ``cmd`` in the project root; a failure shows its output (then raises)."""
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, text=True, capture_output=True, **kw
     )
+    if check and proc.returncode:
+        print(f"{' '.join(map(str, cmd))[:300]}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        proc.check_returncode()
+    return proc
 
 
 def cluster_env() -> dict:
