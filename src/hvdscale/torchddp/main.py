@@ -52,7 +52,6 @@ from hvdscale.train.main import (
     check_worker_count,
     make_sampler,
     read_target,
-    root_logger,
     start_orphan_watchdog,
     utilisation_block,
     write_pid_file,
@@ -174,6 +173,13 @@ def train_rank(args, out_dir: Path) -> int:
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
     return EXIT_NAN if result.status == "nan_loss" else 0
+
+
+def root_logger(worker: TorchWorker):
+    """print() on rank 0, nothing elsewhere."""
+    if worker.is_root:
+        return lambda msg: print(f"[hvdscale torchddp] {msg}", flush=True)
+    return lambda msg: None
 
 
 def check_backend(run_, backend: str) -> None:

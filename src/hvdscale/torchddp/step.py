@@ -40,7 +40,7 @@ class TorchStepProgram:
                  val, batch: int, fault: FaultDelay | None = None):  # fmt: skip
         self.optim, self.worker = optim, worker
         self.net = optim.net
-        self.ddp = DistributedDataParallel(self.net, broadcast_buffers=False)
+        self.ddp = DistributedDataParallel(self.net)  # no buffers to sync
         if training["horovod"]["compression"] == "fp16" and worker.distributed:
             from torch.distributed.algorithms.ddp_comm_hooks import (  # reason: optional
                 default_hooks,
