@@ -22,7 +22,6 @@ from conftest_train import (
     check_plausible,
     kill_group,
     load_record,
-    needs_train_env,
     sub_env,
     wait_for,
     write_config,
@@ -141,6 +140,7 @@ def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
     data = cached_data(tmp_path_factory, n_samples=400, train_shards=2, test_shards=1)
     d = tmp_path_factory.mktemp("torch_cfg")
     kw = {"n_samples": 400, "train_shards": 2, "test_shards": 1, "epochs": 3}
+    kw["timeline_steps"] = 0  # a Horovod timeline; torch-ddp writes none (phase 2)
     return write_config(d / "config.json", base_config(**kw)), data
 
 
@@ -235,4 +235,3 @@ def test_ranks_exit_when_torchrun_itself_is_killed(tmp_path, tiny_run_setup):
         wait_for(lambda: not live(pids), 30, "the orphaned ranks to exit", interval=0.2)
     finally:
         kill_group(proc)
-

@@ -59,8 +59,7 @@ def keras(out: str) -> None:
 def torch_side(keras_npz: str, out: str) -> None:
     import torch
 
-    from hvdscale.torchddp.net import KerasAdam, build_net, keras_order_weights
-    from hvdscale.torchddp.net import load_keras_weights
+    from hvdscale.torchddp.net import KerasAdam, build_net, keras_order_weights, load_keras_weights
     from hvdscale.torchddp.step import mse
 
     cfg = config()

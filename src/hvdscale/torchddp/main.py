@@ -35,8 +35,13 @@ from hvdscale.config import config_hash, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
 from hvdscale.launch import timelimit
-from hvdscale.runrecord import build_record, environment_block, system_block, utc_now
-from hvdscale.runrecord import write_run_outputs
+from hvdscale.runrecord import (
+    build_record,
+    environment_block,
+    system_block,
+    utc_now,
+    write_run_outputs,
+)
 from hvdscale.runtable import find_run
 from hvdscale.torchddp.dist import TorchWorker, detect_torch_launcher, torch_rank_env
 from hvdscale.torchddp.net import TorchOptimisation
