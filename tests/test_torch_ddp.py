@@ -235,3 +235,50 @@ def test_ranks_exit_when_torchrun_itself_is_killed(tmp_path, tiny_run_setup):
         wait_for(lambda: not live(pids), 30, "the orphaned ranks to exit", interval=0.2)
     finally:
         kill_group(proc)
+
+
+@pytest.mark.slow
+@needs_torch
+def test_sigusr1_stops_with_a_checkpoint_and_the_rerun_resumes_to_the_same_result(
+    tmp_path, tiny_run_setup
+):
+    """SLURM's time-limit warning (launch.timelimit): both ranks stop after the epoch's
+    checkpoint with exit 4; the same command resumes from it (weights, KerasAdam state,
+    shuffle by epoch) and ends where an uninterrupted run ends."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["max_epochs"] = 8
+    cfg8 = tmp_path / "config8.json"
+    cfg8.write_text(json.dumps(cfg))
+    rid = "local_gloo_n1_w2_b8_lrnone_r0"
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    proc = subprocess.Popen(
+        torchrun_cmd(2, cfg8, rid, data, out), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**train_env(), "SLURM_JOB_ID": "4242"},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (out / "checkpoint" / "LATEST").exists(), 120, "an epoch", proc)
+        for k in (0, 1):
+            os.kill(int((out / ".pids" / f"rank-{k}.pid").read_text()), signal.SIGUSR1)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode != 0 and "exit 4" in output, output[-3000:]
+    assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in (0, 1)] == ["4\n"] * 2
+    assert not (out / "metrics.json").exists()
+    for d in (out, whole):
+        r = subprocess.run(torchrun_cmd(2, cfg8, rid, data, d), capture_output=True,
+                           text=True, timeout=300, env=train_env())  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+    resumed, straight = load_record(out), load_record(whole)
+    attempts = resumed["resume"]["attempts"]
+    assert resumed["resume"]["resumed"] and attempts[0]["ended"] == "time_limit"
+    assert attempts[0]["exit_status"] == 4 and attempts[1]["start_epoch"] > 0
+    assert len(resumed["epochs"]) == len(straight["epochs"]) == 8
+    assert resumed["initial_weights_sha256"] == straight["initial_weights_sha256"]
+    for a, b in zip(resumed["epochs"], straight["epochs"]):
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    assert resumed["summary"]["final_test_loss"] == pytest.approx(
+        straight["summary"]["final_test_loss"], rel=1e-5
+    )
