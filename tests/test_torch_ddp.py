@@ -115,6 +115,16 @@ def test_one_adam_step_moves_the_weights_as_keras_does(keras_and_torch):
         np.testing.assert_allclose(t[f"after{i}"], k[f"after{i}"], rtol=0, atol=1e-5)
 
 
+@needs_torch
+def test_the_lr_rule_and_warm_up_ramp_are_the_keras_ones():
+    """Linear rule on 2 workers: 1e-3 -> 2e-3 over one warm-up epoch of 5 updates."""
+    keras = json.loads(run_check("lr", "keras").strip().splitlines()[-1])
+    torch_ = json.loads(run_check("lr", "torch").strip().splitlines()[-1])
+    assert keras[0] == pytest.approx(1e-3) and keras[5:] == pytest.approx([2e-3] * 4)
+    assert torch_ == pytest.approx(keras, rel=1e-6)
+    assert torch_[:6] == pytest.approx([1e-3 * (1 + k / 5) for k in range(6)])
+
+
 @pytest.mark.slow
 @needs_torch
 @pytest.mark.parametrize("timed", [False, True], ids=["ddp-overlapped", "timed-allreduce"])

@@ -6,6 +6,9 @@ per process, each writing its result to an npz file:
       weights after one Adam step (tf.keras.optimizers.Adam, LR_STEP) on that batch
   python tests/torch_ddp_checks.py torch KERAS.npz OUT.npz
       the same from the torch network with the Keras weights loaded (KerasAdam)
+  python tests/torch_ddp_checks.py lr keras|torch
+      the learning rate of updates 0..LR_UPDATES-1 of a 2-worker run with the linear LR
+      rule and one warm-up epoch of LR_STEPS updates (JSON list on stdout)
   torchrun --standalone --nproc-per-node N tests/torch_ddp_checks.py ddp-step OUT.npz [timed]
       one TorchStepProgram step of the same global batch (GLOBAL_BATCH rows), each of the
       N ranks on its contiguous part; rank 0 writes the weights after the step
@@ -21,6 +24,7 @@ from hvdscale.config import validate_config
 
 LR_STEP = 1e-3
 GLOBAL_BATCH = 16
+LR_STEPS, LR_UPDATES = 5, 9
 SEED = 7
 
 
@@ -98,12 +102,38 @@ def ddp_step(out: str, timed: bool) -> None:
     worker.shutdown()
 
 
+def learning_rates(framework: str) -> None:
+    import json
+
+    cfg = config()
+    cfg["training"].update(lr_warmup=True, warmup_epochs=1)
+    if framework == "keras":
+        from hvdscale.train.optim import Optimisation
+
+        optim = Optimisation.build(cfg, "linear", 2, LR_STEPS, seed=SEED)
+        it = optim.optimizer.iterations
+    else:
+        from hvdscale.torchddp.net import TorchOptimisation
+
+        optim = TorchOptimisation.build(cfg, "linear", 2, LR_STEPS, seed=SEED)
+    out = []
+    for k in range(LR_UPDATES):
+        if framework == "keras":
+            it.assign(k)
+        else:
+            optim.optimizer.param_groups[0]["iterations"] = k
+        out.append(optim.current_lr())
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
     if what == "keras":
         keras(rest[0])
     elif what == "torch":
         torch_side(rest[0], rest[1])
+    elif what == "lr":
+        learning_rates(rest[0])
     elif what == "ddp-step":
         ddp_step(rest[0], timed=len(rest) > 1 and rest[1] == "timed")
     else:
