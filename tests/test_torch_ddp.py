@@ -292,3 +292,24 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_rerun_resumes_to_the_same_resul
     assert resumed["summary"]["final_test_loss"] == pytest.approx(
         straight["summary"]["final_test_loss"], rel=1e-5
     )
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_diverging_run_writes_a_nan_loss_record(tmp_path, tiny_run_setup):
+    """As for Horovod: status nan_loss, exit 3 on rank 0 (torchrun reports it as its
+    failure; the launcher of phase 2 reads it as a result), 0 on the others."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["learning_rate"] = 1e8
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    r = subprocess.run(torchrun_cmd(2, bad, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+                       capture_output=True, text=True, timeout=300, env=train_env())  # fmt: skip
+    assert r.returncode != 0 and "loss is not finite" in r.stderr, r.stderr[-3000:]
+    assert "status nan_loss" in r.stdout
+    rec = load_record(out)
+    assert rec["status"] == "nan_loss" and rec["exit_status"] == 3 and "not finite" in rec["error"]
+    assert len(rec["epochs"]) == 1 and rec["epochs"][0]["train_loss"] is None
+    assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in (0, 1)] == ["3\n", "0\n"]
