@@ -162,17 +162,21 @@ def torchrun_cmd(ranks: int, config: Path, run_id: str, data: Path, out: Path) -
 
 @pytest.mark.slow
 @needs_torch
-@pytest.mark.parametrize("workers", [1, 2])
-def test_torchrun_run_writes_a_valid_record_with_its_label_proof(tmp_path, tiny_run_setup, workers):
+@pytest.mark.parametrize("workers,launcher", [(1, "torchrun"), (2, "torchrun"), (1, "direct")])
+def test_a_run_writes_a_valid_record_with_its_label_proof(
+    tmp_path, tiny_run_setup, workers, launcher
+):
     config, data = tiny_run_setup
     rid = f"local_gloo_n1_w{workers}_b8_lrnone_r0"
     out = tmp_path / "run"
-    r = subprocess.run(torchrun_cmd(workers, config, rid, data, out), capture_output=True,
-                       text=True, timeout=300, env=train_env())  # fmt: skip
+    cmd = torchrun_cmd(workers, config, rid, data, out)
+    if launcher == "direct":  # one process without torchrun: a private one-rank group
+        cmd = [str(TRAIN_PY), *cmd[4:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=train_env())
     assert r.returncode == 0, r.stdout + r.stderr
     rec = load_record(out)  # validates against run.schema.json
     check_plausible(rec, workers, epochs=3)
-    assert rec["config"]["framework"] == "torch-ddp" and rec["config"]["launcher"] == "torchrun"
+    assert rec["config"]["framework"] == "torch-ddp" and rec["config"]["launcher"] == launcher
     assert rec["config"]["controller"] == "gloo" and rec["environment"]["torch"].startswith("2.")
     assert rec["environment"]["tensorflow"] == "none" == rec["environment"]["horovod"]
     proof = rec["label_proof"]
