@@ -98,7 +98,7 @@ def ddp_step(out: str, timed: bool) -> None:
     program.run_steps(0, 1, timed)
     if worker.is_root:
         np.savez(out, **{f"after{i}": w for i, w in enumerate(keras_order_weights(optim.net))})
-    worker.barrier()
+    program.close()
     worker.shutdown()
 
 

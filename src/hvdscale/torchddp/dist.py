@@ -127,6 +127,8 @@ class TorchWorker(WorkerInfo):
             self.dist.barrier()
 
     def shutdown(self) -> None:
-        """Leave the process group (every rank, at the end)."""
+        """Wait for every rank, then leave the process group (every rank, at the end;
+        nothing that holds the group, such as DDP, may outlive it)."""
         if self.dist is not None and self.dist.is_initialized():
+            self.barrier(name="shutdown")
             self.dist.destroy_process_group()

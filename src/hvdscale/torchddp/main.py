@@ -152,12 +152,11 @@ def train_rank(args, out_dir: Path) -> int:
     )
     sampler = make_sampler(worker)
     result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
-    worker.barrier(name="train_end")
-    if result.exit_code is not None:  # stopped before the time limit: the retry resumes
-        worker.shutdown()
-        return result.exit_code
     proof_extra = torch_label_facts(worker)
+    program.close()  # DDP's reducer before the group it uses (else: abort at exit)
     worker.shutdown()
+    if result.exit_code is not None:  # stopped before the time limit: the retry resumes
+        return result.exit_code
     if not worker.is_root:
         return 0
     record = build_record(

@@ -16,6 +16,7 @@ With ``backward_passes_per_step`` k > 1, k micro-batches accumulate their gradie
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -132,6 +133,12 @@ class TorchStepProgram:
         self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)), 1.0)
 
     # ------------------------------------------------------------------ host side
+
+    def close(self) -> None:
+        """Drop the DDP wrapper (its reducer, buckets and hooks) while the process group
+        still exists; the plain module stays usable for evaluation."""
+        self.ddp = None
+        gc.collect()
 
     def warm_up(self, spe: int) -> None:
         """Nothing to compile (eager)."""
