@@ -150,7 +150,6 @@ def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
     data = cached_data(tmp_path_factory, n_samples=400, train_shards=2, test_shards=1)
     d = tmp_path_factory.mktemp("torch_cfg")
     kw = {"n_samples": 400, "train_shards": 2, "test_shards": 1, "epochs": 3}
-    kw["timeline_steps"] = 0  # a Horovod timeline; torch-ddp writes none (phase 2)
     return write_config(d / "config.json", base_config(**kw)), data
 
 
@@ -184,6 +183,7 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     assert proof["process_group_backend"] == "gloo"
     assert proof["process_group_world_size"] == proof["world_size"] == workers
     assert len(proof["hosts"]) == 1 and sum(proof["ranks_per_host"].values()) == workers
+    assert rec["config"]["timeline_steps"] == 0 and rec["timeline"] is None  # none recorded
     assert rec["initial_weights_sha256"] and rec["summary"]["final_test_loss"] is not None
     assert (out / "history.csv").is_file() and (out / "checkpoint" / "LATEST").is_file()
     assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in range(workers)] == [

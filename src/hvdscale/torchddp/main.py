@@ -173,6 +173,7 @@ def train_rank(args, out_dir: Path) -> int:
         initial_weights_sha256=progress.initial_weights_sha256,
     )  # fmt: skip
     record["config"]["framework"] = FRAMEWORK
+    record["config"]["timeline_steps"] = 0  # a Horovod timeline: torch-ddp records none
     record["label_proof"] = label_proof(record, proof_extra)
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
