@@ -17,7 +17,7 @@ Installs what hvdscale needs on a Debian 12 machine:
      printed and setup stops.
   2. .venv        workflow env: Snakemake 9, SLURM executor plugin, pandas, pandera,
                   matplotlib, h5py, reportlab, pytest (envs/workflow.lock.txt).
-  3. .venv-train  train env: tensorflow-cpu 2.15.1, numpy 1.26.4, h5py and Horovod
+  3. .venv-train  train env: tensorflow-cpu 2.15.1, numpy 1.26.4, h5py, torch 2.13.0 (CPU) and Horovod
                   0.28.1 compiled with MPI and Gloo (envs/train.lock.txt).
 
 Options:

@@ -8,6 +8,24 @@ from hvdscale.model import build_model, check_parameter_count
 from hvdscale.runtable import learning_rate_for
 
 
+def warmup_updates(tcfg: dict, lr_base: float, lr: float, steps: int) -> int:
+    """Optimizer updates of the warm-up ramp from ``lr_base`` to ``lr`` (0: no ramp): the
+    training section's ``warmup_epochs`` times the updates per epoch (``steps`` //
+    backward_passes_per_step), when ``lr_warmup`` is on and the LR rule changed the rate.
+    Framework-free: the Horovod-TF and the torch-ddp trainers both use it."""
+    if tcfg["lr_warmup"] and tcfg["warmup_epochs"] > 0 and lr != lr_base:
+        return tcfg["warmup_epochs"] * (steps // tcfg["horovod"]["backward_passes_per_step"])
+    return 0
+
+
+def warmup_lr(base: float, target: float, warmup_updates: int, update: int) -> float:
+    """The learning rate of optimizer update ``update`` (0 = the first): a linear ramp
+    from ``base`` to ``target`` over ``warmup_updates`` updates, then ``target``; the
+    formula of ``WarmupSchedule`` in plain Python."""
+    n = max(1, int(warmup_updates))
+    return float(base) + (float(target) - float(base)) * min(float(update) / n, 1.0)
+
+
 class WarmupSchedule:
     """Linear ramp from the base to the scaled learning rate over ``warmup_updates``
     optimizer updates (Goyal et al.), then constant. Built lazily (needs TensorFlow)."""
@@ -56,14 +74,10 @@ class Optimisation:
         tf.keras.utils.set_random_seed(cfg["seed"] if seed is None else int(seed))
         model = build_model(cfg)
         n_params = check_parameter_count(cfg)
-        bpps = tcfg["horovod"]["backward_passes_per_step"]
         lr_base = tcfg["learning_rate"]
         lr = learning_rate_for(lr_base, lr_rule, workers)
-        updates_per_epoch = steps // bpps
-        if tcfg["lr_warmup"] and tcfg["warmup_epochs"] > 0 and lr != lr_base:
-            schedule = WarmupSchedule.make(lr_base, lr, tcfg["warmup_epochs"] * updates_per_epoch)
-        else:
-            schedule = lr
+        ramp = warmup_updates(tcfg, lr_base, lr, steps)
+        schedule = WarmupSchedule.make(lr_base, lr, ramp) if ramp else lr
         opt = tf.keras.optimizers.Adam(learning_rate=schedule)
         opt.build(model.trainable_variables)
         return cls(model, opt, schedule, lr_base, lr, n_params)

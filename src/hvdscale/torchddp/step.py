@@ -1,0 +1,183 @@
+"""The training steps and evaluation of one torch-ddp rank, behind the host interface of
+``hvdscale.train.step.StepProgram`` (``start_epoch``, ``run_steps``, ``epoch_results``,
+``grad_sq``, ``val_sse``, ``test_sse``, ``warm_up``, ``n_local``), so that the epoch loop
+of ``hvdscale.train.loop`` drives it unchanged.
+
+Plain steps (the headline time) are ordinary DDP steps: the gradient allreduce of each
+bucket starts during the backward pass and overlaps it (gloo on the CPU). Timed steps
+(every ``training.instrument_every``-th call) separate the phases as the Horovod step does:
+data (gather the batch rows), compute (forward and backward without DDP's hooks,
+``no_sync``), sync (one allreduce of all gradients, then / world size: DDP's average),
+update (KerasAdam). So ``time_sync_s`` is the allreduce *without* overlap, the Horovod
+definition; the synchronisation DDP leaves exposed is not measured here (phase 2).
+With ``backward_passes_per_step`` k > 1, k micro-batches accumulate their gradients
+(loss / k, without communication) and the k-th one synchronises and updates.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from hvdscale.torchddp.net import TorchOptimisation
+from hvdscale.train.fault import FaultDelay
+from hvdscale.train.step import EVAL_BATCH
+
+
+def mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss: the mean over the batch and both labels of the squared error
+    (``tf.reduce_mean(tf.square(pred - y))``)."""
+    return torch.mean(torch.square(pred - y))
+
+
+class TorchStepProgram:
+    """One rank's DDP model, its data (normalised host arrays as tensors) and steps."""
+
+    def __init__(self, optim: TorchOptimisation, worker, training: dict, *, train, test,
+                 val, batch: int, fault: FaultDelay | None = None):  # fmt: skip
+        self.optim, self.worker = optim, worker
+        self.net = optim.net
+        self.ddp = DistributedDataParallel(self.net)  # no buffers to sync
+        if training["horovod"]["compression"] == "fp16" and worker.distributed:
+            from torch.distributed.algorithms.ddp_comm_hooks import (  # reason: optional
+                default_hooks,
+            )
+
+            self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.bpps = int(training["horovod"]["backward_passes_per_step"])
+        self.batch = int(batch)
+        self.fault = FaultDelay() if fault is None else fault
+        self.x, self.y = torch.from_numpy(train[0]), torch.from_numpy(train[1])
+        self.x_test, self.y_test = torch.from_numpy(test[0]), torch.from_numpy(test[1])
+        self.has_val = val[0] is not None
+        self.x_val = torch.from_numpy(val[0]) if self.has_val else self.x_test
+        self.y_val = torch.from_numpy(val[1]) if self.has_val else self.y_test
+        self.n_local = len(self.x)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.micro = 0
+        self.perm = torch.arange(self.n_local)
+        self.loss_sum = 0.0
+        self.timers = np.zeros(4)
+        self.gsq = np.zeros(3)
+
+    # ------------------------------------------------------------------ the steps
+
+    def _delay(self, phase: str) -> None:
+        if self.fault.phase == phase:
+            time.sleep(self.fault.seconds)
+
+    def _batch(self, j: int):
+        idx = self.perm[j * self.batch : (j + 1) * self.batch]
+        return self.x[idx], self.y[idx]
+
+    def _update(self) -> None:
+        self.optim.set_lr()
+        self.optim.optimizer.step()
+        self.optim.optimizer.zero_grad(set_to_none=True)
+
+    def _plain_step(self, j: int) -> None:
+        x, y = self._batch(j)
+        self.micro += 1
+        last = self.micro % self.bpps == 0
+        if last:
+            loss = mse(self.ddp(x), y)
+            (loss / self.bpps).backward()  # DDP: the allreduce overlaps this pass
+        else:
+            with self.ddp.no_sync():
+                loss = mse(self.ddp(x), y)
+                (loss / self.bpps).backward()
+        self.loss_sum += float(loss.detach())
+        if last:
+            self._update()
+
+    def _timed_step(self, j: int) -> None:
+        t0 = time.perf_counter()
+        x, y = self._batch(j)
+        self._delay("data")
+        t1 = time.perf_counter()
+        self.micro += 1
+        with self.ddp.no_sync():
+            loss = mse(self.ddp(x), y)
+            (loss / self.bpps).backward()
+        self.loss_sum += float(loss.detach())
+        self._delay("compute")
+        t2 = time.perf_counter()
+        t3 = t4 = t2
+        if self.micro % self.bpps == 0:
+            self._allreduce_grads()
+            self._delay("sync")
+            t3 = time.perf_counter()
+            self._update()
+            self._delay("update")
+            t4 = time.perf_counter()
+        self.timers += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+
+    def _allreduce_grads(self) -> None:
+        """DDP's average by hand, in one flat buffer (timed steps); with more than one
+        rank also |g_local|^2 and |g_allreduced|^2 for the gradient noise scale."""
+        if not self.worker.distributed:
+            return
+        grads = [p.grad for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        local_sq = float(torch.sum(flat.double() ** 2))
+        self.worker.dist.all_reduce(flat)
+        flat /= self.worker.size
+        at = 0
+        for g in grads:
+            g.copy_(flat[at : at + g.numel()].view_as(g))
+            at += g.numel()
+        self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)), 1.0)
+
+    # ------------------------------------------------------------------ host side
+
+    def close(self) -> None:
+        """Drop the DDP wrapper (its reducer, buckets and hooks) while the process group
+        still exists; the plain module stays usable for evaluation."""
+        self.ddp = None
+        gc.collect()
+
+    def warm_up(self, spe: int) -> None:
+        """Nothing to compile (eager)."""
+
+    def start_epoch(self, perm: np.ndarray) -> None:
+        self.perm = torch.from_numpy(np.asarray(perm, dtype=np.int64))
+        self.loss_sum = 0.0
+        self.timers = np.zeros(4)
+        self.gsq = np.zeros(3)
+
+    def run_steps(self, start: int, n: int, timed: bool) -> float:
+        """Steps start..start+n-1 of the epoch; 0 host-side data time (the data phase of
+        a timed step is in ``timers``)."""
+        step = self._timed_step if timed else self._plain_step
+        self.net.train()
+        for j in range(start, start + n):
+            step(j)
+        return 0.0
+
+    def epoch_results(self) -> tuple[float, np.ndarray]:
+        return float(self.loss_sum), self.timers.copy()
+
+    def grad_sq(self) -> tuple[float, float, int]:
+        a, b, n = (float(v) for v in self.gsq)
+        return a, b, int(round(n))
+
+    @torch.no_grad()
+    def _sse(self, xs: torch.Tensor, ys: torch.Tensor) -> float:
+        self.net.eval()
+        sse = 0.0
+        for a in range(0, len(xs), EVAL_BATCH):
+            err = torch.square(self.net(xs[a : a + EVAL_BATCH]) - ys[a : a + EVAL_BATCH])
+            sse += float(torch.sum(err.double()))
+        return sse
+
+    def test_sse(self) -> tuple[float, int]:
+        return self._sse(self.x_test, self.y_test), int(self.x_test.shape[0]) * 2
+
+    def val_sse(self) -> tuple[float, int]:
+        if not self.has_val:
+            raise ValueError("TorchStepProgram: built without a validation split")
+        return self._sse(self.x_val, self.y_val), int(self.x_val.shape[0]) * 2

@@ -1,0 +1,319 @@
+"""The torch-ddp trainer (issue 19, phase 1): the same network, loss and optimizer step as
+the Keras one (each framework in its own train-env process, tests/torch_ddp_checks.py),
+the DDP gradient average, and real 1- and 2-rank torchrun runs on a few hundred curves
+made by the project's data pipeline, whose records validate against the run schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest_train import (
+    PROJECT_ROOT,
+    TRAIN_PY,
+    base_config,
+    cached_data,
+    check_plausible,
+    kill_group,
+    load_record,
+    sub_env,
+    wait_for,
+    write_config,
+)
+
+from hvdscale.model import parameter_count
+from hvdscale.train.optim import warmup_lr, warmup_updates
+
+CHECKS = PROJECT_ROOT / "tests" / "torch_ddp_checks.py"
+TORCHRUN = TRAIN_PY.parent / "torchrun"
+
+
+def has_torch() -> bool:
+    if not TRAIN_PY.exists():
+        return False
+    r = subprocess.run([str(TRAIN_PY), "-c", "import torch"], capture_output=True)
+    return r.returncode == 0
+
+
+needs_torch = pytest.mark.skipif(not has_torch(), reason="torch missing in .venv-train")
+
+
+def train_env() -> dict:
+    env = sub_env()
+    env["PYTHONPATH"] = str(PROJECT_ROOT / "src")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_check(*args, torchrun_ranks: int | None = None, timeout=240) -> str:
+    cmd = [str(TRAIN_PY), str(CHECKS), *map(str, args)]
+    if torchrun_ranks is not None:
+        cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(torchrun_ranks), *cmd[1:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=train_env())
+    assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+# --------------------------------------------------------------------------- framework-free
+
+
+def test_warmup_rule_is_the_keras_schedules_formula():
+    t = {"lr_warmup": True, "warmup_epochs": 2, "horovod": {"backward_passes_per_step": 2}}
+    assert warmup_updates(t, 1e-3, 4e-3, steps=10) == 2 * 5
+    assert warmup_updates(t, 1e-3, 1e-3, steps=10) == 0  # the rule kept the rate
+    assert warmup_updates({**t, "lr_warmup": False}, 1e-3, 4e-3, steps=10) == 0
+    assert [warmup_lr(1.0, 3.0, 4, k) for k in (0, 2, 4, 9)] == [1.0, 2.0, 3.0, 3.0]
+
+
+def test_the_run_schema_knows_torchrun_and_the_framework():
+    from hvdscale.runrecord import load_run_schema
+
+    props = load_run_schema()["properties"]
+    assert "torchrun" in props["config"]["properties"]["launcher"]["enum"]
+    assert props["config"]["properties"]["framework"]["enum"] == ["horovod-tf", "torch-ddp"]
+
+
+# --------------------------------------------------------------------------- the same math
+
+
+@pytest.fixture(scope="module")
+def keras_and_torch(tmp_path_factory) -> tuple[dict, dict]:
+    d = tmp_path_factory.mktemp("frameworks")
+    run_check("keras", d / "keras.npz")
+    run_check("torch", d / "keras.npz", d / "torch.npz")
+    return dict(np.load(d / "keras.npz")), dict(np.load(d / "torch.npz"))
+
+
+@needs_torch
+def test_the_parameter_count_is_the_keras_models(keras_and_torch):
+    k, t = keras_and_torch
+    assert int(k["n_params"]) == int(t["n_params"]) == parameter_count(200, [192, 175, 24])
+    assert int(t["n_params"]) == 153441
+
+
+@needs_torch
+def test_same_weights_same_batch_same_loss(keras_and_torch):
+    k, t = keras_and_torch
+    assert float(t["loss"]) == pytest.approx(float(k["loss"]), rel=1e-6)
+
+
+@needs_torch
+def test_one_adam_step_moves_the_weights_as_keras_does(keras_and_torch):
+    """KerasAdam = tf.keras.optimizers.Adam: the same epsilon (1e-7) in the same place.
+    The first step moves each weight by about lr; the two agree to 1 % of it."""
+    k, t = keras_and_torch
+    assert float(k["epsilon"]) == float(t["epsilon"]) == 1e-7
+    for i in range(8):
+        moved = np.abs(k[f"after{i}"] - k[f"w{i}"]).max()
+        assert moved > 5e-4
+        np.testing.assert_allclose(t[f"after{i}"], k[f"after{i}"], rtol=0, atol=1e-5)
+
+
+@needs_torch
+def test_the_lr_rule_and_warm_up_ramp_are_the_keras_ones():
+    """Linear rule on 2 workers: 1e-3 -> 2e-3 over one warm-up epoch of 5 updates."""
+    keras = json.loads(run_check("lr", "keras").strip().splitlines()[-1])
+    torch_ = json.loads(run_check("lr", "torch").strip().splitlines()[-1])
+    assert keras[0] == pytest.approx(1e-3) and keras[5:] == pytest.approx([2e-3] * 4)
+    assert torch_ == pytest.approx(keras, rel=1e-6)
+    assert torch_[:6] == pytest.approx([1e-3 * (1 + k / 5) for k in range(6)])
+
+
+@pytest.mark.slow
+@needs_torch
+@pytest.mark.parametrize("timed", [False, True], ids=["ddp-overlapped", "timed-allreduce"])
+def test_two_rank_step_equals_one_rank_step_on_the_whole_batch(tmp_path, timed):
+    """After one step, 2-rank DDP weights = 1-rank weights on the concatenated batch (the
+    allreduce average), for the plain DDP step and the timed step's own allreduce."""
+    mode = "timed" if timed else "plain"
+    run_check("ddp-step", tmp_path / "one.npz", mode, torchrun_ranks=1)
+    run_check("ddp-step", tmp_path / "two.npz", mode, torchrun_ranks=2)
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert one.files == two.files and len(one.files) == 8
+    for f in one.files:
+        np.testing.assert_allclose(two[f], one[f], rtol=0, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
+    """A few hundred curves through the data pipeline (about 270 train, 30 validation and
+    100 test samples), and a 3-epoch config with one warm-up epoch."""
+    data = cached_data(tmp_path_factory, n_samples=400, train_shards=2, test_shards=1)
+    d = tmp_path_factory.mktemp("torch_cfg")
+    kw = {"n_samples": 400, "train_shards": 2, "test_shards": 1, "epochs": 3}
+    return write_config(d / "config.json", base_config(**kw)), data
+
+
+def torchrun_cmd(ranks: int, config: Path, run_id: str, data: Path, out: Path) -> list[str]:
+    return [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks),
+            "-m", "hvdscale.torchddp", "--config", str(config), "--run-id", run_id,
+            "--data-dir", str(data), "--out-dir", str(out)]  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_torch
+@pytest.mark.parametrize("workers,launcher", [(1, "torchrun"), (2, "torchrun"), (1, "direct")])
+def test_a_run_writes_a_valid_record_with_its_label_proof(
+    tmp_path, tiny_run_setup, workers, launcher
+):
+    config, data = tiny_run_setup
+    rid = f"local_gloo_n1_w{workers}_b8_lrnone_r0"
+    out = tmp_path / "run"
+    cmd = torchrun_cmd(workers, config, rid, data, out)
+    if launcher == "direct":  # one process without torchrun: a private one-rank group
+        cmd = [str(TRAIN_PY), *cmd[4:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=train_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = load_record(out)  # validates against run.schema.json
+    check_plausible(rec, workers, epochs=3)
+    assert rec["config"]["framework"] == "torch-ddp" and rec["config"]["launcher"] == launcher
+    assert rec["config"]["controller"] == "gloo" and rec["environment"]["torch"].startswith("2.")
+    assert rec["environment"]["tensorflow"] == "none" == rec["environment"]["horovod"]
+    proof = rec["label_proof"]
+    assert proof["ok"], proof["problems"]
+    assert proof["process_group_backend"] == "gloo"
+    assert proof["process_group_world_size"] == proof["world_size"] == workers
+    assert len(proof["hosts"]) == 1 and sum(proof["ranks_per_host"].values()) == workers
+    assert rec["config"]["timeline_steps"] == 0 and rec["timeline"] is None  # none recorded
+    assert rec["initial_weights_sha256"] and rec["summary"]["final_test_loss"] is not None
+    assert (out / "history.csv").is_file() and (out / "checkpoint" / "LATEST").is_file()
+    assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in range(workers)] == [
+        "0\n"
+    ] * workers
+
+
+def live(pids: list[int]) -> list[int]:
+    return [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_killed_rank_ends_the_job_with_a_clear_message_and_no_orphans(tmp_path, tiny_run_setup):
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["max_epochs"] = 500
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        torchrun_cmd(2, long, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=train_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (out / "checkpoint" / "LATEST").exists(), 120, "an epoch", proc)
+        pids = [int((out / ".pids" / f"rank-{k}.pid").read_text()) for k in (0, 1)]
+        time.sleep(0.3)
+        os.kill(pids[1], signal.SIGKILL)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job hung for 60 s after rank 1 was killed")
+    finally:
+        kill_group(proc)
+    assert proc.returncode != 0
+    assert "Root Cause" in output and "rank      : 1" in output and "SIGKILL" in output, output
+    assert not (out / "metrics.json").exists()
+    wait_for(lambda: not live(pids), 30, "every rank to exit", interval=0.2)
+
+
+@pytest.mark.slow
+@needs_torch
+def test_ranks_exit_when_torchrun_itself_is_killed(tmp_path, tiny_run_setup):
+    """The orphan watchdog: SIGKILL of torchrun alone leaves no training rank behind."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["max_epochs"] = 500
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        torchrun_cmd(2, long, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=train_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (out / "checkpoint" / "LATEST").exists(), 120, "an epoch", proc)
+        pids = [int((out / ".pids" / f"rank-{k}.pid").read_text()) for k in (0, 1)]
+        proc.kill()  # torchrun only, not its group
+        proc.wait(timeout=10)
+        wait_for(lambda: not live(pids), 30, "the orphaned ranks to exit", interval=0.2)
+    finally:
+        kill_group(proc)
+
+
+@pytest.mark.slow
+@needs_torch
+def test_sigusr1_stops_with_a_checkpoint_and_the_rerun_resumes_to_the_same_result(
+    tmp_path, tiny_run_setup
+):
+    """SLURM's time-limit warning (launch.timelimit): both ranks stop after the epoch's
+    checkpoint with exit 4; the same command resumes from it (weights, KerasAdam state,
+    shuffle by epoch) and ends where an uninterrupted run ends."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["max_epochs"] = 8
+    cfg8 = tmp_path / "config8.json"
+    cfg8.write_text(json.dumps(cfg))
+    rid = "local_gloo_n1_w2_b8_lrnone_r0"
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    proc = subprocess.Popen(
+        torchrun_cmd(2, cfg8, rid, data, out), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**train_env(), "SLURM_JOB_ID": "4242"},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (out / "checkpoint" / "LATEST").exists(), 120, "an epoch", proc)
+        for k in (0, 1):
+            os.kill(int((out / ".pids" / f"rank-{k}.pid").read_text()), signal.SIGUSR1)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode != 0 and "exit 4" in output, output[-3000:]
+    assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in (0, 1)] == ["4\n"] * 2
+    assert not (out / "metrics.json").exists()
+    for d in (out, whole):
+        r = subprocess.run(torchrun_cmd(2, cfg8, rid, data, d), capture_output=True,
+                           text=True, timeout=300, env=train_env())  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+    resumed, straight = load_record(out), load_record(whole)
+    attempts = resumed["resume"]["attempts"]
+    assert resumed["resume"]["resumed"] and attempts[0]["ended"] == "time_limit"
+    assert attempts[0]["exit_status"] == 4 and attempts[1]["start_epoch"] > 0
+    assert len(resumed["epochs"]) == len(straight["epochs"]) == 8
+    assert resumed["initial_weights_sha256"] == straight["initial_weights_sha256"]
+    for a, b in zip(resumed["epochs"], straight["epochs"]):
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    assert resumed["summary"]["final_test_loss"] == pytest.approx(
+        straight["summary"]["final_test_loss"], rel=1e-5
+    )
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_diverging_run_writes_a_nan_loss_record(tmp_path, tiny_run_setup):
+    """As for Horovod: status nan_loss, exit 3 on rank 0 (torchrun reports it as its
+    failure; the launcher of phase 2 reads it as a result), 0 on the others."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"]["learning_rate"] = 1e8
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    r = subprocess.run(torchrun_cmd(2, bad, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+                       capture_output=True, text=True, timeout=300, env=train_env())  # fmt: skip
+    assert r.returncode != 0 and "loss is not finite" in r.stderr, r.stderr[-3000:]
+    assert "status nan_loss" in r.stdout
+    rec = load_record(out)
+    assert rec["status"] == "nan_loss" and rec["exit_status"] == 3 and "not finite" in rec["error"]
+    assert len(rec["epochs"]) == 1 and rec["epochs"][0]["train_loss"] is None
+    assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in (0, 1)] == ["3\n", "0\n"]
