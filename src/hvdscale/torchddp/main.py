@@ -34,7 +34,6 @@ from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, load_config
 from hvdscale.errors import UserError
 from hvdscale.labelproof import prove
-from hvdscale.launch import timelimit
 from hvdscale.runrecord import (
     build_record,
     environment_block,
@@ -57,9 +56,8 @@ from hvdscale.train.main import (
     check_worker_count,
     make_sampler,
     read_target,
-    start_orphan_watchdog,
+    run_rank,
     utilisation_block,
-    write_pid_file,
 )
 
 FRAMEWORK = "torch-ddp"
@@ -82,30 +80,9 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Run one rank; leave OUT_DIR/.pids/rank-N.exit with the exit status."""
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rank = torch_rank_env()["rank"]
-    write_pid_file(out_dir, rank)
-    start_orphan_watchdog()
     # torchrun's SIGTERM (another rank failed) ends this rank at once, even inside a
     # blocked gloo collective (the default action; a Python handler would wait for it)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    timelimit.install()  # SIGUSR1 before the SLURM time limit: checkpoint, exit 4
-    code = 1
-    try:
-        code = train_rank(args, out_dir)
-        return code
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        raise
-    except UserError:
-        code = 2
-        raise
-    finally:
-        try:
-            (out_dir / ".pids" / f"rank-{rank}.exit").write_text(f"{code}\n")
-        except OSError:
-            pass
+    return run_rank(args, torch_rank_env()["rank"], train_rank, signal.SIG_DFL)
 
 
 def train_rank(args, out_dir: Path) -> int:

@@ -99,18 +99,25 @@ def add_arguments(p):
 def run(args) -> int:
     """Run one rank; leave OUT_DIR/.pids/rank-N.exit with the exit status (diagnostics:
     a rank without it was killed or crashed hard)."""
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rank = launcher_rank_env()["rank"]
-    write_pid_file(out_dir, rank)
-    start_orphan_watchdog()
     # a launcher's SIGTERM (clean-up after another rank failed) ends this rank through
     # the normal exit path, so the exit marker says "143" and not "killed"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    on_term = lambda *_: sys.exit(143)  # noqa: E731
+    return run_rank(args, launcher_rank_env()["rank"], train_rank, on_term)
+
+
+def run_rank(args, rank: int, train, on_term) -> int:
+    """The rank's frame, for both frameworks: pid file, orphan watchdog, SIGTERM
+    handler ``on_term``, the SIGUSR1 time-limit stop, then ``train(args, out_dir)``;
+    OUT_DIR/.pids/rank-N.exit gets the exit status however it ends."""
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_pid_file(out_dir, rank)
+    start_orphan_watchdog()
+    signal.signal(signal.SIGTERM, on_term)
     timelimit.install()  # SIGUSR1 before the SLURM time limit: checkpoint, exit 4
     code = 1
     try:
-        code = train_rank(args, out_dir)
+        code = train(args, out_dir)
         return code
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
