@@ -10,8 +10,12 @@ measured on, so a benchmark
 2. records per row ``foreign_cpu``: the CPU time that processes *outside* the arm's own
    process tree used while the arm ran, as a fraction of one core (``CpuMeter``):
    user+nice+system+steal of /proc/stat (psutil where there is none) minus the arm's own
-   usage (``getrusage`` of this process and its reaped children, or psutil samples of its
-   live process tree, whichever is larger). irq+softirq time is recorded apart
+   usage. The arm's own usage is exact where a cgroup can be made (root; ``CgroupAccount``:
+   this process and the named SLURM daemons in a cpuacct group, so every process they
+   start is charged to it, short-lived and reparented ones too); elsewhere it is
+   ``getrusage`` of this process and its reaped children, or psutil samples of its live
+   process tree, whichever is larger (a lower bound: processes outside this tree that end
+   between two samples are missed). irq+softirq time is recorded apart
    (``irq_cpu``): the kernel charges it to no process, and most of it is the arm's own
    network traffic (Gloo's and gRPC's loopback TCP), so it is no sign of a foreign
    process;
@@ -30,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 MAX_LOAD_DEFAULT = 0.5
 QUIET_TIMEOUT_DEFAULT = 600.0
@@ -229,6 +234,83 @@ class TreeSampler(threading.Thread):
         return sum(v - self.base.get(k, 0.0) for k, v in self.seen.items())
 
 
+CGROUP_ROOTS = ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+
+
+class CgroupAccount:
+    """Exact CPU time of the arm: a cgroup of its own (cgroup v1 ``cpuacct.usage``, or
+    v2 ``cpu.stat`` usage_usec) holding this process and the named processes (the SLURM
+    daemons). Whatever they fork later is born in it, also processes that are reparented
+    (slurmstepd) or end between two looks, and the kernel charges their CPU time to it,
+    so nothing is sampled. ``open()`` returns None where no writable cgroup exists (not
+    root, no cgroup file system); the meter falls back to sampling then.
+    ``close()`` moves every process left in it back to the root group and removes it."""
+
+    def __init__(self, root: Path, names: tuple[str, ...] = ()):
+        self.root, self.names = root, names
+        self.dir = root / f"hvdscale-bench-{os.getpid()}-{time.monotonic_ns()}"
+        self.v1 = (root / "cpuacct.usage").exists() or root.name == "cpuacct"
+
+    @classmethod
+    def open(cls, names: tuple[str, ...] = (), roots: Iterable[str] = CGROUP_ROOTS):
+        for r in map(Path, roots):
+            if not (r / "cgroup.procs").exists():
+                continue
+            acct = cls(r, names)
+            try:
+                acct.dir.mkdir()
+                acct.add(os.getpid())
+                for pid in pids_named(names):
+                    acct.add(pid, missing_ok=True)
+                acct.usage()
+                return acct
+            except OSError:
+                acct.close()
+        return None
+
+    def add(self, pid: int, missing_ok: bool = False) -> None:
+        try:
+            (self.dir / "cgroup.procs").write_text(f"{pid}\n")
+        except ProcessLookupError:
+            if not missing_ok:
+                raise
+
+    def usage(self) -> float:
+        """CPU seconds charged to the group since it was made."""
+        if self.v1:
+            return int((self.dir / "cpuacct.usage").read_text()) / 1e9
+        for line in (self.dir / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+        raise OSError(f"{self.dir / 'cpu.stat'}: no usage_usec")
+
+    def close(self) -> None:
+        try:
+            for pid in (self.dir / "cgroup.procs").read_text().split():
+                try:
+                    (self.root / "cgroup.procs").write_text(f"{pid}\n")
+                except ProcessLookupError:
+                    pass
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+def pids_named(names: Iterable[str]) -> list[int]:
+    """PIDs of the live processes whose name (/proc/PID/comm) is one of ``names``."""
+    names, out = set(names), []
+    if not names:
+        return out
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() in names:
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
 class CpuMeter:
     """``start()`` ... ``stop()`` -> (foreign_cpu, irq_cpu) as fractions of one core over
     the wall time between them (None, None where the system's CPU time is unknown). The
@@ -245,9 +327,12 @@ class CpuMeter:
         self.total, self.own, self.clock = total, own, clock
         self.sample_tree, self.names = sample_tree, names
         self.sampler: TreeSampler | None = None
+        self.cgroup: CgroupAccount | None = None
 
     def start(self) -> CpuMeter:
-        if self.sample_tree:
+        self.cgroup = CgroupAccount.open(self.names) if self.sample_tree else None
+        self.cg0 = self.cgroup.usage() if self.cgroup is not None else None
+        if self.sample_tree and self.cgroup is None:
             self.sampler = TreeSampler(self.names)
             self.sampler.start()
         self.t0, self.total0, self.own0 = self.clock(), self.total(), self.own()
@@ -258,7 +343,11 @@ class CpuMeter:
         wall = self.clock() - self.t0
         total1, own_ru = self.total(), self.own() - self.own0
         own = own_ru
-        if self.sampler is not None:
+        if self.cgroup is not None:
+            own = max(own_ru, self.cgroup.usage() - self.cg0)
+            self.cgroup.close()
+            self.cgroup = None
+        elif self.sampler is not None:
             own = max(own_ru, _self_cpu() - self.self0 + self.sampler.finish())
         if self.total0 is None or total1 is None or wall <= 0:
             return None, None

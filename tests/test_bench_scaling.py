@@ -8,6 +8,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,55 @@ def paired_runs(ceiling: float) -> dict:
     return {
         75: {k: {rep: {"throughput": v, "fields": f} for rep in range(3)} for k, v in thr.items()}
     }
+
+
+BURN = (
+    "import os, time\n"
+    "if os.fork() == 0:\n"  # the burner is reparented, as slurmstepd is
+    "    t = time.process_time()\n"
+    "    while time.process_time() - t < 0.6: pass\n"
+    "    os._exit(0)\n"
+    "os._exit(0)\n"
+)
+
+
+def test_the_cgroup_account_charges_short_lived_reparented_processes():
+    """What sampling missed under the SLURM daemons: a process that leaves this tree
+    (reparented) and ends between two looks is still charged to the arm."""
+    acct = _quiet.CgroupAccount.open()
+    if acct is None:
+        pytest.skip("no writable cgroup here (not root or no cgroup file system)")
+    try:
+        u0 = acct.usage()
+        subprocess.run([sys.executable, "-c", BURN], check=True)
+        time.sleep(1.0)  # the grandchild burns 0.6 s of CPU after its parent exited
+        used = acct.usage() - u0
+    finally:
+        acct.close()
+    assert used >= 0.55, used
+    assert not acct.dir.exists()
+    assert str(os.getpid()) in (acct.root / "cgroup.procs").read_text().split()  # back
+
+
+def test_the_meter_counts_a_named_process_tree_through_the_cgroup():
+    """A process started before the arm, named like a SLURM daemon, is put in the arm's
+    group: what it forks during the arm is the arm's own, not foreign."""
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        name = Path(f"/proc/{daemon.pid}/comm").read_text().strip()
+        meter = _quiet.CpuMeter(names=(name,))
+        meter.start()
+        if meter.cgroup is None:
+            pytest.skip("no writable cgroup here")
+        assert daemon.pid in map(int, (meter.cgroup.dir / "cgroup.procs").read_text().split())
+        subprocess.run([sys.executable, "-c", BURN], check=True)
+        time.sleep(1.0)
+        own = meter.cgroup.usage() - meter.cg0
+        meter.stop()
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert own >= 0.55
 
 
 def test_the_ceiling_check_rejects_4_93():
