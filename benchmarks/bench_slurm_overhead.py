@@ -146,7 +146,7 @@ def arrays_round(smk: list[str], env: dict, n: int, arrays: bool) -> dict:
     log = out.stdout + out.stderr
     n_arrays = len(re.findall(r"Submitted array job with Snakemake IDs", log))
     n_single = len(re.findall(r"Job \d+ has been submitted with SLURM jobid", log))
-    submit, wait = [], []
+    submit, wait, spans = [], [], []
     for r in range(n):
         rec = json.loads(
             (ROOT / ARRAY_RESULTS / "runs" / ARRAY_RUN.format(r) / "metrics.json").read_text()
@@ -154,11 +154,18 @@ def arrays_round(smk: list[str], env: dict, n: int, arrays: bool) -> dict:
         shown = sh(["scontrol", "show", "job", rec["environment"]["slurm_job_id"]], env).stdout
         submit.append(_slurm_time(shown, "SubmitTime"))
         wait.append(_slurm_time(shown, "StartTime") - submit[-1])
+        spans.append((_slurm_time(shown, "StartTime"), _slurm_time(shown, "EndTime")))
+    spans.sort()
+    # the jobs run one after another (whole node each): how long one ran, and how long
+    # the node stood idle between the end of one and the start of the next (scheduler)
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
     return {
         "wall_s": wall,
         "sbatch_calls": n_arrays + n_single,
         "submit_span_s": max(submit) - min(submit),
         "wait_per_job_s": statistics.median(wait),
+        "run_per_job_s": statistics.median(e - s for s, e in spans),
+        "gap_per_job_s": statistics.median(gaps) if gaps else 0.0,
     }
 
 
@@ -218,6 +225,8 @@ def arrays_arm(env: dict, n: int, repeats: int, csv: str | None) -> None:
                 "seconds_ci_high": hi,
                 "submit_span_s": statistics.median(r["submit_span_s"] for r in rounds),
                 "wait_per_job_s": statistics.median(r["wait_per_job_s"] for r in rounds),
+                "run_per_job_s": statistics.median(r["run_per_job_s"] for r in rounds),
+                "gap_per_job_s": statistics.median(r["gap_per_job_s"] for r in rounds),
                 **merge_fields(fields[name]),
             }
         )

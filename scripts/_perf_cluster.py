@@ -51,8 +51,16 @@ def block_slurm_arrays(res: Path) -> str:
         ok, qc = quality(r)
         figs = [f2(r["seconds_median"], 1), ci(r, "seconds_ci_low", "seconds_ci_high", 1)]
         figs += [f2(r["submit_span_s"], 1), f2(r["wait_per_job_s"], 1)]
+        # older rows lack the per-job run time and the idle gap between jobs
+        figs += [f2(r[k], 1) if r.get(k) else "–" for k in ("run_per_job_s", "gap_per_job_s")]
         body.append([r["path"], r["runs"], r["sbatch_calls"], *(shown(ok, x) for x in figs)])
         body[-1] += [r["repeats"], *qc]
     head = ["submission", "runs", "sbatch calls", "wall s", "95 % CI", "submit span s"]
-    out = table(head + ["scheduler wait s/job", "rounds", *QCOLS], body)
+    head += ["scheduler wait s/job", "job run s", "idle gap s/job"]
+    out = table(head + ["rounds", *QCOLS], body)
+    out += (
+        "\nJobs of one shape take the whole node here, so they run one after another: "
+        "*job run* is a job's StartTime to EndTime, *idle gap* the time between one job's "
+        "end and the next one's start (SLURM's times, whole seconds).\n"
+    )
     return out + "\n" + provenance(rows, "bench_slurm_arrays")
