@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hvdscale.config import load_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.io import write_json_atomic
+from hvdscale.io import read_json_object, write_json_atomic
 from hvdscale.runtable import calibration_runs
 
 TARGET_KEYS = (
@@ -121,14 +121,9 @@ def read_records(paths) -> dict[str, dict]:
     """run_id -> record of every metrics.json (run_id from the record, else its directory)."""
     out = {}
     for p in map(Path, paths):
-        try:
-            rec = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{p}: record not found") from None
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{p}: not a readable run record: {exc}") from None
-        if not isinstance(rec, dict):
-            raise UserError(f"{p}: not a run record (expected a JSON object)")
+        rec = read_json_object(
+            p, "record not found", "run record", "not a run record (expected a JSON object)"
+        )
         out[str(rec.get("run_id") or p.parent.name)] = rec
     return out
 

@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from hvdscale.errors import DataError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str = ""):
@@ -49,3 +51,18 @@ def write_json_atomic(path: str | Path, obj, indent: int = 2) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
+
+
+def read_json_object(
+    path: Path, missing: str, kind: str = "JSON file", not_object: str = "expected a JSON object"
+) -> dict:
+    """A JSON object from ``path``; DataError "{path}: ..." if absent, unreadable or no object."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: {missing}") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable {kind}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: {not_object}")
+    return obj

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 
 from hvdscale.data import h5
 from hvdscale.errors import DataError
+from hvdscale.io import read_json_object
 
 MANIFEST_NAME = "manifest.json"
 # 2: the validation split (shards.val, counts.val; issue 16)
@@ -54,21 +54,6 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 22) -> str:
         while chunk := fh.read(bufsize):
             h.update(chunk)
     return h.hexdigest()
-
-
-def read_json_object(
-    path: Path, missing: str, kind: str = "JSON file", not_object: str = "expected a JSON object"
-) -> dict:
-    """A JSON object from ``path``; DataError "{path}: ..." if absent, unreadable or no object."""
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: {missing}") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable {kind}: {exc}") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: {not_object}")
-    return obj
 
 
 def load_manifest(data_dir: str | Path) -> dict:

@@ -40,7 +40,6 @@ from hvdscale.data import h5
 from hvdscale.data.check import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
-    read_json_object,
     sha256_file,
     shard_name,
 )
@@ -54,7 +53,7 @@ from hvdscale.data.physics import (
 )
 from hvdscale.data.stats import RunningStats
 from hvdscale.errors import DataError
-from hvdscale.io import atomic_path, write_json_atomic
+from hvdscale.io import atomic_path, read_json_object, write_json_atomic
 
 SPLITS = ("train", "val", "test")
 BLOCK = 8192
