@@ -9,6 +9,14 @@ from hvdscale.history import HISTORY_COLUMNS
 
 #: the framework of a record without config.framework (records before issue 19)
 FRAMEWORK_DEFAULT = DEFAULT_FRAMEWORK
+#: how figures and the report name a framework
+FRAMEWORK_LABELS = {FRAMEWORK_DEFAULT: "Horovod-TF", "torch-ddp": "PyTorch DDP"}
+
+
+def framework_label(framework) -> str:
+    """A framework as the report names it: 'Horovod-TF', 'PyTorch DDP' (else as given)."""
+    return FRAMEWORK_LABELS.get(str(framework), str(framework))
+
 
 PHASES = ["data", "compute", "sync", "update"]
 STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
@@ -286,9 +294,13 @@ HEADLINE_COLUMNS = [
 
 def with_framework(df):
     """``df`` with a framework column (the default where a frame built before issue 19,
-    or by hand, lacks one)."""
-    if df is None or "framework" in df:
+    or by hand, lacks one or leaves it empty)."""
+    if df is None:
         return df
+    if "framework" in df:
+        if not df["framework"].isna().any():
+            return df
+        return df.assign(framework=df["framework"].fillna(FRAMEWORK_DEFAULT))
     return df.assign(framework=FRAMEWORK_DEFAULT)
 
 
