@@ -137,8 +137,10 @@ def _untuned(runs: pd.DataFrame) -> list[dict]:
         for w, g in grp[grp["workers"] > 1].groupby("workers"):
             row = dict(partition=part, framework=fw, backend=be, batch_per_worker=int(bs))
             row.update(workers=int(w), tuned=False, global_batch=int(w * bs))
-            if base.empty:
+            if base.empty:  # said, with the counts of the n-worker side (never dropped)
                 row["note"] = "no completed 1-worker baseline"
+                row.update(reached=int(g["reached_target"].astype(bool).sum()), base_reached=0)
+                row.update(total=int(g["epochs_to_target"].notna().sum()), base_total=0)
             else:
                 tag = f"{part}/{fw}" if fw != FRAMEWORK_DEFAULT else part
                 row.update(factors(base, g, f"headline/{tag}/{be}/{bs}/{lr}/{w}"))

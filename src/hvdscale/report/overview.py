@@ -7,11 +7,12 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import STATUSES
+from hvdscale.analysis.columns import STATUSES, with_framework
 from hvdscale.analysis.stats import CI_METHOD
 from hvdscale.gpu_support import gpu_support_notes
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.report.frameworks import GPU_NOTE
 from hvdscale.report.headline import headline_section
 from hvdscale.report.method import equal_accuracy_bullets
 
@@ -165,6 +166,8 @@ def method_section(d: Doc, r: ReportData) -> None:
     d.bullets(_method_bullets(warm))
     d.bullets(equal_accuracy_bullets(r.cfg, getattr(r, "target", None), CI_METHOD, r.runs))
     runs = r.runs
+    if runs is not None and len(runs) and (with_framework(runs)["framework"] == "torch-ddp").any():
+        d.p(escape(GPU_NOTE))
     methods = sorted(set(runs["timing_method"].dropna())) if runs is not None and len(runs) else []
     for m in methods[:3]:
         d.p(f"<i>Timing method recorded by the runs:</i> {escape(m)}", "note")
