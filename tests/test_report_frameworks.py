@@ -263,3 +263,21 @@ def test_report_says_which_framework_lacks_a_baseline(tmp_path):
     assert "no baseline" in section
     assert "No completed 1-worker baseline" in section
     assert "PyTorch DDP local/gloo, batch 75, LR linear (baseline not_in_sweep)" in section
+
+
+def test_framework_panels_compare_the_same_backend(tmp_path):
+    """Horovod-TF has mpi (more runs) and gloo, DDP gloo only: both panels show gloo."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from hvdscale.analysis.fig_accuracy import fig_speedup_ttt
+    from hvdscale.analysis.fig_training import fig_loss_vs_time
+    from hvdscale.analysis.select import framework_panels
+
+    F.write_two_framework_study(tmp_path, small_config(repeats=1), epochs=6)
+    agg = aggregate(tmp_path)
+    data = (framework_panels(agg.runs), framework_panels(agg.summary), agg.epochs, {}, {})
+    titles = [t for t in _titles(fig_loss_vs_time(*data)) if t]
+    assert titles == ["local, Horovod-TF, gloo, LR linear", "local, PyTorch DDP, gloo, LR linear"]
+    titles = [t for t in _titles(fig_speedup_ttt(*data)) if t]
+    assert titles == ["local, Horovod-TF, gloo", "local, PyTorch DDP, gloo"]

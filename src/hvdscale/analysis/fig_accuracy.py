@@ -12,6 +12,7 @@ from hvdscale.analysis.select import (
     NoData,
     framework_panels,
     own_partitions,
+    panel_backend,
     pref_backend,
     pref_lr,
 )
@@ -46,8 +47,10 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
     fig, axes = plt.subplots(1, len(parts), figsize=(width, 3.3), squeeze=False, sharey=True)
     handles, labels = {}, {}
     for ax, part in zip(axes[0], parts):
-        be = pref_backend(src[src["partition"] == part])
+        be = panel_backend(src, part)  # the frameworks' panels: a backend both have
         _ttt_panel(ax, part, be, s, t, handles, labels)
+        if len(parts) > 1:  # the figure's title says what it shows
+            ax.set_title(f"{part}, {be}")
     keys = list(handles)
     rows = legend_below(fig, [handles[k] for k in keys], [labels[k] for k in keys], ncol=2)
     layout(fig, rows)

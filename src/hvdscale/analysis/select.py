@@ -80,6 +80,20 @@ def pref_backend(df: pd.DataFrame) -> str:
     return sorted(n.items(), key=lambda kv: (-kv[1], backends.order(kv[0])))[0][0]
 
 
+def panel_backend(df: pd.DataFrame, part: str) -> str:
+    """The preferred backend of panel ``part``; where framework_panels split a partition
+    into one panel per framework, among the backends all of its panels have (so the
+    frameworks are compared on the same backend), where they share one."""
+    rows = df[df["partition"] == part]
+    if PARTITION_NAME in df:
+        own = rows[PARTITION_NAME].iloc[0]
+        sib = df[df[PARTITION_NAME] == own]
+        common = set.intersection(*(set(g["backend"]) for _, g in sib.groupby("partition")))
+        if common:
+            rows = rows[rows["backend"].isin(common)]
+    return pref_backend(rows)
+
+
 def config_order(backend: str, lr_rule: str) -> tuple[int, int]:
     """Sort key of a (backend, LR rule) pair: nccl, mpi, gloo; none, linear, sqrt."""
     return backends.order(backend), LR_ORDER.get(lr_rule, 9)
