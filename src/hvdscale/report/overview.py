@@ -145,7 +145,8 @@ def _method_bullets(warm) -> list[str]:
         "<b>Repeats</b>: every configuration is run several times; tables show the median over "
         "completed repeats and the min-max range in parentheses.",
         "<b>Baseline</b>: speedup S(n) = T(1)/T(n) divides the median epoch time of the 1-worker "
-        "run of the same partition, backend, per-worker batch size and learning-rate rule by "
+        "run of the same partition, framework, backend, per-worker batch size and learning-rate "
+        "rule by "
         "that of n workers; efficiency E(n) = S(n)/n. A group without a completed 1-worker run "
         "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
         "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
