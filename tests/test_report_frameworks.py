@@ -281,3 +281,20 @@ def test_framework_panels_compare_the_same_backend(tmp_path):
     assert titles == ["local, Horovod-TF, gloo, LR linear", "local, PyTorch DDP, gloo, LR linear"]
     titles = [t for t in _titles(fig_speedup_ttt(*data)) if t]
     assert titles == ["local, Horovod-TF, gloo", "local, PyTorch DDP, gloo"]
+
+
+def test_tuning_heat_map_has_a_panel_per_framework(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from hvdscale.analysis.fig_accuracy import fig_tune_heatmap
+    from hvdscale.analysis.select import framework_panels
+
+    raw = yaml.safe_load((PROJECT_ROOT / "config" / "config.yaml").read_text())
+    raw["scaling"]["sweeps"] = [raw["scaling"]["sweeps"][1]]  # gloo only
+    raw["scaling"]["tune"].update(backends=["gloo"], repeats=1)
+    raw["training"]["repeats"] = 1
+    F.write_two_framework_study(tmp_path, validate_config(raw), epochs=4)
+    runs = framework_panels(aggregate(tmp_path).runs)
+    titles = [t for t in _titles(fig_tune_heatmap(runs, None, None, {}, {})) if t]
+    assert titles == ["local, Horovod-TF, gloo, LR linear", "local, PyTorch DDP, gloo, LR linear"]

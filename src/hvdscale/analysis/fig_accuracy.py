@@ -13,7 +13,6 @@ from hvdscale.analysis.select import (
     framework_panels,
     own_partitions,
     panel_backend,
-    pref_backend,
     pref_lr,
 )
 from hvdscale.analysis.tuning import candidates, select_tuned
@@ -111,17 +110,43 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs):
     c = candidates(runs) if runs is not None else None
     if c is None or c.empty:
         raise NoData("no completed tuning candidates (config scaling.tune)")
-    part = sorted(c["partition"].unique())[0]
-    c = c[c["partition"] == part]
-    be = pref_backend(c.assign(n_completed=c["n_repeats"]))
-    c = c[c["backend"] == be]
+    c = c.assign(n_completed=c["n_repeats"])
+    first = sorted(c["partition"].unique())[0]
+    parts = [first]
+    if PARTITION_NAME in runs:  # one panel per framework of the first partition
+        own = runs.drop_duplicates("partition").set_index("partition")[PARTITION_NAME]
+        c = c.assign(**{PARTITION_NAME: c["partition"].map(own)})
+        parts = sorted(c.loc[c[PARTITION_NAME] == own[first], "partition"].unique())
+    cells = [_heat_cells(c, part) for part in parts]
+    rows = max(len(x[0].index) for x in cells)
+    width = WIDTH * 0.62 if len(parts) == 1 else WIDTH
+    fig, axes = plt.subplots(1, len(parts), figsize=(width, 0.9 + 0.45 * rows), squeeze=False)
+    for ax, (cell, title) in zip(axes[0], cells):
+        if len(parts) > 1:  # the frameworks' panels: the common part of the title above
+            title = title.split(":")[0]
+        _heat_panel(fig, ax, cell, title)
+    if len(parts) == 1:
+        layout(fig, 0)
+    else:
+        fig.suptitle("best warm-up per cell")
+        layout(fig, 0, right=0.3, wspace=0.5)
+    return fig
+
+
+def _heat_cells(c, part):
+    """(best validation loss over LR multiplier x global batch, title) of a panel: its
+    preferred backend, first LR rule, per cell the best warm-up setting."""
+    be = panel_backend(c, part)
+    c = c[(c["partition"] == part) & (c["backend"] == be)]
     lr = sorted(c["lr_rule"].unique())[0]
     c = c[c["lr_rule"] == lr]
-    # per cell the best warm-up setting (smallest median best validation loss)
     cell = c.groupby(["lr_multiplier", "global_batch"])["best_val_loss"].min().unstack()
+    return cell, f"{part}, {be}, LR {lr}: best validation loss (best warm-up)"
+
+
+def _heat_panel(fig, ax, cell, title):
     mults, gbs = list(cell.index), list(cell.columns)
     z = cell.to_numpy(float)
-    fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 0.9 + 0.45 * len(mults)))
     im = ax.imshow(np.log10(z), cmap="viridis", aspect="auto", origin="lower")
     for i in range(len(mults)):
         for j in range(len(gbs)):
@@ -131,7 +156,5 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs):
     ax.set_yticks(range(len(mults)), [f"{m:g}x" for m in mults])
     ax.set_xlabel("global batch (workers x per-worker batch)")
     ax.set_ylabel("LR multiplier")
-    ax.set_title(f"{part}, {be}, LR {lr}: best validation loss (best warm-up)")
+    ax.set_title(title)
     fig.colorbar(im, ax=ax, label="log10 best validation loss")
-    layout(fig, 0)
-    return fig
