@@ -9,13 +9,19 @@ from hvdscale.history import HISTORY_COLUMNS
 
 #: the framework of a record without config.framework (records before issue 19)
 FRAMEWORK_DEFAULT = DEFAULT_FRAMEWORK
-#: how figures and the report name a framework
+#: how figures and the report name a framework (in full; short in table cells)
 FRAMEWORK_LABELS = {FRAMEWORK_DEFAULT: "Horovod-TF", "torch-ddp": "PyTorch DDP"}
+FRAMEWORK_SHORT = {FRAMEWORK_DEFAULT: "Horovod", "torch-ddp": "DDP"}
 
 
 def framework_label(framework) -> str:
     """A framework as the report names it: 'Horovod-TF', 'PyTorch DDP' (else as given)."""
     return FRAMEWORK_LABELS.get(str(framework), str(framework))
+
+
+def framework_short(framework) -> str:
+    """A framework's short name for table cells: 'Horovod', 'DDP'."""
+    return FRAMEWORK_SHORT.get(str(framework), framework_label(framework))
 
 
 PHASES = ["data", "compute", "sync", "update"]

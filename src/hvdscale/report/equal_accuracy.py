@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import framework_label, with_framework
+from hvdscale.analysis.columns import framework_short, with_framework
 from hvdscale.report import fmt
 from hvdscale.report.headline import (
     no_median,
@@ -61,9 +61,9 @@ FACTOR_HEADER = [
 
 
 def framework_backend(frameworks, backends_) -> list[str]:
-    """'PyTorch DDP gloo', 'Horovod-TF gloo': a backend named with its framework (the
-    tables of a study with more than one framework)."""
-    return [f"{framework_label(f)} {b}" for f, b in zip(frameworks, backends_)]
+    """'DDP gloo', 'Horovod gloo': a backend named with its framework (the tables of a
+    study with more than one framework)."""
+    return [f"{framework_short(f)} {b}" for f, b in zip(frameworks, backends_)]
 
 
 def censored_median(times) -> float:

@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import framework_label
+from hvdscale.analysis.columns import framework_label, framework_short
 from hvdscale.analysis.frameworks import compared, missing_baselines, speedup_rows, sync_rows
 from hvdscale.report import fmt
 from hvdscale.report.accuracy import with_ci
@@ -76,16 +76,8 @@ def _side_cells(x: dict, speedup: str) -> str:
     return with_ci(x[speedup], x[f"{speedup}_lo"], x[f"{speedup}_hi"])
 
 
-#: short names for the table headers
-SHORT = {"horovod-tf": "Horovod", "torch-ddp": "DDP"}
-
-
-def short_label(framework: str) -> str:
-    return SHORT.get(framework, framework_label(framework))
-
-
 def _speedup_table(d: Doc, r: ReportData, pair: tuple[str, str]) -> None:
-    a, b = (short_label(f) for f in pair)
+    a, b = (framework_short(f) for f in pair)
     rows = speedup_rows(r.summary, r.runs, pair)
     if not rows:
         d.p("No configuration of either framework has a completed run.")

@@ -110,6 +110,8 @@ def _group_table(d: Doc, summary: pd.DataFrame) -> None:
         for x in group_table_rows(summary).itertuples()
     ]
     widths = [14, 14, 10, 11, 24, 18, 11, 14, 17, 15, 16, 16]
+    if multi:  # the backend cell names the framework too
+        widths[1], widths[4] = 19, 19
     d.table(GROUP_NOTE, GROUP_HEADER, rows, widths, align_right_from=6)
 
 
