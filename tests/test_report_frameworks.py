@@ -182,6 +182,10 @@ def test_figures_give_each_framework_its_panels(tmp_path):
     hv = agg.summary[agg.summary["framework"] == HVD]
     one = (agg.runs, framework_panels(hv), agg.epochs, {}, {})
     assert [t for t in _titles(fig_speedup_efficiency(*one)) if t] == ["local (batch 75/worker)"]
+    ddp = agg.summary[agg.summary["framework"] == TORCH]
+    one = (agg.runs, framework_panels(ddp), agg.epochs, {}, {})
+    titles = [t for t in _titles(fig_speedup_efficiency(*one)) if t]
+    assert titles == ["local, PyTorch DDP (batch 75/worker)"]
 
 
 # ----------------------------------------------------------------------------- report

@@ -317,3 +317,10 @@ def reference_framework(df):
     if df is None:
         return df
     return df[df["framework"].fillna(FRAMEWORK_DEFAULT) == FRAMEWORK_DEFAULT]
+
+
+def names_framework(frameworks) -> bool:
+    """Whether figures and tables name the framework: where there is more than one, or
+    the only one is not the default (a Horovod-TF study looks as before issue 19)."""
+    names = {FRAMEWORK_DEFAULT if f is None or f != f else str(f) for f in frameworks}
+    return len(names) > 1 or names - {FRAMEWORK_DEFAULT} != set()

@@ -17,7 +17,7 @@ from collections import Counter
 import pandas as pd
 
 from hvdscale import backends
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, framework_label
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, framework_label, names_framework
 
 LR_ORDER = {"none": 0, "linear": 1, "sqrt": 2}
 
@@ -28,14 +28,14 @@ PARTITION_NAME = "partition_name"
 
 def framework_panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
     """The framework as a figure dimension (issue 19): where ``df`` holds runs of more
-    than one framework, its partition becomes 'local, PyTorch DDP' ('local, Horovod-TF'),
-    so every figure that gives each partition a panel or a colour does so per framework;
-    the partition's own name goes to ``partition_name``. One framework: ``df`` as it is,
-    so the figures look as before."""
+    than one framework (or of one other than Horovod-TF), its partition becomes 'local,
+    PyTorch DDP' ('local, Horovod-TF'), so every figure that gives each partition a panel
+    or a colour does so per framework; the partition's own name goes to
+    ``partition_name``. Horovod-TF alone: ``df`` as it is, the figures as before."""
     if df is None or "framework" not in df or PARTITION_NAME in df:
         return df
     fws = df["framework"].fillna(FRAMEWORK_DEFAULT)
-    if fws.nunique() <= 1:
+    if not names_framework(fws):
         return df
     labels = [f"{p}, {framework_label(f)}" for p, f in zip(df["partition"], fws)]
     return df.assign(**{PARTITION_NAME: df["partition"], "partition": labels})

@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import reference_framework, with_framework
+from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
 from hvdscale.analysis.figures import in_section
 from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import pref_lr
@@ -309,7 +309,7 @@ def _summary_table(d: Doc, r: ReportData) -> None:
     rows = equal_accuracy_rows(r.summary, tuned_table(r))
     if not rows:
         return
-    multi = len({x["framework"] for x in rows}) > 1
+    multi = names_framework(x["framework"] for x in rows)
     cells = [
         [
             x["partition"],

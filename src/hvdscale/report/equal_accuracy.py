@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import framework_short, with_framework
+from hvdscale.analysis.columns import framework_short, names_framework, with_framework
 from hvdscale.report import fmt
 from hvdscale.report.headline import (
     no_median,
@@ -235,7 +235,7 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
     rows = with_framework(headline[headline["workers"] > 1]).sort_values(
         ["partition", "framework", "backend", "batch_per_worker", "workers", "tuned"]
     )
-    if rows["framework"].nunique() > 1:  # name the framework with the backend
+    if names_framework(rows["framework"]):  # name the framework with the backend
         rows = rows.assign(backend=framework_backend(rows["framework"], rows["backend"]))
     if rows.empty:
         d.p("No configuration with more than one worker in the headline table.")

@@ -26,6 +26,7 @@ from hvdscale.analysis.columns import (
     FRAMEWORK_DEFAULT,
     HEADLINE_COLUMNS,
     framework_label,
+    names_framework,
     with_framework,
 )
 from hvdscale.errors import UserError
@@ -281,7 +282,7 @@ def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
     if headline is None or headline.empty:
         return []
     headline = with_framework(headline)
-    multi = headline["framework"].nunique() > 1
+    multi = names_framework(headline["framework"])
     keys = ["partition", "framework", "backend", "batch_per_worker", "workers"]
     rows = headline[headline["workers"] > 1]
     out = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import framework_label, with_framework
+from hvdscale.analysis.columns import framework_label, names_framework, with_framework
 from hvdscale.analysis.figures import in_section
 from hvdscale.common import GROUP_KEYS
 from hvdscale.report import fmt
@@ -90,7 +90,7 @@ def group_table_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_table(d: Doc, summary: pd.DataFrame) -> None:
-    multi = summary["framework"].nunique() > 1
+    multi = names_framework(summary["framework"])
     rows = [
         [
             x.partition,
@@ -154,7 +154,7 @@ def ttt_with_counts(median, reached, total) -> str:
 
 def _config_table(d: Doc, summary: pd.DataFrame) -> None:
     rows, spans = [], []
-    multi = summary["framework"].nunique() > 1
+    multi = names_framework(summary["framework"])
     for key, g in summary.groupby(GROUP_KEYS, sort=True):
         k = dict(zip(GROUP_KEYS, key))
         g = g.sort_values("workers")
