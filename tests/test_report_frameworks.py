@@ -27,7 +27,7 @@ from hvdscale.analysis.columns import (
 )
 from hvdscale.analysis.headline import headline
 from hvdscale.analysis.tables import read_epochs, read_runs, write_csv
-from hvdscale.analysis.tuning import TUNED_COLUMNS
+from hvdscale.analysis.tuning import TUNED_COLUMNS, select_tuned
 from hvdscale.cli import main
 from hvdscale.common import PROJECT_ROOT
 from hvdscale.config import validate_config
@@ -299,6 +299,15 @@ def test_tuning_heat_map_has_a_panel_per_framework(tmp_path):
     raw["scaling"]["tune"].update(backends=["gloo"], repeats=1)
     raw["training"]["repeats"] = 1
     F.write_two_framework_study(tmp_path, validate_config(raw), epochs=4)
-    runs = framework_panels(aggregate(tmp_path).runs)
+    own = aggregate(tmp_path).runs
+    tuned = select_tuned(own)  # one tuning group per framework, never mixed
+    counts = tuned["framework"].value_counts()
+    assert set(counts.index) == {HVD, TORCH} and counts[HVD] == counts[TORCH]
+    cand = own[own["candidate"] != ""]
+    keys = ["framework", "batch_per_worker", "workers"]
+    for _, x in tuned.iterrows():
+        mine = cand[(cand[keys] == x[keys]).all(axis=1)]
+        assert x["n_candidates"] == mine["candidate"].nunique() > 0
+    runs = framework_panels(own)
     titles = [t for t in _titles(fig_tune_heatmap(runs, None, None, {}, {})) if t]
     assert titles == ["local, Horovod-TF, gloo, LR linear", "local, PyTorch DDP, gloo, LR linear"]
