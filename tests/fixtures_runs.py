@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.analysis.schemas import parse_any_run_id
 from hvdscale.config import validate_config
-from hvdscale.runtable import learning_rate_for, parse_run_id, run_table
+from hvdscale.runtable import learning_rate_for, run_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL_PARAMETERS = 153441
@@ -87,6 +88,12 @@ NET = {
     "gloo": ((35e-6, 4e9), (70e-6, 2.5e9)),
 }
 
+TORCH = "torch-ddp"
+# torch-ddp (issue 19): compute per step relative to Horovod-TF, and the share of the
+# allreduce that DDP hides behind the backward pass (overlap)
+TORCH_COMPUTE = 0.85
+TORCH_OVERLAP = 0.6
+
 # the noise scale simulate_record reports for multi-worker runs: B_simple = 2000
 NOISE_G2, NOISE_TRACE = 0.01, 20.0
 
@@ -118,14 +125,16 @@ def ring_time(p: int, nbytes: float, alpha: float, beta: float) -> float:
 
 def _parse(run_id: str) -> dict:
     """parse_run_id, with the run kind (``_cal``/``_rerun`` before ``_r{repeat}``) in
-    ``kind`` whatever the installed run-id pattern knows about kinds."""
+    ``kind`` whatever the installed run-id pattern knows about kinds, and the framework
+    (``{partition}_torch-ddp_...``, issue 19) in ``framework`` whatever it knows about
+    frameworks."""
     m = re.search(r"_(cal|rerun)(?=_r[0-9]+$)", run_id)
     try:
-        p = dict(parse_run_id(run_id))
+        p = dict(parse_any_run_id(run_id))
     except Exception:
         if not m:
             raise
-        p = dict(parse_run_id(run_id[: m.start()] + run_id[m.end() :]))
+        p = dict(parse_any_run_id(run_id[: m.start()] + run_id[m.end() :]))
     p["kind"] = p.get("kind") or (m.group(1) if m else "")
     return p
 
@@ -168,7 +177,10 @@ def _base_record(
         f"GPU:{rank % wpn} ({perf['gpu']})" if perf["kind"] == "gpu" else "CPU" for rank in range(w)
     ]
     controller = "gloo" if p["backend"] == "gloo" else "mpi"
-    return {
+    torch = p["framework"] == TORCH
+    if torch:  # the torch-ddp trainer's record (issue 19): torchrun, torch.distributed
+        launcher, controller = "torchrun", "gloo" if p["backend"] == "gloo" else "none"
+    rec = {
         "schema_version": 1,
         "run_id": run_id,
         "status": "completed",
@@ -244,6 +256,12 @@ def _base_record(
         "label_proof": {"ok": True, "problems": [], "world_size": w},
         "noise_scale": None,
     }
+    if torch:
+        rec["config"]["framework"] = TORCH
+        rec["config"]["horovod_env"] = {}
+        rec["config"]["timeline_steps"] = 0
+        rec["environment"]["torch"] = "2.13.0"
+    return rec
 
 
 def target_block(rec: dict, target: float, mode: str = "absolute") -> dict:
@@ -422,6 +440,10 @@ def simulate_record(
     t_sync = ring_time(w, MODEL_BYTES, alpha, beta) * (1.0 + 0.15 * (w > 1)) + (
         30e-6 if w > 1 else 5e-6
     )
+    t_allreduce = t_sync
+    if p["framework"] == TORCH:  # DDP overlaps part of the allreduce with the backward pass
+        t_compute *= TORCH_COMPUTE
+        t_sync = t_allreduce * (1 - TORCH_OVERLAP)
     t_other = 0.02 * t_compute
     run_factor = float(rng.lognormal(0.0, 0.03))
     # loss model: progress ~ optimizer steps x effective LR, saturating for large LR
@@ -478,6 +500,8 @@ def simulate_record(
         )
     elif status == "nan_loss":
         rec["exit_status"], rec["error"] = 3, f"non-finite loss in epoch {n_epochs - 1}"
+    no_comm = (t_data + t_compute + t_update + t_other) * run_factor
+    rec["timing"] = {"sync": sync_block(p["framework"], w, t_allreduce * run_factor, no_comm)}
     if w > 1:  # McCandlish noise scale sums from a known |G|^2 and tr(Sigma)
         g2, trace = NOISE_G2, NOISE_TRACE
         rec["noise_scale"] = {
@@ -489,6 +513,79 @@ def simulate_record(
         }
     interval = max(2.0, elapsed / 150)
     return _finish(rec, util, interval_s=interval)
+
+
+def sync_block(framework: str, workers: int, allreduce_s: float, no_comm_s: float) -> dict:
+    """The record's timing.sync (contract of issue 19): Horovod's allreduce is not
+    overlapped (exposed = allreduce, no comm hook); DDP's comm hook overlaps the backward
+    pass and leaves (1 - TORCH_OVERLAP) of the allreduce exposed. 1 worker: nulls."""
+    torch = framework == TORCH
+    definition = (
+        "exposed_s = median step time - median time of the same step under no_sync"
+        if torch
+        else "Horovod: the allreduce is not overlapped, exposed_s = allreduce_s"
+    )
+    if workers <= 1:
+        keys = ("allreduce_s", "comm_hook_s", "exposed_s", "no_comm_step_s")
+        return {**dict.fromkeys(keys), "definition": definition}
+    exposed = allreduce_s * (1 - TORCH_OVERLAP) if torch else allreduce_s
+    return {
+        "allreduce_s": allreduce_s,
+        "comm_hook_s": allreduce_s * 1.1 if torch else None,
+        "exposed_s": exposed,
+        "no_comm_step_s": no_comm_s if torch else None,
+        "definition": definition,
+    }
+
+
+def torch_twin(rec_id: str) -> str:
+    """The torch-ddp run id of a Horovod-TF run id (framework token after the partition)."""
+    head, _, rest = rec_id.partition("_")
+    return f"{head}_{TORCH}_{rest}"
+
+
+def write_two_framework_study(runs_dir: str | Path, cfg: dict, *, skip_torch=(), **kw) -> list:
+    """write_study's records of ``cfg`` (Horovod-TF) plus a torch-ddp twin of every one
+    of its gloo runs (the backend both frameworks have on a CPU); ``skip_torch``: Horovod
+    run ids whose twin is left out (e.g. a 1-worker baseline). Returns the ids written."""
+    written = write_study(runs_dir, cfg, **kw)
+    epochs = kw.get("epochs") or sim_epochs(cfg)
+    train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
+    for run in run_table(cfg):
+        if run.backend != "gloo" or run.run_id in skip_torch:
+            continue
+        rid = torch_twin(run.run_id)
+        rec = simulate_record(
+            rid,
+            epochs=epochs,
+            warmup_epochs=cfg["training"]["warmup_epochs"],
+            train_samples=kw.get("train_samples") or train_samples,
+            target_test_loss=study_target(cfg),
+            workers_per_node=run.workers_per_node,
+            launcher="torchrun",
+        )
+        write_record(runs_dir, rec)
+        written.append(rid)
+    return written
+
+
+def widened_run_schema(tmp_dir: str | Path) -> Path | None:
+    """Until the run-id pattern of workflow/schemas/run.schema.json knows the framework
+    token (helper 'axis' of issue 19), a copy that does, for the tests of torch-ddp
+    records; None where the installed schema already accepts them."""
+    import jsonschema
+
+    schema = run_schema()
+    probe = "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
+    pattern = schema["properties"]["run_id"]["pattern"]
+    if jsonschema.Draft202012Validator({"pattern": pattern}).is_valid(probe):
+        return None
+    schema["properties"]["run_id"]["pattern"] = pattern.replace(
+        "^[a-z][a-z0-9-]{0,31}_", "^[a-z][a-z0-9-]{0,31}_(torch-ddp_)?", 1
+    )
+    path = Path(tmp_dir) / "run.schema.json"
+    path.write_text(json.dumps(schema))
+    return path
 
 
 # ----------------------------------------------------------------------------- writing

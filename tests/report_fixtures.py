@@ -23,6 +23,7 @@ def headline_row(**over) -> dict:
     ttt_speedup = epoch_speedup x epochs_ratio, retained_fraction = ttt / epoch."""
     row = dict(
         partition="local",
+        framework="horovod-tf",
         backend="mpi",
         batch_per_worker=75,
         workers=2,

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from hvdscale import backends
 
-# A scaling group: runs that differ only in the number of workers (and the repeat).
-GROUP_KEYS = ["partition", "backend", "batch_per_worker", "lr_rule"]
+# A scaling group: runs that differ only in the number of workers (and the repeat); the
+# framework (issue 19) is a key too, so a speedup never mixes Horovod and DDP runs.
+GROUP_KEYS = ["partition", "framework", "backend", "batch_per_worker", "lr_rule"]
 CONFIG_KEYS = GROUP_KEYS + ["workers"]
 
 # Exit status of a training run whose loss became NaN/inf (a result, not a crash).

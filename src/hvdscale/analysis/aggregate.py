@@ -7,9 +7,10 @@ and the other records still aggregate; partial results are normal.
 
 Outputs
   runs.csv     one row per valid run record of the config's run table
-  summary.csv  one row per configuration (partition, backend, batch_per_worker,
-               lr_rule, workers): medians and min/max over repeats, speedup and
-               efficiency against the 1-worker run of the same group, speedup per GPU
+  summary.csv  one row per configuration (partition, framework, backend,
+               batch_per_worker, lr_rule, workers): medians and min/max over repeats,
+               speedup and efficiency against the 1-worker run of the same group (the
+               same framework too: never Horovod against DDP), speedup per GPU
   status.csv   every run of the config's run table (plus any other run directory):
                completed, nan_loss, failed, missing, malformed or mislabelled
   epochs.csv   one row per epoch of every run in runs.csv (loss curves)
@@ -18,6 +19,12 @@ Outputs
                epochs-to-target ratio, with the noise scale (analysis/headline.py)
 
 Definitions
+  framework       the record's config.framework (horovod-tf where absent: records before
+                  issue 19); a column of every table (after partition; epochs.csv: after
+                  run_id) and a group key, so every baseline is of the same framework
+  sync columns    runs.csv sync_allreduce_s, sync_comm_hook_s, sync_exposed_s,
+                  sync_no_comm_step_s: the record's timing.sync (per-step seconds; NaN
+                  where not measured); report/frameworks.py says which is which
   epoch time      median wall time of the non-warm-up epochs of a run (rank 0)
   throughput      median samples/s (all ranks) of the non-warm-up epochs
   phase shares    sum of each phase (data, compute, sync, update) over the non-warm-up
@@ -145,7 +152,16 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     epochs = epochs[~epochs["run_id"].isin(list(bad))].reset_index(drop=True)
     status_df = status_frame(status, table)
     runs = runs.sort_values(
-        ["partition", "backend", "batch_per_worker", "lr_rule", "candidate", "workers", "repeat"],
+        [
+            "partition",
+            "framework",
+            "backend",
+            "batch_per_worker",
+            "lr_rule",
+            "candidate",
+            "workers",
+            "repeat",
+        ],
         kind="stable",
     ).reset_index(drop=True)
     summary = summarise(runs, status_df)

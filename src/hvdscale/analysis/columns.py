@@ -4,7 +4,25 @@ the tests and the report refer to them. New summary columns go into SUMMARY_COLU
 
 from __future__ import annotations
 
+from hvdscale.backends import DEFAULT_FRAMEWORK
 from hvdscale.history import HISTORY_COLUMNS
+
+#: the framework of a record without config.framework (records before issue 19)
+FRAMEWORK_DEFAULT = DEFAULT_FRAMEWORK
+#: how figures and the report name a framework (in full; short in table cells)
+FRAMEWORK_LABELS = {FRAMEWORK_DEFAULT: "Horovod-TF", "torch-ddp": "PyTorch DDP"}
+FRAMEWORK_SHORT = {FRAMEWORK_DEFAULT: "Horovod", "torch-ddp": "DDP"}
+
+
+def framework_label(framework) -> str:
+    """A framework as the report names it: 'Horovod-TF', 'PyTorch DDP' (else as given)."""
+    return FRAMEWORK_LABELS.get(str(framework), str(framework))
+
+
+def framework_short(framework) -> str:
+    """A framework's short name for table cells: 'Horovod', 'DDP'."""
+    return FRAMEWORK_SHORT.get(str(framework), framework_label(framework))
+
 
 PHASES = ["data", "compute", "sync", "update"]
 STATUSES = ["completed", "nan_loss", "failed", "missing", "malformed", "mislabelled"]
@@ -15,6 +33,7 @@ ENV_VERSIONS = ["python", "tensorflow", "horovod", "mpi", "numpy"]
 # the fields of a run record's "config" object that runs.csv copies, in order
 RECORD_CONFIG_FIELDS = [
     "partition",
+    "framework",  # issue 19: config.framework, absent in older records = horovod-tf
     "backend",
     "nodes",
     "workers",
@@ -32,6 +51,14 @@ RECORD_CONFIG_FIELDS = [
     "model_bytes",
     "target_test_loss",
 ]
+# timing.sync of a run record (issue 19) -> runs.csv columns (appended at the end)
+SYNC_FIELDS = {
+    "sync_allreduce_s": "allreduce_s",
+    "sync_comm_hook_s": "comm_hook_s",
+    "sync_exposed_s": "exposed_s",
+    "sync_no_comm_step_s": "no_comm_step_s",
+}
+SYNC_COLUMNS = list(SYNC_FIELDS)
 RUNS_COLUMNS = [
     "run_id",
     *RECORD_CONFIG_FIELDS,
@@ -90,6 +117,8 @@ RUNS_COLUMNS = [
     "attempts",
     "timing_method",
     "record",
+    # issue 19: the record's timing.sync (per-step seconds; NaN where not measured)
+    *SYNC_COLUMNS,
 ]
 # the run record's per-epoch history (history.HISTORY_COLUMNS) without these
 _NOT_IN_EPOCHS = {
@@ -100,12 +129,17 @@ _NOT_IN_EPOCHS = {
     "learning_rate",
     "attempt",
 }
-EPOCH_COLUMNS = ["run_id", *(c for c in HISTORY_COLUMNS if c not in _NOT_IN_EPOCHS)]
+EPOCH_COLUMNS = [
+    "run_id",
+    "framework",
+    *(c for c in HISTORY_COLUMNS if c not in _NOT_IN_EPOCHS),
+]
 if "val_loss" not in EPOCH_COLUMNS:  # until the run record's history has it (issue 16)
     EPOCH_COLUMNS.insert(EPOCH_COLUMNS.index("test_loss"), "val_loss")
 # the configuration of a run as status.csv lists it
 STATUS_CONFIG_FIELDS = [
     "partition",
+    "framework",
     "backend",
     "nodes",
     "workers",
@@ -134,6 +168,7 @@ SUMMARY_MEDIANS = [
 ]
 SUMMARY_COLUMNS = [
     "partition",
+    "framework",
     "backend",
     "batch_per_worker",
     "lr_rule",
@@ -201,6 +236,7 @@ SUMMARY_COLUMNS = [
 STRING_COLUMNS = [
     "run_id",
     "partition",
+    "framework",
     "backend",
     "lr_rule",
     "status",
@@ -236,6 +272,7 @@ STRING_COLUMNS = [
 #: headline.csv (hvdscale aggregate --out-headline; analysis.headline, report.headline)
 HEADLINE_COLUMNS = [
     "partition",
+    "framework",
     "backend",
     "batch_per_worker",
     "workers",
@@ -259,3 +296,31 @@ HEADLINE_COLUMNS = [
     "note",
     "ci_method",
 ]
+
+
+def with_framework(df):
+    """``df`` with a framework column (the default where a frame built before issue 19,
+    or by hand, lacks one or leaves it empty)."""
+    if df is None:
+        return df
+    if "framework" in df:
+        if not df["framework"].isna().any():
+            return df
+        return df.assign(framework=df["framework"].fillna(FRAMEWORK_DEFAULT))
+    return df.assign(framework=FRAMEWORK_DEFAULT)
+
+
+def reference_framework(df):
+    """The rows of the default framework (Horovod-TF, the reference study's): the
+    comparisons with the reference study use those only."""
+    df = with_framework(df)
+    if df is None:
+        return df
+    return df[df["framework"].fillna(FRAMEWORK_DEFAULT) == FRAMEWORK_DEFAULT]
+
+
+def names_framework(frameworks) -> bool:
+    """Whether figures and tables name the framework: where there is more than one, or
+    the only one is not the default (a Horovod-TF study looks as before issue 19)."""
+    names = {FRAMEWORK_DEFAULT if f is None or f != f else str(f) for f in frameworks}
+    return len(names) > 1 or names - {FRAMEWORK_DEFAULT} != set()

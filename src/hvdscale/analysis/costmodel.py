@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.costmodel_links import (
     BETWEEN,
     FORMULA_LINKS,
@@ -327,7 +328,14 @@ def fit_costmodel(
     }
     predictions, notes = [], []
     if summary is not None and not summary.empty:
-        for key, g in summary.groupby(GROUP_KEYS, sort=True):
+        summary = with_framework(summary)
+        # the allreduce sweep is Horovod's: predictions for the default framework only
+        own = summary["framework"] == FRAMEWORK_DEFAULT
+        if not own.all():
+            others = ", ".join(sorted(set(summary.loc[~own, "framework"])))
+            notes.append(f"no predictions for {others}: the allreduce sweep measures Horovod")
+        keys = [k for k in GROUP_KEYS if k != "framework"]
+        for key, g in summary[own].groupby(keys, sort=True):
             f = fit_by.get((key[0], key[1]))
             predictions.append(_prediction(key, g, f, model_bytes, max_workers))
     else:

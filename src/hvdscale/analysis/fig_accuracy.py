@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from hvdscale.analysis.plotstyle import WIDTH, layout, legend_below, workers_axis
-from hvdscale.analysis.select import NoData, pref_backend, pref_lr
+from hvdscale.analysis.select import (
+    PARTITION_NAME,
+    NoData,
+    framework_panels,
+    own_partitions,
+    panel_backend,
+    pref_lr,
+)
 from hvdscale.analysis.tuning import candidates, select_tuned
 
 _COLORS = ["#1b6ca8", "#d1495b", "#3a7d44", "#edae49", "#66a182", "#8d6a9f"]
@@ -23,7 +30,8 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
     import matplotlib.pyplot as plt
 
     s = summary[summary["speedup_ttt"].notna()] if summary is not None else None
-    tuned = select_tuned(runs) if runs is not None else None
+    # select on the partitions' own names (framework_panels labels them per framework)
+    tuned = framework_panels(select_tuned(own_partitions(runs))) if runs is not None else None
     t = tuned[tuned["speedup_ttt"].notna()] if tuned is not None and len(tuned) else None
     if (s is None or s.empty) and (t is None or t.empty):
         raise NoData(
@@ -31,11 +39,26 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
             "with a 1-worker baseline that did (or the target is too loose)"
         )
     src = s if s is not None and not s.empty else t
-    part = sorted(src["partition"].unique())[0]
-    be = pref_backend(src[src["partition"] == part])
-    fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 3.3))
+    # the first partition; one panel per framework where the study has more than one
+    own = src[PARTITION_NAME] if PARTITION_NAME in src else src["partition"]
+    parts = sorted(src.loc[own == sorted(own.unique())[0], "partition"].unique())
+    width = WIDTH * 0.62 if len(parts) == 1 else WIDTH
+    fig, axes = plt.subplots(1, len(parts), figsize=(width, 3.3), squeeze=False, sharey=True)
+    handles, labels = {}, {}
+    for ax, part in zip(axes[0], parts):
+        be = panel_backend(src, part)  # the frameworks' panels: a backend both have
+        _ttt_panel(ax, part, be, s, t, handles, labels)
+        if len(parts) > 1:  # the figure's title says what it shows
+            ax.set_title(f"{part}, {be}")
+    keys = list(handles)
+    rows = legend_below(fig, [handles[k] for k in keys], [labels[k] for k in keys], ncol=2)
+    layout(fig, rows)
+    return fig
+
+
+def _ttt_panel(ax, part, be, s, t, handles, labels):
+    """One partition's (and framework's) untuned and tuned TTT speedups over workers."""
     wmax = 1
-    handles, labels = [], []
     batches = sorted(
         set(s["batch_per_worker"] if s is not None else [])
         | set(t["batch_per_worker"] if t is not None else [])
@@ -47,26 +70,26 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
             if len(g):
                 lr = pref_lr(g["lr_rule"])
                 g = g[g["lr_rule"] == lr].sort_values("workers")
-                handles.append(_ttt_errorbar(ax, g, color=color, marker="o", ls="-"))
-                labels.append(f"batch {b}, untuned (LR {lr})")
+                h = _ttt_errorbar(ax, g, color=color, marker="o", ls="-")
+                handles.setdefault(("u", b, lr), h)
+                labels[("u", b, lr)] = f"batch {b}, untuned (LR {lr})"
                 wmax = max(wmax, int(g["workers"].max()))
         if t is not None and not t.empty:
             g = t[(t["partition"] == part) & (t["backend"] == be) & (t["batch_per_worker"] == b)]
             if len(g):
                 g = g.sort_values("workers")
-                handles.append(_ttt_errorbar(ax, g, color=color, marker="s", ls="--", mfc="white"))
-                labels.append(f"batch {b}, tuned")
+                h = _ttt_errorbar(ax, g, color=color, marker="s", ls="--", mfc="white")
+                handles.setdefault(("t", b), h)
+                labels[("t", b)] = f"batch {b}, tuned"
                 wmax = max(wmax, int(g["workers"].max()))
     ideal = np.array([1, max(wmax, 2)])
     (hi,) = ax.plot(ideal, ideal, color="k", lw=0.8, ls=(0, (4, 3)))
-    handles.append(hi)
-    labels.append("ideal")
+    handles.setdefault(("ideal",), hi)
+    labels[("ideal",)] = "ideal"
     workers_axis(ax, list(range(1, max(wmax, 2) + 1)))
-    ax.set_ylabel("time-to-target speedup")
+    if ax.get_subplotspec().is_first_col():
+        ax.set_ylabel("time-to-target speedup")
     ax.set_title(f"{part}, {be}: speedup at equal accuracy")
-    rows = legend_below(fig, handles, labels, ncol=2)
-    layout(fig, rows)
-    return fig
 
 
 def _ttt_errorbar(ax, g, **style):
@@ -87,17 +110,43 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs):
     c = candidates(runs) if runs is not None else None
     if c is None or c.empty:
         raise NoData("no completed tuning candidates (config scaling.tune)")
-    part = sorted(c["partition"].unique())[0]
-    c = c[c["partition"] == part]
-    be = pref_backend(c.assign(n_completed=c["n_repeats"]))
-    c = c[c["backend"] == be]
+    c = c.assign(n_completed=c["n_repeats"])
+    first = sorted(c["partition"].unique())[0]
+    parts = [first]
+    if PARTITION_NAME in runs:  # one panel per framework of the first partition
+        own = runs.drop_duplicates("partition").set_index("partition")[PARTITION_NAME]
+        c = c.assign(**{PARTITION_NAME: c["partition"].map(own)})
+        parts = sorted(c.loc[c[PARTITION_NAME] == own[first], "partition"].unique())
+    cells = [_heat_cells(c, part) for part in parts]
+    rows = max(len(x[0].index) for x in cells)
+    width = WIDTH * 0.62 if len(parts) == 1 else WIDTH
+    fig, axes = plt.subplots(1, len(parts), figsize=(width, 0.9 + 0.45 * rows), squeeze=False)
+    for ax, (cell, title) in zip(axes[0], cells):
+        if len(parts) > 1:  # the frameworks' panels: the common part of the title above
+            title = title.split(":")[0]
+        _heat_panel(fig, ax, cell, title)
+    if len(parts) == 1:
+        layout(fig, 0)
+    else:
+        fig.suptitle("best warm-up per cell")
+        layout(fig, 0, right=0.3, wspace=0.5)
+    return fig
+
+
+def _heat_cells(c, part):
+    """(best validation loss over LR multiplier x global batch, title) of a panel: its
+    preferred backend, first LR rule, per cell the best warm-up setting."""
+    be = panel_backend(c, part)
+    c = c[(c["partition"] == part) & (c["backend"] == be)]
     lr = sorted(c["lr_rule"].unique())[0]
     c = c[c["lr_rule"] == lr]
-    # per cell the best warm-up setting (smallest median best validation loss)
     cell = c.groupby(["lr_multiplier", "global_batch"])["best_val_loss"].min().unstack()
+    return cell, f"{part}, {be}, LR {lr}: best validation loss (best warm-up)"
+
+
+def _heat_panel(fig, ax, cell, title):
     mults, gbs = list(cell.index), list(cell.columns)
     z = cell.to_numpy(float)
-    fig, ax = plt.subplots(figsize=(WIDTH * 0.62, 0.9 + 0.45 * len(mults)))
     im = ax.imshow(np.log10(z), cmap="viridis", aspect="auto", origin="lower")
     for i in range(len(mults)):
         for j in range(len(gbs)):
@@ -107,7 +156,5 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs):
     ax.set_yticks(range(len(mults)), [f"{m:g}x" for m in mults])
     ax.set_xlabel("global batch (workers x per-worker batch)")
     ax.set_ylabel("LR multiplier")
-    ax.set_title(f"{part}, {be}, LR {lr}: best validation loss (best warm-up)")
+    ax.set_title(title)
     fig.colorbar(im, ax=ax, label="log10 best validation loss")
-    layout(fig, 0)
-    return fig

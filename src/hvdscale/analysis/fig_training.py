@@ -16,7 +16,7 @@ from hvdscale.analysis.plotstyle import (
     log_y,
     panel_note,
 )
-from hvdscale.analysis.select import NoData, main_batch, main_rows, pref_backend
+from hvdscale.analysis.select import NoData, main_batch, main_rows, panel_backend
 
 
 def fig_loss_vs_time(runs, summary, epochs, cm, refs):
@@ -36,7 +36,7 @@ def fig_loss_vs_time(runs, summary, epochs, cm, refs):
     keep = []
     for part in parts:
         rp = r[r["partition"] == part]
-        keep.append(rp[rp["backend"] == pref_backend(rp)])
+        keep.append(rp[rp["backend"] == panel_backend(r, part)])
     r = pd.concat(keep)
     lrs = [x for x in ("none", "linear", "sqrt") if x in set(r["lr_rule"])]
     e = epochs.merge(

@@ -1,6 +1,7 @@
 """results/scaling/headline.csv: the time-to-target speedup and why (issue 16, item 7).
 
-One row per (partition, backend, batch_per_worker, workers > 1, tuned False/True):
+One row per (partition, framework, backend, batch_per_worker, workers > 1, tuned
+False/True); the baseline is always of the same framework:
 
   ttt_speedup     epoch_speedup x epochs_ratio, with a 95 % bootstrap interval
                   (ttt_lo, ttt_hi) that resamples each run's epoch time and epochs to
@@ -36,7 +37,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import HEADLINE_COLUMNS
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, HEADLINE_COLUMNS, with_framework
 from hvdscale.analysis.select import pref_lr
 from hvdscale.analysis.stats import (
     CI_METHOD,
@@ -45,7 +46,7 @@ from hvdscale.analysis.stats import (
     product_interval,
     speedup_interval,
 )
-from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned
+from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned, stream_key
 from hvdscale.noise_scale import estimate, predicted_epochs_ratio
 from hvdscale.runtable import SEED_KINDS
 
@@ -128,17 +129,21 @@ def _untuned(runs: pd.DataFrame) -> list[dict]:
     plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
     done = plain[plain["status"] == "completed"]
     rows = []
-    for (part, be, bs), grp in done.groupby(["partition", "backend", "batch_per_worker"]):
+    keys = ["partition", "framework", "backend", "batch_per_worker"]
+    for (part, fw, be, bs), grp in done.groupby(keys):
         lr = pref_lr(grp["lr_rule"])
         grp = grp[grp["lr_rule"] == lr]
         base = grp[grp["workers"] == 1]
         for w, g in grp[grp["workers"] > 1].groupby("workers"):
-            row = dict(partition=part, backend=be, batch_per_worker=int(bs), workers=int(w))
-            row.update(tuned=False, global_batch=int(w * bs))
-            if base.empty:
+            row = dict(partition=part, framework=fw, backend=be, batch_per_worker=int(bs))
+            row.update(workers=int(w), tuned=False, global_batch=int(w * bs))
+            if base.empty:  # said, with the counts of the n-worker side (never dropped)
                 row["note"] = "no completed 1-worker baseline"
+                row.update(reached=int(g["reached_target"].astype(bool).sum()), base_reached=0)
+                row.update(total=int(g["epochs_to_target"].notna().sum()), base_total=0)
             else:
-                row.update(factors(base, g, f"headline/{part}/{be}/{bs}/{lr}/{w}"))
+                tag = f"{part}/{fw}" if fw != FRAMEWORK_DEFAULT else part
+                row.update(factors(base, g, f"headline/{tag}/{be}/{bs}/{lr}/{w}"))
             rows.append(row)
     return rows
 
@@ -159,18 +164,21 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
     re_ = candidate_runs(runs, "rerun")
     re_ = re_[re_["status"] == "completed"]
     base = {
-        (r.partition, r.backend, r.batch_per_worker): r
+        (r.partition, r.framework, r.backend, r.batch_per_worker): r
         for r in tuned[tuned["workers"] == 1].itertuples(index=False)
     }
     plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
     plain1 = plain[(plain["status"] == "completed") & (plain["workers"] == 1)]
     rows = []
     for r in tuned[tuned["workers"] > 1].itertuples(index=False):
-        row = dict(partition=r.partition, backend=r.backend, batch_per_worker=r.batch_per_worker)
-        row.update(workers=r.workers, tuned=True, global_batch=r.global_batch)
-        b = base.get((r.partition, r.backend, r.batch_per_worker))
+        row = dict(partition=r.partition, framework=r.framework, backend=r.backend)
+        row.update(batch_per_worker=r.batch_per_worker, workers=r.workers, tuned=True)
+        row["global_batch"] = r.global_batch
+        b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
+        name = "/".join(map(str, ["headline/tuned", *stream_key(r)]))
         same = plain1[
             (plain1["partition"] == r.partition)
+            & (plain1["framework"] == r.framework)
             & (plain1["backend"] == r.backend)
             & (plain1["batch_per_worker"] == r.batch_per_worker)
         ]
@@ -179,7 +187,6 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
             # runs at the base learning rate (one LR rule: with 1 worker they all agree)
             same = same[same["lr_rule"] == pref_lr(same["lr_rule"])]
             pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
-            name = f"headline/tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}"
             row.update(factors(same, pick, name))
             note = "baseline: the untuned 1-worker runs (base learning rate)"
             row["note"] = "; ".join(n for n in (note, row.get("note", "")) if n)
@@ -193,13 +200,7 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
                 re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(axis=1)]
                 for x in (b, r)
             ]
-            row.update(
-                factors(
-                    pick[0],
-                    pick[1],
-                    f"headline/tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}",
-                )
-            )
+            row.update(factors(pick[0], pick[1], name))
         rows.append(row)
     return rows
 
@@ -210,6 +211,7 @@ def headline(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataF
         return pd.DataFrame(columns=HEADLINE_COLUMNS)
     if "kind" not in runs:
         runs = runs.assign(kind="")
+    runs = with_framework(runs)
     rows = _untuned(runs) + _tuned(runs, status)
     out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
     bn = out["global_batch"].astype(float)
@@ -222,5 +224,6 @@ def headline(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataF
     out["note"] = out["note"].fillna("")
     out["ci_method"] = CI_METHOD
     return out.sort_values(
-        ["partition", "backend", "batch_per_worker", "workers", "tuned"], kind="stable"
+        ["partition", "framework", "backend", "batch_per_worker", "workers", "tuned"],
+        kind="stable",
     ).reset_index(drop=True)

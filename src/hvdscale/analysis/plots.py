@@ -27,7 +27,7 @@ from pathlib import Path
 from hvdscale.analysis.figures import BY_NAME, FIGURE_NAMES, Figure
 from hvdscale.analysis.plotstyle import STYLE, note_figure, save_figure, suptitle
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.select import NoData
+from hvdscale.analysis.select import NoData, framework_panels
 from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
 from hvdscale.config import load_config
 from hvdscale.errors import UserError
@@ -40,6 +40,8 @@ def draw_figure(figure: Figure, data: tuple, warn) -> tuple[object, str]:
     figure without data, or whose drawing failed, becomes a note saying so."""
     import matplotlib.pyplot as plt
 
+    runs, summary, *rest = data
+    data = (framework_panels(runs), framework_panels(summary), *rest)
     try:
         fig = figure.function()(*data)
         sub = fig.get_suptitle()

@@ -15,15 +15,16 @@ import pandas as pd
 from hvdscale.analysis.columns import (
     ENV_VERSIONS,
     EPOCH_COLUMNS,
+    FRAMEWORK_DEFAULT,
     PHASES,
     RECORD_CONFIG_FIELDS,
     STATUS_COLUMNS,
     STATUS_CONFIG_FIELDS,
+    SYNC_FIELDS,
 )
-from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures
+from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures, parse_any_run_id
 from hvdscale.config import RUN_SCHEMA
 from hvdscale.errors import ConfigError
-from hvdscale.runtable import parse_run_id
 
 # ----------------------------------------------------------------------------- validation
 
@@ -198,13 +199,29 @@ def _environment_fields(rec: dict) -> dict:
     }
 
 
+def framework_of(rec: dict) -> str:
+    """The record's framework: config.framework, absent before issue 19 = horovod-tf."""
+    return str(rec["config"].get("framework") or FRAMEWORK_DEFAULT)
+
+
+def _sync_fields(rec: dict) -> dict:
+    """timing.sync (issue 19: separate allreduce, DDP comm hook, exposed sync, step
+    without communication; per-step seconds); NaN where absent or null."""
+    sync = (rec.get("timing") or {}).get("sync") or {}
+    return {
+        col: float(sync[key]) if _finite(sync.get(key)) else math.nan
+        for col, key in SYNC_FIELDS.items()
+    }
+
+
 def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     """The runs.csv row and the epochs.csv rows of one schema-valid record."""
     c, eps = rec["config"], rec["epochs"]
     timed = [e for e in eps if not e["warmup"]]
     row = {k: c.get(k) for k in RECORD_CONFIG_FIELDS}
+    row["framework"] = framework_of(rec)
     try:
-        rid = parse_run_id(rec["run_id"])
+        rid = parse_any_run_id(rec["run_id"])
     except ConfigError:  # the pandera check reports the malformed id
         rid = {"candidate": "", "lr_mult": None}
     row["candidate"] = rid["candidate"]
@@ -230,8 +247,11 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
         row["status"] = "mislabelled"
     row.update(_environment_fields(rec))
     row["record"] = path
+    row.update(_sync_fields(rec))
+    fw = row["framework"]
     epoch_rows = [
-        {"run_id": rec["run_id"], **{k: e.get(k) for k in EPOCH_COLUMNS[1:]}} for e in eps
+        {"run_id": rec["run_id"], "framework": fw, **{k: e.get(k) for k in EPOCH_COLUMNS[2:]}}
+        for e in eps
     ]
     return row, epoch_rows
 
@@ -320,14 +340,15 @@ def _run_config_fields(rid: str, table: dict | None) -> dict:
     """The status.csv configuration of a run: from the run table, else from its id."""
     if table is not None and rid in table:
         r = table[rid]
-        values = [r.partition, r.backend, r.nodes, r.workers, r.batch, r.lr_rule, r.repeat]
+        fw = getattr(r, "framework", None) or FRAMEWORK_DEFAULT
+        values = [r.partition, fw, r.backend, r.nodes, r.workers, r.batch, r.lr_rule, r.repeat]
     else:
         try:
-            p = parse_run_id(rid)
-            keys = ("partition", "backend", "nodes", "workers", "batch", "lr_rule", "repeat")
-            values = [p[k] for k in keys]
+            p = parse_any_run_id(rid)
+            keys = ("partition", "framework", "backend", "nodes", "workers", "batch")
+            values = [p[k] for k in keys] + [p["lr_rule"], p["repeat"]]
         except ConfigError:
-            values = [None, None, pd.NA, pd.NA, pd.NA, None, pd.NA]
+            values = [None, None, None, pd.NA, pd.NA, pd.NA, None, pd.NA]
     return dict(zip(STATUS_CONFIG_FIELDS, values))
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import reference_framework
 from hvdscale.analysis.select import config_order, preferred_group, summary_batch
 from hvdscale.analysis.stats import bootstrap_ci, rng_for
 from hvdscale.analysis.tables import read_runs, read_summary
@@ -198,7 +199,9 @@ def _batch(ref: dict, summary, done) -> dict:
 def check_references(
     refs: dict, summary: pd.DataFrame | None, runs: pd.DataFrame | None
 ) -> pd.DataFrame:
-    """The references table (COLUMNS) for the config's ``references`` section."""
+    """The references table (COLUMNS) for the config's ``references`` section; from the
+    Horovod-TF runs only (the reference study's framework)."""
+    summary, runs = reference_framework(summary), reference_framework(runs)
     done = _done(runs)
     rows = []
     for part, ref in sorted((refs.get("speedup_per_gpu") or {}).items()):

@@ -16,7 +16,8 @@ from pandera.pandas import Check, Column
 
 from hvdscale import backends
 from hvdscale.common import CONFIG_KEYS
-from hvdscale.runtable import RUN_ID_PATTERN, parse_run_id
+from hvdscale.errors import ConfigError
+from hvdscale.runtable import parse_run_id
 
 BACKENDS = backends.names()  # the registry's (hvdscale.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]
@@ -34,12 +35,42 @@ def _int(minimum=None, nullable=False):
     return Column("Int64" if nullable else int, checks, nullable=nullable, coerce=True)
 
 
+def parse_any_run_id(run_id: str) -> dict:
+    """``parse_run_id`` with the run's framework in ``framework``: the id carries it after
+    the partition only when it is not the default (``{partition}_torch-ddp_gloo_n1...``,
+    issue 19). Tolerates a run-id pattern that does not know the token yet (the token is
+    then taken off and the rest parsed); raises ConfigError like parse_run_id."""
+    try:
+        p = dict(parse_run_id(run_id))
+    except ConfigError:
+        head, _, rest = run_id.partition("_")
+        token, sep, tail = rest.partition("_")
+        if not sep or token in backends.names() or token == backends.DEFAULT_FRAMEWORK:
+            raise
+        if not token[:1].isalpha() or not token.replace("-", "").isalnum():
+            raise
+        p = dict(parse_run_id(f"{head}_{tail}"))
+        p["framework"] = token
+    p["framework"] = p.get("framework") or backends.DEFAULT_FRAMEWORK
+    return p
+
+
+def _parses(run_id) -> bool:
+    try:
+        parse_any_run_id(str(run_id))
+        return True
+    except ConfigError:
+        return False
+
+
 def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
-    """run_id encodes partition, backend, nodes, workers, batch, LR rule and repeat."""
+    """run_id encodes partition, framework, backend, nodes, workers, batch, LR rule and
+    repeat."""
     ok = []
-    for rid, part, be, nodes, w, b, lr, rep in zip(
+    for rid, part, fw, be, nodes, w, b, lr, rep in zip(
         df["run_id"],
         df["partition"],
+        df["framework"],
         df["backend"],
         df["nodes"],
         df["workers"],
@@ -48,13 +79,14 @@ def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
         df["repeat"],
     ):
         try:
-            p = parse_run_id(rid)
+            p = parse_any_run_id(rid)
         except Exception:
             ok.append(False)
             continue
         ok.append(
             (
                 p["partition"],
+                p["framework"],
                 p["backend"],
                 p["nodes"],
                 p["workers"],
@@ -62,7 +94,7 @@ def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
                 p["lr_rule"],
                 p["repeat"],
             )
-            == (part, be, nodes, w, b, lr, rep)
+            == (part, fw, be, nodes, w, b, lr, rep)
         )
     return pd.Series(ok, index=df.index)
 
@@ -79,6 +111,7 @@ def _shares_sum(df: pd.DataFrame) -> pd.Series:
 # columns the runs and summary tables share, with the same checks
 _CONFIG_COLUMNS = {
     "partition": Column(str),
+    "framework": Column(str),
     "backend": Column(str, Check.isin(BACKENDS)),
     "batch_per_worker": _int(1),
     "lr_rule": Column(str, Check.isin(LR_RULES)),
@@ -95,7 +128,7 @@ _TIMES_AND_LOSS = {
 
 RUNS_SCHEMA = pa.DataFrameSchema(
     {
-        "run_id": Column(str, Check.str_matches(f"^{RUN_ID_PATTERN}$")),
+        "run_id": Column(str, Check(lambda s: s.map(_parses), name="a run id")),
         "candidate": Column(str, nullable=True, required=False),
         **_CONFIG_COLUMNS,
         **_TIMES_AND_LOSS,

@@ -17,8 +17,35 @@ from collections import Counter
 import pandas as pd
 
 from hvdscale import backends
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, framework_label, names_framework
 
 LR_ORDER = {"none": 0, "linear": 1, "sqrt": 2}
+
+
+#: where framework_panels keeps a frame's own partition names
+PARTITION_NAME = "partition_name"
+
+
+def framework_panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The framework as a figure dimension (issue 19): where ``df`` holds runs of more
+    than one framework (or of one other than Horovod-TF), its partition becomes 'local,
+    PyTorch DDP' ('local, Horovod-TF'), so every figure that gives each partition a panel
+    or a colour does so per framework; the partition's own name goes to
+    ``partition_name``. Horovod-TF alone: ``df`` as it is, the figures as before."""
+    if df is None or "framework" not in df or PARTITION_NAME in df:
+        return df
+    fws = df["framework"].fillna(FRAMEWORK_DEFAULT)
+    if not names_framework(fws):
+        return df
+    labels = [f"{p}, {framework_label(f)}" for p, f in zip(df["partition"], fws)]
+    return df.assign(**{PARTITION_NAME: df["partition"], "partition": labels})
+
+
+def own_partitions(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """``df`` with its own partition names back (undoes framework_panels)."""
+    if df is None or PARTITION_NAME not in df:
+        return df
+    return df.assign(partition=df[PARTITION_NAME]).drop(columns=PARTITION_NAME)
 
 
 class NoData(Exception):
@@ -53,6 +80,20 @@ def pref_backend(df: pd.DataFrame) -> str:
     return sorted(n.items(), key=lambda kv: (-kv[1], backends.order(kv[0])))[0][0]
 
 
+def panel_backend(df: pd.DataFrame, part: str) -> str:
+    """The preferred backend of panel ``part``; where framework_panels split a partition
+    into one panel per framework, among the backends all of its panels have (so the
+    frameworks are compared on the same backend), where they share one."""
+    rows = df[df["partition"] == part]
+    if PARTITION_NAME in df:
+        own = rows[PARTITION_NAME].iloc[0]
+        sib = df[df[PARTITION_NAME] == own]
+        common = set.intersection(*(set(g["backend"]) for _, g in sib.groupby("partition")))
+        if common:
+            rows = rows[rows["backend"].isin(common)]
+    return pref_backend(rows)
+
+
 def config_order(backend: str, lr_rule: str) -> tuple[int, int]:
     """Sort key of a (backend, LR rule) pair: nccl, mpi, gloo; none, linear, sqrt."""
     return backends.order(backend), LR_ORDER.get(lr_rule, 9)
@@ -73,14 +114,17 @@ def main_rows(summary: pd.DataFrame | None, column: str, why: str, *, one_lr: bo
 
 
 def preferred_group(g: pd.DataFrame, batch=None) -> pd.Series | None:
-    """Preferred group of a partition: nccl, batch 75 (or the main batch), LR none."""
+    """Preferred group of a partition: Horovod-TF (the reference study's framework),
+    nccl, batch 75 (or the main batch), LR none."""
     if g.empty:
         return None
     batch = batch or 75
+    fws = g["framework"] if "framework" in g else [FRAMEWORK_DEFAULT] * len(g)
     g = g.assign(
         _k=[
-            (backends.order(b), 0 if bs == batch else 1, abs(bs - batch), LR_ORDER.get(lr, 9))
-            for b, bs, lr in zip(g["backend"], g["batch_per_worker"], g["lr_rule"])
+            (f != FRAMEWORK_DEFAULT, backends.order(b), bs != batch, abs(bs - batch))
+            + (LR_ORDER.get(lr, 9),)
+            for f, b, bs, lr in zip(fws, g["backend"], g["batch_per_worker"], g["lr_rule"])
         ]
     )
     return g.sort_values("_k", kind="stable").iloc[0]

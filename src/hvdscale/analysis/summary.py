@@ -11,7 +11,13 @@ import math
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import STATUSES, SUMMARY_COLUMNS, SUMMARY_MEDIANS
+from hvdscale.analysis.columns import (
+    FRAMEWORK_DEFAULT,
+    STATUSES,
+    SUMMARY_COLUMNS,
+    SUMMARY_MEDIANS,
+    with_framework,
+)
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
@@ -167,7 +173,7 @@ def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         bkey = key[:-1] + (1,)
         empty = done.iloc[0:0]
         g, b = per.get(key, empty), per.get(bkey, empty)
-        name = "/".join(map(str, key))
+        name = "/".join(map(str, interval_key(dict(zip(CONFIG_KEYS, key)))))
         reps = dict(base_repeats=b["repeat"].tolist(), repeats=g["repeat"].tolist())
         lo, hi, note = speedup_interval(b["epoch_time_s"], g["epoch_time_s"], name, **reps)
         if not row.has_baseline:
@@ -195,6 +201,13 @@ def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def interval_key(key: dict) -> list:
+    """The configuration's values that name its bootstrap stream (stats.rng_for): the
+    framework only where it is not the default, so a Horovod study's intervals are those
+    it had before issue 19."""
+    return [v for k, v in key.items() if k != "framework" or v != FRAMEWORK_DEFAULT]
+
+
 def _fit_slope(n: np.ndarray, s: np.ndarray) -> tuple[float, float, int]:
     ok = np.isfinite(s)
     n, s = n[ok].astype(float), s[ok]
@@ -218,6 +231,7 @@ def _speedup_fits(out: pd.DataFrame) -> pd.DataFrame:
 
 def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
+    runs, status = with_framework(runs), with_framework(status)
     if "candidate" in runs:
         runs = runs[runs["candidate"].fillna("").astype(str) == ""]
     if "kind" in runs:  # calibration runs and tuning re-runs are not scaling configurations

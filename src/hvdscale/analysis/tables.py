@@ -10,10 +10,12 @@ import pandas as pd
 from hvdscale.analysis.columns import (
     CSV_FLOAT_FORMAT,
     EPOCH_COLUMNS,
+    FRAMEWORK_DEFAULT,
     RUNS_COLUMNS,
     STATUS_COLUMNS,
     STRING_COLUMNS,
     SUMMARY_COLUMNS,
+    SYNC_COLUMNS,
 )
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
@@ -35,12 +37,26 @@ def _read_csv(path: str | Path, what: str, required: list[str]) -> pd.DataFrame:
         raise UserError(f"{what} {path}: not found (run 'hvdscale aggregate' first)") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"{what} {path}: not a readable CSV file ({exc})") from None
+    df = _issue19_columns(df, required)
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise UserError(
             f"{what} {path}: missing column(s) {', '.join(missing)}; "
             "was it written by 'hvdscale aggregate'?"
         )
+    return df
+
+
+def _issue19_columns(df: pd.DataFrame, required: list[str]) -> pd.DataFrame:
+    """A table written before issue 19: every run was Horovod-TF (framework after the
+    partition, or after run_id) and no run measured timing.sync (NaN)."""
+    if "framework" in required and "framework" not in df:
+        cols = list(df.columns)
+        at = cols.index("partition") + 1 if "partition" in cols else int("run_id" in cols)
+        df.insert(at, "framework", FRAMEWORK_DEFAULT)
+    for c in SYNC_COLUMNS:
+        if c in required and c not in df:
+            df[c] = float("nan")
     return df
 
 

@@ -35,13 +35,14 @@ import re
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv, read_runs, read_status, write_csv
 from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.config import load_config
 from hvdscale.errors import UserError
 
-TUNE_KEYS = ["partition", "backend", "batch_per_worker", "workers"]
+TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
 TUNED_COLUMNS = [
     *TUNE_KEYS,
@@ -110,8 +111,8 @@ def _tagged(runs: pd.DataFrame) -> pd.DataFrame:
 def candidate_runs(runs: pd.DataFrame, kind: str = "") -> pd.DataFrame:
     """Completed or not, the tuning runs of ``kind`` ('' = selection, 'rerun')."""
     if runs.empty or "run_id" not in runs:
-        return runs.iloc[0:0]
-    t = _tagged(runs)
+        return with_framework(runs.iloc[0:0])
+    t = _tagged(with_framework(runs))
     return t[(t["candidate"] != "") & (t["kind"] == kind)]
 
 
@@ -178,13 +179,11 @@ def _expected(status: pd.DataFrame | None, runs: pd.DataFrame) -> pd.DataFrame:
         for x in st.itertuples(index=False):
             m = _CAND.search(str(x.run_id))
             if m and not m["kind"] and pd.notna(x.workers):
-                rows.append(
-                    (x.partition, x.backend, int(x.batch_per_worker), int(x.workers), m["cand"])
-                )
+                fw = getattr(x, "framework", None) or FRAMEWORK_DEFAULT
+                b, w = int(x.batch_per_worker), int(x.workers)
+                rows.append((x.partition, fw, x.backend, b, w, m["cand"]))
     c = candidate_runs(runs)
-    rows += list(
-        zip(c["partition"], c["backend"], c["batch_per_worker"], c["workers"], c["candidate"])
-    )
+    rows += list(zip(*(c[k] for k in TUNE_KEYS), c["candidate"]))
     df = pd.DataFrame(rows, columns=TUNE_KEYS + ["candidate"]).drop_duplicates()
     for k in ("batch_per_worker", "workers"):
         df[k] = df[k].astype("int64")
@@ -201,7 +200,7 @@ def _row(key, exp, cands, reruns) -> dict:
     """The tuned.csv row of one tuning group."""
     g = _match(cands, dict(zip(TUNE_KEYS, key)), TUNE_KEYS)
     row = dict(zip(TUNE_KEYS, key))
-    row["global_batch"] = int(key[2] * key[3])
+    row["global_batch"] = int(row["batch_per_worker"] * row["workers"])
     row["n_candidates"] = int(exp["candidate"].nunique())
     row["n_candidates_completed"] = len(g)
     row["n_candidates_reached"] = int((g["n_reached_target"] > 0).sum())
@@ -228,6 +227,7 @@ def _row(key, exp, cands, reruns) -> dict:
 def select_tuned(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
     """tuned.csv: the selected candidate of every tuning group with its re-runs' figures
     (see the module doc)."""
+    runs = with_framework(runs)
     cands, reruns = candidates(runs), candidates(runs, "rerun")
     expected = _expected(status, runs)
     rows = [_row(key, exp, cands, reruns) for key, exp in expected.groupby(TUNE_KEYS, sort=True)]
@@ -250,12 +250,12 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     if out.empty:
         return out
     base = {
-        (r.partition, r.backend, r.batch_per_worker): r
+        (r.partition, r.framework, r.backend, r.batch_per_worker): r
         for r in out[out["workers"] == 1].itertuples(index=False)
     }
     cols = {c: [] for c in ("speedup", "speedup_ttt", "speedup_ttt_lo", "speedup_ttt_hi", "note")}
     for r in out.itertuples(index=False):
-        b = base.get((r.partition, r.backend, r.batch_per_worker))
+        b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
         s = st = lo = hi = math.nan
         if b is None:
             note = "no interval: no 1-worker tuning group"
@@ -268,7 +268,7 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             s = b.epoch_time_s / r.epoch_time_s
             bv, bi = _rerun_values(runs, b, "time_to_target_s")
             v, i = _rerun_values(runs, r, "time_to_target_s")
-            name = f"tuned/{r.partition}/{r.backend}/{r.batch_per_worker}/{r.workers}"
+            name = "/".join(map(str, ["tuned", *stream_key(r)]))
             lo, hi, note = speedup_interval(bv, v, name, base_repeats=bi, repeats=i)
             if bool(r.target_too_loose) or bool(b.target_too_loose):
                 lo, hi, note = math.nan, math.nan, TOO_LOOSE
@@ -281,6 +281,14 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         out[c] = cols[c]
     out["ci_note"] = cols["note"]
     return out
+
+
+def stream_key(r) -> list:
+    """(partition, [framework,] backend, batch, workers) of a tuning group, naming its
+    bootstrap stream: the framework only where it is not the default (as before issue 19)."""
+    fw = getattr(r, "framework", FRAMEWORK_DEFAULT)
+    head = [r.partition] + ([fw] if fw != FRAMEWORK_DEFAULT else [])
+    return [*head, r.backend, r.batch_per_worker, r.workers]
 
 
 def read_tuned(path) -> pd.DataFrame:

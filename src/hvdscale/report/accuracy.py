@@ -14,6 +14,7 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
+from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
 from hvdscale.analysis.figures import in_section
 from hvdscale.analysis.references import references_of
 from hvdscale.analysis.select import pref_lr
@@ -22,7 +23,7 @@ from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
-from hvdscale.report.equal_accuracy import factors_part, ttt_table
+from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
 from hvdscale.report.headline import describe_target
 
 TTT_NOTE = (
@@ -90,7 +91,8 @@ def _untuned(summary: pd.DataFrame) -> pd.DataFrame:
     if summary is None or summary.empty:
         return pd.DataFrame(columns=list(summary.columns) if summary is not None else [])
     keep = []
-    for _, g in summary.groupby(["partition", "backend", "batch_per_worker"], sort=True):
+    summary = with_framework(summary)
+    for _, g in summary.groupby(["partition", "framework", "backend", "batch_per_worker"]):
         keep.append(g[g["lr_rule"] == pref_lr(g["lr_rule"])])
     return pd.concat(keep, ignore_index=True)
 
@@ -168,6 +170,7 @@ def batch_question(
     time-to-target speedup after re-tuning (the best candidate of the sweep at b1).
     ``ref``: the config's references.batch_epoch_speedup (value, batch_from, batch_to);
     None: no question."""
+    summary, runs = reference_framework(summary), reference_framework(runs)  # Horovod's
     if summary is None or summary.empty or not ref:
         return None
     b0, b1 = ref["batch_from"], ref["batch_to"]
@@ -306,10 +309,11 @@ def _summary_table(d: Doc, r: ReportData) -> None:
     rows = equal_accuracy_rows(r.summary, tuned_table(r))
     if not rows:
         return
+    multi = names_framework(x["framework"] for x in rows)
     cells = [
         [
             x["partition"],
-            x["backend"],
+            framework_backend([x["framework"]], [x["backend"]])[0] if multi else x["backend"],
             str(int(x["batch_per_worker"])),
             str(int(x["workers"])),
             x["epoch"],

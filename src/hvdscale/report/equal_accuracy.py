@@ -14,8 +14,14 @@ from xml.sax.saxutils import escape
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import framework_short, names_framework, with_framework
 from hvdscale.report import fmt
-from hvdscale.report.headline import no_median, survival_clause, with_interval, workers_text
+from hvdscale.report.headline import (
+    no_median,
+    survival_clause,
+    with_interval,
+    workers_text,
+)
 
 CENSORED = "> budget"
 _KIND = re.compile(r"_(?P<kind>cal|rerun)_r[0-9]+$")
@@ -52,6 +58,12 @@ FACTOR_HEADER = [
     "Reached",
     "Note",
 ]
+
+
+def framework_backend(frameworks, backends_) -> list[str]:
+    """'DDP gloo', 'Horovod gloo': a backend named with its framework (the tables of a
+    study with more than one framework)."""
+    return [f"{framework_short(f)} {b}" for f, b in zip(frameworks, backends_)]
 
 
 def censored_median(times) -> float:
@@ -220,9 +232,11 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
     if headline is None:
         d.p("No headline table was given: the factors of the speedups are not shown.")
         return
-    rows = headline[headline["workers"] > 1].sort_values(
-        ["partition", "backend", "batch_per_worker", "workers", "tuned"]
+    rows = with_framework(headline[headline["workers"] > 1]).sort_values(
+        ["partition", "framework", "backend", "batch_per_worker", "workers", "tuned"]
     )
+    if names_framework(rows["framework"]):  # name the framework with the backend
+        rows = rows.assign(backend=framework_backend(rows["framework"], rows["backend"]))
     if rows.empty:
         d.p("No configuration with more than one worker in the headline table.")
         return

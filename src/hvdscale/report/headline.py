@@ -22,11 +22,17 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import HEADLINE_COLUMNS
+from hvdscale.analysis.columns import (
+    FRAMEWORK_DEFAULT,
+    HEADLINE_COLUMNS,
+    framework_label,
+    names_framework,
+    with_framework,
+)
 from hvdscale.errors import UserError
 from hvdscale.report import fmt
 
-_TEXT = ["partition", "backend", "note", "ci_method", "tuned"]
+_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned"]
 _COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
 NO_INTERVAL = f"no interval: fewer than {MIN_REPEATS} repeats"
@@ -47,6 +53,8 @@ def read_headline(path) -> pd.DataFrame:
         raise UserError(f"{what}: not found (written by 'hvdscale aggregate')") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"{what}: not a readable CSV file ({exc})") from None
+    if "framework" not in df and "partition" in df:  # written before issue 19: Horovod
+        df.insert(list(df.columns).index("partition") + 1, "framework", FRAMEWORK_DEFAULT)
     missing = [c for c in HEADLINE_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"{what}: missing column(s) {', '.join(missing)}")
@@ -72,6 +80,7 @@ def read_headline(path) -> pd.DataFrame:
         df[c] = num.astype(int) if c in _COUNTS else num.astype(float)
     for c in ("note", "ci_method"):
         df[c] = df[c].fillna("")
+    df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
     return df
 
 
@@ -240,9 +249,12 @@ def survival_clause(retained_fraction, epoch_speedup) -> str:
     return "no epoch-time gain to keep: the epoch itself is not faster (hardware)"
 
 
-def batch_sentence(untuned: Mapping | None, tuned: Mapping | None) -> str:
-    """The first page's sentence for one (partition, backend, batch, workers): untuned and
-    tuned; a missing side says so."""
+def batch_sentence(
+    untuned: Mapping | None, tuned: Mapping | None, name_framework: bool = False
+) -> str:
+    """The first page's sentence for one (partition, [framework,] backend, batch, workers):
+    untuned and tuned; a missing side says so. ``name_framework``: name the framework
+    (a study with more than one)."""
     row = untuned if untuned is not None else tuned
     if row is None:
         raise ValueError("batch_sentence needs at least one row")
@@ -255,17 +267,23 @@ def batch_sentence(untuned: Mapping | None, tuned: Mapping | None) -> str:
         parts.append(f"tuned (winners re-run with fresh seeds), {headline_sentence(tuned)}")
     else:
         parts.append("tuned: no re-runs of a tuned configuration (not in the tuning sweep)")
-    head = f"Batch {int(row['batch_per_worker'])} per worker ({row['partition']}, {row['backend']})"
+    where = [row["partition"], row["backend"]]
+    if name_framework:
+        where.insert(1, framework_label(row.get("framework", FRAMEWORK_DEFAULT)))
+    head = f"Batch {int(row['batch_per_worker'])} per worker ({', '.join(map(str, where))})"
     return (
         f"{head}: " + ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
     )
 
 
 def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
-    """One sentence per (partition, backend, batch, workers > 1), in that order."""
+    """One sentence per (partition, framework, backend, batch, workers > 1), in that
+    order; the framework is named where the study has more than one."""
     if headline is None or headline.empty:
         return []
-    keys = ["partition", "backend", "batch_per_worker", "workers"]
+    headline = with_framework(headline)
+    multi = names_framework(headline["framework"])
+    keys = ["partition", "framework", "backend", "batch_per_worker", "workers"]
     rows = headline[headline["workers"] > 1]
     out = []
     for _, g in rows.groupby(keys, sort=True):
@@ -273,7 +291,9 @@ def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
         t = g[g["tuned"]]
         out.append(
             batch_sentence(
-                u.iloc[0].to_dict() if len(u) else None, t.iloc[0].to_dict() if len(t) else None
+                u.iloc[0].to_dict() if len(u) else None,
+                t.iloc[0].to_dict() if len(t) else None,
+                name_framework=multi,
             )
         )
     return out

@@ -7,11 +7,12 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import STATUSES
+from hvdscale.analysis.columns import STATUSES, with_framework
 from hvdscale.analysis.stats import CI_METHOD
 from hvdscale.gpu_support import gpu_support_notes
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.report.frameworks import GPU_NOTE
 from hvdscale.report.headline import headline_section
 from hvdscale.report.method import equal_accuracy_bullets
 
@@ -144,7 +145,8 @@ def _method_bullets(warm) -> list[str]:
         "<b>Repeats</b>: every configuration is run several times; tables show the median over "
         "completed repeats and the min-max range in parentheses.",
         "<b>Baseline</b>: speedup S(n) = T(1)/T(n) divides the median epoch time of the 1-worker "
-        "run of the same partition, backend, per-worker batch size and learning-rate rule by "
+        "run of the same partition, framework, backend, per-worker batch size and learning-rate "
+        "rule by "
         "that of n workers; efficiency E(n) = S(n)/n. A group without a completed 1-worker run "
         "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
         "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
@@ -165,6 +167,8 @@ def method_section(d: Doc, r: ReportData) -> None:
     d.bullets(_method_bullets(warm))
     d.bullets(equal_accuracy_bullets(r.cfg, getattr(r, "target", None), CI_METHOD, r.runs))
     runs = r.runs
+    if runs is not None and len(runs) and (with_framework(runs)["framework"] == "torch-ddp").any():
+        d.p(escape(GPU_NOTE))
     methods = sorted(set(runs["timing_method"].dropna())) if runs is not None and len(runs) else []
     for m in methods[:3]:
         d.p(f"<i>Timing method recorded by the runs:</i> {escape(m)}", "note")

@@ -6,7 +6,8 @@ environments, hosts and hardware, dates); the system description per partition
 (systems.csv, when given); how every time was measured; tables of
 speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
 never shown without the test loss it reached); the figures with numbered captions; a
-side-by-side comparison with the reference study; the cost-model fit and its
+side-by-side comparison with the reference study; Horovod against PyTorch DDP where
+the records hold both (report/frameworks.py); the cost-model fit and its
 prediction error; the list of missing and failed runs. Written atomically.
 
 Example
@@ -42,6 +43,7 @@ from hvdscale.report.accuracy import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
+from hvdscale.report.frameworks import frameworks_section
 from hvdscale.report.headline import read_headline, read_target
 from hvdscale.report.overview import (
     method_section,
@@ -63,6 +65,7 @@ SECTIONS = [
     method_section,
     results_section,
     accuracy_section,
+    frameworks_section,
     figures_section,
     reference_section,
     costmodel_section,

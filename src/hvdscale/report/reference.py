@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from hvdscale.analysis.columns import reference_framework
 from hvdscale.analysis.references import batch_pair, references_of
 from hvdscale.analysis.select import preferred_group, summary_batch
 from hvdscale.common import GROUP_KEYS
@@ -96,6 +97,7 @@ def _batch_row(s: pd.DataFrame, ref: dict) -> dict:
 def reference_rows(summary: pd.DataFrame | None, refs: dict) -> list[dict]:
     """The reference values ``refs`` (the config's ``references``) next to ours (or 'not
     measured'); a quantity set to null in the config has no row."""
+    summary = reference_framework(summary)  # the reference study measured Horovod
     s = summary if summary is not None else pd.DataFrame(columns=GROUP_KEYS + ["workers"])
     b_main = summary_batch(summary)
     rows = [

@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from hvdscale.analysis.columns import framework_label, names_framework, with_framework
 from hvdscale.analysis.figures import in_section
 from hvdscale.common import GROUP_KEYS
 from hvdscale.report import fmt
 from hvdscale.report.accuracy import with_ci
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
+from hvdscale.report.equal_accuracy import framework_backend
 
 GROUP_NOTE = (
     "Speedup per GPU (slope of S(n) over n) per configuration group, with the largest "
@@ -88,10 +90,11 @@ def group_table_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_table(d: Doc, summary: pd.DataFrame) -> None:
+    multi = names_framework(summary["framework"])
     rows = [
         [
             x.partition,
-            x.backend,
+            d.cell(framework_backend([x.framework], [x.backend])[0]) if multi else x.backend,
             str(int(x.batch_per_worker)),
             x.lr_rule,
             d.cell(x.workers),
@@ -107,6 +110,8 @@ def _group_table(d: Doc, summary: pd.DataFrame) -> None:
         for x in group_table_rows(summary).itertuples()
     ]
     widths = [14, 14, 10, 11, 24, 18, 11, 14, 17, 15, 16, 16]
+    if multi:  # the backend cell names the framework too
+        widths[1], widths[4] = 19, 19
     d.table(GROUP_NOTE, GROUP_HEADER, rows, widths, align_right_from=6)
 
 
@@ -149,11 +154,17 @@ def ttt_with_counts(median, reached, total) -> str:
 
 def _config_table(d: Doc, summary: pd.DataFrame) -> None:
     rows, spans = [], []
+    multi = names_framework(summary["framework"])
     for key, g in summary.groupby(GROUP_KEYS, sort=True):
+        k = dict(zip(GROUP_KEYS, key))
         g = g.sort_values("workers")
         spans.append(len(rows))
+        where = [k["partition"], k["backend"]]
+        if multi:
+            where.insert(1, framework_label(k["framework"]))
         head = (
-            f"{key[0]} / {key[1]} / batch {int(key[2])} per worker / LR {key[3]}  |  "
+            f"{' / '.join(where)} / batch {int(k['batch_per_worker'])} per worker / "
+            f"LR {k['lr_rule']}  |  "
             f"speedup per GPU {fmt.slope(g['speedup_per_gpu'].iloc[0])}  |  "
             f"baseline {g['baseline_status'].iloc[0]}"
         )
@@ -166,7 +177,7 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
 def results_section(d: Doc, r: ReportData) -> None:
     d.page_break()
     d.section("Results")
-    summary = r.summary
+    summary = with_framework(r.summary)
     if summary.empty or summary["n_completed"].sum() == 0:
         d.p("No run has completed yet: no results to show.")
         return
