@@ -68,13 +68,14 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m hvdscale.torchddp",
         description=__doc__.split("\n\n")[0],
         epilog="Example: torchrun --standalone --nproc-per-node 2 -m hvdscale.torchddp "
-        "--config results/config/full.json --run-id local_gloo_n1_w2_b75_lrnone_r0 "
-        "--data-dir results/data --out-dir results/runs/local_gloo_n1_w2_b75_lrnone_r0",
+        "--config results/config/full.json --run-id local_torch-ddp_gloo_n1_w2_b75_lrnone_r0 "
+        "--data-dir results/data --out-dir results/runs/local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
+        " (hvdscale launch starts it so, or with srun on SLURM)",
     )
     add_arguments(p)
-    p.add_argument("--backend", default="gloo", choices=["gloo"],
-                   help="torch.distributed backend (gloo, the CPU path; nccl on GPUs is "
-                   "phase 2 of issue 19); the run id's backend must name the same")  # fmt: skip
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                   help="torch.distributed backend (default: the run id's: gloo on CPUs, "
+                   "nccl on GPUs); the run id's backend must name the same")  # fmt: skip
     return p
 
 
@@ -96,7 +97,7 @@ def train_rank(args, out_dir: Path) -> int:
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
     torch.set_num_threads(int(tcfg["threads_per_worker"]))
     check_backend(run_, args.backend)
-    worker = TorchWorker.init(args.backend)
+    worker = TorchWorker.init(run_.backend)
     check_worker_count(run_, worker)
     log = root_logger(worker)
     log(
@@ -164,8 +165,15 @@ def root_logger(worker: TorchWorker):
     return lambda msg: None
 
 
-def check_backend(run_, backend: str) -> None:
-    if run_.backend != backend:
+def check_backend(run_, backend: str | None) -> None:
+    """The run is a torch-ddp run, and of ``backend`` when one was given."""
+    if getattr(run_, "framework", None) != FRAMEWORK:
+        raise UserError(
+            f"run {run_.run_id} is a run of framework {getattr(run_, 'framework', '?')}, not "
+            f"{FRAMEWORK}: torch-ddp run ids read {{partition}}_{FRAMEWORK}_{{backend}}_... "
+            "(config key scaling.sweeps[].frameworks)"
+        )
+    if backend is not None and run_.backend != backend:
         raise UserError(
             f"run {run_.run_id} is labelled backend {run_.backend!r} but this rank was "
             f"started with --backend {backend}; torch-ddp runs with gloo (CPU) or nccl (GPU)"
