@@ -219,6 +219,4 @@ def gpu_problems(backend_names, partition, framework: str = DEFAULT_FRAMEWORK) -
     does not have."""
     if is_gpu_partition(partition):
         return []
-    return [
-        b for b in backend_names if (framework, b) in REGISTRY and get(b, framework).needs_gpu
-    ]
+    return [b for b in backend_names if (framework, b) in REGISTRY and get(b, framework).needs_gpu]

@@ -236,7 +236,10 @@ def _check_semantics(cfg: dict) -> None:
                     f"scaling.sweeps.{i}.backends", sweep["backends"], p, parts, fw
                 )
         problems += _framework_problems(
-            f"scaling.sweeps.{i}.backends", sweep.get("name"), sweep["frameworks"], sweep["backends"]
+            f"scaling.sweeps.{i}.backends",
+            sweep.get("name"),
+            sweep["frameworks"],
+            sweep["backends"],
         )
     problems += _tune_problems(cfg)
     problems = list(dict.fromkeys(problems))  # a problem of both frameworks once
@@ -328,7 +331,9 @@ def _tune_problems(cfg: dict) -> list[str]:
         else:
             for fw in tune["frameworks"]:
                 problems += _gpu_problems("scaling.tune.backends", tune["backends"], p, parts, fw)
-    problems += _framework_problems("scaling.tune.backends", None, tune["frameworks"], tune["backends"])
+    problems += _framework_problems(
+        "scaling.tune.backends", None, tune["frameworks"], tune["backends"]
+    )
     for m in tune["lr_multipliers"]:
         if abs(round(m * 100) - m * 100) > 1e-6:
             problems.append(
