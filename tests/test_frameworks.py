@@ -265,6 +265,9 @@ def test_the_failing_rank_s_own_exit_status_replaces_torchrun_s(tmp_path):
         "Root Cause (first observed failure):\n[0]:\n  time      : 2026\n  host      : h\n"
         "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 77)\n"
     )
+    # torchrun saw rank 1 abort after it wrote its own status: the marker wins
+    (pids / "rank-1.exit").write_text("4\n")
+    assert torchrun_status(1, tail.replace("-9", "-6"), tmp_path, 3) == 4
     for f in pids.glob("*.exit"):
         f.unlink()
     assert torchrun_status(1, tail, tmp_path, 3) == 137

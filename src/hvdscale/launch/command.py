@@ -314,8 +314,9 @@ def run(args) -> int:
         status = 128 - status
     if args.program == "train":
         done, status, msg = _train_outcome(ident, out_dir, status, tail, t0, took, job.workers)
-        if not done and spec.launcher == "torchrun":
+        if not done and spec.launcher == "torchrun":  # torchrun says 1 for any failure
             status = torchrun_status(status, tail, out_dir, job.workers)
+            msg += f"; exit status {status}: the failing rank's (torchrun exits 1 for any)"
     else:
         done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
     if done:
@@ -385,16 +386,22 @@ def first_failed_rank(out_dir: Path, workers: int) -> tuple[int, int] | None:
 
 
 def torchrun_status(status: int, tail: str, out_dir: Path, workers: int) -> int:
-    """The exit status of a failed torchrun job: torchrun exits 1 whichever rank failed
-    and however; the failing rank's own status from its exit marker (e.g. 2 bad input, 4
-    stopped for the time limit), else 128 + the signal torchrun saw kill it."""
+    """The exit status of a failed torchrun job (torchrun exits 1 whichever rank failed
+    and however): the status in the exit marker of the rank torchrun saw fail first (its
+    own report can be a later abort), else 128 + the signal that killed it, else the
+    oldest failed exit marker's (e.g. 2 bad input, 4 stopped for the time limit)."""
+    m = _FIRST_FAILED[-1].search(tail)
+    if m:
+        rank, code = int(m.group(1)), int(m.group(2))
+        marker = rank_exit_codes(out_dir, workers).get(rank, "")
+        if marker.isdigit() and int(marker) != 0:
+            return int(marker) if int(marker) < 256 else 1
+        if code < 0:
+            return 128 - code
     first = first_failed_rank(out_dir, workers)
     if first is not None:
         return first[1] if 0 < first[1] < 256 else 1
-    m = _FIRST_FAILED[-1].search(tail)
-    if m and int(m.group(2)) < 0:
-        return 128 - int(m.group(2))
-    return status
+    return int(m.group(2)) if m and 0 < int(m.group(2)) < 256 else status
 
 
 def _clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:

@@ -237,6 +237,16 @@ def describe_environment(worker: TorchWorker, chash: str, first_attempt: dict):
     return environment, system_block([h for h, _ in gathered])
 
 
+def leave_group() -> None:
+    """Leave the process group a rank still holds (a rank that stops with an error):
+    exiting with it alive aborts the process (SIGABRT, "terminate called without an
+    active exception"), which hides the rank's own exit status from torchrun."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -244,3 +254,5 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"hvdscale torchddp: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        leave_group()
