@@ -1,14 +1,19 @@
 """Both frameworks through the local pipeline (issue 19): the tiny test config with the
 overlay .test/config/frameworks.yaml trains Horovod-TF and torch-ddp runs (Gloo, 1 and 2
 workers) through the same rules, JobSpec and profile, to valid run records and the
-aggregated tables. Real Snakemake, real horovodrun and torchrun."""
+aggregated tables; and a 2-rank torch-ddp run through the SLURM executor plugin on the
+local test cluster (scripts/slurm-cluster.sh). Real Snakemake, horovodrun, torchrun,
+sbatch and srun."""
 
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
 
 import pytest
-from slurm_support import horovod_skip_reason
+import yaml
+from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture)
 from test_pipeline import ROOT, read_status, records, results_dir, snakemake  # noqa: F401
 from test_torch_ddp import needs_torch
 
@@ -65,3 +70,58 @@ def test_local_pipeline_trains_both_frameworks_to_records_and_summary(results_di
         assert {r["framework"] for r in rows} == {"horovod-tf", "torch-ddp"}
         two = [r for r in rows if r["workers"] == "2"]
         assert len(two) == 2 and all(float(r["speedup"]) > 0 for r in two)
+
+
+# --------------------------------------------------------------------------- real SLURM
+
+TORCH_ONLY = {
+    "training": {"launcher": "srun"},
+    "scaling": {
+        "sweeps": [
+            {
+                "name": "torch",
+                "frameworks": ["torch-ddp"],
+                "partitions": ["local"],
+                "workers": [2],
+                "backends": ["gloo"],
+                "batch_sizes": [75],
+                "lr_rules": ["none"],
+            }
+        ]
+    },
+}
+
+
+@pytest.mark.slurm
+def test_a_two_rank_torch_run_through_the_slurm_plugin(slurm_cluster, results_dir, tmp_path):  # noqa: F811
+    """The executor plugin submits the run as one 2-task job (the same JobSpec as a
+    Horovod run); inside it `hvdscale launch` starts one srun task per rank, which join
+    torch.distributed's rendezvous on the job's first host."""
+    rid = TORCH_IDS[1]
+    override = tmp_path / "torch.yaml"
+    override.write_text(yaml.safe_dump(TORCH_ONLY))
+    args = ["--profile", "profiles/test-slurm", "--configfile", ".test/config/config.yaml"]
+    args += [OVERLAY, str(override), "--config", f"results_dir={results_dir}"]
+    out = snakemake(
+        [*args, "--", f"{results_dir}/runs/{rid}/metrics.json"], env=dict(slurm_cluster)
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rec = records(results_dir)[rid]
+    validate_record(rec)
+    cfg, env = rec["config"], rec["environment"]
+    assert rec["status"] == "completed" and cfg["framework"] == "torch-ddp"
+    assert cfg["launcher"] == "srun" and cfg["workers"] == 2
+    proof = rec["label_proof"]
+    assert proof["ok"] and proof["process_group_backend"] == "gloo", proof
+    assert proof["process_group_world_size"] == 2 == len(env["hostnames"])
+    assert env["slurm_job_id"] and env["slurm_nodelist"]
+    show = subprocess.run(
+        ["scontrol", "show", "job", env["slurm_job_id"]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **slurm_cluster},
+    ).stdout
+    assert "JobState=COMPLETED" in show and "NumTasks=2" in show and rid in show
+    log = (ROOT / results_dir / "logs" / "train_run" / f"{rid}.log").read_text()
+    assert "srun --mpi=none" in log and "exec --framework torch-ddp" in log
+    assert "torch.distributed.run" not in log and "MASTER_PORT=" in log
