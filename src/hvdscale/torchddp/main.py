@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, load_config
@@ -241,8 +242,7 @@ def leave_group() -> None:
     """Leave the process group a rank still holds (a rank that stops with an error):
     exiting with it alive aborts the process (SIGABRT, "terminate called without an
     active exception"), which hides the rank's own exit status from torchrun."""
-    import torch.distributed as dist
-
+    dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
