@@ -272,3 +272,35 @@ def test_the_failing_rank_s_own_exit_status_replaces_torchrun_s(tmp_path):
         f.unlink()
     assert torchrun_status(1, tail, tmp_path, 3) == 137
     assert "rank 1 failed first (exit code -9: signal 9)" in describe_failure(tail, 1, tmp_path, 3)
+
+
+def test_the_time_limit_warning_goes_to_the_ranks_of_a_torchrun_job(monkeypatch, tmp_path):
+    """torchrun would die of SIGUSR1: the launcher signals the ranks (pid files) instead."""
+    from hvdscale.launch import timelimit
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    monkeypatch.setattr(timelimit, "job_end_time", lambda job: time.time() + 3.0)
+    env = timelimit.launch_env({"time_limit_margin_s": 2}, tmp_path / "run", 2)
+    pids = tmp_path / "run" / ".pids"
+    pids.mkdir(parents=True)
+    trap = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: (print('USR1', flush=True), sys.exit(0)))\n"
+        "time.sleep(60)\n"
+    )
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", trap], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for k, r in enumerate(ranks):
+        (pids / f"rank-{k}.pid").write_text(f"{r.pid}\n")
+    torchrun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)  # the ranks' handlers are in place
+        timelimit.watch(torchrun, env, to_ranks=True)
+        outs = [r.communicate(timeout=30)[0] for r in ranks]
+        assert [r.returncode for r in ranks] == [0, 0] and [o.strip() for o in outs] == ["USR1"] * 2
+        assert torchrun.poll() is None  # not signalled
+    finally:
+        torchrun.kill()
+        torchrun.wait()

@@ -116,7 +116,8 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
         bufsize=1,
         errors="replace",
     )
-    timelimit.watch(proc, spec.env)  # SIGUSR1 to the ranks before the time limit
+    # SIGUSR1 to the ranks before the time limit (torchrun would die of it: to the ranks)
+    timelimit.watch(proc, spec.env, to_ranks=spec.launcher == "torchrun")
     threads = [
         threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
         threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True),
