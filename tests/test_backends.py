@@ -30,6 +30,13 @@ CONFIG_ENUM_PATHS = {
     "properties.allreduce.properties.sweeps.items.properties.backends.items",
 }
 RUN_ENUM_PATHS = {"properties.config.properties.backend"}
+# every place a schema lists the frameworks (issue 19)
+CONFIG_FRAMEWORK_PATHS = {
+    "properties.training.properties.target.properties.calibration.properties.framework",
+    "properties.scaling.properties.sweeps.items.properties.frameworks.items",
+    "properties.scaling.properties.tune.properties.frameworks.items",
+}
+RUN_FRAMEWORK_PATHS = {"properties.config.properties.framework"}
 FAKE = backends.Backend(
     "fake",
     cpu_operations="fakeops",
@@ -55,6 +62,19 @@ def backend_enums(node, path=""):
             yield from backend_enums(sub, path)
 
 
+def framework_enums(node, path=""):
+    """(path, values) of every enum in a schema that lists the default framework."""
+    if isinstance(node, dict):
+        enum = node.get("enum")
+        if isinstance(enum, list) and backends.DEFAULT_FRAMEWORK in enum:
+            yield path.lstrip("."), enum
+        for key, sub in node.items():
+            yield from framework_enums(sub, f"{path}.{key}")
+    elif isinstance(node, list):
+        for sub in node:
+            yield from framework_enums(sub, path)
+
+
 def _at(schema: dict, path: str) -> dict:
     for key in path.split("."):
         schema = schema[key]
@@ -77,7 +97,25 @@ def test_schema_enums_name_exactly_the_registered_backends():
     alternation = re.search(r"_\(([a-z|]+)\)_n", props["run_id"]["pattern"]).group(1)
     assert alternation == backends.id_alternation()
     controllers = props["config"]["properties"]["controller"]["enum"]
-    assert sorted(controllers) == sorted([*backends.CONTROLLERS, "none"])
+    # Horovod's controllers, and the process-group backends torch-ddp records there
+    groups = [b.process_group for b in backends.entries(None) if b.process_group]
+    assert sorted(controllers) == sorted({*backends.CONTROLLERS, *groups, "none"})
+
+
+def test_schema_enums_name_exactly_the_registered_frameworks():
+    config_schema, run_schema = _schemas()
+    for schema, paths in (
+        (config_schema, CONFIG_FRAMEWORK_PATHS),
+        (run_schema, RUN_FRAMEWORK_PATHS),
+    ):
+        found = dict(framework_enums(schema))
+        assert set(found) == paths, "framework enums moved: update *_FRAMEWORK_PATHS"
+        for path, enum in found.items():
+            assert [v for v in enum if v is not None] == backends.frameworks(), path
+    # the run id names every framework but the default
+    pattern = run_schema["properties"]["run_id"]["pattern"]
+    alternation = re.search(r"\(_\(([a-z|-]+)\)\)\?", pattern).group(1)
+    assert alternation == backends.framework_alternation() == "torch-ddp"
 
 
 def test_registry_reproduces_the_former_constants():

@@ -51,6 +51,7 @@ def test_empty_config_is_valid_and_complete():
     assert cfg["data"]["val_fraction"] == 0.1 and cfg["data"]["split_shards"]["val"] == 1
     cal = cfg["training"]["target"]["calibration"]
     assert cal == {
+        "framework": "horovod-tf",
         "partition": "local",
         "backend": "gloo",
         "batch": 75,

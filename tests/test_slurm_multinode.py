@@ -13,6 +13,8 @@ network namespaces, each declared with 8 GPUs as gres, 48 CPUs and 990000 MB).
 - a run that reaches its time limit is warned by SIGUSR1, checkpoints, exits 4 and is
   resumed by the retry, which gets a longer time limit;
 - 16 runs of one job shape go through one SLURM job array (issue 20).
+- a 16-rank torch-ddp run (issue 19) across both nodes, one srun task per rank with
+  torch.distributed's rendezvous on node1.
 
 These tests run in `make test` (CI, issue 20): one cluster start-up for the module, tiny
 data and runs; the label proofs of the runs are checked against their timelines.
@@ -401,3 +403,38 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
         tasks.add(int(field(shown, "ArrayTaskId")))
     assert tasks == set(range(1, 17)), tasks
     assert not single, single  # this invocation made 1 sbatch call for the 16 runs
+
+
+# --------------------------------------------------------------------------- torch-ddp
+
+
+@pytest.mark.multinode
+def test_a_torch_run_across_both_nodes_through_the_plugin(alpha_cluster, results_dir, tmp_path):
+    """Issue 19: 16 torch-ddp ranks (gloo) fill node1 and then node2, one srun task per
+    rank started by `hvdscale launch` inside the plugin's job, joined by torch.distributed's
+    own rendezvous on the job's first host (no ssh, no server beside the launcher)."""
+    env = alpha_cluster
+    run_id = "alpha_torch-ddp_gloo_n2_w16_b75_lrnone_r0"
+    override = tmp_path / "torch.yaml"
+    sweep = {"name": "torch", "frameworks": ["torch-ddp"], "partitions": ["alpha"]}
+    sweep.update(workers=[16], backends=["gloo"], batch_sizes=[75], lr_rules=["none"])
+    override.write_text(yaml.safe_dump({"scaling": {"sweeps": [sweep]}}))
+    target = f"{results_dir}/runs/{run_id}/metrics.json"
+    args = ["--configfile", THESIS_TEST_CONFIG, str(override)]
+    out = snakemake([*args, "--config", f"results_dir={results_dir}", "--", target], env, 1200)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    rec = json.loads((ROOT / target).read_text())
+    envb, cfg = rec["environment"], rec["config"]
+    assert rec["status"] == "completed" and cfg["framework"] == "torch-ddp"
+    assert cfg["launcher"] == "srun" and cfg["controller"] == "gloo" and cfg["nodes"] == 2
+    assert envb["hostnames"] == ["node1"] * 8 + ["node2"] * 8, envb["hostnames"]
+    assert envb["slurm_nodelist"] == "node[1-2]"
+    proof = rec["label_proof"]
+    assert proof["ok"], proof
+    assert proof["process_group_backend"] == "gloo" and proof["process_group_world_size"] == 16
+    shown = show_job(envb["slurm_job_id"], env)
+    assert field(shown, "NumNodes") == "2" and field(shown, "NumTasks") == "16"
+    assert field(shown, "JobState") == "COMPLETED"
+    log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
+    assert "srun --mpi=none" in log and "exec --framework torch-ddp" in log
+    assert "MASTER_ADDR=node1" in log and "horovodrun" not in log

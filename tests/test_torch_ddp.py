@@ -32,6 +32,17 @@ from hvdscale.train.optim import warmup_lr, warmup_updates
 
 CHECKS = PROJECT_ROOT / "tests" / "torch_ddp_checks.py"
 TORCHRUN = TRAIN_PY.parent / "torchrun"
+# the torch-ddp runs of the tests' config (a sweep of framework torch-ddp, issue 19)
+TORCH_SWEEP = {
+    "name": "torch",
+    "frameworks": ["torch-ddp"],
+    "partitions": ["local"],
+    "workers": [1, 2],
+    "backends": ["gloo"],
+    "batch_sizes": [8, 75],
+    "lr_rules": ["none"],
+}
+TORCH_ID2 = "local_torch-ddp_gloo_n1_w2_b8_lrnone_r0"
 
 
 def has_torch() -> bool:
@@ -150,7 +161,9 @@ def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
     data = cached_data(tmp_path_factory, n_samples=400, train_shards=2, test_shards=1)
     d = tmp_path_factory.mktemp("torch_cfg")
     kw = {"n_samples": 400, "train_shards": 2, "test_shards": 1, "epochs": 3}
-    return write_config(d / "config.json", base_config(**kw)), data
+    cfg = base_config(**kw)
+    cfg["scaling"]["sweeps"].append(dict(TORCH_SWEEP))
+    return write_config(d / "config.json", cfg), data
 
 
 def torchrun_cmd(ranks: int, config: Path, run_id: str, data: Path, out: Path) -> list[str]:
@@ -166,7 +179,7 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     tmp_path, tiny_run_setup, workers, launcher
 ):
     config, data = tiny_run_setup
-    rid = f"local_gloo_n1_w{workers}_b8_lrnone_r0"
+    rid = f"local_torch-ddp_gloo_n1_w{workers}_b8_lrnone_r0"
     out = tmp_path / "run"
     cmd = torchrun_cmd(workers, config, rid, data, out)
     if launcher == "direct":  # one process without torchrun: a private one-rank group
@@ -205,7 +218,7 @@ def test_a_killed_rank_ends_the_job_with_a_clear_message_and_no_orphans(tmp_path
     long.write_text(json.dumps(cfg))
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        torchrun_cmd(2, long, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+        torchrun_cmd(2, long, TORCH_ID2, data, out),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=train_env(),
         start_new_session=True,
     )  # fmt: skip
@@ -237,7 +250,7 @@ def test_ranks_exit_when_torchrun_itself_is_killed(tmp_path, tiny_run_setup):
     long.write_text(json.dumps(cfg))
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        torchrun_cmd(2, long, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+        torchrun_cmd(2, long, TORCH_ID2, data, out),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=train_env(),
         start_new_session=True,
     )  # fmt: skip
@@ -264,7 +277,7 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_rerun_resumes_to_the_same_resul
     cfg["training"]["max_epochs"] = 8
     cfg8 = tmp_path / "config8.json"
     cfg8.write_text(json.dumps(cfg))
-    rid = "local_gloo_n1_w2_b8_lrnone_r0"
+    rid = TORCH_ID2
     out, whole = tmp_path / "run", tmp_path / "whole"
     proc = subprocess.Popen(
         torchrun_cmd(2, cfg8, rid, data, out), stdout=subprocess.PIPE,
@@ -309,7 +322,7 @@ def test_a_diverging_run_writes_a_nan_loss_record(tmp_path, tiny_run_setup):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(cfg))
     out = tmp_path / "run"
-    r = subprocess.run(torchrun_cmd(2, bad, "local_gloo_n1_w2_b8_lrnone_r0", data, out),
+    r = subprocess.run(torchrun_cmd(2, bad, TORCH_ID2, data, out),
                        capture_output=True, text=True, timeout=300, env=train_env())  # fmt: skip
     assert r.returncode != 0 and "loss is not finite" in r.stderr, r.stderr[-3000:]
     assert "status nan_loss" in r.stdout

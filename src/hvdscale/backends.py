@@ -1,9 +1,11 @@
-"""One home for the collective backends and the partition kinds.
+"""One home for the training frameworks, their collective backends and the partition kinds.
 
-Every fact about a backend lives in its ``Backend`` entry of ``REGISTRY``: the token
-in run ids (its name), the Horovod variables that choose its collectives, the Horovod
-controller each launcher gives it (a launcher it lacks cannot start it), whether it
-needs GPUs, the timeline activity that proves its label, and its plot style and order.
+A backend belongs to a framework (``horovod-tf``, the default, or ``torch-ddp``); the
+registry's key is (framework, name). Every fact about a backend lives in its ``Backend``
+entry of ``REGISTRY``: the token in run ids (its name), the Horovod variables that
+choose its collectives, the controller each launcher gives it (a launcher it lacks
+cannot start it), whether it needs GPUs, what proves its label (the Horovod timeline
+activity, or torch.distributed's process-group backend), and its plot style and order.
 The run-id patterns (hvdscale.runtable, hvdscale.common), the launch specs, the label
 proof, the config checks, the analysis schemas, the figures and the selection read it.
 The JSON/YAML schemas repeat the names (they cannot import Python); a test checks them
@@ -22,6 +24,9 @@ from dataclasses import dataclass, field
 from hvdscale.errors import UserError
 
 DEFAULT_FRAMEWORK = "horovod-tf"
+#: the training frameworks (config key frameworks of a sweep), the default first; the
+#: run id names a framework only when it is not the default ({partition}_torch-ddp_...)
+FRAMEWORKS = (DEFAULT_FRAMEWORK, "torch-ddp")
 #: Horovod's controllers (coordination, not the collectives), in the systems table's order
 CONTROLLERS = ("mpi", "gloo")
 
@@ -34,10 +39,14 @@ class Backend:
     framework: str = DEFAULT_FRAMEWORK
     cpu_operations: str | None = None  # HOROVOD_CPU_OPERATIONS
     gpu_operations: str | None = None  # HOROVOD_GPU_OPERATIONS
-    #: launcher -> Horovod controller; the first launcher is the fallback for the others
+    #: launcher -> Horovod controller (torch-ddp: the torch.distributed backend, what the
+    #: record's controller says); the first launcher is the fallback for the others
     controllers: Mapping[str, str] = field(default_factory=dict)
     needs_gpu: bool = False  # only on GPU partitions (the config check, the label proof)
     timeline_op: str = ""  # the timeline activity of its gradient allreduce (label proof)
+    #: torch-ddp: what torch.distributed.get_backend() must report (label proof); None
+    #: for Horovod, whose proof is the timeline activity
+    process_group: str | None = None
     color: str | None = None  # plot style (hvdscale.analysis.plotstyle)
     marker: str = "o"
     linestyle: str = "-"
@@ -88,31 +97,88 @@ REGISTRY: dict[tuple[str, str], Backend] = {
     )
 }
 
+# PyTorch DistributedDataParallel (issue 19): torchrun on one machine, srun on SLURM (one
+# task per rank, hvdscale.launch.gloo_slurm's rendezvous); no Horovod, so no Horovod
+# variables and no timeline: the label proof checks what torch.distributed reports.
+_TORCH = "torch-ddp"
+REGISTRY.update(
+    {
+        (_TORCH, b.name): b
+        for b in (
+            Backend(
+                "nccl",
+                framework=_TORCH,
+                controllers={"torchrun": "nccl", "srun": "nccl"},
+                needs_gpu=True,
+                process_group="nccl",
+                color="#66a61e",
+                marker="D",
+                linestyle="-",
+            ),
+            Backend(
+                "gloo",
+                framework=_TORCH,
+                controllers={"torchrun": "gloo", "srun": "gloo"},
+                process_group="gloo",
+                color="#e7298a",
+                marker="v",
+                linestyle=":",
+            ),
+        )
+    }
+)
 
-def entries(framework: str | None = None) -> list[Backend]:
-    """The registered backends (of one framework), in preference order."""
+
+def entries(framework: str | None = DEFAULT_FRAMEWORK) -> list[Backend]:
+    """The registered backends of one framework (None: of every framework), in
+    preference order."""
     return [b for b in REGISTRY.values() if framework is None or b.framework == framework]
 
 
-def names(framework: str | None = None) -> list[str]:
-    """Backend names (of one framework), in preference order, each once."""
+def names(framework: str | None = DEFAULT_FRAMEWORK) -> list[str]:
+    """Backend names of one framework (None: of any framework), in preference order,
+    each once."""
     return list(dict.fromkeys(b.name for b in entries(framework)))
 
 
+def frameworks() -> list[str]:
+    """The frameworks that have a registered backend, the default first."""
+    return list(dict.fromkeys(b.framework for b in REGISTRY.values()))
+
+
 def get(name: str, framework: str = DEFAULT_FRAMEWORK) -> Backend:
-    """The entry of backend ``name``; a UserError naming the known ones otherwise."""
+    """The entry of backend ``name`` of ``framework``; a UserError naming the known ones
+    otherwise."""
     try:
         return REGISTRY[(framework, name)]
     except KeyError:
+        if framework not in frameworks():
+            raise UserError(
+                f"framework {framework!r}: expected one of {', '.join(frameworks())}"
+            ) from None
         known = names(framework)
+        of = "" if framework == DEFAULT_FRAMEWORK else f" of framework {framework}"
         raise UserError(
-            f"backend {name!r}: expected {', '.join(known[:-1])} or {known[-1]}"
+            f"backend {name!r}{of}: expected {', '.join(known[:-1])} or {known[-1]}"
+            if len(known) > 1
+            else f"backend {name!r}{of}: expected {known[0]}"
         ) from None
 
 
 def id_alternation() -> str:
-    """The backend part of the id patterns: 'nccl|mpi|gloo'."""
-    return "|".join(names())
+    """The backend part of the id patterns: 'nccl|mpi|gloo' (every framework's)."""
+    return "|".join(names(None))
+
+
+def framework_alternation() -> str:
+    """The optional framework part of the run-id pattern: the frameworks but the default
+    ('torch-ddp'), which run ids leave out."""
+    return "|".join(f for f in frameworks() if f != DEFAULT_FRAMEWORK)
+
+
+def framework_problems(framework: str, backend_names) -> list[str]:
+    """The backends of ``backend_names`` that ``framework`` does not have."""
+    return [b for b in backend_names if (framework, b) not in REGISTRY]
 
 
 def order(name: str) -> int:
@@ -120,9 +186,9 @@ def order(name: str) -> int:
     return names().index(name) if name in names() else 9
 
 
-def cpu_backends() -> list[str]:
-    """The backends that run on any partition (no GPU needed)."""
-    return [b.name for b in entries() if not b.needs_gpu]
+def cpu_backends(framework: str = DEFAULT_FRAMEWORK) -> list[str]:
+    """The backends (of ``framework``) that run on any partition (no GPU needed)."""
+    return [b.name for b in entries(framework) if not b.needs_gpu]
 
 
 # --------------------------------------------------------------------- partition kinds
@@ -148,8 +214,9 @@ def is_gpu_partition(partition) -> bool:
     return partition_kind(partition) == "gpu"
 
 
-def gpu_problems(backend_names, partition) -> list[str]:
-    """The backends of ``backend_names`` that need GPUs the partition does not have."""
+def gpu_problems(backend_names, partition, framework: str = DEFAULT_FRAMEWORK) -> list[str]:
+    """The backends of ``backend_names`` (of ``framework``) that need GPUs the partition
+    does not have."""
     if is_gpu_partition(partition):
         return []
-    return [b for b in backend_names if b in names() and get(b).needs_gpu]
+    return [b for b in backend_names if (framework, b) in REGISTRY and get(b, framework).needs_gpu]

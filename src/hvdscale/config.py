@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from hvdscale import backends
+from hvdscale.backends import DEFAULT_FRAMEWORK
 from hvdscale.common import PROJECT_ROOT
 from hvdscale.errors import ConfigError
 from hvdscale.runtable import run_table
@@ -169,12 +170,13 @@ def _sync_target(cfg: dict) -> None:
 
 
 def _fill_calibration(cfg: dict) -> None:
-    """training.target.calibration: partition, backend, batch and LR rule left null
-    default to the first entries of the first sweep (the study's reference point),
+    """training.target.calibration: framework, partition, backend, batch and LR rule left
+    null default to the first entries of the first sweep (the study's reference point),
     max_epochs to twice training.max_epochs."""
     cal = cfg["training"]["target"]["calibration"]
     first = cfg["scaling"]["sweeps"][0]
     for key, sweep_key in (
+        ("framework", "frameworks"),
         ("partition", "partitions"),
         ("backend", "backends"),
         ("batch", "batch_sizes"),
@@ -229,21 +231,45 @@ def _check_semantics(cfg: dict) -> None:
                     f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
                 )
                 continue
-            problems += _gpu_problems(f"scaling.sweeps.{i}.backends", sweep["backends"], p, parts)
+            for fw in sweep["frameworks"]:
+                problems += _gpu_problems(
+                    f"scaling.sweeps.{i}.backends", sweep["backends"], p, parts, fw
+                )
+        problems += _framework_problems(
+            f"scaling.sweeps.{i}.backends",
+            sweep.get("name"),
+            sweep["frameworks"],
+            sweep["backends"],
+        )
     problems += _tune_problems(cfg)
+    problems = list(dict.fromkeys(problems))  # a problem of both frameworks once
     if not problems:
         problems += _check_select(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def _gpu_problems(key: str, backend_names, partition: str, parts: dict) -> list[str]:
+def _gpu_problems(
+    key: str, backend_names, partition: str, parts: dict, framework: str = DEFAULT_FRAMEWORK
+) -> list[str]:
     """A backend that needs GPUs (hvdscale.backends) on a partition without them."""
-    others = " or ".join(map(repr, backends.cpu_backends()))
+    others = " or ".join(map(repr, backends.cpu_backends(framework)))
     return [
         f"config key {key}: {b!r} needs GPUs but partition {partition!r} has "
         f"gpus_per_node 0; use {others}"
-        for b in backends.gpu_problems(backend_names, parts[partition])
+        for b in backends.gpu_problems(backend_names, parts[partition], framework)
+    ]
+
+
+def _framework_problems(key: str, name: str | None, frameworks, backend_names) -> list[str]:
+    """A backend that a framework of the sweep (tuning sweep, calibration) does not have,
+    e.g. torch-ddp with mpi."""
+    where = f" (sweep {name!r})" if name else ""
+    return [
+        f"config key {key}{where}: framework {fw!r} has no backend {b!r}; "
+        f"{fw} runs with {' or '.join(map(repr, backends.names(fw)))}"
+        for fw in frameworks
+        for b in backends.framework_problems(fw, backend_names)
     ]
 
 
@@ -261,8 +287,15 @@ def _calibration_problems(cfg: dict) -> list[str]:
         )
     else:
         problems += _gpu_problems(
-            "training.target.calibration.backend", [cal["backend"]], cal["partition"], parts
+            "training.target.calibration.backend",
+            [cal["backend"]],
+            cal["partition"],
+            parts,
+            cal["framework"],
         )
+    problems += _framework_problems(
+        "training.target.calibration.backend", None, [cal["framework"]], [cal["backend"]]
+    )
     if cfg["training"]["warmup_epochs"] >= cal["max_epochs"]:
         problems.append(
             f"config key training.target.calibration.max_epochs: got {cal['max_epochs']!r}; "
@@ -296,7 +329,11 @@ def _tune_problems(cfg: dict) -> list[str]:
                 f"{', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
             )
         else:
-            problems += _gpu_problems("scaling.tune.backends", tune["backends"], p, parts)
+            for fw in tune["frameworks"]:
+                problems += _gpu_problems("scaling.tune.backends", tune["backends"], p, parts, fw)
+    problems += _framework_problems(
+        "scaling.tune.backends", None, tune["frameworks"], tune["backends"]
+    )
     for m in tune["lr_multipliers"]:
         if abs(round(m * 100) - m * 100) > 1e-6:
             problems.append(

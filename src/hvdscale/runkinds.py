@@ -13,6 +13,7 @@ import copy
 import dataclasses
 from collections.abc import Iterable
 
+from hvdscale.backends import DEFAULT_FRAMEWORK
 from hvdscale.errors import ConfigError
 from hvdscale.runtable import Run, format_multiplier, parse_run_id, run_sort_key, tune_runs
 
@@ -31,7 +32,7 @@ def rerun_runs(cfg: dict, tuned_rows: Iterable) -> list[Run]:
     if not tune:
         return []
     known = {
-        (r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate): r
+        (r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate, r.framework): r
         for r in tune_runs(cfg)
     }
     out: dict[str, Run] = {}
@@ -49,9 +50,18 @@ def rerun_runs(cfg: dict, tuned_rows: Iterable) -> list[Run]:
 
 
 def _candidate_key(row) -> tuple:
-    """(partition, backend, workers, batch, lr_rule, candidate) of a selected candidate."""
+    """(partition, backend, workers, batch, lr_rule, candidate, framework) of a selected
+    candidate (a row without a framework: horovod-tf)."""
     if isinstance(row, Run):
-        return (row.partition, row.backend, row.workers, row.batch, row.lr_rule, row.candidate)
+        return (
+            row.partition,
+            row.backend,
+            row.workers,
+            row.batch,
+            row.lr_rule,
+            row.candidate,
+            row.framework,
+        )
     if isinstance(row, str) or (hasattr(row, "get") and row.get("run_id")):
         rid = row if isinstance(row, str) else str(row.get("run_id"))
         d = parse_run_id(rid)
@@ -62,6 +72,7 @@ def _candidate_key(row) -> tuple:
             d["batch"],
             d["lr_rule"],
             d["candidate"],
+            d["framework"],
         )
     batch = row.get("batch", row.get("batch_per_worker"))
     cand = row.get("candidate")
@@ -74,6 +85,7 @@ def _candidate_key(row) -> tuple:
         int(batch),
         str(row["lr_rule"]),
         cand,
+        str(row.get("framework") or DEFAULT_FRAMEWORK),
     )
 
 
@@ -90,6 +102,8 @@ def target_config(cfg: dict) -> dict:
     if tgt["mode"] != "calibrated":
         return {"training": {"target": {"mode": tgt["mode"], "value": tgt["value"]}}}
     cal = copy.deepcopy(tgt["calibration"])
+    if cal.get("framework") == DEFAULT_FRAMEWORK:
+        del cal["framework"]  # as before issue 19: target.json of Horovod studies unchanged
     part = cal["partition"]
     return {
         "seed": cfg["seed"],
@@ -116,6 +130,7 @@ def target_config(cfg: dict) -> dict:
                     "backends": [cal["backend"]],
                     "batch_sizes": [cal["batch"]],
                     "lr_rules": [cal["lr_rule"]],
+                    **({"frameworks": [cal["framework"]]} if "framework" in cal else {}),
                 }
             ],
         },

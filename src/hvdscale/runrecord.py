@@ -200,6 +200,7 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
     model, Horovod and step settings)."""
     tcfg = cfg["training"]
     return {
+        "framework": getattr(run, "framework", "horovod-tf"),  # issue 19 (Run.framework)
         "partition": run.partition,
         "backend": run.backend,
         "nodes": run.nodes,

@@ -23,18 +23,21 @@ from hvdscale.select import parse as parse_selection
 from hvdscale.select import run_selected, sweep_selected
 
 
-# run_id: {partition}_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
+# run_id: {partition}[_{framework}]_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
 #         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
+# The framework only when it is not the default horovod-tf (local_torch-ddp_gloo_...),
+# so the ids of Horovod runs are those of the studies before issue 19.
 # The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
 # re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
 # and warm-up epochs. The optional kind: cal (a target calibration run: 1 worker, the
 # long budget of training.target.calibration, no stop at the target) or rerun (a re-run
 # of the selected candidate of a tuning group with fresh seeds).
-# The backends come from the registry (hvdscale.backends): run_id_pattern() reads it
-# now, RUN_ID_PATTERN is what it read at import.
+# The frameworks and backends come from the registry (hvdscale.backends):
+# run_id_pattern() reads it now, RUN_ID_PATTERN is what it read at import.
 def run_id_pattern() -> str:
     return (
         r"(?P<partition>[a-z][a-z0-9-]{0,31})"
+        rf"(?:_(?P<framework>{backends.framework_alternation()}))?"
         rf"_(?P<backend>{backends.id_alternation()})_n(?P<nodes>[0-9]+)"
         r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
         r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?"
@@ -88,6 +91,9 @@ class Run:
     kind: str = ""
     # the config's seed (key seed); the run's own seed derives from it (property seed)
     seed_base: int = 0
+    # the training framework (hvdscale.backends.FRAMEWORKS); not part of the seed, so
+    # the runs of both frameworks with the same repeat are paired
+    framework: str = backends.DEFAULT_FRAMEWORK
 
     @property
     def candidate(self) -> str:
@@ -100,8 +106,9 @@ class Run:
     def run_id(self) -> str:
         cand = f"_{self.candidate}" if self.candidate else ""
         kind = f"_{self.kind}" if self.kind else ""
+        fw = "" if self.framework == backends.DEFAULT_FRAMEWORK else f"_{self.framework}"
         return (
-            f"{self.partition}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
+            f"{self.partition}{fw}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
             f"_lr{self.lr_rule}{cand}{kind}_r{self.repeat}"
         )
 
@@ -148,7 +155,8 @@ def run_table(cfg: dict) -> list[Run]:
     for sweep in cfg["scaling"]["sweeps"]:
         if not sweep_selected(sel, sweep):
             continue
-        for p, w, be, b, lr in itertools.product(
+        for fw, p, w, be, b, lr in itertools.product(
+            sweep.get("frameworks") or [backends.DEFAULT_FRAMEWORK],
             sweep["partitions"],
             sweep["workers"],
             sweep["backends"],
@@ -156,7 +164,7 @@ def run_table(cfg: dict) -> list[Run]:
             sweep["lr_rules"],
         ):
             for r in range(sweep.get("repeats") or cfg["training"]["repeats"]):
-                run = _make_run(parts[p], p, be, w, b, lr, r, seed_base=seed)
+                run = _make_run(parts[p], p, be, w, b, lr, r, seed_base=seed, framework=fw)
                 if run_selected(sel, run):
                     runs[run.run_id] = run
     for run in tune_runs(cfg):
@@ -170,8 +178,8 @@ def run_table(cfg: dict) -> list[Run]:
 def calibration_runs(cfg: dict) -> list[Run]:
     """The target calibration runs (calibrated target mode; none in absolute mode).
 
-    One per seed of training.target.calibration: 1 worker, its partition, backend,
-    per-worker batch and LR rule, repeats 0..seeds-1, kind cal.
+    One per seed of training.target.calibration: 1 worker, its framework, partition,
+    backend, per-worker batch and LR rule, repeats 0..seeds-1, kind cal.
     """
     tgt = cfg["training"].get("target") or {}
     if tgt.get("mode") != "calibrated":
@@ -189,6 +197,7 @@ def calibration_runs(cfg: dict) -> list[Run]:
             r,
             kind="cal",
             seed_base=int(cfg.get("seed", 0)),
+            framework=cal.get("framework") or backends.DEFAULT_FRAMEWORK,
         )
         for r in range(cal["seeds"])
     ]
@@ -201,7 +210,8 @@ def tune_runs(cfg: dict) -> list[Run]:
         return []
     parts = cfg["scaling"]["partitions"]
     out = []
-    for p, w, be, b, lr, m, wu in itertools.product(
+    for fw, p, w, be, b, lr, m, wu in itertools.product(
+        tune.get("frameworks") or [backends.DEFAULT_FRAMEWORK],
         tune["partitions"],
         tune["workers"],
         tune["backends"],
@@ -223,6 +233,7 @@ def tune_runs(cfg: dict) -> list[Run]:
                     lr_mult=round(float(m), 2),
                     tune_warmup=int(wu),
                     seed_base=int(cfg.get("seed", 0)),
+                    framework=fw,
                 )
             )
     return out
@@ -239,7 +250,7 @@ def _make_run(
     **extra,
 ) -> Run:
     """A run on partition ``part`` (its config section), laid out by hvdscale.launch.jobspec;
-    ``extra``: the candidate (lr_mult, tune_warmup), kind and seed_base."""
+    ``extra``: the candidate (lr_mult, tune_warmup), kind, seed_base and framework."""
     return Run(
         partition=partition,
         backend=backend,
@@ -259,7 +270,8 @@ def run_sort_key(runs: dict[str, Run]):
         r = runs[run_id]
         cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
         kind = SEED_KINDS[r.kind]
-        return (r.partition, r.backend, r.batch, r.lr_rule, cand, kind, r.workers, r.repeat)
+        fw = backends.FRAMEWORKS.index(r.framework) if r.framework in backends.FRAMEWORKS else 9
+        return (r.partition, fw, r.backend, r.batch, r.lr_rule, cand, kind, r.workers, r.repeat)
 
     return key
 
@@ -268,12 +280,19 @@ def parse_run_id(run_id: str) -> dict:
     m = re.fullmatch(run_id_pattern(), run_id)
     if not m:
         raise ConfigError(
-            f"run_id {run_id!r}: expected {{partition}}_{{backend}}_n{{nodes}}_w{{workers}}"
-            "_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}][_cal|_rerun]"
-            "_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0, "
+            f"run_id {run_id!r}: expected {{partition}}[_torch-ddp]_{{backend}}_n{{nodes}}"
+            "_w{workers}_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}]"
+            "[_cal|_rerun]_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0, "
+            "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0, "
             "local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0 or local_mpi_n1_w1_b75_lrnone_cal_r0"
         )
     d = m.groupdict()
+    d["framework"] = d["framework"] or backends.DEFAULT_FRAMEWORK
+    if backends.framework_problems(d["framework"], [d["backend"]]):
+        raise ConfigError(
+            f"run_id {run_id!r}: framework {d['framework']} has no backend {d['backend']!r} "
+            f"(it has {', '.join(backends.names(d['framework']))})"
+        )
     for k in ("nodes", "workers", "batch", "repeat"):
         d[k] = int(d[k])
     d["kind"] = d["kind"] or ""
@@ -338,6 +357,8 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     if run.kind == "cal":
         # a calibration run: the long budget, no stop at a target (there is none yet)
         cal = copy.deepcopy(tgt["calibration"])
+        if cal.get("framework") == backends.DEFAULT_FRAMEWORK:
+            del cal["framework"]  # Horovod calibration runs: the slice as before issue 19
         sub["training"]["target"] = {"mode": "calibrated", "calibration": cal}
         sub["training"]["max_epochs"] = cal["max_epochs"]
         sub["training"]["max_train_s"] = None
@@ -352,6 +373,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
                 "backends": [run.backend],
                 "batch_sizes": [run.batch],
                 "lr_rules": [run.lr_rule],
+                **_frameworks_key(run),
             }
         ],
     }
@@ -370,10 +392,17 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
             "lr_rules": [run.lr_rule],
             "lr_multipliers": [run.lr_mult],
             "warmup_epochs": [run.tune_warmup],
+            **_frameworks_key(run),
             "repeats": cfg["scaling"]["tune"]["repeats"],
             "rerun_repeats": cfg["scaling"]["tune"]["rerun_repeats"],
         }
     return sub
+
+
+def _frameworks_key(run: Run) -> dict:
+    """The sweep key ``frameworks`` of a run's config slice: only for a framework other
+    than the default, so the slices (and config hashes) of Horovod runs stay as they were."""
+    return {} if run.framework == backends.DEFAULT_FRAMEWORK else {"frameworks": [run.framework]}
 
 
 # training keys an allreduce sweep depends on (launcher, OMP threads, Horovod knobs)
@@ -412,10 +441,11 @@ def allreduce_config(cfg: dict, allreduce_id: str) -> dict:
 
 
 def allreduce_jobs(cfg: dict) -> list[dict]:
-    """One allreduce size sweep per (partition, backend, nodes, workers >= 2) of the run table."""
+    """One allreduce size sweep per (partition, backend, nodes, workers >= 2) of the Horovod
+    runs of the run table (the sweep measures Horovod's allreduce: torch-ddp runs add none)."""
     seen = {}
     for r in run_table(cfg):
-        if r.workers < 2:
+        if r.workers < 2 or r.framework != backends.DEFAULT_FRAMEWORK:
             continue
         key = f"{r.partition}_{r.backend}_n{r.nodes}_w{r.workers}"
         seen.setdefault(

@@ -1,5 +1,7 @@
-# Training stage (train env): one Horovod run per run_id of the scaling matrix,
-# started as N ranks by the configured launcher (horovodrun, mpirun or srun). The
+# Training stage (train env): one run per run_id of the scaling matrix, started as N
+# ranks by the configured launcher (horovodrun, mpirun or srun); a torch-ddp run
+# ({partition}_torch-ddp_...) goes through the same rules, resources and `hvdscale
+# launch`, which starts it with torchrun, or one srun task per rank. The
 # study-wide target validation loss is fixed first (calibrate_target: absolute, or
 # from the calibration runs _cal_r{k}); every other run reads it and stops there.
 # Besides its declared outputs a run keeps checkpoint/ (resume after a crash or a

@@ -1,4 +1,4 @@
-"""Start one training run (or an allreduce measurement) as N Horovod ranks.
+"""Start one training run (or an allreduce measurement) as N Horovod (or torch-ddp) ranks.
 
 Pure Python (no TensorFlow): runs from the workflow env and starts the ranks in the
 train env through the configured launcher:
@@ -7,6 +7,11 @@ train env through the configured launcher:
   mpirun      mpirun -np N --bind-to none --map-by slot -x HOROVOD_... PYTHON -m hvdscale.cli ...
   srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
               (inside a SLURM allocation: nodes and tasks per node come from it)
+
+A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.torchddp``
+instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)
+under horovodrun/mpirun, one srun task per rank under srun (launch.gloo_slurm). torchrun
+exits 1 for any failing rank: the exit status is the failing rank's own (its exit marker).
 
 The collective backend of the run (from its run_id) selects the Horovod environment:
 gloo -> HOROVOD_CPU_OPERATIONS=gloo with horovodrun's Gloo controller (Gloo needs
@@ -53,6 +58,7 @@ from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import (
     LAUNCHERS,
     PROGRAMS,
+    TRAIN_MODULES,
     LaunchSpec,
     build_launch,
     default_train_python,
@@ -110,7 +116,8 @@ def run_spec(spec: LaunchSpec, timeout_s: float | None = None) -> tuple[int, str
         bufsize=1,
         errors="replace",
     )
-    timelimit.watch(proc, spec.env)  # SIGUSR1 to the ranks before the time limit
+    # SIGUSR1 to the ranks before the time limit (torchrun would die of it: to the ranks)
+    timelimit.watch(proc, spec.env, to_ranks=spec.launcher == "torchrun")
     threads = [
         threading.Thread(target=_reader, args=(proc.stdout, sys.stdout, tail_out), daemon=True),
         threading.Thread(target=_reader, args=(proc.stderr, sys.stderr, tail_err), daemon=True),
@@ -154,6 +161,10 @@ _FIRST_FAILED = (
     re.compile(r"Process (\d+) exit with status code (-?\d+)"),  # horovodrun, per process
     re.compile(
         r"srun: error: \S+: task (\d+): (?:Exited with exit code|Killed|Terminated)\s*(\d*)"
+    ),
+    re.compile(  # torchrun's error summary
+        r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+        re.S,
     ),
 )
 
@@ -272,7 +283,7 @@ def run(args) -> int:
     python = args.train_python or default_train_python(cfg)
     job, ident = job_for(cfg, args.program, args.run_id, args.allreduce_id)
     if args.program == "train":
-        out_dir, failure_path, prog = _train_program(args, python, ident)
+        out_dir, failure_path, prog = _train_program(args, python, ident, job.framework)
     else:
         out_dir, failure_path, prog = _allreduce_program(args, python, job)
     hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
@@ -304,6 +315,9 @@ def run(args) -> int:
         status = 128 - status
     if args.program == "train":
         done, status, msg = _train_outcome(ident, out_dir, status, tail, t0, took, job.workers)
+        if not done and spec.launcher == "torchrun":  # torchrun says 1 for any failure
+            status = torchrun_status(status, tail, out_dir, job.workers)
+            msg += f"; exit status {status}: the failing rank's (torchrun exits 1 for any)"
     else:
         done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
     if done:
@@ -323,13 +337,13 @@ def run(args) -> int:
     return status if 0 < status < 256 else 1
 
 
-def _train_program(args, python: str, ident: str) -> tuple[Path, Path, list[str]]:
+def _train_program(args, python: str, ident: str, framework: str) -> tuple[Path, Path, list[str]]:
     """(run directory, failure.json, the ranks' command) of a training run."""
     if not args.data_dir or not args.out_dir:
         raise UserError("train needs --data-dir and --out-dir")
     out_dir = Path(args.out_dir)
     prog = [
-        *(python, "-m", "hvdscale.cli", "train"),
+        *(python, *TRAIN_MODULES[framework]),
         *("--config", str(Path(args.config).resolve())),
         *("--run-id", ident),
         *("--data-dir", str(Path(args.data_dir).resolve())),
@@ -359,6 +373,36 @@ def _allreduce_program(args, python: str, job: JobSpec) -> tuple[Path, Path, lis
     if args.warmup_iterations:
         prog += ["--warmup-iterations", str(args.warmup_iterations)]
     return out_dir, Path(str(args.out) + ".failure.json"), prog
+
+
+def first_failed_rank(out_dir: Path, workers: int) -> tuple[int, int] | None:
+    """(rank, exit status) of the rank whose exit marker says it failed first (the oldest
+    marker with a status other than 0 and EXIT_NAN), or None."""
+    failed = []
+    for r, code in rank_exit_codes(out_dir, workers).items():
+        if code.lstrip("-").isdigit() and int(code) not in (0, EXIT_NAN):
+            mtime = (out_dir / ".pids" / f"rank-{r}.exit").stat().st_mtime
+            failed.append((mtime, r, int(code)))
+    return min(failed)[1:] if failed else None
+
+
+def torchrun_status(status: int, tail: str, out_dir: Path, workers: int) -> int:
+    """The exit status of a failed torchrun job (torchrun exits 1 whichever rank failed
+    and however): the status in the exit marker of the rank torchrun saw fail first (its
+    own report can be a later abort), else 128 + the signal that killed it, else the
+    oldest failed exit marker's (e.g. 2 bad input, 4 stopped for the time limit)."""
+    m = _FIRST_FAILED[-1].search(tail)
+    if m:
+        rank, code = int(m.group(1)), int(m.group(2))
+        marker = rank_exit_codes(out_dir, workers).get(rank, "")
+        if marker.isdigit() and int(marker) != 0:
+            return int(marker) if int(marker) < 256 else 1
+        if code < 0:
+            return 128 - code
+    first = first_failed_rank(out_dir, workers)
+    if first is not None:
+        return first[1] if 0 < first[1] < 256 else 1
+    return int(m.group(2)) if m and 0 < int(m.group(2)) < 256 else status
 
 
 def _clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Gloo across SLURM nodes without ssh (issue 12).
+"""Gloo across SLURM nodes without ssh (issue 12), and torch-ddp ranks under srun (issue 19).
 
 ``horovodrun --gloo`` starts remote ranks by ssh, which many clusters forbid on compute
 nodes. Inside a SLURM allocation ``hvdscale launch --launcher srun`` therefore runs a
@@ -16,6 +16,11 @@ gloo run in three pieces, the same ones horovodrun uses, with srun in place of s
    HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), checks that srun placed the rank where the
    plan says, and execs PROGRAM. HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
    HOROVOD_CONTROLLER=gloo and HOROVOD_CPU_OPERATIONS=gloo come with srun's environment.
+
+torch-ddp runs (``build_torch_srun``) use the same host list, slot plan and ``exec``
+(``--framework torch-ddp``: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE instead of
+HOROVOD_*), with torch.distributed's own rendezvous on rank 0 (MASTER_ADDR: the first
+host, MASTER_PORT: from the job id) instead of Horovod's server.
 
 The host list comes from ``scontrol show hostnames`` of SLURM_JOB_NODELIST, else
 SLURM_NODELIST, else ``squeue -j $SLURM_JOB_ID -h -o %N``: the Snakemake SLURM plugin's
@@ -110,6 +115,17 @@ class Slot:
     size: int
     local_size: int
     cross_size: int
+
+    def torch_env(self) -> dict[str, str]:
+        """What torch.distributed's env:// rendezvous and torchrun's workers read
+        (MASTER_ADDR/PORT come with srun's environment from the launcher)."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_size),
+            "GROUP_RANK": str(self.cross_rank),
+        }
 
     def env(self) -> dict[str, str]:
         """What Horovod's Gloo controller reads (horovod.runner.gloo_run.create_slot_env_vars)."""
@@ -249,6 +265,60 @@ def build_gloo_srun(
     return argv, env, note
 
 
+def master_port(env: dict[str, str] | None = None) -> int:
+    """torch.distributed's rendezvous port of a SLURM job, derived from its job id (20000
+    to 29999, below Linux's ephemeral ports), so that the jobs sharing a node differ;
+    a free port outside SLURM."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if job and job.isdigit():
+        return 20000 + int(job) % 10000
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def build_torch_srun(
+    *, job, program_argv: list[str], env: dict[str, str], hosts: list[str] | None, srun: str
+) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, note) of ``srun`` starting ``job.workers`` torch-ddp ranks, one task per
+    rank: the job's srun arguments (``JobSpec.srun_args``, ``--mpi=none``) with the block
+    distribution of the slot plan, every task through ``exec --framework torch-ddp``
+    (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from SLURM_PROCID and the plan, which
+    SLURM_NODEID/SLURM_LOCALID must match). The rendezvous is torch's own env:// store on
+    rank 0: MASTER_ADDR the job's first host, MASTER_PORT from the job id (no ssh, no
+    server next to the launcher)."""
+    if not hosts:
+        hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
+    if not hosts:
+        raise UserError(
+            f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
+            "(SLURM_JOB_NODELIST, SLURM_NODELIST or squeue -j $SLURM_JOB_ID) "
+            "or pass --hosts host1,host2,..."
+        )
+    hosts = [h.partition(":")[0] for h in hosts][: job.nodes]
+    slot_plan(job.workers, job.workers_per_node, hosts)  # raises when it does not fit
+    env = dict(env)
+    env.update(
+        {
+            "MASTER_ADDR": hosts[0],
+            "MASTER_PORT": str(master_port()),
+            PLAN_HOSTS: ",".join(hosts),
+            PLAN_PER_NODE: str(job.workers_per_node),
+            PLAN_WORKERS: str(job.workers),
+            "HVDSCALE_LAUNCHER": "srun",
+        }
+    )
+    argv = [*job.srun_args(srun, mpi="none"), "--distribution=block"]
+    python = program_argv[0]
+    argv += [python, "-m", MODULE, "exec", "--framework", "torch-ddp", "--", *program_argv]
+    note = (
+        f"torch-ddp under srun: one task per rank on {', '.join(hosts)}, torch.distributed's "
+        f"rendezvous at {env['MASTER_ADDR']}:{env['MASTER_PORT']} (rank 0)"
+    )
+    return argv, env, note
+
+
 @contextlib.contextmanager
 def rendezvous_for(spec, python: str | None = None) -> Iterator[None]:
     """Run Horovod's RendezvousServer (train env) while the ranks of ``spec`` run; fills
@@ -334,8 +404,9 @@ def serve() -> int:
     return 0
 
 
-def exec_rank(program: list[str]) -> int:
-    """Set this rank's Horovod Gloo variables from SLURM_PROCID and exec ``program``."""
+def exec_rank(program: list[str], framework: str = "horovod-tf") -> int:
+    """Set this rank's variables from SLURM_PROCID and the plan and exec ``program``:
+    Horovod's Gloo ones, or torch.distributed's (framework torch-ddp)."""
     env = os.environ
     if not program:
         raise UserError("gloo_slurm exec: no program given")
@@ -356,8 +427,11 @@ def exec_rank(program: list[str]) -> int:
             f"the Gloo plan says local rank {slot.local_rank} on node {slot.cross_rank} "
             "(srun needs --distribution=block and the plan's tasks per node)"
         )
+    tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if tasks is not None and int(tasks) != slot.size:
+        raise UserError(f"gloo_slurm exec: srun started {tasks} tasks; the plan has {slot.size}")
     new_env = dict(env)
-    new_env.update(slot.env())
+    new_env.update(slot.torch_env() if framework == "torch-ddp" else slot.env())
     os.execvpe(program[0], program, new_env)
     return 127  # not reached
 
@@ -366,7 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("serve", help="run Horovod's Gloo rendezvous server for the plan in the env")
-    e = sub.add_parser("exec", help="set this srun task's Horovod Gloo env and exec PROGRAM")
+    e = sub.add_parser("exec", help="set this srun task's rank env and exec PROGRAM")
+    e.add_argument(
+        "--framework",
+        choices=["horovod-tf", "torch-ddp"],
+        default="horovod-tf",
+        help="Horovod's Gloo variables (default) or torch.distributed's RANK, WORLD_SIZE, ...",
+    )
     e.add_argument("program", nargs=argparse.REMAINDER)
     sub.add_parser("hosts", help="print the allocation's host names and node list")
     args = p.parse_args(argv)
@@ -375,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             return serve()
         if args.cmd == "exec":
             prog = args.program[1:] if args.program[:1] == ["--"] else args.program
-            return exec_rank(prog)
+            return exec_rank(prog, args.framework)
         print(" ".join(slurm_hostnames()))
         print(slurm_nodelist() or "")
         return 0

@@ -28,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from hvdscale.backends import is_gpu_partition
+from hvdscale.backends import DEFAULT_FRAMEWORK, is_gpu_partition
 from hvdscale.common import allreduce_id_pattern
 from hvdscale.errors import UserError
 from hvdscale.launch.timelimit import signal_option
@@ -99,15 +99,23 @@ class JobSpec:
     signal: str | None = None  # sbatch --signal=... before the time limit (launch.timelimit)
     srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
     node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
+    framework: str = DEFAULT_FRAMEWORK  # what the ranks run (hvdscale.backends.FRAMEWORKS)
 
     # ----------------------------------------------------------------- construction
 
     @classmethod
     def for_workers(
-        cls, cfg: dict, partition: str, backend: str, workers: int, nodes: int | None = None
+        cls,
+        cfg: dict,
+        partition: str,
+        backend: str,
+        workers: int,
+        nodes: int | None = None,
+        framework: str = DEFAULT_FRAMEWORK,
     ) -> JobSpec:
-        """The layout of ``workers`` ranks of ``backend`` on ``partition`` of a validated
-        config; ``nodes`` (allreduce sweeps only) spreads them evenly over that many nodes."""
+        """The layout of ``workers`` ranks of ``backend`` (of ``framework``) on ``partition``
+        of a validated config; ``nodes`` (allreduce sweeps only) spreads them evenly over
+        that many nodes."""
         part = cfg["scaling"]["partitions"][partition]
         per_node = workers_per_node_for(workers, part)
         if nodes is not None and nodes != nodes_for(workers, part):
@@ -135,12 +143,14 @@ class JobSpec:
             signal=signal_option(cfg["training"], workers),
             srun_mpi=cfg["training"].get("srun_mpi") or "pmix",
             node_cores=int(part["cores_per_node"]),
+            framework=framework,
         )
 
     @classmethod
     def for_run(cls, cfg: dict, run) -> JobSpec:
         """The layout of a run of the scaling matrix (a ``hvdscale.config.Run``)."""
-        return cls.for_workers(cfg, run.partition, run.backend, run.workers)
+        framework = getattr(run, "framework", DEFAULT_FRAMEWORK)
+        return cls.for_workers(cfg, run.partition, run.backend, run.workers, framework=framework)
 
     @classmethod
     def for_allreduce_id(cls, cfg: dict, allreduce_id: str) -> JobSpec:

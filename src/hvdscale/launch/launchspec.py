@@ -18,7 +18,14 @@ from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm, site_settings, timelimit
 from hvdscale.launch.jobspec import JobSpec
 
-LAUNCHERS = ("horovodrun", "mpirun", "srun")
+LAUNCHERS = ("horovodrun", "mpirun", "srun", "torchrun")
+#: the interpreter module torchrun is (`python -m torch.distributed.run` = `torchrun`)
+TORCHRUN_MODULE = "torch.distributed.run"
+#: what the ranks of a training run execute, per framework (after PYTHON)
+TRAIN_MODULES = {
+    backends.DEFAULT_FRAMEWORK: ("-m", "hvdscale.cli", "train"),
+    "torch-ddp": ("-m", "hvdscale.torchddp"),
+}
 PROGRAMS = ("train", "measure-allreduce")
 # environment passed to every rank (besides HOROVOD_*)
 PASS_ENV = (
@@ -62,9 +69,17 @@ def default_train_python(cfg: dict, root: str | Path = PROJECT_ROOT) -> str:
     return "python"
 
 
-def horovod_env(training: dict, backend: str, timeline_path: str | None = None) -> dict[str, str]:
-    """HOROVOD_* variables for a run from the config's training section and backend."""
+def horovod_env(
+    training: dict,
+    backend: str,
+    timeline_path: str | None = None,
+    framework: str = backends.DEFAULT_FRAMEWORK,
+) -> dict[str, str]:
+    """HOROVOD_* variables for a run from the config's training section and backend
+    (none for a framework without Horovod)."""
     env: dict[str, str] = {}
+    if framework != backends.DEFAULT_FRAMEWORK:
+        return env
     entry = backends.get(backend)  # hvdscale.backends: which collectives
     if entry.cpu_operations:
         env["HOROVOD_CPU_OPERATIONS"] = entry.cpu_operations
@@ -87,18 +102,23 @@ def horovod_env(training: dict, backend: str, timeline_path: str | None = None) 
     return env
 
 
-def effective_launcher(launcher: str, backend: str) -> str:
+def effective_launcher(
+    launcher: str, backend: str, framework: str = backends.DEFAULT_FRAMEWORK
+) -> str:
     """The launcher that can run ``backend``: Gloo collectives need horovodrun's Gloo
     rendezvous (under mpirun/srun Horovod's controller is MPI, and
     HOROVOD_CPU_OPERATIONS=gloo crashes), so gloo runs always start with horovodrun
-    --gloo; inside a SLURM allocation its hosts come from the allocation."""
-    controllers = backends.get(backend).controllers  # gloo: horovodrun, or srun + our own
+    --gloo; inside a SLURM allocation its hosts come from the allocation. torch-ddp
+    runs start with torchrun, or srun."""
+    # gloo: horovodrun, or srun + our own; torch-ddp: torchrun or srun
+    controllers = backends.get(backend, framework).controllers
     return launcher if launcher in controllers else next(iter(controllers))
 
 
-def controller_for(launcher: str, backend: str) -> str:
-    """The Horovod controller a launcher/backend pair uses (hvdscale.backends)."""
-    controllers = backends.get(backend).controllers
+def controller_for(launcher: str, backend: str, framework: str = backends.DEFAULT_FRAMEWORK) -> str:
+    """The Horovod controller a launcher/backend pair uses (hvdscale.backends; torch-ddp:
+    the torch.distributed backend)."""
+    controllers = backends.get(backend, framework).controllers
     if launcher not in controllers:
         raise UserError(
             f"backend {backend!r} needs launcher {next(iter(controllers))} (got {launcher!r})"
@@ -127,8 +147,11 @@ def build_launch(
         raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     notes: list[str] = []
     launcher = _resolve_launcher(launcher, job, notes)
-    controller = controller_for(launcher, job.backend)
+    controller = controller_for(launcher, job.backend, job.framework)
     env = _launch_env(training, job, launcher, out_dir, timeline)
+    if job.framework != backends.DEFAULT_FRAMEWORK:  # torch-ddp: torchrun or srun
+        argv, env = _torch_launch(launcher, job, list(program_argv), env, hosts, srun, notes)
+        return LaunchSpec(argv, env, controller=controller, launcher=launcher, notes=notes)
     if launcher == "srun" and controller == "gloo":  # Gloo across nodes without ssh
         argv, env, note = gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
@@ -153,7 +176,10 @@ def build_launch(
 
 def _resolve_launcher(launcher: str, job: JobSpec, notes: list[str]) -> str:
     """The launcher that can run the job's backend; a note when it is not ``launcher``."""
-    fallback = effective_launcher(launcher, job.backend)
+    fallback = effective_launcher(launcher, job.backend, job.framework)
+    if fallback != launcher and job.framework != backends.DEFAULT_FRAMEWORK:
+        notes.append(f"{job.framework} starts with {fallback} (launcher {launcher} is Horovod's)")
+        return fallback
     if fallback != launcher:
         ctrl = controller_for(fallback, job.backend)
         notes.append(
@@ -171,7 +197,7 @@ def _launch_env(
     """The ranks' environment: Horovod, threads, SLURM node list, NCCL, time-limit signal."""
     timeline = training.get("timeline", False) if timeline is None else timeline
     tl_path = str(Path(out_dir).resolve() / "timeline.json") if (timeline and out_dir) else None
-    env = horovod_env(training, job.backend, tl_path)
+    env = horovod_env(training, job.backend, tl_path, job.framework)
     env.update(
         {
             "HVDSCALE_LAUNCHER": launcher,
@@ -227,6 +253,32 @@ def _mpirun_argv(
             continue
         argv += ["-x", k]
     return argv
+
+
+def _torch_launch(
+    launcher: str, job: JobSpec, program_argv: list[str], env: dict, hosts, srun: str, notes: list
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a torch-ddp run: ``python -m torch.distributed.run --standalone`` (=
+    torchrun) with the train env's interpreter on one machine, or one srun task per rank
+    (hvdscale.launch.gloo_slurm.build_torch_srun). ``program_argv``: PYTHON -m MODULE ..."""
+    if launcher == "srun":
+        argv, env, note = gloo_slurm.build_torch_srun(
+            job=job, program_argv=program_argv, env=env, hosts=hosts, srun=srun
+        )
+        notes.append(note)
+        return argv, env
+    if job.nodes > 1 or (hosts and len(hosts) > 1):
+        raise UserError(
+            f"{job.framework} on {job.nodes} node(s): start it with --launcher srun inside a "
+            "SLURM allocation (torchrun here runs one machine's ranks only)"
+        )
+    python = program_argv[0]
+    argv = [
+        *(python, "-m", TORCHRUN_MODULE, "--standalone", "--nnodes=1"),
+        *(f"--nproc-per-node={job.workers}", "--max-restarts=0"),
+        *program_argv[1:],
+    ]
+    return argv, env
 
 
 def _srun_argv(srun: str, job: JobSpec, training: dict, notes: list) -> list[str]:

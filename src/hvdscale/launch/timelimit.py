@@ -81,10 +81,11 @@ def job_end_time(job_id: str) -> float | None:
         return None
 
 
-def watch(proc, env: dict[str, str]) -> None:
+def watch(proc, env: dict[str, str], to_ranks: bool = False) -> None:
     """Send SIGUSR1 to the launcher's child (srun forwards it to every rank) at the job's
     end time minus the margin, once every rank has started (its pid file exists, so its
-    handler is about to be installed).
+    handler is about to be installed). ``to_ranks``: to every rank's pid (pid files)
+    instead, for a launcher that does not forward it (torchrun dies of SIGUSR1).
 
     SLURM's own ``--signal`` reaches only the job steps that exist at that moment and is
     sent by slurmctld's 30-second time-limit check, so a short job, or one whose ranks
@@ -117,11 +118,23 @@ def watch(proc, env: dict[str, str]) -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-                    proc.send_signal(signal.SIGUSR1)
+                    if to_ranks and pids:
+                        _signal_ranks(Path(pids))
+                    else:
+                        proc.send_signal(signal.SIGUSR1)
                 return
             time.sleep(0.5)
 
     threading.Thread(target=run, name="time-limit-watch", daemon=True).start()
+
+
+def _signal_ranks(pid_dir: Path) -> None:
+    """SIGUSR1 to the pid of every rank-N.pid in ``pid_dir`` (ranks that ended: skipped)."""
+    for f in sorted(pid_dir.glob("rank-*.pid")):
+        try:
+            os.kill(int(f.read_text().strip()), signal.SIGUSR1)
+        except (OSError, ValueError):
+            pass
 
 
 def install() -> None:

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import config_hash, load_config
@@ -68,13 +69,14 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m hvdscale.torchddp",
         description=__doc__.split("\n\n")[0],
         epilog="Example: torchrun --standalone --nproc-per-node 2 -m hvdscale.torchddp "
-        "--config results/config/full.json --run-id local_gloo_n1_w2_b75_lrnone_r0 "
-        "--data-dir results/data --out-dir results/runs/local_gloo_n1_w2_b75_lrnone_r0",
+        "--config results/config/full.json --run-id local_torch-ddp_gloo_n1_w2_b75_lrnone_r0 "
+        "--data-dir results/data --out-dir results/runs/local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
+        " (hvdscale launch starts it so, or with srun on SLURM)",
     )
     add_arguments(p)
-    p.add_argument("--backend", default="gloo", choices=["gloo"],
-                   help="torch.distributed backend (gloo, the CPU path; nccl on GPUs is "
-                   "phase 2 of issue 19); the run id's backend must name the same")  # fmt: skip
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                   help="torch.distributed backend (default: the run id's: gloo on CPUs, "
+                   "nccl on GPUs); the run id's backend must name the same")  # fmt: skip
     return p
 
 
@@ -96,7 +98,7 @@ def train_rank(args, out_dir: Path) -> int:
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
     torch.set_num_threads(int(tcfg["threads_per_worker"]))
     check_backend(run_, args.backend)
-    worker = TorchWorker.init(args.backend)
+    worker = TorchWorker.init(run_.backend)
     check_worker_count(run_, worker)
     log = root_logger(worker)
     log(
@@ -164,8 +166,15 @@ def root_logger(worker: TorchWorker):
     return lambda msg: None
 
 
-def check_backend(run_, backend: str) -> None:
-    if run_.backend != backend:
+def check_backend(run_, backend: str | None) -> None:
+    """The run is a torch-ddp run, and of ``backend`` when one was given."""
+    if getattr(run_, "framework", None) != FRAMEWORK:
+        raise UserError(
+            f"run {run_.run_id} is a run of framework {getattr(run_, 'framework', '?')}, not "
+            f"{FRAMEWORK}: torch-ddp run ids read {{partition}}_{FRAMEWORK}_{{backend}}_... "
+            "(config key scaling.sweeps[].frameworks)"
+        )
+    if backend is not None and run_.backend != backend:
         raise UserError(
             f"run {run_.run_id} is labelled backend {run_.backend!r} but this rank was "
             f"started with --backend {backend}; torch-ddp runs with gloo (CPU) or nccl (GPU)"
@@ -229,6 +238,15 @@ def describe_environment(worker: TorchWorker, chash: str, first_attempt: dict):
     return environment, system_block([h for h, _ in gathered])
 
 
+def leave_group() -> None:
+    """Leave the process group a rank still holds (a rank that stops with an error):
+    exiting with it alive aborts the process (SIGABRT, "terminate called without an
+    active exception"), which hides the rank's own exit status from torchrun."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -236,3 +254,5 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"hvdscale torchddp: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        leave_group()
