@@ -166,6 +166,10 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     tmp_path, tiny_run_setup, workers, launcher
 ):
     config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())  # plain and instrumented calls in every epoch
+    cfg["training"].update(steps_per_execution=2, instrument_every=2)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
     rid = f"local_gloo_n1_w{workers}_b8_lrnone_r0"
     out = tmp_path / "run"
     cmd = torchrun_cmd(workers, config, rid, data, out)
@@ -189,6 +193,25 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in range(workers)] == [
         "0\n"
     ] * workers
+    check_sync_block(rec, workers)
+
+
+def check_sync_block(rec: dict, workers: int) -> None:
+    """timing.sync (issue 19 item 2): with 2 ranks a measured comm-hook time, a no-comm
+    step and a finite exposed time that is the plain step minus it; 1 rank: 0 / null."""
+    sync = rec["timing"]["sync"]
+    if workers == 1:
+        assert sync["allreduce_s"] == 0 == sync["exposed_s"]
+        assert sync["comm_hook_s"] is None and sync["no_comm_step_s"] is None
+        assert "one worker" in sync["definition"]
+        return
+    assert sync["comm_hook_s"] > 0 and sync["allreduce_s"] > 0 and sync["no_comm_step_s"] > 0
+    assert np.isfinite(sync["exposed_s"])
+    plain = rec["timing"]["instrumentation"]["uninstrumented_step_s"]
+    assert sync["exposed_s"] == pytest.approx(plain - sync["no_comm_step_s"], abs=1e-8)
+    assert "DDP" in sync["definition"] and "no_sync" in sync["definition"]
+    timed = [e for e in rec["epochs"] if not e["warmup"]]
+    assert all(e["comm_hook_step_s"] > 0 and e["step_s_no_comm"] > 0 for e in timed)
 
 
 def live(pids: list[int]) -> list[int]:
