@@ -171,6 +171,38 @@ def _run_ok(cfg, rid, data, out, *extra):
     return load_record(out), r
 
 
+def _epoch(warmup, sync_s, steps=10, **extra):
+    return {"warmup": warmup, "time_sync_s": sync_s, "steps": steps, "timed_steps": 2, **extra}
+
+
+def test_sync_block_per_framework():
+    """timing.sync (issue 19): medians over the non-warm-up epochs of per-step values;
+    Horovod's exposed sync is its allreduce, DDP's the plain step minus the no-comm step."""
+    from hvdscale.timing import sync_block
+
+    hv = [_epoch(True, 9.0), _epoch(False, 0.1), _epoch(False, 0.3), _epoch(False, 0.2)]
+    b = sync_block(hv, 2, "horovod-tf", plain_step_s=0.05)
+    assert b["allreduce_s"] == pytest.approx(0.02) == b["exposed_s"]
+    assert b["comm_hook_s"] is None and b["no_comm_step_s"] is None
+    td = [
+        _epoch(True, 9.0, comm_hook_step_s=1.0, step_s_no_comm=1.0),
+        _epoch(False, 0.1, comm_hook_step_s=0.004, step_s_no_comm=0.010),
+        _epoch(False, 0.2, comm_hook_step_s=0.006, step_s_no_comm=0.012),
+        _epoch(False, 0.1, comm_hook_step_s=0.005, step_s_no_comm=0.011),
+    ]
+    b = sync_block(td, 2, "torch-ddp", plain_step_s=0.014)
+    assert b["allreduce_s"] == pytest.approx(0.01) and b["comm_hook_s"] == pytest.approx(0.005)
+    assert b["no_comm_step_s"] == pytest.approx(0.011)
+    assert b["exposed_s"] == pytest.approx(0.003)
+    assert sync_block(td, 2, "torch-ddp", plain_step_s=None)["exposed_s"] is None
+    one = sync_block(td, 1, "torch-ddp", plain_step_s=0.014)
+    assert one["allreduce_s"] == 0 == one["exposed_s"] and one["comm_hook_s"] is None
+    for b in (sync_block(hv, 2, "horovod-tf", None), sync_block(td, 2, "torch-ddp", 0.01), one):
+        assert b["definition"] and set(b) == {
+            "allreduce_s", "comm_hook_s", "exposed_s", "no_comm_step_s", "definition"
+        }  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.horovod
 @needs_train_env
@@ -195,6 +227,8 @@ def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
     )
     assert system["cpu_model"] and system["horovod_gloo"] is True and system["gpus"] == []
     assert system["cuda_build"] == "" and system["mpi"] == rec["environment"]["mpi"]
+    sync = rec["timing"]["sync"]  # issue 19: one worker, nothing to synchronise
+    assert sync["allreduce_s"] == 0 == sync["exposed_s"] and sync["comm_hook_s"] is None
 
 
 @pytest.mark.slow
@@ -224,6 +258,12 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     assert (
         rec["data"]["test_values"] == 2 * counts["test"]
     )  # the full test split, sharded across the ranks
+    sync = rec["timing"]["sync"]  # issue 19: Horovod does not overlap: exposed = allreduce
+    per_step = sorted(e["time_sync_s"] / e["steps"] for e in rec["epochs"] if not e["warmup"])
+    assert sync["allreduce_s"] == pytest.approx(per_step[1], rel=1e-6) and per_step[1] > 0
+    assert sync["exposed_s"] == sync["allreduce_s"]
+    assert sync["comm_hook_s"] is None and sync["no_comm_step_s"] is None
+    assert "Horovod" in sync["definition"]
 
 
 @pytest.mark.slow
