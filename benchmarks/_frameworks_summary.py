@@ -102,7 +102,7 @@ def _framework_rows(batch, fw, R, loads) -> list[dict]:
     for k in SYNC_KEYS:
         vals = [x[k] for x in two.values() if x.get(k) is not None]
         if vals:
-            rows.append(summary_row(batch, f"sync_{k}", vals, fw, 2, "seconds per step", loads))
+            rows.append(summary_row(batch, f"sync_{k}", vals, fw, 2, "per step", loads))
     return rows
 
 

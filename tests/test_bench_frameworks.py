@@ -93,7 +93,8 @@ def results(censor_torch_2w: int = 0) -> dict:
         R[("torch-ddp", 2)] = {**R.get(("torch-ddp", 2), {}),
                                rep: arm(12.5 + d, 80, ttt, allreduce_s=0.003,
                                         exposed_s=0.001, comm_hook_s=0.0025)}  # fmt: skip
-        R[(fs.INDEPENDENT, 2)] = {**R.get((fs.INDEPENDENT, 2), {}), rep: arm(0, 190)}
+        ind = {"throughput": 190, "fields": GOOD}  # what Runner.run_independent gives
+        R[(fs.INDEPENDENT, 2)] = {**R.get((fs.INDEPENDENT, 2), {}), rep: ind}
     return {75: R}
 
 
@@ -121,6 +122,7 @@ def test_the_summary_pairs_the_repeats_per_framework_against_the_same_ceiling():
     assert pick(rows, "sync_exposed_s", tor)["median"] == 0.001
     assert pick(rows, "sync_comm_hook_s", tor)["median"] == 0.0025
     assert not [r for r in rows if r["metric"] == "sync_comm_hook_s" and r["arm"] == hv]
+    assert [r["metric"] for r in rows if r["arm"] == fs.INDEPENDENT] == ["throughput", "ceiling"]
     for r in rows:  # three repeats: intervals; quality fields and left-out count everywhere
         assert r["runs_left_out"] == 2 and r["valid"] == "true" and r["foreign_cpu"] == 0.01
         if r["metric"] in ("efficiency", "speedup_epoch", "ceiling"):
@@ -194,3 +196,28 @@ def test_a_run_beside_foreign_work_is_recorded_invalid_and_left_out(monkeypatch,
         assert r["fields"]["foreign_cpu"] == 0.0 and r["epoch_s"] == 3.0
     else:
         assert rows[0]["foreign_cpu"] == 0.5 and "foreign_cpu" in rows[0]["invalid_reason"]
+
+
+def test_the_docs_blocks_show_valid_figures_only(tmp_path):
+    """scripts/gen_perf_docs.py's frameworks blocks: a valid summary figure (sync in ms),
+    a censored time to target as '> budget', no figure of an invalid run."""
+    import shutil
+    import subprocess
+
+    res = tmp_path / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", res)
+    page = tmp_path / "performance.md"
+    shutil.copy(ROOT / "docs" / "performance.md", page)
+    _results.write_csv("frameworks", fs.summarise([75], results(1)), res / "frameworks.csv")
+    bad = {**GOOD, "foreign_cpu": 0.4, "valid": "false", "invalid_reason": "foreign_cpu 0.4"}
+    runs = [fs.run_row(0, 75, "torch-ddp", 2, {**fs.arm_result(record(reached=False))}, GOOD, 9),
+            fs.run_row(1, 75, "torch-ddp", 2, {**fs.arm_result(record()), "epoch_s": 7.777},
+                       bad, 9)]  # fmt: skip
+    _results.write_csv("frameworks_runs", runs, res / "frameworks_runs.csv")
+    gen = [sys.executable, str(ROOT / "scripts" / "gen_perf_docs.py")]
+    r = subprocess.run([*gen, "--page", page, "--results", res], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = page.read_text()
+    assert "| 75 | sync: exposed, ms/step | torch-ddp | 2 | **1.000** |" in text
+    assert "| 0 | 75 | torch-ddp | 2 | 3.000 | 150 | > budget |" in text
+    assert "7.777" not in text and "| 1 | 75 | torch-ddp | 2 | invalid | invalid |" in text
