@@ -101,7 +101,7 @@ def framework_axis() -> bool:
     axis): then torch-ddp runs have run ids of their own and ``hvdscale launch`` starts
     them; without it (phase 1) the torch trainer runs the Horovod ids through torchrun."""
     cfg = base_config(400, 2, [8])
-    cfg["scaling"]["sweeps"][0]["frameworks"] = list(FRAMEWORKS)
+    cfg["scaling"]["sweeps"][0].update(backends=["gloo"], frameworks=list(FRAMEWORKS))
     try:
         validate_config(cfg)
     except Exception:
