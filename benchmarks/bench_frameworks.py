@@ -4,8 +4,9 @@ batch 75 and 1000, paired repeats (workflow env; starts real training runs in th
 Same for both frameworks: the dataset (the real pipeline, bench_scaling's cached data),
 the network, the rows per rank, the per-worker batch, the LR rule (none for 1 worker,
 ``--lr-rule-2w`` for 2), the seeds (run ids with repeat r: ``runtable.run_seed`` does not
-depend on the framework, so repeat r of both frameworks starts from the same weights and
-shuffles alike), 1 thread per worker, the pinning (1 worker: ``taskset -c 0``; 2 workers:
+depend on the framework, so repeat r of both frameworks shuffles alike; the initial
+weights follow the same rule, Glorot-uniform, but each framework draws them from its own
+generator, so they differ), 1 thread per worker, the pinning (1 worker: ``taskset -c 0``; 2 workers:
 ``cpu_binding: auto``, rank r on core r), the trainer's epoch loop and its record. Per
 batch one config: ``steps_per_execution`` chosen so that every epoch of the 2-worker runs
 has about 6 calls (at most 64, the Horovod step's best), ``instrument_every`` 10: the
