@@ -28,7 +28,8 @@ record):
   includes waiting for the slower rank. The wrapper is a Python hook on every plain
   step (DDP allows one hook per model, for the whole run), in place of DDP's built-in
   C++ allreduce: the same allreduce and division, plus two clock reads and a callback
-  per bucket. The epoch field is the median over the epoch's plain steps.
+  per bucket. The epoch field is the median over the epoch's plain steps that
+  synchronise (with ``backward_passes_per_step`` k > 1, every k-th).
 * ``step_s_no_comm``: the same step without any communication, per timed step: its
   data + compute + update phases, i.e. the timed step without its sync phase. The
   timed step *is* a DDP step under ``no_sync`` (forward and backward with no
