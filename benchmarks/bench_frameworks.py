@@ -39,14 +39,15 @@ and ``ratio_epoch_torch_vs_horovod`` per worker count; medians with 95 % bootstr
 intervals (hvdscale.analysis.stats; none below 3 repeats). Every repeat runs the five arms
 back to back (odd repeats in reverse order), each behind the quiet guard
 (benchmarks/_quiet.py): load below ``--max-load`` before it, ``foreign_cpu`` recorded, a
-run above 0.1 invalid and left out (``runs_left_out``).
+run above 0.1 invalid and left out (``runs_left_out``). An independent ceiling above
+1.05 fails the benchmark as it fails bench_scaling (exit 4, after writing the CSVs).
 
 Writes benchmarks/results/frameworks.csv (summary) and frameworks_runs.csv (every run);
 ``--quick`` (smoke test, figures meaningless) writes to benchmarks/out/frameworks/.
 
   .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--samples 40000]
       [--epochs 8] [--batches 75,1000] [--target 0.01] [--quick] [--out-dir DIR]
-      [--max-load 0.5] [--quiet-timeout 600]
+      [--max-load 0.5] [--quiet-timeout 600] [--no-ceiling-check]
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ from _scaling_runner import (  # noqa: E402
     start,
     wait_all,
 )
+from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
 from hvdscale.config import validate_config  # noqa: E402
 from hvdscale.runtable import find_run  # noqa: E402
@@ -231,11 +233,15 @@ def parse_args(argv):
                     help="smoke test: 1 repeat, 8,000 curves, 2 epochs, output in "
                     "benchmarks/out/frameworks (figures meaningless)")  # fmt: skip
     add_quiet_args(ap)
+    ap.add_argument("--no-ceiling-check", action="store_true",
+                    help=f"do not fail (exit 4) when the independent ceiling is above "
+                    f"{CEILING_MAX} (--quick never fails)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="where the two CSVs go")
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "frameworks"))
     a = ap.parse_args(argv)
     if a.quick:
         a.repeats, a.samples, a.epochs = 1, 8000, 2
+        a.no_ceiling_check = True
     a.out_dir = a.out_dir or (str(Path(a.work) / "results") if a.quick else str(RESULTS))
     a.batches = [int(b) for b in a.batches.split(",")]
     return a
@@ -275,6 +281,11 @@ def main(argv=None) -> int:
         print(f"{r['batch']:5d} {r['metric']:30s} {r['arm']:12s} {r['workers']!s:>2} "
               f"{med:>10} {ci:>22} {r['note']}")  # fmt: skip
     print(f"\nload {load0:.2f} -> {load_avg():.2f}; {time.time() - t_start:.0f} s")
+    try:
+        check_ceiling(summary)  # bench_scaling's rule: an impossible ceiling fails it
+    except CeilingError as exc:
+        print(f"bench_frameworks FAILED: {exc}", file=sys.stderr)
+        return 0 if a.no_ceiling_check else 4
     return 0
 
 

@@ -221,3 +221,14 @@ def test_the_docs_blocks_show_valid_figures_only(tmp_path):
     assert "| 75 | sync: exposed, ms/step | torch-ddp | 2 | **1.000** |" in text
     assert "| 0 | 75 | torch-ddp | 2 | 3.000 | 150 | > budget |" in text
     assert "7.777" not in text and "| 1 | 75 | torch-ddp | 2 | invalid | invalid |" in text
+
+
+def test_an_impossible_ceiling_fails_the_benchmark_as_bench_scaling():
+    R = results()[75]
+    for rep in R[(fs.INDEPENDENT, 2)]:
+        R[(fs.INDEPENDENT, 2)][rep] = {"throughput": 230, "fields": GOOD}  # 1.15 x 2 x 100
+    rows = fs.summarise([75], {75: R})
+    with pytest.raises(bench_frameworks.CeilingError, match="independent ceiling above"):
+        bench_frameworks.check_ceiling(rows)
+    bench_frameworks.check_ceiling(fs.summarise([75], results()))  # 0.95: fine
+    assert bench_frameworks.parse_args(["--quick"]).no_ceiling_check
