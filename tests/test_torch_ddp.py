@@ -75,6 +75,38 @@ def test_warmup_rule_is_the_keras_schedules_formula():
     assert [warmup_lr(1.0, 3.0, 4, k) for k in (0, 2, 4, 9)] == [1.0, 2.0, 3.0, 3.0]
 
 
+def _epoch(warmup, sync_s, steps=10, **extra):
+    return {"warmup": warmup, "time_sync_s": sync_s, "steps": steps, "timed_steps": 2, **extra}
+
+
+def test_sync_block_per_framework():
+    """timing.sync (issue 19): medians over the non-warm-up epochs of per-step values;
+    Horovod's exposed sync is its allreduce, DDP's the plain step minus the no-comm step."""
+    from hvdscale.timing import sync_block
+
+    hv = [_epoch(True, 9.0), _epoch(False, 0.1), _epoch(False, 0.3), _epoch(False, 0.2)]
+    b = sync_block(hv, 2, "horovod-tf", plain_step_s=0.05)
+    assert b["allreduce_s"] == pytest.approx(0.02) == b["exposed_s"]
+    assert b["comm_hook_s"] is None and b["no_comm_step_s"] is None
+    td = [
+        _epoch(True, 9.0, comm_hook_step_s=1.0, step_s_no_comm=1.0),
+        _epoch(False, 0.1, comm_hook_step_s=0.004, step_s_no_comm=0.010),
+        _epoch(False, 0.2, comm_hook_step_s=0.006, step_s_no_comm=0.012),
+        _epoch(False, 0.1, comm_hook_step_s=0.005, step_s_no_comm=0.011),
+    ]
+    b = sync_block(td, 2, "torch-ddp", plain_step_s=0.014)
+    assert b["allreduce_s"] == pytest.approx(0.01) and b["comm_hook_s"] == pytest.approx(0.005)
+    assert b["no_comm_step_s"] == pytest.approx(0.011)
+    assert b["exposed_s"] == pytest.approx(0.003)
+    assert sync_block(td, 2, "torch-ddp", plain_step_s=None)["exposed_s"] is None
+    one = sync_block(td, 1, "torch-ddp", plain_step_s=0.014)
+    assert one["allreduce_s"] == 0 == one["exposed_s"] and one["comm_hook_s"] is None
+    for b in (sync_block(hv, 2, "horovod-tf", None), sync_block(td, 2, "torch-ddp", 0.01), one):
+        assert b["definition"] and set(b) == {
+            "allreduce_s", "comm_hook_s", "exposed_s", "no_comm_step_s", "definition"
+        }  # fmt: skip
+
+
 def test_the_run_schema_knows_torchrun_and_the_framework():
     from hvdscale.runrecord import load_run_schema
 
