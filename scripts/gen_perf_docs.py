@@ -37,6 +37,7 @@ from _perf_common import (  # noqa: E402
     table,
     thousands,
 )
+from _perf_frameworks import block_frameworks, block_frameworks_runs  # noqa: E402
 from _quiet import FOREIGN_CPU_MAX, row_validity  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -297,6 +298,8 @@ def block_allreduce_bare(res: Path) -> str:
 VALIDITY_SOURCES = [
     "bench_scaling",
     "bench_scaling_runs",
+    "frameworks",
+    "frameworks_runs",
     "bench_train_overhead",
     "bench_allreduce_bare",
     "bench_data_phase",
@@ -401,6 +404,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "scaling-throughput": block_scaling_throughput,
     "scaling-paired-runs": block_paired_runs,
     "scaling-tuning": block_scaling_runs,
+    "frameworks": block_frameworks,
+    "frameworks-runs": block_frameworks_runs,
     "train-overhead": block_train_overhead,
     "instrumentation": block_instrumentation,
     "allreduce-bare": block_allreduce_bare,

@@ -195,6 +195,8 @@ def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
     )
     assert system["cpu_model"] and system["horovod_gloo"] is True and system["gpus"] == []
     assert system["cuda_build"] == "" and system["mpi"] == rec["environment"]["mpi"]
+    sync = rec["timing"]["sync"]  # issue 19: one worker, nothing to synchronise
+    assert sync["allreduce_s"] == 0 == sync["exposed_s"] and sync["comm_hook_s"] is None
 
 
 @pytest.mark.slow
@@ -224,6 +226,12 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     assert (
         rec["data"]["test_values"] == 2 * counts["test"]
     )  # the full test split, sharded across the ranks
+    sync = rec["timing"]["sync"]  # issue 19: Horovod does not overlap: exposed = allreduce
+    per_step = sorted(e["time_sync_s"] / e["steps"] for e in rec["epochs"] if not e["warmup"])
+    assert sync["allreduce_s"] == pytest.approx(per_step[1], rel=1e-6) and per_step[1] > 0
+    assert sync["exposed_s"] == sync["allreduce_s"]
+    assert sync["comm_hook_s"] is None and sync["no_comm_step_s"] is None
+    assert "Horovod" in sync["definition"]
 
 
 @pytest.mark.slow

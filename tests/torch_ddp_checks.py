@@ -12,6 +12,9 @@ per process, each writing its result to an npz file:
   torchrun --standalone --nproc-per-node N tests/torch_ddp_checks.py ddp-step OUT.npz [timed]
       one TorchStepProgram step of the same global batch (GLOBAL_BATCH rows), each of the
       N ranks on its contiguous part; rank 0 writes the weights after the step
+  horovodrun -np N --gloo python tests/torch_ddp_checks.py hvd-step OUT.npz [timed]
+      the same with the Horovod trainer's StepProgram (Keras model, Adam, the grouped
+      allreduce average): both frameworks' gradient average is checked alike
 """
 
 from __future__ import annotations
@@ -102,6 +105,29 @@ def ddp_step(out: str, timed: bool) -> None:
     worker.shutdown()
 
 
+def hvd_step(out: str, timed: bool) -> None:
+    from hvdscale.train.optim import Optimisation
+    from hvdscale.train.step import build_step_program
+    from hvdscale.worker import WorkerInfo
+
+    worker = WorkerInfo.init()  # HVD: hvd.init() first
+    cfg = config()
+    x, y = batch(cfg)
+    part = GLOBAL_BATCH // worker.size
+    lo, hi = worker.rank * part, (worker.rank + 1) * part
+    optim = Optimisation.build(cfg, "none", worker.size, steps=1, seed=SEED)
+    optim.broadcast(worker)
+    program = build_step_program(
+        optim.model, optim.optimizer, worker, cfg["training"], train=(x[lo:hi], y[lo:hi]),
+        test=(x, y), val=(x, y), batch=part, device="/CPU:0",
+    )  # fmt: skip
+    program.start_epoch(np.arange(part))
+    program.run_steps(0, 1, timed)
+    if worker.is_root:
+        np.savez(out, **{f"after{i}": w for i, w in enumerate(optim.model.get_weights())})
+    worker.barrier(name="done")
+
+
 def learning_rates(framework: str) -> None:
     import json
 
@@ -136,5 +162,7 @@ if __name__ == "__main__":
         learning_rates(rest[0])
     elif what == "ddp-step":
         ddp_step(rest[0], timed=len(rest) > 1 and rest[1] == "timed")
+    elif what == "hvd-step":
+        hvd_step(rest[0], timed=len(rest) > 1 and rest[1] == "timed")
     else:
         sys.exit(f"unknown check {what!r}")

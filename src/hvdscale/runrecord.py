@@ -31,7 +31,7 @@ from hvdscale.runsummary import (
     summarise,
     target_block,
 )
-from hvdscale.timing import TIMING_METHOD, instrumentation_block
+from hvdscale.timing import TIMING_METHOD, instrumentation_block, sync_block
 
 SCHEMA_VERSION = 1
 
@@ -250,16 +250,18 @@ def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> di
     )
 
 
-def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason) -> dict:
-    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17)."""
+def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framework) -> dict:
+    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17, 19)."""
     tv = (target or {}).get("value")
     mode = (target or {}).get("mode", "none")
+    inst = instrumentation_block(epochs, tcfg["instrument_every"])
+    sync = sync_block(epochs, workers, framework, inst["uninstrumented_step_s"])
     return {
         "target": target_block(
             epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"]
         ),
         "noise_scale": noise_scale_block(epochs, workers, b_local),
-        "timing": {"instrumentation": instrumentation_block(epochs, tcfg["instrument_every"])},
+        "timing": {"instrumentation": inst, "sync": sync},
     }
 
 
@@ -290,6 +292,7 @@ def build_record(
     target: dict | None = None,
     stop_reason: str | None = None,
     initial_weights_sha256: str | None = None,
+    framework: str = "horovod-tf",
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
@@ -300,7 +303,8 @@ def build_record(
     ``seed``: the run's derived seed (hvdscale.runtable.run_seed; the config's seed when
     None); ``kind``: '' | 'cal' | 'rerun'; ``target``: {"value", "mode"} of the
     validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
-    the loop ended (hvdscale.train.loop.STOP_REASONS).
+    the loop ended (hvdscale.train.loop.STOP_REASONS); ``framework``: the trainer's
+    framework, which decides how ``timing.sync`` reads the epochs (hvdscale.timing.sync_block).
     """
     tcfg = cfg["training"]
     config = _record_config(
@@ -328,6 +332,7 @@ def build_record(
             tcfg,
             target,
             stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
+            framework,
         ),
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,

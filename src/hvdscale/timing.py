@@ -153,6 +153,63 @@ def instrumentation_block(epochs: list[dict], instrument_every: int) -> dict:
     }
 
 
+SYNC_DEFINITIONS = {
+    "horovod-tf": (
+        "Horovod applies the averaged gradients after one grouped allreduce that starts "
+        "when the backward pass has ended: nothing overlaps it, so the exposed "
+        "synchronisation is the allreduce (the sync phase of the instrumented steps)"
+    ),
+    "torch-ddp": (
+        "DDP overlaps each bucket's allreduce with the rest of the backward pass: "
+        "allreduce_s is one separate allreduce of all gradients in the instrumented steps "
+        "(the Horovod definition), comm_hook_s the time inside DDP's communication hook "
+        "per plain step (sum over buckets, call to completed future), exposed_s the "
+        "median plain step minus the median step without communication (the "
+        "instrumented step's no_sync forward/backward + update, its sync phase left out)"
+    ),
+    "one-worker": "one worker: no gradient communication, nothing to synchronise",
+}
+
+
+def sync_block(epochs: list[dict], workers: int, framework: str, plain_step_s) -> dict:
+    """The record's ``timing.sync`` (issue 19): per-step seconds, medians over the
+    non-warm-up epochs (all epochs when every epoch is warm-up) of each epoch's value.
+    ``allreduce_s`` = the sync phase per step (``time_sync_s / steps``); for torch-ddp
+    ``comm_hook_s`` and ``no_comm_step_s`` from the epochs' ``comm_hook_step_s`` and
+    ``step_s_no_comm`` (hvdscale.torchddp.step), ``exposed_s`` = ``plain_step_s`` (the
+    median uninstrumented step) - ``no_comm_step_s``; for horovod-tf ``exposed_s`` =
+    ``allreduce_s`` (no overlap). One worker: 0 for allreduce and exposed, null else."""
+    if workers <= 1:
+        return {
+            "allreduce_s": 0.0,
+            "comm_hook_s": None,
+            "exposed_s": 0.0,
+            "no_comm_step_s": None,
+            "definition": SYNC_DEFINITIONS["one-worker"],
+        }
+    picked = [e for e in epochs if not e["warmup"]] or list(epochs)
+    allreduce = median(
+        [e["time_sync_s"] / e["steps"] for e in picked if e.get("timed_steps", 1) > 0]
+    )
+    if framework != "torch-ddp":
+        return {
+            "allreduce_s": _round(allreduce),
+            "comm_hook_s": None,
+            "exposed_s": _round(allreduce),
+            "no_comm_step_s": None,
+            "definition": SYNC_DEFINITIONS["horovod-tf"],
+        }
+    no_comm = median([e.get("step_s_no_comm") for e in picked])
+    exposed = plain_step_s - no_comm if plain_step_s is not None and no_comm is not None else None
+    return {
+        "allreduce_s": _round(allreduce),
+        "comm_hook_s": _round(median([e.get("comm_hook_step_s") for e in picked])),
+        "exposed_s": _round(exposed),
+        "no_comm_step_s": _round(no_comm),
+        "definition": SYNC_DEFINITIONS["torch-ddp"],
+    }
+
+
 def split_error(epoch: dict) -> float:
     """Relative difference between the four phases and the step loop's wall time."""
     split = sum(epoch[f"time_{p}_s"] for p in PHASES)

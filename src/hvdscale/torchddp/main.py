@@ -149,7 +149,7 @@ def train_rank(args, out_dir: Path) -> int:
         data={**data.info, "test_values": result.test_values},
         fault_delay=fault.describe(), system=system, seed=run_.seed,
         kind=getattr(run_, "kind", ""), target=target, stop_reason=result.stop_reason,
-        initial_weights_sha256=progress.initial_weights_sha256,
+        initial_weights_sha256=progress.initial_weights_sha256, framework=FRAMEWORK,
     )  # fmt: skip
     record["config"]["framework"] = FRAMEWORK
     record["config"]["timeline_steps"] = 0  # a Horovod timeline: torch-ddp records none

@@ -9,14 +9,46 @@ bucket starts during the backward pass and overlaps it (gloo on the CPU). Timed 
 data (gather the batch rows), compute (forward and backward without DDP's hooks,
 ``no_sync``), sync (one allreduce of all gradients, then / world size: DDP's average),
 update (KerasAdam). So ``time_sync_s`` is the allreduce *without* overlap, the Horovod
-definition; the synchronisation DDP leaves exposed is not measured here (phase 2).
-With ``backward_passes_per_step`` k > 1, k micro-batches accumulate their gradients
-(loss / k, without communication) and the k-th one synchronises and updates.
+definition. With ``backward_passes_per_step`` k > 1, k micro-batches accumulate their
+gradients (loss / k, without communication) and the k-th one synchronises and updates.
+
+Synchronisation as DDP overlaps it (issue 19 item 2; the record's ``timing.sync``, built by
+``hvdscale.timing.sync_block`` from two per-epoch fields of this rank, rank 0's in the
+record):
+
+* ``comm_hook_step_s``: time inside DDP's communication hook per plain step, the sum over
+  the step's gradient buckets. With more than one rank DDP runs ``CommHookTimer.hook``, a
+  wrapper of its default hook (``default_hooks.allreduce_hook``, or
+  ``fp16_compress_hook`` with ``horovod.compression: fp16``): from the moment the reducer
+  calls the hook with a ready bucket (``perf_counter`` before the inner hook starts its
+  asynchronous allreduce) to the moment the allreduce's future completes (a ``then()``
+  callback on the inner hook's future takes the second ``perf_counter``; for the fp16
+  hook after its decompression). DDP waits for the callback's future at the end of the
+  backward pass, so every bucket's time is in before ``backward()`` returns. The time
+  includes waiting for the slower rank. The wrapper is a Python hook on every plain
+  step (DDP allows one hook per model, for the whole run), in place of DDP's built-in
+  C++ allreduce: the same allreduce and division, plus two clock reads and a callback
+  per bucket. The epoch field is the median over the epoch's plain steps that
+  synchronise (with ``backward_passes_per_step`` k > 1, every k-th).
+* ``step_s_no_comm``: the same step without any communication, per timed step: its
+  data + compute + update phases, i.e. the timed step without its sync phase. The
+  timed step *is* a DDP step under ``no_sync`` (forward and backward with no
+  allreduce), followed by an explicit allreduce and the update, so this sample costs no
+  extra step and leaves the training result unchanged (the weights after a timed step
+  equal those after a plain one, tests/test_torch_ddp.py). The epoch field is the median
+  over the epoch's timed steps.
+
+``exposed_s`` = median plain step time (``timing.instrumentation.uninstrumented_step_s``)
+minus the median ``step_s_no_comm``: the part of the step that communication leaves
+exposed after DDP's overlap (noise can make it slightly negative when nothing is
+exposed). One rank: no hook, no samples (the block says 0 / null).
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
+import threading
 import time
 
 import numpy as np
@@ -34,6 +66,54 @@ def mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.mean(torch.square(pred - y))
 
 
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 9) if xs else None
+
+
+class CommHookTimer:
+    """DDP's default communication hook (``inner``), timed: ``hook`` is what DDP calls per
+    ready bucket; ``end_step()`` after a step's backward pass adds the step's sum over
+    buckets to ``samples`` (see the module docstring for what is timed)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.step_s = 0.0
+        self.buckets = 0
+        self.samples: list[float] = []
+        self._lock = threading.Lock()  # the callback runs on the backend's thread
+
+    def hook(self, state, bucket):  # DDP checks the name "bucket"; no annotations
+        t0 = time.perf_counter()
+        fut = self.inner(state, bucket)
+
+        def done(f):
+            dt = time.perf_counter() - t0
+            with self._lock:
+                self.step_s += dt
+                self.buckets += 1
+            return f.value()
+
+        return fut.then(done)
+
+    def end_step(self) -> None:
+        with self._lock:
+            if self.buckets:
+                self.samples.append(self.step_s)
+            self.step_s, self.buckets = 0.0, 0
+
+
+def default_hook(compression: str):
+    """DDP's own hook for ``horovod.compression``: the allreduce average, or with fp16 the
+    same on a float16 copy of the bucket."""
+    from torch.distributed.algorithms.ddp_comm_hooks import (  # reason: only with DDP
+        default_hooks,
+    )
+
+    if compression == "fp16":
+        return default_hooks.fp16_compress_hook
+    return default_hooks.allreduce_hook
+
+
 class TorchStepProgram:
     """One rank's DDP model, its data (normalised host arrays as tensors) and steps."""
 
@@ -42,12 +122,10 @@ class TorchStepProgram:
         self.optim, self.worker = optim, worker
         self.net = optim.net
         self.ddp = DistributedDataParallel(self.net)  # no buffers to sync
-        if training["horovod"]["compression"] == "fp16" and worker.distributed:
-            from torch.distributed.algorithms.ddp_comm_hooks import (  # reason: optional
-                default_hooks,
-            )
-
-            self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.hook_timer: CommHookTimer | None = None
+        if worker.distributed:
+            self.hook_timer = CommHookTimer(default_hook(training["horovod"]["compression"]))
+            self.ddp.register_comm_hook(None, self.hook_timer.hook)
         self.bpps = int(training["horovod"]["backward_passes_per_step"])
         self.batch = int(batch)
         self.fault = FaultDelay() if fault is None else fault
@@ -63,6 +141,7 @@ class TorchStepProgram:
         self.loss_sum = 0.0
         self.timers = np.zeros(4)
         self.gsq = np.zeros(3)
+        self.no_comm_s: list[float] = []  # per timed step: data + compute + update
 
     # ------------------------------------------------------------------ the steps
 
@@ -92,6 +171,8 @@ class TorchStepProgram:
                 (loss / self.bpps).backward()
         self.loss_sum += float(loss.detach())
         if last:
+            if self.hook_timer is not None:
+                self.hook_timer.end_step()
             self._update()
 
     def _timed_step(self, j: int) -> None:
@@ -115,6 +196,7 @@ class TorchStepProgram:
             self._delay("update")
             t4 = time.perf_counter()
         self.timers += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        self.no_comm_s.append((t1 - t0) + (t2 - t1) + (t4 - t3))
 
     def _allreduce_grads(self) -> None:
         """DDP's average by hand, in one flat buffer (timed steps); with more than one
@@ -148,6 +230,9 @@ class TorchStepProgram:
         self.loss_sum = 0.0
         self.timers = np.zeros(4)
         self.gsq = np.zeros(3)
+        self.no_comm_s = []
+        if self.hook_timer is not None:
+            self.hook_timer.samples = []
 
     def run_steps(self, start: int, n: int, timed: bool) -> float:
         """Steps start..start+n-1 of the epoch; 0 host-side data time (the data phase of
@@ -160,6 +245,15 @@ class TorchStepProgram:
 
     def epoch_results(self) -> tuple[float, np.ndarray]:
         return float(self.loss_sum), self.timers.copy()
+
+    def sync_fields(self) -> dict:
+        """This epoch's samples for the record's ``timing.sync`` (module docstring): the
+        median per-step time in DDP's communication hook (plain steps) and of the step
+        without communication (timed steps); None without samples or with one rank."""
+        if not self.worker.distributed:
+            return {"comm_hook_step_s": None, "step_s_no_comm": None}
+        hook = self.hook_timer.samples if self.hook_timer is not None else []
+        return {"comm_hook_step_s": _median(hook), "step_s_no_comm": _median(self.no_comm_s)}
 
     def grad_sq(self) -> tuple[float, float, int]:
         a, b, n = (float(v) for v in self.gsq)

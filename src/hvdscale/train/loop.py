@@ -246,6 +246,14 @@ def _final_test(program, worker, progress, result, log) -> None:
     log(f"final test loss {loss:.5g} (evaluated once, after the stop decision)")
 
 
+def _sync_fields(program) -> dict:
+    """A step program's per-epoch samples for ``timing.sync`` (torch-ddp's
+    ``sync_fields``: its comm-hook and no-communication step times); none for Horovod,
+    whose sync phase is all the record needs."""
+    fields = getattr(program, "sync_fields", None)
+    return fields() if fields is not None else {}
+
+
 def _one_epoch(program, worker, plan, progress, sampler, optim, epoch, result, log):
     """Train, evaluate (validation) and reduce one epoch; append its record to ``progress``."""
     rng = np.random.default_rng([plan.seed, epoch, worker.rank])
@@ -291,6 +299,7 @@ def _one_epoch(program, worker, plan, progress, sampler, optim, epoch, result, l
             "wall_measured_s": round(measured, 6),
             **timer.instrumentation_fields(),
             **m.noise_fields(),
+            **_sync_fields(program),
         },
     )
     progress.history.append(rec)

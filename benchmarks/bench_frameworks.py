@@ -1,0 +1,293 @@
+"""Horovod-TF against torch DDP (issue 19), both over Gloo, 1 and 2 workers, per-worker
+batch 75 and 1000, paired repeats (workflow env; starts real training runs in the train env).
+
+Same for both frameworks: the dataset (the real pipeline, bench_scaling's cached data),
+the network, the rows per rank, the per-worker batch, the LR rule (none for 1 worker,
+``--lr-rule-2w`` for 2), the seeds (run ids with repeat r: ``runtable.run_seed`` does not
+depend on the framework, so repeat r of both frameworks shuffles alike; the initial
+weights follow the same rule, Glorot-uniform, but each framework draws them from its own
+generator, so they differ), 1 thread per worker, the pinning (1 worker: ``taskset -c 0``; 2 workers:
+``cpu_binding: auto``, rank r on core r), the trainer's epoch loop and its record. Per
+batch one config: ``steps_per_execution`` chosen so that every epoch of the 2-worker runs
+has about 6 calls (at most 64, the Horovod step's best), ``instrument_every`` 10: the
+first call of every 10 is instrumented, its steps count at the uninstrumented rate.
+
+Each arm is one training run through its framework's launcher (Horovod-TF: ``hvdscale
+launch``, horovodrun with Gloo; torch-ddp: ``hvdscale launch`` where it knows torch-ddp
+run ids, else ``torchrun --standalone``) with an absolute validation-loss target
+(``--target``, passed as the study's target.json) and no stop at it (``stop_at_target``
+false: every run trains ``--epochs`` epochs, epoch 0 is warm-up). From its record:
+
+  epoch time         median over the non-warm-up epochs of the headline ``wall_s``
+                     (uninstrumented steps), and the throughput likewise
+  time to target     ``target.time_to_target_s`` (+inf when the budget ended first)
+  sync               ``timing.sync`` (allreduce, exposed, comm hook; issue 19 item 2)
+
+and the machine's ceiling, bench_scaling's ``independent`` arm (two 1-worker runs of the
+Horovod step code at once, one per core, ``_scaling_runner.Runner.run_independent``):
+ceiling = thr(independent) / (2 x thr(Horovod-TF, 1 worker)). Per framework and repeat
+
+  speedup_epoch          T_epoch(1 worker) / T_epoch(2 workers)
+  speedup_ttt            TTT(1 worker) / TTT(2 workers) (censored runs: +inf)
+  efficiency             thr(2 workers) / (2 x thr(1 worker))
+  efficiency_vs_ceiling  efficiency / ceiling of the same repeat (for Horovod-TF this is
+                         bench_scaling's thr(2 workers) / thr(independent); for torch-ddp
+                         it assumes the two-at-once slowdown of the machine is that of the
+                         Horovod step)
+
+and ``ratio_epoch_torch_vs_horovod`` per worker count; medians with 95 % bootstrap
+intervals (hvdscale.analysis.stats; none below 3 repeats). Every repeat runs the five arms
+back to back (odd repeats in reverse order), each behind the quiet guard
+(benchmarks/_quiet.py): load below ``--max-load`` before it, ``foreign_cpu`` recorded, a
+run above 0.1 invalid and left out (``runs_left_out``). An independent ceiling above
+1.05 fails the benchmark as it fails bench_scaling (exit 4, after writing the CSVs).
+
+Writes benchmarks/results/frameworks.csv (summary) and frameworks_runs.csv (every run);
+``--quick`` (smoke test, figures meaningless) writes to benchmarks/out/frameworks/.
+
+  .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--samples 40000]
+      [--epochs 8] [--batches 75,1000] [--target 0.01] [--quick] [--out-dir DIR]
+      [--max-load 0.5] [--quiet-timeout 600] [--no-ceiling-check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _frameworks_summary import (  # noqa: E402
+    FRAMEWORKS,
+    INDEPENDENT,
+    arm_result,
+    left_out_counts,
+    run_row,
+    summarise,
+)
+from _results import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    Measured,
+    NotQuiet,
+    add_quiet_args,
+    configure_quiet,
+    load_avg,
+    warn_load,
+    write_csv,
+)
+from _scaling_runner import (  # noqa: E402
+    HVD,
+    TRAIN_PY,
+    Arm,
+    Runner,
+    base_config,
+    build_data,
+    hvd,
+    start,
+    wait_all,
+)
+from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
+
+from hvdscale.config import validate_config  # noqa: E402
+from hvdscale.runtable import find_run  # noqa: E402
+
+TORCHRUN = TRAIN_PY.parent / "torchrun"
+CALLS_PER_EPOCH = 6  # of the 2-worker runs (spe = steps // this, 1..64)
+
+
+def framework_axis() -> bool:
+    """Whether the config knows ``scaling.sweeps[].frameworks`` (issue 19's framework
+    axis): then torch-ddp runs have run ids of their own and ``hvdscale launch`` starts
+    them; without it (phase 1) the torch trainer runs the Horovod ids through torchrun."""
+    cfg = base_config(400, 2, [8])
+    cfg["scaling"]["sweeps"][0].update(backends=["gloo"], frameworks=list(FRAMEWORKS))
+    try:
+        validate_config(cfg)
+    except Exception:
+        return False
+    return True
+
+
+def bench_config(a, batch: int, axis: bool) -> dict:
+    """bench_scaling's config for one batch: Gloo, both frameworks, ``repeats`` repeats,
+    the target, the steps per call."""
+    cfg = base_config(a.samples, a.epochs, [batch])
+    sweep = cfg["scaling"]["sweeps"][0]
+    sweep.update(backends=["gloo"], repeats=a.repeats)
+    if axis:
+        sweep["frameworks"] = list(FRAMEWORKS)
+    train_2w = a.samples * 0.75 * 0.9 / 2  # rows per rank (75 % train, 10 % validation)
+    spe = max(1, min(64, int(train_2w // batch) // CALLS_PER_EPOCH))
+    cfg["training"].update(steps_per_execution=spe, instrument_every=10)
+    return cfg
+
+
+def run_id(fw: str, workers: int, batch: int, rule: str, rep: int, axis: bool) -> str:
+    tag = "_torch-ddp" if axis and fw == "torch-ddp" else ""
+    return f"local{tag}_gloo_n1_w{workers}_b{batch}_lr{rule}_r{rep}"
+
+
+def launch_argv(fw: str, cfg_path: Path, rid: str, data: Path, out: Path, axis: bool, n: int):
+    """The run's command; the target file lies beside the config (``target.json``)."""
+    run = ["--config", cfg_path, "--run-id", rid, "--data-dir", data, "--out-dir", out]
+    run += ["--target", cfg_path.parent / "target.json"]
+    if fw == "horovod-tf" or axis:
+        return [*HVD, "launch", *run, "--train-python", TRAIN_PY]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", n, "-m", "hvdscale.torchddp", *run]
+
+
+class Bench:
+    """The arms of one benchmark: a config per batch, the data, the launchers."""
+
+    def __init__(self, a, work: Path):
+        self.a, self.work = a, work
+        self.axis = framework_axis()
+        self.data = build_data(work / f"data{a.samples}", base_config(a.samples, a.epochs, [75]))
+        self.cfg_paths, self.runners = {}, {}
+        work.mkdir(parents=True, exist_ok=True)  # the study's target, as calibrate_target
+        (work / "target.json").write_text(json.dumps({"mode": "absolute", "value": a.target}))
+        for b in a.batches:
+            cfg = bench_config(a, b, self.axis)
+            path = work / f"config{a.samples}_e{a.epochs}_b{b}.json"
+            hvd("write-config", "--json", json.dumps(cfg), "--out", path)
+            for fw in FRAMEWORKS:  # the ids exist in the matrix
+                for w in (1, 2):
+                    rule = a.lr_rule_2w if w > 1 else "none"
+                    find_run(json.loads(path.read_text()), run_id(fw, w, b, rule, 0, self.axis))
+            self.cfg_paths[b] = path
+            self.runners[b] = Runner(a, path, self.data, work, a.lr_rule_2w)
+
+    def run(self, arm: str, workers: int, batch: int, rep: int) -> dict:
+        if arm == INDEPENDENT:
+            runner = self.runners[batch]
+            return runner.run_independent(batch, runner.out(Arm(INDEPENDENT, 2), batch))
+        rule = self.a.lr_rule_2w if workers > 1 else "none"
+        rid = run_id(arm, workers, batch, rule, rep, self.axis)
+        out = self.work / "runs" / arm / rid  # phase-1 ids: the same id for both
+        if out.exists():
+            shutil.rmtree(out)
+        argv = launch_argv(arm, self.cfg_paths[batch], rid, self.data, out, self.axis, workers)
+        p = start(argv, "0" if workers == 1 else None, {"OMP_NUM_THREADS": "1"})
+        wait_all([p], rid)
+        return arm_result(json.loads((out / "metrics.json").read_text()))
+
+
+def plan(rep: int) -> list[tuple[str, int]]:
+    arms = [(fw, w) for w in (1, 2) for fw in FRAMEWORKS] + [(INDEPENDENT, 2)]
+    return arms[::-1] if rep % 2 else arms
+
+
+def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list) -> dict | None:
+    t0 = time.time()
+    with Measured(f"{arm} w{w} b{batch} r{rep}") as m:
+        try:
+            r = bench.run(arm, w, batch, rep)
+        except Exception as exc:  # one failed run is reported, not fatal
+            r = {"error": str(exc)[-1500:]}
+    row = run_row(rep, batch, arm, w, r, m.fields(), time.time() - t0)
+    rows.append(row)
+    if "error" in r:
+        print(f"  r{rep} b{batch:5d} {arm:12s} w{w}: FAILED\n    {r['error'][-1500:]}", flush=True)
+        return None
+    ttt = r.get("ttt_s")
+    print(
+        f"  r{rep} b{batch:5d} {arm:12s} w{w}: {r['throughput']:9.0f} samples/s"
+        + (f", epoch {r['epoch_s']:.3f} s, TTT {ttt:.2f} s" if ttt is not None else "")
+        + (f", val {r['final_val_loss']:.4g}" if r.get("final_val_loss") is not None else "")
+        + f"  ({row['wall_s']:.0f} s, load {m.before:.2f} -> {m.after:.2f}, foreign CPU "
+        f"{m.foreign})" + ("" if row["valid"] == "true" else f"  INVALID: {row['invalid_reason']}"),
+        flush=True,
+    )
+    return {**r, "fields": m.fields()} if row["valid"] == "true" else None
+
+
+def save(a, results: dict, rows: list) -> list[dict]:
+    summary = summarise(a.batches, results, left_out_counts(rows))
+    extra = {"samples": a.samples, "epochs": a.epochs, "repeats": a.repeats}
+    extra.update(target=a.target, lr_rule_2w=a.lr_rule_2w, quick=int(a.quick))
+    for r in summary:
+        r.update(extra)
+    out = Path(a.out_dir)
+    write_csv("frameworks_runs", rows, out / "frameworks_runs.csv")
+    write_csv("frameworks", summary, out / "frameworks.csv")
+    return summary
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="paired repeats (default 3)")
+    ap.add_argument("--samples", type=int, default=40000, help="curves (75 %% train)")
+    ap.add_argument("--epochs", type=int, default=8, help="epochs per run, the first warm-up")
+    ap.add_argument("--batches", default="75,1000", help="per-worker batch sizes")
+    ap.add_argument("--target", type=float, default=0.01,
+                    help="validation-loss target of the time to target (absolute)")  # fmt: skip
+    ap.add_argument("--lr-rule-2w", choices=["none", "linear"], default="linear",
+                    help="learning-rate rule of every 2-worker run (both frameworks)")  # fmt: skip
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 repeat, 8,000 curves, 2 epochs, output in "
+                    "benchmarks/out/frameworks (figures meaningless)")  # fmt: skip
+    add_quiet_args(ap)
+    ap.add_argument("--no-ceiling-check", action="store_true",
+                    help=f"do not fail (exit 4) when the independent ceiling is above "
+                    f"{CEILING_MAX} (--quick never fails)")  # fmt: skip
+    ap.add_argument("--out-dir", default=None, help="where the two CSVs go")
+    ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "frameworks"))
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.repeats, a.samples, a.epochs = 1, 8000, 2
+        a.no_ceiling_check = True
+    a.out_dir = a.out_dir or (str(Path(a.work) / "results") if a.quick else str(RESULTS))
+    a.batches = [int(b) for b in a.batches.split(",")]
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    configure_quiet(a)
+    t_start, load0 = time.time(), load_avg()
+    warn_load(load0, "the start of bench_frameworks")
+    bench = Bench(a, Path(a.work))
+    print(
+        f"bench_frameworks: {a.samples} curves, {a.epochs} epochs (1 warm-up), batches "
+        f"{a.batches}, {a.repeats} paired repeat(s), target {a.target:g}, framework axis "
+        f"{'yes' if bench.axis else 'no (torchrun, phase-1 ids)'}, load {load0:.2f}",
+        flush=True,
+    )
+    rows: list[dict] = []
+    results: dict = {}
+    try:
+        for rep in range(a.repeats):
+            for batch in a.batches:
+                for arm, w in plan(rep):
+                    r = measure(bench, arm, w, batch, rep, rows)
+                    if r:
+                        results.setdefault(batch, {}).setdefault((arm, w), {})[rep] = r
+                save(a, results, rows)  # after every block: a stopped run keeps it
+    except NotQuiet as exc:
+        save(a, results, rows)
+        print(f"bench_frameworks stopped: {exc}", file=sys.stderr)
+        return 3
+    summary = save(a, results, rows)
+    print(f"\n{'batch':>5} {'metric':30s} {'arm':12s} {'w':>2} {'median':>10} {'95 % CI':>22}")
+    for r in summary:
+        ci = f"({r['ci_low']:.3g}-{r['ci_high']:.3g})" if r["ci_low"] is not None else "(none)"
+        med = "n/a" if r["median"] is None else f"{r['median']:.4g}"
+        print(f"{r['batch']:5d} {r['metric']:30s} {r['arm']:12s} {r['workers']!s:>2} "
+              f"{med:>10} {ci:>22} {r['note']}")  # fmt: skip
+    print(f"\nload {load0:.2f} -> {load_avg():.2f}; {time.time() - t_start:.0f} s")
+    try:
+        check_ceiling(summary)  # bench_scaling's rule: an impossible ceiling fails it
+    except CeilingError as exc:
+        print(f"bench_frameworks FAILED: {exc}", file=sys.stderr)
+        return 0 if a.no_ceiling_check else 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
