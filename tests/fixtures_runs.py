@@ -569,25 +569,6 @@ def write_two_framework_study(runs_dir: str | Path, cfg: dict, *, skip_torch=(),
     return written
 
 
-def widened_run_schema(tmp_dir: str | Path) -> Path | None:
-    """Until the run-id pattern of workflow/schemas/run.schema.json knows the framework
-    token (helper 'axis' of issue 19), a copy that does, for the tests of torch-ddp
-    records; None where the installed schema already accepts them."""
-    import jsonschema
-
-    schema = run_schema()
-    probe = "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
-    pattern = schema["properties"]["run_id"]["pattern"]
-    if jsonschema.Draft202012Validator({"pattern": pattern}).is_valid(probe):
-        return None
-    schema["properties"]["run_id"]["pattern"] = pattern.replace(
-        "^[a-z][a-z0-9-]{0,31}_", "^[a-z][a-z0-9-]{0,31}_(torch-ddp_)?", 1
-    )
-    path = Path(tmp_dir) / "run.schema.json"
-    path.write_text(json.dumps(schema))
-    return path
-
-
 # ----------------------------------------------------------------------------- writing
 
 

@@ -92,3 +92,19 @@ def test_report_overview_says_it():
     d = _Doc()
     title_section(d, SimpleNamespace(info=info, status=status, cfg=None))
     assert not any("K80" in p for p in d.paragraphs)
+
+
+def test_torch_ddp_on_a_gpu_partition_says_the_cpu_build_and_the_unmeasured_nccl_path():
+    from hvdscale.gpu_support import gpu_support_notes
+
+    parts = {
+        "alpha": {"gpus_per_node": 8, "gpu_model": "A100", "cores_per_node": 48},
+        "local": {"gpus_per_node": 0, "cores_per_node": 2},
+    }
+    sweep = {"partitions": ["alpha", "local"], "frameworks": ["horovod-tf", "torch-ddp"]}
+    cfg = {"scaling": {"partitions": parts, "sweeps": [sweep]}}
+    (note,) = gpu_support_notes(cfg)
+    assert "alpha" in note and "local" not in note
+    assert "CPU build" in note and "unmeasured" in note
+    sweep["frameworks"] = ["horovod-tf"]
+    assert gpu_support_notes(cfg) == []

@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from hvdscale.analysis import records
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
@@ -37,19 +36,6 @@ HVD = "horovod-tf"
 needs_poppler = pytest.mark.skipif(
     shutil.which("pdftotext") is None, reason="poppler-utils not installed"
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_run_ids(tmp_path_factory):
-    """Validate against a run schema whose run-id pattern knows the framework token
-    (until helper 'axis' of issue 19 widens workflow/schemas/run.schema.json)."""
-    path = F.widened_run_schema(tmp_path_factory.mktemp("schema"))
-    init = records.RecordValidator.__init__
-    saved = init.__defaults__
-    if path is not None:
-        init.__defaults__ = (path,)
-    yield
-    init.__defaults__ = saved
 
 
 def small_config(repeats: int = 3) -> dict:

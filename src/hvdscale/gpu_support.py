@@ -62,4 +62,26 @@ def gpu_support_notes(cfg: dict) -> list[str]:
             "environment: (deployment env-modules or conda) in a config for select "
             f"'partition={name}', or drop {name} from the sweeps."
         )
-    return notes
+    return notes + torch_gpu_notes(cfg, parts)
+
+
+def torch_gpu_notes(cfg: dict, parts: dict) -> list[str]:
+    """torch-ddp on GPU partitions: the train env's torch is the CPU build (issue 19), and
+    the NCCL path is untested on a GPU here."""
+    swept = dict.fromkeys(
+        name
+        for s in cfg.get("scaling", {}).get("sweeps", [])
+        if "torch-ddp" in (s.get("frameworks") or [])
+        for name in s["partitions"]
+        if is_gpu_partition(parts.get(name, {}))
+    )
+    if not swept:
+        return []
+    names = ", ".join(swept)
+    return [
+        f"torch-ddp on GPU partition(s) {names}: the train env's torch 2.13.0 is the CPU "
+        "build, so give these runs the site's CUDA build of PyTorch through environment: "
+        "(env-modules or conda) or they fail at the first NCCL call. hvdscale's torch-ddp "
+        "NCCL path is not yet tested on a GPU, and its multi-GPU scaling is unmeasured "
+        "(docs/performance.md)."
+    ]

@@ -92,7 +92,7 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
     if per_host != want or len(blocks) != len(order):
         problems.append(f"ranks per host {dict(zip(order, per_host))}, sequential fill is {want}")
     kinds = Counter("GPU" if str(d).startswith("GPU") else "CPU" for d in devices)
-    entry = backends.get(backend)
+    entry = backends.get(backend, cfg.get("framework") or backends.DEFAULT_FRAMEWORK)
     if entry.needs_gpu and kinds.get("CPU"):
         problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
     controller = cfg.get("controller")
