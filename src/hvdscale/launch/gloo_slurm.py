@@ -200,6 +200,22 @@ def rendezvous_address(hosts: list[str]) -> str:
 # =========================================================================== launch spec
 
 
+def job_hosts(job, hosts: list[str] | None) -> list[str]:
+    """The job's first ``job.nodes`` host names (given, from SLURM, or this host for one
+    node), checked against the slot plan; UserError without a host list or a fitting plan."""
+    if not hosts:
+        hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
+    if not hosts:
+        raise UserError(
+            f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
+            "(SLURM_JOB_NODELIST, SLURM_NODELIST or squeue -j $SLURM_JOB_ID) "
+            "or pass --hosts host1,host2,..."
+        )
+    hosts = [h.partition(":")[0] for h in hosts][: job.nodes]
+    slot_plan(job.workers, job.workers_per_node, hosts)  # raises when it does not fit
+    return hosts
+
+
 def build_gloo_srun(
     *,
     job,
@@ -215,16 +231,7 @@ def build_gloo_srun(
     ``env`` is the launcher's environment for the ranks (HOROVOD_* of the backend, ...);
     the rendezvous port is filled in by :func:`rendezvous_for` when the run starts.
     """
-    if not hosts:
-        hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
-    if not hosts:
-        raise UserError(
-            f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
-            "(SLURM_JOB_NODELIST, SLURM_NODELIST or squeue -j $SLURM_JOB_ID) "
-            "or pass --hosts host1,host2,..."
-        )
-    hosts = [h.partition(":")[0] for h in hosts][: job.nodes]
-    slot_plan(job.workers, job.workers_per_node, hosts)  # raises when it does not fit
+    hosts = job_hosts(job, hosts)
     env = dict(env)
     env.update(
         {
@@ -288,16 +295,7 @@ def build_torch_srun(
     SLURM_NODEID/SLURM_LOCALID must match). The rendezvous is torch's own env:// store on
     rank 0: MASTER_ADDR the job's first host, MASTER_PORT from the job id (no ssh, no
     server next to the launcher)."""
-    if not hosts:
-        hosts = slurm_hostnames() if job.nodes > 1 else [socket.gethostname().split(".")[0]]
-    if not hosts:
-        raise UserError(
-            f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
-            "(SLURM_JOB_NODELIST, SLURM_NODELIST or squeue -j $SLURM_JOB_ID) "
-            "or pass --hosts host1,host2,..."
-        )
-    hosts = [h.partition(":")[0] for h in hosts][: job.nodes]
-    slot_plan(job.workers, job.workers_per_node, hosts)  # raises when it does not fit
+    hosts = job_hosts(job, hosts)
     env = dict(env)
     env.update(
         {
