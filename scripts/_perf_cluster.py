@@ -61,6 +61,11 @@ def block_slurm_arrays(res: Path) -> str:
     out += (
         "\nJobs of one shape take the whole node here, so they run one after another: "
         "*job run* is a job's StartTime to EndTime, *idle gap* the time between one job's "
-        "end and the next one's start (SLURM's times, whole seconds).\n"
+        "end and the next one's start (SLURM's times, whole seconds). Why an array task "
+        "runs longer: its batch script starts Snakemake three times, a job of its own "
+        "twice (three and two Snakemake banners in their SLURM logs). The plugin's array "
+        "script runs the slurm-jobstep executor for the array's first job, which "
+        "decompresses this task's own command: a second jobstep Snakemake, which then "
+        "starts the rule under `srun` (the third). A job of its own skips the first.\n"
     )
     return out + "\n" + provenance(rows, "bench_slurm_arrays")
