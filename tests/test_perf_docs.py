@@ -144,3 +144,27 @@ def test_no_hand_typed_figures_outside_the_generated_blocks():
         r"\d+\.\d+|\d[\d,]* ?%|\d+(?:\.\d+)? ?x\b|\d[\d,]* ?samples/s|\d+ ?ms\b", text
     )
     assert not figures, f"hand-typed figures outside generated blocks: {figures}"
+
+
+def test_the_frameworks_reading_comes_from_valid_rows_only():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import _perf_frameworks as pf
+
+    def row(metric, arm, workers, median, valid="true"):
+        return {"batch": "75", "metric": metric, "arm": arm, "workers": str(workers),
+                "median": str(median), "valid": valid, "load_before": "0.1",
+                "foreign_cpu": "0.0"}  # fmt: skip
+
+    rows = [
+        row("ratio_epoch_torch_vs_horovod", "torch-ddp", 1, 2.5),
+        row("ratio_epoch_torch_vs_horovod", "torch-ddp", 2, 0.8),
+        row("speedup_epoch", "horovod-tf", 2, 0.3),
+        row("speedup_epoch", "torch-ddp", 2, 0.7),
+        row("sync_allreduce_s", "horovod-tf", 2, 0.004),
+        row("sync_allreduce_s", "torch-ddp", 2, 0.003),
+        row("sync_exposed_s", "torch-ddp", 2, 0.0015),
+    ]
+    text = pf._reading(rows)
+    assert "2.50x" in text and "0.70 for DDP against 0.30" in text and "hides 50 %" in text
+    rows[-1]["valid"] = "false"  # an invalid row gives no sentence
+    assert pf._reading(rows) == ""
