@@ -173,7 +173,7 @@ def prepare(a, work: Path) -> tuple[Path, Path]:
         raise Unfit(
             f"no data in {data} and no pandera here to validate new shards: run "
             f"`.venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only --samples "
-            f"{a.samples}` on the CPU machine and bring {work.relative_to(ROOT)} along"
+            f"{a.samples} --work {work}` on the CPU machine and bring that folder along"
         )
     dcfg = work / "data.json"
     dcfg.write_text(json.dumps({"seed": cfg["seed"], "data": cfg["data"]}))

@@ -3,14 +3,14 @@ GPU per rank, the Horovod trainer's pinning), the CPU with ``gloo``; and the dev
 helpers the steps need (``synchronize`` at timing boundaries, the record's device name).
 
 ``choose_device`` is a pure function of the backend, the local rank and what torch finds
-(a CUDA build, the number of visible GPUs), so that its errors are tested on a CPU.
+(``CudaFacts``: a CUDA build, the number of visible GPUs) that returns the device's name
+(``torch.device(name)``), so that it and its errors are tested on a CPU without torch;
+torch is imported only by the helpers that need it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from hvdscale.errors import UserError
 
@@ -26,15 +26,17 @@ class CudaFacts:
 
     @classmethod
     def probe(cls) -> CudaFacts:
+        import torch  # reason: the train env only
+
         available = bool(torch.cuda.is_available())
         return cls(torch.__version__, available, torch.cuda.device_count() if available else 0)
 
 
-def choose_device(backend: str, local_rank: int, run_id: str, cuda: CudaFacts) -> torch.device:
-    """``cuda:{local_rank}`` for ``nccl``, the CPU for ``gloo``; a UserError naming the run,
+def choose_device(backend: str, local_rank: int, run_id: str, cuda: CudaFacts) -> str:
+    """``cuda:{local_rank}`` for ``nccl``, ``cpu`` for ``gloo``; a UserError naming the run,
     the backend and what was found when nccl has no GPU for this rank."""
     if backend == "gloo":
-        return torch.device("cpu")
+        return "cpu"
     if backend != "nccl":
         raise UserError(f"run {run_id}: torch-ddp backend {backend!r}; expected gloo or nccl")
     if not cuda.available or cuda.count <= local_rank:
@@ -45,28 +47,40 @@ def choose_device(backend: str, local_rank: int, run_id: str, cuda: CudaFacts) -
             + ("" if cuda.available else " (torch.cuda.is_available() is False)")
             + "; run gloo on CPU partitions (scaling.sweeps[].backends)"
         )
-    return torch.device("cuda", local_rank)
+    return f"cuda:{local_rank}"
 
 
-def bind_device(device: torch.device) -> None:
-    """Make ``device`` this process's current CUDA device (before init_process_group, so
-    that NCCL's communicator and the object collectives use this rank's GPU)."""
+def bind_device(device) -> None:
+    """Make ``device`` (a torch.device) this process's current CUDA device (before
+    init_process_group, so that NCCL's communicator and the object collectives use this
+    rank's GPU)."""
     if device.type == "cuda":
+        import torch  # reason: the train env only
+
         torch.cuda.set_device(device)
 
 
-def synchronizer(device: torch.device):
-    """A function that waits for the device's queued work: ``torch.cuda.synchronize`` on
-    a GPU, a no-op on the CPU (whose ops have finished when they return)."""
+def synchronizer(device):
+    """A function that waits for the device's (a torch.device) queued work:
+    ``torch.cuda.synchronize`` on a GPU, a no-op on the CPU (whose ops have finished when
+    they return)."""
     if device.type == "cuda":
+        import torch  # reason: the train env only
+
         return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+    return _no_sync
 
 
-def device_label(device: torch.device) -> str:
-    """The record's name of the device, as the Horovod trainer writes it:
+def _no_sync() -> None:
+    return None
+
+
+def device_label(device) -> str:
+    """The record's name of the device (a torch.device), as the Horovod trainer writes it:
     ``GPU:{index} ({name})`` or ``CPU:0`` (``labelproof`` counts GPU vs CPU by the prefix)."""
     if device.type == "cuda":
+        import torch  # reason: the train env only
+
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"GPU:{index} ({torch.cuda.get_device_name(index)})"
     return "CPU:0"

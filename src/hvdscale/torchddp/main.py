@@ -99,7 +99,9 @@ def train_rank(args, out_dir: Path) -> int:
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
     torch.set_num_threads(int(tcfg["threads_per_worker"]))
     check_backend(run_, args.backend)
-    device = choose_device(run_.backend, r["local_rank"], run_.run_id, CudaFacts.probe())
+    device = torch.device(
+        choose_device(run_.backend, r["local_rank"], run_.run_id, CudaFacts.probe())
+    )
     worker = TorchWorker.init(run_.backend, device)  # nccl: set_device, then the group
     check_worker_count(run_, worker)
     log = root_logger(worker)
