@@ -94,7 +94,9 @@ def check_cuda() -> str:
 
 def sweep_config(a) -> dict:
     """A small study: partition ``gpu`` (1 GPU per node), torch-ddp over nccl, 1 worker,
-    every batch size, no LR scaling, exactly ``epochs`` epochs, no checkpoints."""
+    every batch size, no LR scaling, exactly ``epochs`` epochs, no checkpoints
+    (``--backend gloo``: partition ``cpu`` without GPUs, for a smoke test on a CPU)."""
+    gpus = 1 if a.backend == "nccl" else 0
     return {
         "seed": 20240601,
         "data": {
@@ -116,8 +118,8 @@ def sweep_config(a) -> dict:
         },
         "scaling": {
             "partitions": {
-                PARTITION: {
-                    "gpus_per_node": 1,
+                partition(a.backend): {
+                    "gpus_per_node": gpus,
                     "cores_per_node": 16,
                     "mem_mb_per_node": 64000,
                     "runtime_min": 30,
@@ -126,9 +128,9 @@ def sweep_config(a) -> dict:
             "sweeps": [
                 {
                     "name": "gpu-batch",
-                    "partitions": [PARTITION],
+                    "partitions": [partition(a.backend)],
                     "workers": [1],
-                    "backends": ["nccl"],
+                    "backends": [a.backend],
                     "frameworks": ["torch-ddp"],
                     "batch_sizes": list(a.batches),
                     "lr_rules": ["none"],
@@ -138,8 +140,12 @@ def sweep_config(a) -> dict:
     }
 
 
-def run_id(batch: int) -> str:
-    return f"{PARTITION}_torch-ddp_nccl_n1_w1_b{batch}_lrnone_r0"
+def partition(backend: str) -> str:
+    return PARTITION if backend == "nccl" else "cpu"
+
+
+def run_id(batch: int, backend: str = "nccl") -> str:
+    return f"{partition(backend)}_torch-ddp_{backend}_n1_w1_b{batch}_lrnone_r0"
 
 
 def env() -> dict:
@@ -163,7 +169,7 @@ def prepare(a, work: Path) -> tuple[Path, Path]:
     work.mkdir(parents=True, exist_ok=True)
     cfg = validate_config(sweep_config(a))
     for b in a.batches:
-        find_run(cfg, run_id(b))  # the ids exist in the matrix
+        find_run(cfg, run_id(b, a.backend))  # the ids exist in the matrix
     cfg_path = work / "config.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
     data = work / f"data{a.samples}"
@@ -189,14 +195,14 @@ def prepare(a, work: Path) -> tuple[Path, Path]:
     return cfg_path, data
 
 
-def run_one(cfg_path: Path, data: Path, work: Path, batch: int, timeout: float) -> dict:
+def run_one(a, cfg_path: Path, data: Path, batch: int) -> dict:
     """One training run (one rank on cuda:0); its record."""
-    rid = run_id(batch)
-    out = work / "runs" / rid
+    rid = run_id(batch, a.backend)
+    out = a.work / "runs" / rid
     argv = [sys.executable, "-m", "hvdscale.torchddp", "--config", cfg_path, "--run-id", rid,
-            "--data-dir", data, "--out-dir", out, "--backend", "nccl"]  # fmt: skip
+            "--data-dir", data, "--out-dir", out, "--backend", a.backend]  # fmt: skip
     r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env(),
-                       timeout=timeout)  # fmt: skip
+                       timeout=a.run_timeout)  # fmt: skip
     if r.returncode:
         raise RuntimeError(f"{rid}: exit {r.returncode}\n{(r.stdout + r.stderr)[-2000:]}")
     return json.loads((out / "metrics.json").read_text())
@@ -242,6 +248,8 @@ def parse_args(argv):
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--prepare-only", action="store_true",
                     help="build config and data (workflow env, no GPU needed) and stop")  # fmt: skip
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                    help="gloo: the same sweep on the CPU (a smoke test of the script)")  # fmt: skip
     add_quiet_args(ap)
     return ap.parse_args(argv)
 
@@ -249,10 +257,11 @@ def parse_args(argv):
 @quiet_main
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if not a.prepare_only:
+    gpu = "none (gloo on the CPU)"
+    if not a.prepare_only and a.backend == "nccl":
         gpu = check_cuda()
-        if missing_modules():
-            raise Unfit(f"the torch trainer needs the modules {missing_modules()} (missing)")
+    if not a.prepare_only and missing_modules():
+        raise Unfit(f"the torch trainer needs the modules {missing_modules()} (missing)")
     cfg_path, data = prepare(a, a.work)
     if a.prepare_only:
         print(f"prepared {cfg_path} and {data}", flush=True)
@@ -265,7 +274,7 @@ def main(argv=None) -> int:
     for b in a.batches:
         t0 = time.time()
         with Measured(f"torch-ddp nccl b{b}") as m:
-            rec = run_one(cfg_path, data, a.work, b, a.run_timeout)
+            rec = run_one(a, cfg_path, data, b)
         row = {**row_of(b, rec), **m.fields(), "wall_s": round(time.time() - t0, 1)}
         rows.append(row)
         print(f"  b{b:5d}: epoch {row['epoch_s']:.3f} s, {row['throughput']:9.0f} samples/s, "
@@ -273,7 +282,8 @@ def main(argv=None) -> int:
     ratio = add_ratio(rows)
     print(f"epoch time ratio 75 -> 1000: {ratio} (reference study: about 7x)", flush=True)
     common = {"machine": f"{machine()}, GPU {gpu}"}
-    write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], a.out)
+    out = a.out or (a.work / "gpu_batch_sweep_gloo.csv" if a.backend == "gloo" else None)
+    write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], out)
     return 0
 
 

@@ -171,3 +171,28 @@ def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_pat
     assert [r["epoch_ratio_75_to_1000"] for r in rows] == [3.5, 3.5]
     assert sweep.add_ratio([{"batch": 75, "epoch_s": 1.0}]) is None
     json.dumps(cfg)  # the snapshot the runs read
+
+
+@pytest.mark.slow
+@needs_cpu_torch
+def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
+    """The script's plumbing (prepare in the workflow env, the runs in the train env, the
+    record's figures, the CSV) with the gloo backend; on a GPU it is the same with nccl."""
+    work, csv = tmp_path / "w", tmp_path / "sweep.csv"
+    common = ["--backend", "gloo", "--work", str(work), "--samples", "2000", "--epochs", "2",
+              "--batches", "75,1000"]  # fmt: skip
+    r = subprocess.run([sys.executable, str(SWEEP), "--prepare-only", *common],
+                       capture_output=True, text=True, env=train_env(), timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    cmd = [str(TRAIN_PY), str(SWEEP), *common, "--out", str(csv), "--max-load", "100"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import csv as csvmod
+
+    rows = list(csvmod.DictReader(csv.open()))
+    assert [int(x["batch"]) for x in rows] == [75, 1000]
+    for x in rows:
+        assert x["status"] == "completed" and x["device"] == "CPU:0" and x["commit"]
+        assert float(x["epoch_s"]) > 0 and float(x["throughput"]) > 0 and x["load_before"]
+    ratio = float(rows[0]["epoch_s"]) / float(rows[1]["epoch_s"])
+    assert float(rows[0]["epoch_ratio_75_to_1000"]) == pytest.approx(ratio, rel=1e-4)
