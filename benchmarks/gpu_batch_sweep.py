@@ -247,9 +247,9 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, default=None, help="CSV (default: benchmarks/results)")
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--prepare-only", action="store_true",
-                    help="build config and data (workflow env, no GPU needed) and stop")  # fmt: skip
+                    help="build config and data (workflow env, no GPU) and stop")  # fmt: skip
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
-                    help="gloo: the same sweep on the CPU (a smoke test of the script)")  # fmt: skip
+                    help="gloo: the same sweep on the CPU (a smoke test)")  # fmt: skip
     add_quiet_args(ap)
     return ap.parse_args(argv)
 
