@@ -133,7 +133,9 @@ class TorchWorker(WorkerInfo):
 
     def barrier(self, name: str = "barrier") -> None:
         if self.distributed:
-            self.dist.barrier()
+            on_gpu = self.device is not None and self.device.type == "cuda"
+            # nccl: the barrier's dummy allreduce on this rank's GPU, not a guessed one
+            self.dist.barrier(device_ids=[self.device.index] if on_gpu else None)
 
     def shutdown(self) -> None:
         """Wait for every rank, then leave the process group (every rank, at the end;
