@@ -27,6 +27,7 @@ carry it (benchmarks/out/ is not tracked):
   .venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only      # CPU machine
   PYTHONPATH=src python3 benchmarks/gpu_batch_sweep.py               # GPU machine
       [--batches 75,150,300,600,1000,2000,5000] [--epochs 4] [--samples 16000]
+      [--commit SHA]  (the tree copied to the GPU machine may have no .git)
 
 The torch trainer imports numpy, torch, h5py, PyYAML and jsonschema (config and record
 validation), and psutil only for CPU utilisation; neither TensorFlow nor Horovod.
@@ -248,6 +249,8 @@ def parse_args(argv):
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--prepare-only", action="store_true",
                     help="build config and data (workflow env, no GPU) and stop")  # fmt: skip
+    ap.add_argument("--commit", default=None,
+                    help="the commit column (a copied tree without .git)")  # fmt: skip
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
                     help="gloo: the same sweep on the CPU (a smoke test)")  # fmt: skip
     add_quiet_args(ap)
@@ -281,7 +284,7 @@ def main(argv=None) -> int:
               f"util {row['gpu_util_mean']}", flush=True)  # fmt: skip
     ratio = add_ratio(rows)
     print(f"epoch time ratio 75 -> 1000: {ratio} (reference study: about 7x)", flush=True)
-    common = {"machine": f"{machine()}, GPU {gpu}"}
+    common = {"machine": f"{machine()}, GPU {gpu}", **({"commit": a.commit} if a.commit else {})}
     out = a.out or (a.work / "gpu_batch_sweep_gloo.csv" if a.backend == "gloo" else None)
     write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], out)
     return 0

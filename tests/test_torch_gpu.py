@@ -180,7 +180,7 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     record's figures, the CSV) with the gloo backend; on a GPU it is the same with nccl."""
     work, csv = tmp_path / "w", tmp_path / "sweep.csv"
     common = ["--backend", "gloo", "--work", str(work), "--samples", "2000", "--epochs", "2",
-              "--batches", "75,1000"]  # fmt: skip
+              "--batches", "75,1000", "--commit", "abc123"]  # fmt: skip
     r = subprocess.run([sys.executable, str(SWEEP), "--prepare-only", *common],
                        capture_output=True, text=True, env=train_env(), timeout=240)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
@@ -192,7 +192,7 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     rows = list(csvmod.DictReader(csv.open()))
     assert [int(x["batch"]) for x in rows] == [75, 1000]
     for x in rows:
-        assert x["status"] == "completed" and x["device"] == "CPU:0" and x["commit"]
+        assert x["status"] == "completed" and x["device"] == "CPU:0" and x["commit"] == "abc123"
         assert float(x["epoch_s"]) > 0 and float(x["throughput"]) > 0 and x["load_before"]
     ratio = float(rows[0]["epoch_s"]) / float(rows[1]["epoch_s"])
     assert float(rows[0]["epoch_ratio_75_to_1000"]) == pytest.approx(ratio, rel=1e-4)
