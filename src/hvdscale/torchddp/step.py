@@ -25,11 +25,13 @@ record):
   callback on the inner hook's future takes the second ``perf_counter``; for the fp16
   hook after its decompression). DDP waits for the callback's future at the end of the
   backward pass, so every bucket's time is in before ``backward()`` returns. The time
-  includes waiting for the slower rank. The wrapper is a Python hook on every plain
-  step (DDP allows one hook per model, for the whole run), in place of DDP's built-in
-  C++ allreduce: the same allreduce and division, plus two clock reads and a callback
-  per bucket. The epoch field is the median over the epoch's plain steps that
-  synchronise (with ``backward_passes_per_step`` k > 1, every k-th).
+  includes waiting for the slower rank. On a GPU (nccl) the two clock reads are CUDA
+  events instead, read at the end of the block (``CommHookTimer``: NCCL's future
+  completes when the allreduce is enqueued, not when it has run). The wrapper is a
+  Python hook on every plain step (DDP allows one hook per model, for the whole run),
+  in place of DDP's built-in C++ allreduce: the same allreduce and division, plus two
+  clock reads and a callback per bucket. The epoch field is the median over the epoch's
+  plain steps that synchronise (with ``backward_passes_per_step`` k > 1, every k-th).
 * ``step_s_no_comm``: the same step without any communication, per timed step: its
   data + compute + update phases, i.e. the timed step without its sync phase. The
   timed step *is* a DDP step under ``no_sync`` (forward and backward with no
@@ -86,21 +88,32 @@ class CommHookTimer:
     ready bucket; ``end_step()`` after a step's backward pass adds the step's sum over
     buckets to ``samples`` (see the module docstring for what is timed).
 
-    The clocks are host clocks. On the CPU (gloo) the allreduce runs on gloo's threads and
-    the future completes when the reduced bucket is in memory. On a GPU (nccl) the hook
-    enqueues the allreduce on NCCL's stream and its future completes when that stream's
-    work has finished (torch marks the work complete on a CUDA event), so a bucket's time
-    is from the host enqueuing it to the GPU finishing it: it includes waiting behind the
-    backward kernels queued before it and for the slower rank, not only the transfer."""
+    On the CPU (gloo) the clocks are host clocks: the allreduce runs on gloo's threads and
+    the future completes when the reduced bucket is in memory. On a GPU (nccl, ``cuda``)
+    host clocks would measure nothing useful: ProcessGroupNCCL marks a collective's future
+    complete as soon as the allreduce is *enqueued* on NCCL's stream (the future carries
+    CUDA events; ``then()`` callbacks run at once, on streams that wait for those events),
+    so the host sees only the launch cost. There the timer uses CUDA events instead: one
+    recorded on the compute stream when DDP calls the hook (it fires when the bucket's
+    gradients are computed), one recorded in the ``then()`` callback (it fires when the
+    allreduce and the hook's division have run on the GPU). A bucket's time is the GPU
+    time between them: the allreduce including waiting for the slower rank, the GPU-side
+    counterpart of the CPU definition. The events are read after the block's
+    ``synchronize`` (``flush``), so timing adds no per-step host stall."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, cuda: bool = False):
         self.inner = inner
+        self.cuda = bool(cuda)
         self.step_s = 0.0
         self.buckets = 0
         self.samples: list[float] = []
+        self._events: list = []  # CUDA: this step's (start, end) event pairs
+        self._pending: list[list] = []  # CUDA: finished steps' pairs, read by flush()
         self._lock = threading.Lock()  # the callback runs on the backend's thread
 
     def hook(self, state, bucket):  # DDP checks the name "bucket"; no annotations
+        if self.cuda:
+            return self._cuda_hook(state, bucket)
         t0 = time.perf_counter()
         fut = self.inner(state, bucket)
 
@@ -113,8 +126,35 @@ class CommHookTimer:
 
         return fut.then(done)
 
+    def _cuda_hook(self, state, bucket):
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()  # the compute stream: fires when the bucket's gradients are done
+        fut = self.inner(state, bucket)
+
+        def done(f):
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()  # this callback's stream waits for the allreduce's events
+            with self._lock:
+                self._events.append((start, end))
+            return f.value()
+
+        return fut.then(done)
+
+    def flush(self) -> None:
+        """CUDA: turn the finished steps' event pairs into ``samples`` (seconds, sum over
+        buckets); call after ``torch.cuda.synchronize`` (the events have fired)."""
+        with self._lock:
+            for pairs in self._pending:
+                self.samples.append(sum(a.elapsed_time(b) for a, b in pairs) / 1000.0)
+            self._pending = []
+
     def end_step(self) -> None:
         with self._lock:
+            if self.cuda:
+                if self._events:
+                    self._pending.append(self._events)
+                self._events = []
+                return
             if self.buckets:
                 self.samples.append(self.step_s)
             self.step_s, self.buckets = 0.0, 0
@@ -146,7 +186,10 @@ class TorchStepProgram:
         self.ddp = DistributedDataParallel(self.net, device_ids=ids)  # no buffers to sync
         self.hook_timer: CommHookTimer | None = None
         if worker.distributed:
-            self.hook_timer = CommHookTimer(default_hook(training["horovod"]["compression"]))
+            self.hook_timer = CommHookTimer(
+                default_hook(training["horovod"]["compression"]),
+                cuda=self.device.type == "cuda",
+            )
             self.ddp.register_comm_hook(None, self.hook_timer.hook)
         self.bpps = int(training["horovod"]["backward_passes_per_step"])
         self.batch = int(batch)
@@ -276,6 +319,8 @@ class TorchStepProgram:
         for j in range(start, start + n):
             step(j)
         self.sync()
+        if self.hook_timer is not None:
+            self.hook_timer.flush()  # CUDA: read the comm-hook events (CPU: nothing)
         return 0.0
 
     def epoch_results(self) -> tuple[float, np.ndarray]:
