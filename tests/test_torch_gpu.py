@@ -196,3 +196,25 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
         assert float(x["epoch_s"]) > 0 and float(x["throughput"]) > 0 and x["load_before"]
     ratio = float(rows[0]["epoch_s"]) / float(rows[1]["epoch_s"])
     assert float(rows[0]["epoch_ratio_75_to_1000"]) == pytest.approx(ratio, rel=1e-4)
+
+
+@needs_cpu_torch
+def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
+    """On a GPU the hook's times are CUDA event pairs (NCCL futures complete at enqueue);
+    they are summed per step and read after the block's synchronize. Fake events here."""
+    code = (
+        "from hvdscale.torchddp.step import CommHookTimer\n"
+        "class E:\n"
+        "    def __init__(self, ms): self.ms = ms\n"
+        "    def elapsed_time(self, other): return other.ms - self.ms\n"
+        "t = CommHookTimer(None, cuda=True)\n"
+        "t._events += [(E(0), E(2)), (E(1), E(4))]\n"
+        "t.end_step(); t.end_step()\n"
+        "assert t.samples == [], t.samples\n"
+        "t.flush()\n"
+        "assert t.samples == [0.005], t.samples\n"
+        "t.flush(); assert t.samples == [0.005]\n"
+    )
+    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
+                       env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
