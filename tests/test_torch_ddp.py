@@ -270,10 +270,13 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     assert rec["config"]["framework"] == "torch-ddp" and rec["config"]["launcher"] == launcher
     assert rec["config"]["controller"] == "gloo" and rec["environment"]["torch"].startswith("2.")
     assert rec["environment"]["tensorflow"] == "none" == rec["environment"]["horovod"]
+    assert rec["environment"]["devices"] == ["CPU:0"] * workers  # gloo: on the CPU
+    assert rec["environment"]["torch_cuda"] is None and rec["config"]["data_in_device_memory"]
     proof = rec["label_proof"]
     assert proof["ok"], proof["problems"]
     assert proof["process_group_backend"] == "gloo"
     assert proof["process_group_world_size"] == proof["world_size"] == workers
+    assert proof["devices"] == {"CPU": workers} and proof["nccl_version"] is None
     assert len(proof["hosts"]) == 1 and sum(proof["ranks_per_host"].values()) == workers
     assert rec["config"]["timeline_steps"] == 0 and rec["timeline"] is None  # none recorded
     assert rec["initial_weights_sha256"] and rec["summary"]["final_test_loss"] is not None

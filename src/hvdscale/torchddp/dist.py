@@ -60,16 +60,22 @@ class TorchWorker(WorkerInfo):
 
     dist: Any = None
     backend: str = "gloo"
+    device: Any = None  # torch.device of this rank (cuda:LOCAL_RANK with nccl), None: CPU
 
     @property
     def distributed(self) -> bool:
         return self.dist is not None and self.size > 1
 
     @classmethod
-    def init(cls, backend: str = "gloo") -> TorchWorker:  # type: ignore[override]
-        """Join (or, started directly, create) the process group with ``backend``."""
+    def init(cls, backend: str = "gloo", device=None) -> TorchWorker:  # type: ignore[override]
+        """Join (or, started directly, create) the process group with ``backend``; with a
+        CUDA ``device`` (``device.choose_device``) it becomes the current device first."""
         import torch.distributed as dist  # reason: torch lives in the train env only
 
+        from hvdscale.torchddp.device import bind_device  # reason: imports torch
+
+        if device is not None:
+            bind_device(device)
         r = torch_rank_env()
         timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
         if "MASTER_ADDR" in os.environ and "RANK" in os.environ:
@@ -90,6 +96,7 @@ class TorchWorker(WorkerInfo):
             controller=str(dist.get_backend()),
             dist=dist,
             backend=str(dist.get_backend()),
+            device=device,
         )
 
     # ------------------------------------------------------------------ collectives
@@ -104,8 +111,10 @@ class TorchWorker(WorkerInfo):
         ops = {"sum": self.dist.ReduceOp.SUM, "average": self.dist.ReduceOp.SUM}
         ops.update(min=self.dist.ReduceOp.MIN, max=self.dist.ReduceOp.MAX)
         t = torch.from_numpy(arr.copy())
+        if self.device is not None:  # nccl reduces device tensors only
+            t = t.to(self.device)
         self.dist.all_reduce(t, op=ops[op])
-        out = t.numpy().astype(np.float64)
+        out = t.cpu().numpy().astype(np.float64)
         return out / self.size if op == "average" else out
 
     def allgather_object(self, obj, name: str | None = None) -> list:
@@ -124,7 +133,9 @@ class TorchWorker(WorkerInfo):
 
     def barrier(self, name: str = "barrier") -> None:
         if self.distributed:
-            self.dist.barrier()
+            on_gpu = self.device is not None and self.device.type == "cuda"
+            # nccl: the barrier's dummy allreduce on this rank's GPU, not a guessed one
+            self.dist.barrier(device_ids=[self.device.index] if on_gpu else None)
 
     def shutdown(self) -> None:
         """Wait for every rank, then leave the process group (every rank, at the end;

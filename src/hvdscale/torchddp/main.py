@@ -43,6 +43,7 @@ from hvdscale.runrecord import (
     write_run_outputs,
 )
 from hvdscale.runtable import find_run
+from hvdscale.torchddp.device import CudaFacts, choose_device, device_label
 from hvdscale.torchddp.dist import TorchWorker, detect_torch_launcher, torch_rank_env
 from hvdscale.torchddp.net import TorchOptimisation
 from hvdscale.torchddp.step import TorchStepProgram
@@ -98,17 +99,22 @@ def train_rank(args, out_dir: Path) -> int:
     bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
     torch.set_num_threads(int(tcfg["threads_per_worker"]))
     check_backend(run_, args.backend)
-    worker = TorchWorker.init(run_.backend)
+    device = torch.device(
+        choose_device(run_.backend, r["local_rank"], run_.run_id, CudaFacts.probe())
+    )
+    worker = TorchWorker.init(run_.backend, device)  # nccl: set_device, then the group
     check_worker_count(run_, worker)
     log = root_logger(worker)
     log(
         f"{run_.run_id}: {worker.size} rank(s), torch {torch.__version__} DDP over "
-        f"{worker.backend}, {torch.get_num_threads()} thread(s)"
+        f"{worker.backend} on {device_label(device)}, {torch.get_num_threads()} thread(s)"
         + (f", bound to cores {bound}" if bound else "")
     )
     fault = announce_fault(FaultDelay.from_env())
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
-    optim = TorchOptimisation.build(cfg, run_.lr_rule, worker.size, data.steps, run_.seed)
+    optim = TorchOptimisation.build(
+        cfg, run_.lr_rule, worker.size, data.steps, run_.seed, device=device
+    )
     chash = config_hash(cfg)
     checkpointer = Checkpointer(
         out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, run_.seed
@@ -153,6 +159,7 @@ def train_rank(args, out_dir: Path) -> int:
     )  # fmt: skip
     record["config"]["framework"] = FRAMEWORK
     record["config"]["timeline_steps"] = 0  # a Horovod timeline: torch-ddp records none
+    record["config"]["data_in_device_memory"] = True  # torch-ddp: always on the rank's device
     record["label_proof"] = label_proof(record, proof_extra)
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")
@@ -221,8 +228,9 @@ def label_proof(record: dict, facts: dict) -> dict:
 
 
 def describe_environment(worker: TorchWorker, chash: str, first_attempt: dict):
-    """Every rank's host and device; rank 0 gets the environment and system blocks."""
-    device = "CPU:0"
+    """Every rank's host and device (``GPU:i (name)`` or ``CPU:0``, as the Horovod trainer
+    names them); rank 0 gets the environment and system blocks."""
+    device = device_label(worker.device or torch.device("cpu"))
     gathered = worker.allgather_object((worker.hostname, device), name="hosts")
     if not worker.is_root:
         return None, None
@@ -235,6 +243,7 @@ def describe_environment(worker: TorchWorker, chash: str, first_attempt: dict):
         started_utc=first_attempt["started_utc"],
     )
     environment["torch"] = torch.__version__
+    environment["torch_cuda"] = torch.version.cuda  # None on a CPU build
     return environment, system_block([h for h, _ in gathered])
 
 

@@ -73,7 +73,7 @@ def keras_order_weights(net: nn.Module) -> list[np.ndarray]:
     """The weights in Keras' order and layout (kernels transposed to (in, out))."""
     out = []
     for lin in linear_layers(net):
-        out += [lin.weight.detach().numpy().T.copy(), lin.bias.detach().numpy().copy()]
+        out += [lin.weight.detach().cpu().numpy().T.copy(), lin.bias.detach().cpu().numpy().copy()]
     return out
 
 
@@ -124,10 +124,15 @@ class TorchOptimisation:
     n_params: int
 
     @classmethod
-    def build(cls, cfg: dict, lr_rule: str, workers: int, steps: int, seed: int | None = None):
+    def build(cls, cfg: dict, lr_rule: str, workers: int, steps: int, seed: int | None = None,
+              device: torch.device | None = None):  # fmt: skip
+        """Seeded weights (drawn on the CPU, so a GPU run starts from the same ones), then
+        the network on ``device``; KerasAdam's moments are made beside the weights."""
         tcfg = cfg["training"]
         torch.manual_seed(cfg["seed"] if seed is None else int(seed))
         net = build_net(cfg)
+        if device is not None:
+            net = net.to(device)
         lr_base = tcfg["learning_rate"]
         lr = learning_rate_for(lr_base, lr_rule, workers)
         ramp = warmup_updates(tcfg, lr_base, lr, steps)
@@ -159,10 +164,22 @@ class TorchOptimisation:
         DDP's constructor broadcasts the weights too, this covers the Adam moments)."""
         if worker.distributed:
             state = worker.broadcast_object(
-                {"net": self.net.state_dict(), "opt": self.optimizer.state_dict()}
-            )
+                to_cpu({"net": self.net.state_dict(), "opt": self.optimizer.state_dict()})
+            )  # host tensors: unpickled on another rank they must not land on GPU 0
             self.net.load_state_dict(state["net"])
             self.optimizer.load_state_dict(state["opt"])
+
+
+def to_cpu(obj):
+    """``obj`` (nested dicts, lists, tuples of tensors and plain values) with every tensor
+    copied to the host; ``load_state_dict`` moves them back beside the weights."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 class _Restored:
@@ -180,12 +197,12 @@ class TorchCheckpoint:
 
     def write(self, prefix: str) -> None:
         state = {"net": self.optim.net.state_dict(), "opt": self.optim.optimizer.state_dict()}
-        torch.save(state, prefix + ".pt")
+        torch.save(to_cpu(state), prefix + ".pt")  # host tensors: resumable on any device
         with open(prefix + ".index", "w") as fh:
             fh.write("torch-ddp checkpoint: weights and KerasAdam state in the .pt file\n")
 
     def read(self, prefix: str) -> _Restored:
-        state = torch.load(prefix + ".pt", weights_only=True)
+        state = torch.load(prefix + ".pt", weights_only=True, map_location="cpu")
         self.optim.net.load_state_dict(state["net"])
         self.optim.optimizer.load_state_dict(state["opt"])
         return _Restored()

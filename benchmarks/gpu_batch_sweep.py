@@ -1,0 +1,294 @@
+"""Epoch time against batch size on one GPU: the torch-ddp trainer with NCCL (issue 19
+item 5), one run per batch size, for a machine with a CUDA GPU.
+
+Each batch size is one ordinary training run of ``python -m hvdscale.torchddp`` (started
+directly: a one-rank job, world size 1, backend nccl on ``cuda:0``) with its run id
+``gpu_torch-ddp_nccl_n1_w1_b{B}_lrnone_r0`` of a small config (partition ``gpu``, 1 GPU
+per node), the same data for every batch size, ``--epochs`` epochs (epoch 0 warm-up),
+and its run record. From the record, per batch size:
+
+  epoch_s         median over the non-warm-up epochs of the headline ``wall_s``
+                  (uninstrumented steps; the trainer synchronises the GPU per block)
+  throughput      median samples/s over the same epochs
+  gpu_util_mean   mean of the epochs' ``utilisation_mean`` (NVML percent of the node's
+                  GPUs when ``utilisation_kind`` is gpu; else the CPU percent)
+  device          the record's ``environment.devices[0]`` (``GPU:0 (name)``)
+
+and ``epoch_ratio_75_to_1000`` = epoch_s(75) / epoch_s(1000) (the reference study
+measured about 7x), the same on every row. Writes benchmarks/results/gpu_batch_sweep.csv
+with the provenance and load columns of benchmarks/_results.py (``machine`` adds the GPU
+name). A machine without CUDA stops it before anything runs (exit 2, with what was found).
+
+The data: the real pipeline (``hvdscale generate-shard``/``validate-shard``/
+``split-dataset``), which needs the workflow env (pandera). The GPU machine has PyTorch,
+h5py and nvidia-ml-py but no project venvs, so prepare the data on the CPU machine and
+carry it (benchmarks/out/ is not tracked):
+
+  .venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only      # CPU machine
+  PYTHONPATH=src python3 benchmarks/gpu_batch_sweep.py               # GPU machine
+      [--batches 75,150,300,600,1000,2000,5000] [--epochs 4] [--samples 16000]
+      [--commit SHA]  (the tree copied to the GPU machine may have no .git)
+
+The torch trainer imports numpy, torch, h5py, PyYAML and jsonschema (config and record
+validation), and psutil only for CPU utilisation; neither TensorFlow nor Horovod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _results import (  # noqa: E402
+    GUARD,
+    ROOT,
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    machine,
+    quiet_main,
+    write_csv,
+)
+
+BATCHES = [75, 150, 300, 600, 1000, 2000, 5000]
+WORK = ROOT / "benchmarks" / "out" / "gpu_batch_sweep"
+PARTITION = "gpu"
+#: what ``python -m hvdscale.torchddp`` imports (top level or while it runs)
+TRAINER_MODULES = ["numpy", "torch", "h5py", "yaml", "jsonschema"]
+
+
+class Unfit(SystemExit):
+    """This machine cannot run the sweep (exit status 2, the message on stderr)."""
+
+    def __init__(self, msg: str):
+        print(f"gpu_batch_sweep: {msg}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
+def missing_modules(names=TRAINER_MODULES) -> list[str]:
+    return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+def check_cuda() -> str:
+    """The GPU's name, or Unfit naming the torch build and the GPU count found."""
+    if importlib.util.find_spec("torch") is None:
+        raise Unfit("needs PyTorch with CUDA and a GPU; torch is not installed")
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 1:
+        raise Unfit(
+            f"needs a CUDA build of torch and a GPU (backend nccl); found torch "
+            f"{torch.__version__} (CUDA {torch.version.cuda or 'none'}), {n} GPUs"
+        )
+    return torch.cuda.get_device_name(0)
+
+
+def sweep_config(a) -> dict:
+    """A small study: partition ``gpu`` (1 GPU per node), torch-ddp over nccl, 1 worker,
+    every batch size, no LR scaling, exactly ``epochs`` epochs, no checkpoints
+    (``--backend gloo``: partition ``cpu`` without GPUs, for a smoke test on a CPU)."""
+    gpus = 1 if a.backend == "nccl" else 0
+    return {
+        "seed": 20240601,
+        "data": {
+            "n_samples": a.samples,
+            "n_shards": 2,
+            "split_shards": {"train": 4, "test": 2},
+            "chunk_samples": 1024,
+        },
+        "model": {"hidden_units": [192, 175, 24], "expected_parameters": 153441},
+        "training": {
+            "max_epochs": a.epochs,
+            "stop_at_target": False,
+            "target": {"mode": "absolute", "value": 0.05},
+            "warmup_epochs": 1,
+            "learning_rate": 4.7331e-4,
+            "threads_per_worker": 1,
+            "checkpoint": False,
+            "instrument_every": 10,
+        },
+        "scaling": {
+            "partitions": {
+                partition(a.backend): {
+                    "gpus_per_node": gpus,
+                    "cores_per_node": 16,
+                    "mem_mb_per_node": 64000,
+                    "runtime_min": 30,
+                }
+            },
+            "sweeps": [
+                {
+                    "name": "gpu-batch",
+                    "partitions": [partition(a.backend)],
+                    "workers": [1],
+                    "backends": [a.backend],
+                    "frameworks": ["torch-ddp"],
+                    "batch_sizes": list(a.batches),
+                    "lr_rules": ["none"],
+                }
+            ],
+        },
+    }
+
+
+def partition(backend: str) -> str:
+    return PARTITION if backend == "nccl" else "cpu"
+
+
+def run_id(batch: int, backend: str = "nccl") -> str:
+    return f"{partition(backend)}_torch-ddp_{backend}_n1_w1_b{batch}_lrnone_r0"
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def cli(*args) -> None:
+    argv = [sys.executable, "-m", "hvdscale.cli", *map(str, args)]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env())
+    if r.returncode:
+        raise SystemExit(f"hvdscale {' '.join(map(str, args[:1]))} failed:\n{r.stderr[-2000:]}")
+
+
+def prepare(a, work: Path) -> tuple[Path, Path]:
+    """The validated config (config.json) and the data (data/, cached) in ``work``."""
+    from hvdscale.config import validate_config
+    from hvdscale.runtable import find_run
+
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = validate_config(sweep_config(a))
+    for b in a.batches:
+        find_run(cfg, run_id(b, a.backend))  # the ids exist in the matrix
+    cfg_path = work / "config.json"
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    data = work / f"data{a.samples}"
+    if (data / "manifest.json").is_file():
+        return cfg_path, data
+    if importlib.util.find_spec("pandera") is None:
+        raise Unfit(
+            f"no data in {data} and no pandera here to validate new shards: run "
+            f"`.venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only --samples "
+            f"{a.samples} --work {work}` on the CPU machine and bring that folder along"
+        )
+    dcfg = work / "data.json"
+    dcfg.write_text(json.dumps({"seed": cfg["seed"], "data": cfg["data"]}))
+    raw, shards, vals = work / "raw", [], []
+    for k in range(cfg["data"]["n_shards"]):
+        sh, va = raw / f"shard-{k:04d}.h5", raw / f"shard-{k:04d}.validation.json"
+        cli("generate-shard", "--config", dcfg, "--shard", k, "--out", sh)
+        cli("validate-shard", "--config", dcfg, "--shard", sh, "--out", va)
+        shards.append(sh)
+        vals.append(va)
+    cli("split-dataset", "--config", dcfg, "--shards", *shards, "--validations", *vals,
+        "--outdir", data)  # fmt: skip
+    return cfg_path, data
+
+
+def run_one(a, cfg_path: Path, data: Path, batch: int) -> dict:
+    """One training run (one rank on cuda:0); its record."""
+    rid = run_id(batch, a.backend)
+    out = a.work / "runs" / rid
+    argv = [sys.executable, "-m", "hvdscale.torchddp", "--config", cfg_path, "--run-id", rid,
+            "--data-dir", data, "--out-dir", out, "--backend", a.backend]  # fmt: skip
+    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env(),
+                       timeout=a.run_timeout)  # fmt: skip
+    if r.returncode:
+        raise RuntimeError(f"{rid}: exit {r.returncode}\n{(r.stdout + r.stderr)[-2000:]}")
+    return json.loads((out / "metrics.json").read_text())
+
+
+def row_of(batch: int, rec: dict) -> dict:
+    eps = [e for e in rec["epochs"] if not e["warmup"]] or rec["epochs"]
+    util = [e["utilisation_mean"] for e in eps if e.get("utilisation_mean") is not None]
+    return {
+        "batch": batch,
+        "run_id": rec["run_id"],
+        "status": rec["status"],
+        "epochs": len(eps),
+        "steps_per_epoch": rec["config"].get("steps_per_epoch"),
+        "epoch_s": statistics.median(e["wall_s"] for e in eps),
+        "throughput": statistics.median(e["throughput"] for e in eps),
+        "gpu_util_mean": statistics.fmean(util) if util else None,
+        "utilisation_kind": rec["utilisation"]["kind"],
+        "device": rec["environment"]["devices"][0],
+        "torch": rec["environment"].get("torch"),
+        "nccl_version": (rec.get("label_proof") or {}).get("nccl_version"),
+        "final_val_loss": rec["summary"].get("final_val_loss"),
+    }
+
+
+def add_ratio(rows: list[dict]) -> float | None:
+    """epoch_s(75) / epoch_s(1000) on every row (None when either is missing)."""
+    by = {r["batch"]: r.get("epoch_s") for r in rows}
+    ratio = by[75] / by[1000] if by.get(75) and by.get(1000) else None
+    for r in rows:
+        r["epoch_ratio_75_to_1000"] = ratio
+    return ratio
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                    type=lambda s: [int(x) for x in s.split(",")])  # fmt: skip
+    ap.add_argument("--epochs", type=int, default=4, help="per run; epoch 0 is warm-up")
+    ap.add_argument("--samples", type=int, default=16000, help="dataset size (all splits)")
+    ap.add_argument("--work", type=Path, default=WORK, help="config, data and runs")
+    ap.add_argument("--out", type=Path, default=None, help="CSV (default: benchmarks/results)")
+    ap.add_argument("--run-timeout", type=float, default=300, help="seconds per run")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="build config and data (workflow env, no GPU) and stop")  # fmt: skip
+    ap.add_argument("--commit", default=None,
+                    help="the commit column (a copied tree without .git)")  # fmt: skip
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                    help="gloo: the same sweep on the CPU (a smoke test)")  # fmt: skip
+    add_quiet_args(ap)
+    return ap.parse_args(argv)
+
+
+@quiet_main
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    gpu = "none (gloo on the CPU)"
+    if not a.prepare_only and a.backend == "nccl":
+        gpu = check_cuda()
+    if not a.prepare_only and missing_modules():
+        raise Unfit(f"the torch trainer needs the modules {missing_modules()} (missing)")
+    cfg_path, data = prepare(a, a.work)
+    if a.prepare_only:
+        print(f"prepared {cfg_path} and {data}", flush=True)
+        return 0
+    configure_quiet(a)
+    if a.max_load is None:  # a many-core GPU node: a one-rank run leaves load ~1 behind
+        GUARD.max_load = max(GUARD.max_load, 0.25 * (os.cpu_count() or 1))
+    print(f"gpu_batch_sweep on {gpu}: batches {a.batches}, {a.epochs} epochs", flush=True)
+    rows = []
+    for b in a.batches:
+        t0 = time.time()
+        with Measured(f"torch-ddp nccl b{b}") as m:
+            rec = run_one(a, cfg_path, data, b)
+        row = {**row_of(b, rec), **m.fields(), "wall_s": round(time.time() - t0, 1)}
+        rows.append(row)
+        print(f"  b{b:5d}: epoch {row['epoch_s']:.3f} s, {row['throughput']:9.0f} samples/s, "
+              f"util {row['gpu_util_mean']}", flush=True)  # fmt: skip
+    ratio = add_ratio(rows)
+    print(f"epoch time ratio 75 -> 1000: {ratio} (reference study: about 7x)", flush=True)
+    common = {"machine": f"{machine()}, GPU {gpu}", **({"commit": a.commit} if a.commit else {})}
+    out = a.out or (a.work / "gpu_batch_sweep_gloo.csv" if a.backend == "gloo" else None)
+    write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

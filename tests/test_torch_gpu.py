@@ -1,0 +1,220 @@
+"""The GPU (NCCL) path of the torch-ddp trainer (issue 19 item 5), as far as a CPU can
+check it: the device choice and its error, the trainer refusing nccl without a GPU with
+that error, no TensorFlow/Horovod in the trainer's import chain (the GPU machine has
+neither), and benchmarks/gpu_batch_sweep.py stopping clearly without CUDA."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest_train import PROJECT_ROOT, TRAIN_PY, base_config, sub_env, write_config
+
+from hvdscale.errors import UserError
+from hvdscale.torchddp.device import CudaFacts, choose_device
+
+SWEEP = PROJECT_ROOT / "benchmarks" / "gpu_batch_sweep.py"
+CPU_TORCH = CudaFacts("2.13.0+cpu", available=False, count=0)
+NCCL_ID = "gpu_torch-ddp_nccl_n1_w1_b8_lrnone_r0"
+
+
+def has_cpu_torch() -> bool:
+    """torch in the train env, without a usable GPU (the CPU-only checks below)."""
+    if not TRAIN_PY.exists():
+        return False
+    code = "import torch, sys; sys.exit(1 if torch.cuda.is_available() else 0)"
+    return subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True).returncode == 0
+
+
+needs_cpu_torch = pytest.mark.skipif(
+    not has_cpu_torch(), reason="needs torch without a GPU in .venv-train"
+)
+
+
+def train_env() -> dict:
+    env = sub_env()
+    env["PYTHONPATH"] = str(PROJECT_ROOT / "src")
+    return env
+
+
+# --------------------------------------------------------------------------- device choice
+
+
+def test_gloo_runs_on_the_cpu_whatever_gpus_there_are():
+    assert choose_device("gloo", 0, "r", CPU_TORCH) == "cpu"
+    assert choose_device("gloo", 1, "r", CudaFacts("2.11.0+cu128", True, 8)) == "cpu"
+
+
+def test_nccl_takes_the_gpu_of_its_local_rank():
+    cuda = CudaFacts("2.11.0+cu128", True, 2)
+    assert choose_device("nccl", 0, "r", cuda) == "cuda:0"
+    assert choose_device("nccl", 1, "r", cuda) == "cuda:1"
+
+
+def test_nccl_without_a_cuda_build_names_the_run_backend_and_what_was_found():
+    with pytest.raises(UserError) as exc:
+        choose_device("nccl", 0, NCCL_ID, CPU_TORCH)
+    msg = str(exc.value)
+    assert NCCL_ID in msg and "backend nccl needs a CUDA build of torch" in msg
+    assert "found torch 2.13.0+cpu, 0 GPUs" in msg and "is_available() is False" in msg
+
+
+def test_nccl_with_fewer_gpus_than_local_ranks_is_refused():
+    with pytest.raises(UserError, match=r"local rank 1 uses GPU 1.*found torch 2.11.0, 1 GPU\b"):
+        choose_device("nccl", 1, "r", CudaFacts("2.11.0", True, 1))
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(UserError, match="backend 'mpi'; expected gloo or nccl"):
+        choose_device("mpi", 0, "r", CPU_TORCH)
+
+
+@needs_cpu_torch
+def test_cpu_helpers_sync_nothing_and_name_the_cpu_as_the_horovod_trainer():
+    code = (
+        "import torch\n"
+        "from hvdscale.torchddp.device import CudaFacts, synchronizer, device_label\n"
+        "f = CudaFacts.probe(); assert not f.available and f.count == 0, f\n"
+        "assert f.torch_version == torch.__version__\n"
+        "assert synchronizer(torch.device('cpu'))() is None\n"
+        "print(device_label(torch.device('cpu')))\n"
+    )
+    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
+                       env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "CPU:0"
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+@needs_cpu_torch
+def test_the_torch_trainer_imports_neither_tensorflow_nor_horovod():
+    """The train env has both installed: an import anywhere in the chain would load them."""
+    code = (
+        "import sys\n"
+        "import hvdscale.torchddp.main, hvdscale.torchddp.__main__\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', "
+        "'keras'))\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
+                       env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def nccl_config(path: Path) -> Path:
+    """The tests' config plus a GPU partition with a torch-ddp sweep over nccl."""
+    cfg = base_config(n_samples=400, train_shards=2, test_shards=1, epochs=2)
+    cfg["scaling"]["partitions"]["gpu"] = {
+        "gpus_per_node": 1, "cores_per_node": 4, "mem_mb_per_node": 8000, "runtime_min": 30,
+    }  # fmt: skip
+    cfg["scaling"]["sweeps"].append({
+        "name": "gpu", "frameworks": ["torch-ddp"], "partitions": ["gpu"], "workers": [1],
+        "backends": ["nccl"], "batch_sizes": [8], "lr_rules": ["none"],
+    })  # fmt: skip
+    return write_config(path, cfg)
+
+
+@needs_cpu_torch
+def test_an_nccl_run_on_a_cpu_build_stops_with_the_clear_error(tmp_path):
+    config = nccl_config(tmp_path / "config.json")
+    out = tmp_path / "run"
+    cmd = [str(TRAIN_PY), "-m", "hvdscale.torchddp", "--config", str(config), "--run-id",
+           NCCL_ID, "--data-dir", str(tmp_path / "no-data"), "--out-dir", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"run {NCCL_ID}: backend nccl needs a CUDA build of torch" in r.stderr
+    assert "0 GPUs" in r.stderr and "Traceback" not in r.stderr
+    assert not (out / "metrics.json").exists()
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@needs_cpu_torch
+def test_the_gpu_sweep_stops_clearly_without_cuda(tmp_path):
+    csv = tmp_path / "sweep.csv"
+    cmd = [str(TRAIN_PY), str(SWEEP), "--work", str(tmp_path / "w"), "--out", str(csv)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "needs a CUDA build of torch and a GPU (backend nccl); found torch" in r.stderr
+    assert "0 GPUs" in r.stderr and "Traceback" not in r.stderr
+    assert not csv.exists() and not (tmp_path / "w").exists()  # nothing ran
+
+
+def sweep_module():
+    sys.path.insert(0, str(SWEEP.parent))
+    try:
+        import gpu_batch_sweep
+    finally:
+        sys.path.remove(str(SWEEP.parent))
+    return gpu_batch_sweep
+
+
+def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_path):
+    from hvdscale.config import validate_config
+    from hvdscale.runtable import find_run
+
+    sweep = sweep_module()
+    a = sweep.parse_args(["--batches", "75,1000", "--work", str(tmp_path)])
+    cfg = validate_config(sweep.sweep_config(a))
+    runs = [find_run(cfg, sweep.run_id(b)) for b in a.batches]
+    assert [(r.framework, r.backend, r.workers, r.batch) for r in runs] == [
+        ("torch-ddp", "nccl", 1, 75), ("torch-ddp", "nccl", 1, 1000)
+    ]  # fmt: skip
+    rows = [{"batch": 75, "epoch_s": 7.0}, {"batch": 1000, "epoch_s": 2.0}]
+    assert sweep.add_ratio(rows) == 3.5
+    assert [r["epoch_ratio_75_to_1000"] for r in rows] == [3.5, 3.5]
+    assert sweep.add_ratio([{"batch": 75, "epoch_s": 1.0}]) is None
+    json.dumps(cfg)  # the snapshot the runs read
+
+
+@pytest.mark.slow
+@needs_cpu_torch
+def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
+    """The script's plumbing (prepare in the workflow env, the runs in the train env, the
+    record's figures, the CSV) with the gloo backend; on a GPU it is the same with nccl."""
+    work, csv = tmp_path / "w", tmp_path / "sweep.csv"
+    common = ["--backend", "gloo", "--work", str(work), "--samples", "2000", "--epochs", "2",
+              "--batches", "75,1000", "--commit", "abc123"]  # fmt: skip
+    r = subprocess.run([sys.executable, str(SWEEP), "--prepare-only", *common],
+                       capture_output=True, text=True, env=train_env(), timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    cmd = [str(TRAIN_PY), str(SWEEP), *common, "--out", str(csv), "--max-load", "100"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import csv as csvmod
+
+    rows = list(csvmod.DictReader(csv.open()))
+    assert [int(x["batch"]) for x in rows] == [75, 1000]
+    for x in rows:
+        assert x["status"] == "completed" and x["device"] == "CPU:0" and x["commit"] == "abc123"
+        assert float(x["epoch_s"]) > 0 and float(x["throughput"]) > 0 and x["load_before"]
+    ratio = float(rows[0]["epoch_s"]) / float(rows[1]["epoch_s"])
+    assert float(rows[0]["epoch_ratio_75_to_1000"]) == pytest.approx(ratio, rel=1e-4)
+
+
+@needs_cpu_torch
+def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
+    """On a GPU the hook's times are CUDA event pairs (NCCL futures complete at enqueue);
+    they are summed per step and read after the block's synchronize. Fake events here."""
+    code = (
+        "from hvdscale.torchddp.step import CommHookTimer\n"
+        "class E:\n"
+        "    def __init__(self, ms): self.ms = ms\n"
+        "    def elapsed_time(self, other): return other.ms - self.ms\n"
+        "t = CommHookTimer(None, cuda=True)\n"
+        "t._events += [(E(0), E(2)), (E(1), E(4))]\n"
+        "t.end_step(); t.end_step()\n"
+        "assert t.samples == [], t.samples\n"
+        "t.flush()\n"
+        "assert t.samples == [0.005], t.samples\n"
+        "t.flush(); assert t.samples == [0.005]\n"
+    )
+    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
+                       env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
