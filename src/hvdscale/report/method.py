@@ -64,8 +64,8 @@ def equal_accuracy_bullets(
         budget += f", training.max_train_s = {fmt.seconds(tr['max_train_s'])} s"
     reruns = tune.get("rerun_repeats")
     items = [
-        f"<b>Intervals</b>: 95 % bootstrap confidence intervals ({escape(ci_method)}, "
-        "scipy.stats.bootstrap) of every speedup over repeats, resampling the 1-worker "
+        f"<b>Intervals</b>: 95 % bootstrap confidence intervals ({escape(ci_method)}) "
+        "of every speedup over repeats, resampling the 1-worker "
         "baseline's repeats too (Hoefler & Belli); fewer than 3 repeats on either side: no "
         "interval, and the text says so.",
         "<b>Seeds</b>: repeat r of every configuration draws its initial weights and its "
