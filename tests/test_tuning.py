@@ -285,3 +285,25 @@ def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
     t2 = headline(pd.DataFrame(missed))
     t2 = t2[t2["tuned"]].iloc[0]
     assert "no tuning candidate reached the target" in t2.note and t2.total == 0
+
+
+def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
+    """Figure 1's tuned series is the headline table's: with a sweep that tunes 2 workers
+    only, the re-runs against the untuned 1-worker runs (not 'no 1-worker tuning group')."""
+    from hvdscale.analysis.fig_accuracy import tuned_points
+
+    rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]
+    rows += [
+        _run(2, "m2_wu0", k, t * 0.5, "rerun", epoch_time=0.5)
+        for k, t in enumerate([4.0, 4.5, 5.0, 3.5, 4.2])
+    ]
+    for k, t in enumerate([6.0, 7.0, 8.0, 6.5, 7.5]):
+        r = _run(1, "m1_wu0", k, t, epoch_time=1.0)
+        r.update(run_id=f"local_gloo_n1_w1_b75_lrlinear_r{k}", candidate="")
+        rows.append(r)
+    pts = tuned_points(pd.DataFrame(rows)).set_index("workers")
+    assert pts.loc[1, "speedup_ttt"] == 1.0
+    assert pts.loc[2, "speedup_ttt"] == pytest.approx(2.0 * 7.0 / 4.2)
+    assert pts.loc[2, "speedup_ttt_lo"] <= pts.loc[2, "speedup_ttt"] <= pts.loc[2, "speedup_ttt_hi"]
+    # no re-run reached the target: no tuned point at all
+    assert tuned_points(pd.DataFrame(rows[6:])) is None

@@ -5,7 +5,9 @@ multiplier x global batch). Draw functions of the figure registry."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
+from hvdscale.analysis.headline import headline
 from hvdscale.analysis.plotstyle import WIDTH, layout, legend_below, workers_axis
 from hvdscale.analysis.select import (
     PARTITION_NAME,
@@ -15,7 +17,7 @@ from hvdscale.analysis.select import (
     panel_backend,
     pref_lr,
 )
-from hvdscale.analysis.tuning import candidates, select_tuned
+from hvdscale.analysis.tuning import candidates
 
 _COLORS = ["#1b6ca8", "#d1495b", "#3a7d44", "#edae49", "#66a182", "#8d6a9f"]
 
@@ -31,7 +33,7 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
 
     s = summary[summary["speedup_ttt"].notna()] if summary is not None else None
     # select on the partitions' own names (framework_panels labels them per framework)
-    tuned = framework_panels(select_tuned(own_partitions(runs))) if runs is not None else None
+    tuned = framework_panels(tuned_points(own_partitions(runs))) if runs is not None else None
     t = tuned[tuned["speedup_ttt"].notna()] if tuned is not None and len(tuned) else None
     if (s is None or s.empty) and (t is None or t.empty):
         raise NoData(
@@ -54,6 +56,26 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
     rows = legend_below(fig, [handles[k] for k in keys], [labels[k] for k in keys], ncol=2)
     layout(fig, rows)
     return fig
+
+
+def tuned_points(runs):
+    """The tuned time-to-target speedups of headline.csv (the winners' re-runs against
+    the baseline the headline table uses: the tuned 1-worker re-runs, or the untuned
+    1-worker runs where the sweep tunes n workers only) as points over workers, each
+    series starting at 1 worker with speedup 1."""
+    h = headline(runs)
+    h = h[h["tuned"].astype(bool) & h["ttt_speedup"].notna()]
+    if h.empty:
+        return None
+    names = {"ttt_speedup": "speedup_ttt", "ttt_lo": "speedup_ttt_lo", "ttt_hi": "speedup_ttt_hi"}
+    pts = h.rename(columns=names)
+    keys = ["partition", "framework", "backend", "batch_per_worker"]
+    one = (
+        pts[keys]
+        .drop_duplicates()
+        .assign(workers=1, speedup_ttt=1.0, speedup_ttt_lo=1.0, speedup_ttt_hi=1.0)
+    )
+    return pd.concat([one, pts], ignore_index=True)
 
 
 def _ttt_panel(ax, part, be, s, t, handles, labels):
