@@ -97,6 +97,11 @@ def test_conclusions_follow_from_the_numbers():
         return conclusion(pd.DataFrame([RF.headline_row(**kw)]).iloc[0])
 
     assert "needs 1.33x the epochs of 1 worker" in c() and "75 % of the epoch-time gain" in c()
+    # the measured speedup keeps the fixed costs the two factors leave out
+    slow_start = c(fixed_factor=0.8)
+    assert "time to target 1.08x = epoch time 1.80x" in slow_start
+    assert "x 0.80 (fixed costs: the warm-up epoch, the validation)" in slow_start
+    assert "60 % of the epoch-time gain" in slow_start
     cens = conclusion(pd.DataFrame([RF.censored_row(1)]).iloc[0])
     assert "budget was hit (1/5 reached)" in cens and "epochs-to-target factor" in cens
     hw = conclusion(pd.DataFrame([RF.censored_row(1, epoch_speedup=0.95)]).iloc[0])

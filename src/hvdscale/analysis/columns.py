@@ -288,6 +288,7 @@ HEADLINE_COLUMNS = [
     "epoch_lo",
     "epoch_hi",
     "epochs_ratio",
+    "fixed_factor",
     "retained_fraction",
     "b_simple",
     "critical_batch",

@@ -3,27 +3,30 @@
 One row per (partition, framework, backend, batch_per_worker, workers > 1, tuned
 False/True); the baseline is always of the same framework:
 
-  ttt_speedup     epoch_speedup x epochs_ratio, with a 95 % bootstrap interval
-                  (ttt_lo, ttt_hi) that resamples each run's epoch time and epochs to
-                  target together (analysis/stats.product_interval)
+  ttt_speedup     measured: median time to target of the 1-worker runs / of the n-worker
+                  runs (censored runs count as +inf, a median exists while fewer than
+                  half are censored), the same ratio as summary.csv's speedup_ttt, with
+                  its 95 % bootstrap interval (ttt_lo, ttt_hi)
   epoch_speedup   median epoch time of the 1-worker runs / of the n-worker runs
                   (hardware: the phase split says where it goes), epoch_lo/epoch_hi
   epochs_ratio    median epochs to target of the 1-worker runs / of the n-worker runs
-                  (statistics: a larger global batch usually needs more epochs); censored
-                  runs count as +inf, a median exists while fewer than half are censored
-  retained_fraction  ttt_speedup / epoch_speedup (= epochs_ratio): how much of the
-                  parallel gain survives at equal accuracy
+                  (statistics: a larger global batch usually needs more epochs)
+  fixed_factor    ttt_speedup / (epoch_speedup x epochs_ratio): what the two factors
+                  leave out, the time to target that is no steady-state epoch (the
+                  warm-up epoch's tracing and first collectives, the validation passes)
+                  and the gap between a median of products and a product of medians
+  retained_fraction  ttt_speedup / epoch_speedup: how much of the parallel gain
+                  survives at equal accuracy
   reached/total, base_reached/base_total   runs that reached the target, per side
   b_simple, critical_batch   McCandlish et al.'s simple noise scale of the n-worker
                   runs (hvdscale.noise_scale: local against allreduced gradient norms)
   predicted_epochs_ratio     (1 + B_1/B_crit) / (1 + B_n/B_crit), B = global batch
   note            why a value is missing; ci_method: analysis/stats.CI_METHOD
 
-The decomposition holds by construction: ttt_speedup is defined as the product of the
-two factors. The measured ratio of median times to target (summary.csv speedup_ttt) is
-close to it but not equal: a median of products (time to target ~ epochs x epoch time)
-is not the product of the medians, and the time to target also holds the warm-up
-epoch's extra time and the validation passes, which the median epoch time leaves out.
+ttt_speedup = epoch_speedup x epochs_ratio x fixed_factor holds by construction. The
+headline is the measured ratio, never the product of the two factors alone: on short
+runs the warm-up epoch is a large part of the time to target, and a worker count whose
+first epoch costs more keeps less of its epoch-time gain than the factors suggest.
 
 Untuned rows use each group's preferred LR rule (analysis/select.pref_lr: 'none' where
 measured); tuned rows the selected candidates' re-runs only (analysis/tuning.py),
@@ -43,7 +46,6 @@ from hvdscale.analysis.stats import (
     CI_METHOD,
     censor_note,
     censored_median,
-    product_interval,
     speedup_interval,
 )
 from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned, stream_key
@@ -99,21 +101,16 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     out["epoch_lo"], out["epoch_hi"], enote = speedup_interval(
         base["epoch_time_s"], runs["epoch_time_s"], name + "/epoch", **reps
     )
-    ratio, cnote = _median_ratio(base["epochs_to_target"], runs["epochs_to_target"])
-    out["epochs_ratio"] = ratio
-    out["ttt_speedup"] = out["epoch_speedup"] * ratio
-    out["retained_fraction"] = out["ttt_speedup"] / out["epoch_speedup"]
-    b = base.dropna(subset=["epoch_time_s", "epochs_to_target"])
-    g = runs.dropna(subset=["epoch_time_s", "epochs_to_target"])
+    out["epochs_ratio"], _ = _median_ratio(base["epochs_to_target"], runs["epochs_to_target"])
+    ttt, cnote = _median_ratio(base["time_to_target_s"], runs["time_to_target_s"])
+    out["ttt_speedup"] = ttt
+    out["fixed_factor"] = ttt / (out["epoch_speedup"] * out["epochs_ratio"])
+    out["retained_fraction"] = ttt / out["epoch_speedup"]
     tlo = thi = math.nan
     tnote = cnote
     if not cnote:
-        tlo, thi, tnote = product_interval(
-            [b["epoch_time_s"], b["epochs_to_target"]],
-            [g["epoch_time_s"], g["epochs_to_target"]],
-            name + "/ttt",
-            base_repeats=_seed_ids(b),
-            repeats=_seed_ids(g),
+        tlo, thi, tnote = speedup_interval(
+            base["time_to_target_s"], runs["time_to_target_s"], name + "/ttt", **reps
         )
     out["ttt_lo"], out["ttt_hi"] = tlo, thi
     bc = noise_scale_of(runs)
