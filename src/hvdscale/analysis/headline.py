@@ -115,7 +115,8 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     out["ttt_lo"], out["ttt_hi"] = tlo, thi
     bc = noise_scale_of(runs)
     out["b_simple"] = out["critical_batch"] = bc
-    notes = [n for n in (tnote, "epoch time: " + enote if enote else "") if n]
+    # the epoch-time interval's note only where it says something else
+    notes = [n for n in (tnote, "epoch time: " + enote if enote and enote != tnote else "") if n]
     if not math.isfinite(bc):
         notes.append("no noise scale (no multi-worker noise-scale record)")
     out["note"] = "; ".join(dict.fromkeys(notes))

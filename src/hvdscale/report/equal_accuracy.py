@@ -248,7 +248,7 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
         return
     cells = [factor_cells(x) for x in rows.itertuples()]
     cells = [c[:-1] + [d.cell(c[-1])] for c in cells]
-    widths = [20, 9, 11, 11, 10, 25, 25, 12, 10, 12, 14, 22]
+    widths = [20, 9, 13, 11, 10, 24, 24, 12, 10, 14, 15, 20]
     d.table(FACTOR_NOTE, FACTOR_HEADER, cells, widths, align_right_from=2)
     d.h2("Gradient noise scale and critical batch size")
     noise = [s for s in (noise_sentence(x) for x in rows.itertuples()) if s]
