@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
+from _perf_bound import block_efficiency_bound  # noqa: E402
 from _perf_cluster import block_costmodel, block_slurm_arrays  # noqa: E402
 from _perf_common import (  # noqa: E402
     INVALID,
@@ -409,6 +410,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "train-overhead": block_train_overhead,
     "instrumentation": block_instrumentation,
     "allreduce-bare": block_allreduce_bare,
+    "efficiency-bound": block_efficiency_bound,
     "validity": block_validity,
     "data-phase": block_data_phase,
     "data": block_data,

@@ -168,3 +168,27 @@ def test_the_frameworks_reading_comes_from_valid_rows_only():
     assert "2.50x" in text and "0.70 for DDP against 0.30" in text and "hides 50 %" in text
     rows[-1]["valid"] = "false"  # an invalid row gives no sentence
     assert pf._reading(rows) == ""
+
+
+def test_the_efficiency_bound_from_step_allreduce_and_ceiling():
+    """The bound of docs/performance.md's allreduce section: 750 us of step alone at
+    batch 75 (100,000 samples/s), ceiling 0.75 -> 1000 us shared, 250 us of allreduce
+    -> bound 0.80; an invalid row gives no bound."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _perf_bound import bound_figures
+
+    ok = {"foreign_cpu": "0.01", "load_before": "0.3"}
+    train = [dict(ok, variant="plain", batch="75", samples_per_s="100000")]
+    allreduce = [dict(ok, row="summary", arm="mpi", settings="defaults", median_us="250")]
+    scaling = [
+        dict(ok, batch="75", metric="ceiling", arm="independent", median="0.75"),
+        dict(ok, batch="75", metric="efficiency_vs_ceiling", arm="hvdscale", median="0.7"),
+    ]
+    x = bound_figures(train, allreduce, scaling)
+    assert x["t_step_us"] == pytest.approx(750) and x["t_shared_us"] == pytest.approx(1000)
+    assert x["bound"] == pytest.approx(0.8) and x["measured"] == pytest.approx(0.7)
+    assert x["needed_us"] == pytest.approx(1000 / 9)
+    assert x["explained"] == pytest.approx(0.2 / 0.3)
+    bad = [dict(allreduce[0], foreign_cpu="0.5")]
+    assert bound_figures(train, bad, scaling) is None
