@@ -170,7 +170,7 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
         )
         rows.append([d.cell(head)] + [""] * 11)
         rows += [_config_row(x) for x in g.itertuples()]
-    widths = [10, 8, 8, 23, 13, 22, 21, 21, 10, 10, 13, 19]
+    widths = [12, 10, 8, 28, 14, 20, 19, 20, 9, 9, 13, 18]
     d.table(CONFIG_NOTE, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
 
 
