@@ -249,15 +249,3 @@ def intervals_overlap(a: tuple | None, b: tuple | None) -> bool | None:
     if a is None or b is None:
         return None
     return a[0] <= b[1] and b[0] <= a[1]
-
-
-def _aligned(base_ids, ids) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Row positions of both sides, paired by repeat index where the index sets agree."""
-    if base_ids is not None and ids is not None:
-        b, g = [int(x) for x in base_ids], [int(x) for x in ids]
-        if sorted(b) == sorted(g) and len(set(b)) == len(b):
-            order = {r: k for k, r in enumerate(g)}
-            return np.arange(len(b)), np.array([order[r] for r in b]), True
-    n_b = 0 if base_ids is None else len(base_ids)
-    n_g = 0 if ids is None else len(ids)
-    return np.arange(n_b), np.arange(n_g), False
