@@ -2,7 +2,7 @@
 
 import sys
 
-from hvdscale.cli import main
+from hvdscale.cli import finish, main
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    finish(main(["train", *sys.argv[1:]]))
