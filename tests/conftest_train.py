@@ -71,7 +71,8 @@ def hvd(*args, check=True, timeout=300, **kw) -> subprocess.CompletedProcess:
 def base_config(n_samples=6000, train_shards=4, test_shards=2, seed=11, **training) -> dict:
     """A small config; ``training`` keys override (``epochs`` is read as max_epochs, the
     budget; without a --target file every run trains it)."""
-    t = {"max_epochs": 4, "warmup_epochs": 1, "learning_rate": 1e-3}
+    # a checkpoint after every epoch: the resume tests kill a run after its first epochs
+    t = {"max_epochs": 4, "warmup_epochs": 1, "learning_rate": 1e-3, "checkpoint_every_s": 0}
     if "epochs" in training:
         training["max_epochs"] = training.pop("epochs")
     t.update(training)

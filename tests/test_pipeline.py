@@ -307,6 +307,7 @@ def test_slurm_cancelled_job_is_retried_and_resumes_while_others_continue(
                 "warmup_epochs": 1,
                 "stop_at_target": False,
                 "target": {"mode": "absolute", "value": 0.05},
+                "checkpoint_every_s": 0,  # the victim is cancelled after its first checkpoint
             },
             "scaling": {
                 "sweeps": [

@@ -105,6 +105,28 @@ def test_epoch_metrics_round_trip_and_reduction_without_horovod():
     assert not EpochMetrics(0.1, float("inf"), 1, 0, 0, 0, 0, 0, 0, 0).finite()
 
 
+def test_checkpoint_interval(monkeypatch):
+    """training.checkpoint_every_s: after every epoch at 0; otherwise once the interval has
+    passed since the last checkpoint (or the start), and always after the last epoch."""
+    import hvdscale.train.checkpoint as ck
+
+    clock = [100.0]
+    monkeypatch.setattr(ck.time, "monotonic", lambda: clock[0])
+    c = ck.Checkpointer(Path("unused"), None, "r", "h", 1, 0, every_s=10)
+    assert not c.due(last_epoch=False) and c.due(last_epoch=True)
+    clock[0] = 109.9
+    assert not c.due(last_epoch=False)
+    clock[0] = 110.0
+    assert c.due(last_epoch=False)
+    monkeypatch.setattr(ck, "save_checkpoint", lambda *a: "saved")
+    assert c.save(3, ResumeState(), []) == "saved"  # restarts the interval
+    assert not c.due(last_epoch=False)
+    c.every_s = 0
+    assert c.due(last_epoch=False)
+    c.enabled = False
+    assert not c.due(last_epoch=True) and c.save(4, ResumeState(), []) is None
+
+
 def test_resume_state_from_a_checkpoint_state():
     fresh = ResumeState.from_state(None)
     fresh.begin_attempt("t0")
@@ -175,7 +197,8 @@ def _run_ok(cfg, rid, data, out, *extra):
 @pytest.mark.horovod
 @needs_train_env
 def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
-    cfg = write_config(tmp_path / "config.json", base_config(epochs=4))
+    # an hour between checkpoints: the one after the last epoch is written all the same
+    cfg = write_config(tmp_path / "config.json", base_config(epochs=4, checkpoint_every_s=3600))
     out = tmp_path / "run"
     rec, r = _run_ok(cfg, "local_gloo_n1_w1_b75_lrnone_r0", train_data, out)
     check_plausible(rec, workers=1, epochs=4)

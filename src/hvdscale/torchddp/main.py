@@ -120,6 +120,7 @@ def train_rank(args, out_dir: Path) -> int:
         out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, run_.seed
     )
     checkpointer.enabled = tcfg["checkpoint"]
+    checkpointer.every_s = tcfg["checkpoint_every_s"]
     progress = checkpointer.restore(worker, log)
     optim.broadcast(worker)
     if not progress.history and worker.is_root:

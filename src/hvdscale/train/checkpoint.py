@@ -1,13 +1,16 @@
 """Checkpoints and resuming: rank 0 alone writes ``OUT_DIR/checkpoint/epoch-NNNN/`` after
-every epoch (atomically) and, when the same run starts again, reads the newest one and
-broadcasts where to continue. ``ResumeState`` is what a run carries from one attempt to
-the next: the epochs done, the elapsed time, the attempts and the utilisation samples."""
+an epoch (atomically: every epoch, or once ``training.checkpoint_every_s`` has passed
+since the last one, and always after the last epoch and before a time-limit stop) and,
+when the same run starts again, reads the newest one and broadcasts where to continue.
+``ResumeState`` is what a run carries from one attempt to the next: the epochs done, the
+elapsed time, the attempts and the utilisation samples."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +129,17 @@ class Checkpointer:
     workers: int
     seed: int
     enabled: bool = True
+    every_s: float = 0.0  # training.checkpoint_every_s: 0 = after every epoch
+    _last_save: float = field(default_factory=lambda: time.monotonic(), repr=False)
+
+    def due(self, *, last_epoch: bool) -> bool:
+        """Whether to checkpoint after this epoch: every epoch when ``every_s`` is 0,
+        otherwise once ``every_s`` seconds have passed since the last checkpoint (or the
+        start); always after the run's last epoch of this attempt (``last_epoch``: the
+        target, a budget or a time-limit stop ends it)."""
+        if not self.enabled:
+            return False
+        return last_epoch or time.monotonic() - self._last_save >= self.every_s
 
     def identity(self) -> dict:
         return {"run_id": self.run_id, "config_hash": self.config_hash, "workers": self.workers}
@@ -154,6 +168,7 @@ class Checkpointer:
         """Checkpoint after ``epoch`` (rank 0 only; the caller checks)."""
         if not self.enabled:
             return None
+        self._last_save = time.monotonic()
         return save_checkpoint(
             self.out_dir,
             self.ckpt,

@@ -202,14 +202,15 @@ def train_epochs(
                     f"{m.val_loss}); learning rate {optim.lr:g} is too large for "
                     "this configuration"
                 )
-            if worker.is_root:
-                checkpointer.save(epoch, progress, prev + list(sampler.samples))
-            worker.barrier(name=f"epoch_end_{epoch}")  # HVD: wait for the checkpoint
             result.stop_reason = plan.stop_reason(epoch, m.val_loss, m.elapsed)
             if result.stop_reason is None and timelimit.stop_requested(
                 worker, epoch, plan.max_epochs
             ):  # SIGUSR1 before the limit
                 result.stop_reason = "time_limit"
+            if worker.is_root and checkpointer.due(last_epoch=result.stop_reason is not None):
+                checkpointer.save(epoch, progress, prev + list(sampler.samples))
+            worker.barrier(name=f"epoch_end_{epoch}")  # HVD: wait for the checkpoint
+            if result.stop_reason == "time_limit":
                 result.exit_code = timelimit.stopped(
                     log, plan.run_id, epoch, checkpointer.out_dir, worker.is_root
                 )

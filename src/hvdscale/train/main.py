@@ -8,11 +8,11 @@ run's derived seed, hvdscale.runtable.run_seed) until the validation loss reache
 target of ``--target target.json`` or a budget (training.max_epochs, max_train_s) runs
 out, evaluates the test split once at the end, and writes (rank 0 only)
 OUT_DIR/metrics.json (the run record, validated against workflow/schemas/run.schema.json),
-OUT_DIR/history.csv, a checkpoint per epoch in OUT_DIR/checkpoint/ and, with
+OUT_DIR/history.csv, checkpoints in OUT_DIR/checkpoint/ (training.checkpoint_every_s) and, with
 training.timeline (whole run) or training.timeline_steps (a window after the warm-up
 epochs), OUT_DIR/timeline.json (written by Horovod; the label proof reads it).
 
-Re-running the same command after a crash resumes from the last completed epoch.
+Re-running the same command after a crash resumes from the last checkpointed epoch.
 Each rank writes OUT_DIR/.pids/rank-N.pid (diagnostics: which process is which rank).
 
 Exit status: 0 completed; 3 the loss became NaN/inf (a run record with status nan_loss
@@ -160,6 +160,7 @@ def train_rank(args, out_dir: Path) -> int:
     chash = config_hash(cfg)
     checkpointer = Checkpointer(out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, seed)
     checkpointer.enabled = tcfg["checkpoint"]
+    checkpointer.every_s = tcfg["checkpoint_every_s"]
     progress = checkpointer.restore(worker, log)  # HVD: rank 0 reads, then broadcasts
     optim.broadcast(worker)  # HVD: rank 0's weights and optimizer state everywhere
     if not progress.history and worker.is_root:  # a fresh start: the initial weights
