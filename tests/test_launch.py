@@ -419,20 +419,33 @@ def test_allreduce_size_parsing():
         parse_sizes("8:1Mi:x3")
 
 
-@pytest.mark.parametrize("framework", [None, "tensorflow"])
-def test_finish_skips_the_teardown_only_after_a_framework_was_imported(framework):
-    """hvdscale.cli.finish: a process that imported TensorFlow (or torch) leaves with
-    os._exit after flushing stdout/stderr (its interpreter teardown costs ~0.7 s per rank
-    and run); any other command exits normally (atexit handlers run)."""
-    fake = f"sys.modules[{framework!r}] = types.ModuleType({framework!r}); " if framework else ""
+@pytest.mark.parametrize(
+    ("framework", "status", "fast"),
+    [(None, 0, False), ("tensorflow", 0, True), ("torch", 0, True), ("tensorflow", 3, False)],
+)
+def test_finish_skips_the_teardown_only_after_a_framework_command_succeeded(
+    framework, status, fast
+):
+    """hvdscale.cli.finish: a process that imported TensorFlow (or torch) and succeeded
+    shuts Horovod down (MPI_Finalize: mpirun fails a rank without it), flushes
+    stdout/stderr and leaves with os._exit (its interpreter teardown costs ~0.7 s per rank
+    and run); any other exit is ordinary (atexit handlers run)."""
+    fake = ""
+    if framework:
+        fake = f"sys.modules[{framework!r}] = types.ModuleType({framework!r}); "
+        fake += (
+            "hvd = types.ModuleType('horovod.tensorflow'); "
+            "hvd.shutdown = lambda: print('hvd-shutdown', end=''); "
+            "sys.modules['horovod.tensorflow'] = hvd; "
+        )
     code = (
         "import atexit, sys, types; "
         + fake
         + "atexit.register(lambda: print('teardown', flush=True)); "
         "from hvdscale.cli import finish; "
-        "print('buffered', end=''); print('err', end='', file=sys.stderr); finish(3)"
+        f"print('buffered', end=''); print('err', end='', file=sys.stderr); finish({status})"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=sub_env())
-    assert r.returncode == 3
+    assert r.returncode == status
     assert r.stderr == "err"  # flushed before os._exit
-    assert r.stdout == ("buffered" if framework else "bufferedteardown\n")
+    assert r.stdout == ("bufferedhvd-shutdown" if fast else "bufferedteardown\n")

@@ -147,10 +147,14 @@ _SLOW_TEARDOWN = ("tensorflow", "torch")
 
 def finish(code: int) -> None:
     """Exit the command-line process with ``code``. After a training or allreduce command
-    (a framework was imported) every file is written and closed, Horovod is shut down and
-    the exit marker is on disk, so the interpreter teardown is skipped (os._exit after
-    flushing stdout and stderr); otherwise an ordinary exit."""
-    if any(name in sys.modules for name in _SLOW_TEARDOWN):
+    that succeeded (a framework was imported, status 0) every file is written and closed
+    and the exit marker is on disk: Horovod is shut down (which finalizes MPI; mpirun
+    reports a rank that exits without it as a failure), stdout and stderr are flushed
+    and the interpreter teardown is skipped (os._exit). Otherwise an ordinary exit."""
+    if code == 0 and any(name in sys.modules for name in _SLOW_TEARDOWN):
+        hvd = sys.modules.get("horovod.tensorflow")
+        if hvd is not None:
+            hvd.shutdown()  # a no-op when the command shut Horovod down itself
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
