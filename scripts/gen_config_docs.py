@@ -20,10 +20,14 @@ HEADER = """# Configuration reference
 
 Generated from `workflow/schemas/config.schema.yaml` by `scripts/gen_config_docs.py`;
 do not edit by hand. Every config file is validated against that schema (unknown keys
-are rejected, every key has a default). Two configs ship with the project:
+are rejected, every key has a default). The configs that ship with the project:
 
-- `config/config.yaml`: a small default that runs the whole pipeline on 2 cores in
-  minutes (40,000 curves, 1 and 2 workers, Gloo and MPI, batch 75).
+- `config/config.yaml`: the default, the whole equal-accuracy study on 2 cores in about
+  9 minutes (24,000 curves; 1 and 2 workers, batch 75 and 1000 per worker, MPI, 5
+  repeats; a calibrated target; an epoch-time Gloo sweep; a small LR re-tuning sweep).
+- `config/accuracy.yaml`: the same study with a longer budget, more calibration seeds
+  and the full re-tuning sweep.
+- `config/partial.yaml`: an overlay that builds the report from partial results.
 - `config/thesis.yaml`: the reference study (1,000,000 curves, batch 75, learning rate
   4.7331e-4, the 153,441-parameter network, partitions alpha/hpdlf/gpu2). Values marked
   `EDIT` in it are per-cluster.
