@@ -635,14 +635,15 @@ def write_study(
     a metrics.json with status failed; ``nan_loss``: stopped by a non-finite loss.
     ``limit``: write only the first ``limit`` runs (the rest are missing).
     """
-    from hvdscale.config import config_hash as chash
+    from hvdscale.analysis.aggregate import SliceHash
 
     epochs = epochs or sim_epochs(cfg)
     if train_samples is None:
         train_samples = int(cfg["data"]["n_samples"] * cfg["data"]["train_fraction"])
-    h = config_hash or chash(cfg)
+    table = {r.run_id: r for r in run_table(cfg)}
+    slice_hash = SliceHash(cfg, table)  # what a real run records: its slice's hash
     written = []
-    for i, run in enumerate(run_table(cfg)):
+    for i, run in enumerate(table.values()):
         rid = run.run_id
         if rid in missing or (limit is not None and i >= limit):
             continue
@@ -661,7 +662,7 @@ def write_study(
             status=status,
             target_test_loss=study_target(cfg),
             workers_per_node=run.workers_per_node,
-            config_hash=h,
+            config_hash=config_hash or slice_hash(rid),
             launcher=cfg["training"]["launcher"],
         )
         write_record(runs_dir, rec)

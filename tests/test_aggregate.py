@@ -381,6 +381,43 @@ def test_realistic_study_roundtrip(tmp_path):
     pd.testing.assert_series_equal(back.speedup, agg.summary.speedup, check_exact=False, rtol=1e-9)
 
 
+def test_config_hash_match_compares_each_run_with_its_slice_of_the_config(tmp_path):
+    """runs.csv's config_hash_match: a record is checked against the hash of its own
+    slice of the config (what hvdscale train reads), not the whole config's; a run
+    trained under another config (here: another learning rate) is False, and the
+    report's provenance names it."""
+    from hvdscale.analysis.aggregate import SliceHash
+    from hvdscale.config import config_hash
+    from hvdscale.report.overview import _provenance_rows
+    from hvdscale.report.provenance import collect, config_match
+    from hvdscale.runtable import run_config
+
+    cfg = F.load_test_config("config.yaml", repeats=2)
+    ids = [r.run_id for r in run_table(cfg)]
+    F.write_study(tmp_path / "runs", cfg)
+    other = validate_config({**cfg, "training": {**cfg["training"], "learning_rate": 0.1}})
+    stale = ids[1]
+    rec_path = tmp_path / "runs" / stale / "metrics.json"
+    rec = json.loads(rec_path.read_text())
+    rec["environment"]["config_hash"] = config_hash(validate_config(run_config(other, stale)))
+    rec_path.write_text(json.dumps(rec))
+    agg = aggregate(tmp_path / "runs", cfg)
+    match = dict(zip(agg.runs.run_id, agg.runs.config_hash_match))
+    assert match.pop(stale) is False and all(v is True for v in match.values())
+    assert config_hash(cfg) not in set(agg.runs.config_hash)  # no run records the whole one
+    # repeats share a slice and its validation
+    sh = SliceHash(cfg, {r.run_id: r for r in run_table(cfg)})
+    assert sh(ids[0]) == sh(ids[0].replace("_r0", "_r1")) and sh("no_such_run") is None
+    # the provenance row, from runs.csv as the report reads it
+    agg.runs.to_csv(tmp_path / "runs.csv", index=False)
+    back = pd.read_csv(tmp_path / "runs.csv")
+    assert config_match(back) == (len(ids) - 1, len(ids), [stale])
+    info = collect(config_file=None, cfg=cfg, runs=back, provenance=None)
+    row = dict(_provenance_rows(info))["Config hash (validated)"]
+    assert f"{len(ids) - 1}/{len(ids)} runs recorded the hash of their slice" in row
+    assert f"trained under another config: {stale}" in row
+
+
 def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
     rc = main(
         [

@@ -9,6 +9,7 @@ run inside and outside Snakemake.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -30,6 +31,13 @@ RUN_SCHEMA = SCHEMA_DIR / "run.schema.json"
 
 
 def load_schema(path: Path = CONFIG_SCHEMA) -> dict:
+    """The config schema (a copy: callers may change it). Parsed once per file and
+    process: parsing the YAML is 95 % of a validate_config call (170 ms of 176)."""
+    return copy.deepcopy(_parsed_schema(str(path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_schema(path: str) -> dict:
     with open(path) as fh:
         return yaml.safe_load(fh)
 

@@ -58,6 +58,7 @@ Example
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,9 +84,9 @@ from hvdscale.analysis.tables import (
     default_epochs_path,
     write_csv,
 )
-from hvdscale.config import config_hash, load_config
+from hvdscale.config import config_hash, load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.runtable import find_run, run_table
+from hvdscale.runtable import find_run, run_config, run_table
 
 
 @dataclass
@@ -115,7 +116,7 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     """Read, validate and aggregate every run under ``runs_dir`` (see the module doc)."""
     warn = warn or (lambda msg: None)
     table = {r.run_id: r for r in run_table(cfg)} if cfg is not None else None
-    chash = config_hash(cfg) if cfg is not None else None
+    slice_hash = SliceHash(cfg, table) if cfg is not None else None
     validator = RecordValidator()
     problems: list[str] = []
 
@@ -133,8 +134,8 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
             problem(st["path"], err)
         if rec is not None and st["in_config"]:
             row, eps = record_row(rec, st["path"])
-            if chash is not None:
-                row["config_hash_match"] = row["config_hash"] == chash
+            if slice_hash is not None:
+                row["config_hash_match"] = row["config_hash"] == slice_hash(d.name)
             rows.append(row)
             epoch_rows.extend(eps)
         if not st["in_config"]:
@@ -168,6 +169,26 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
     if not summary.empty:
         SUMMARY_SCHEMA.validate(summary)
     return Aggregation(runs, summary, status_df, epochs, problems)
+
+
+class SliceHash:
+    """The config hash a run of ``cfg`` records: that of its validated slice of the
+    config (runtable.run_config, the snapshot hvdscale train reads), so a run record
+    whose hash differs was trained under another config. Runs that share a slice (the
+    repeats of a configuration) share the validation."""
+
+    def __init__(self, cfg: dict, table: dict):
+        self.cfg, self.table, self._by_slice = cfg, table, {}
+
+    def __call__(self, run_id: str) -> str | None:
+        try:
+            sub = run_config(self.cfg, run_id, self.table)
+        except ConfigError:
+            return None
+        key = json.dumps(sub, sort_keys=True)
+        if key not in self._by_slice:
+            self._by_slice[key] = config_hash(validate_config(sub))
+        return self._by_slice[key]
 
 
 def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:

@@ -82,14 +82,13 @@ def title_section(d: Doc, r: ReportData) -> None:
 
 def _provenance_rows(info: dict) -> list[tuple[str, str]]:
     rec_commits = ", ".join(c[:12] for c in info["run_git_commits"]) or "-"
-    match = "-"
-    if info["config_hash"] and info["run_config_hashes"]:
-        n_other = len([h for h in info["run_config_hashes"] if h != info["config_hash"]])
-        match = (
-            "all runs used this config"
-            if n_other == 0
-            else f"{n_other} other config hash(es) in the run records"
-        )
+    match = "runs not checked"
+    if info.get("run_config_match"):
+        ok, n, bad = info["run_config_match"]
+        match = f"{ok}/{n} runs recorded the hash of their slice of this config"
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            match += f"; trained under another config: {shown}"
     wf = ", ".join(f"{k} {v}" for k, v in info["workflow_env"].items())
     tr = "; ".join(f"{k} {v}" for k, v in info["train_env"].items()) or "no run records"
     rows = [

@@ -118,6 +118,22 @@ def compress_hosts(hosts: list[str], limit: int = 24) -> str:
     return ", ".join(hosts[:limit]) + f", ... ({len(hosts)} hosts)"
 
 
+def config_match(runs: pd.DataFrame | None) -> tuple[int, int, list[str]] | None:
+    """(runs whose record's config hash is that of their slice of this config, runs
+    checked, the run ids of the others), from runs.csv's config_hash_match; None when
+    nothing was checked (no config at aggregation)."""
+    if runs is None or runs.empty or "config_hash_match" not in runs:
+        return None
+    col = runs["config_hash_match"].map(
+        lambda v: None if pd.isna(v) else str(v).strip().lower() in ("true", "1")
+    )
+    checked = col.notna()
+    if not checked.any():
+        return None
+    bad = sorted(runs.loc[checked & (col == False), "run_id"].astype(str))  # noqa: E712
+    return int(checked.sum()) - len(bad), int(checked.sum()), bad
+
+
 def collect(
     *, config_file, cfg: dict | None, runs: pd.DataFrame | None, provenance: dict | None
 ) -> dict:
@@ -125,7 +141,7 @@ def collect(
     files = [config_file] if isinstance(config_file, (str, Path)) else list(config_file or [])
     # Snakemake lists a config file given both as `configfile:` and `--configfile` twice
     files = list(dict.fromkeys(str(f) for f in files))
-    hosts, devices, cpus, commits, hashes, started = [], [], [], [], [], []
+    hosts, devices, cpus, commits, started = [], [], [], [], []
     if runs is not None and not runs.empty:
         for h in runs["hosts"].dropna():
             hosts.extend(str(h).split(","))
@@ -133,7 +149,6 @@ def collect(
             devices.extend(str(d).split(";"))
         cpus = sorted(set(runs["cpu_model"].dropna().astype(str)))
         commits = sorted(set(runs["git_commit"].dropna().astype(str)))
-        hashes = sorted(set(runs["config_hash"].dropna().astype(str)))
         started = sorted(runs["started_utc"].dropna().astype(str))
     hardware = []
     if cfg is not None:
@@ -156,7 +171,7 @@ def collect(
         or None,
         "config_hash": config_hash(cfg) if cfg is not None else None,
         "run_git_commits": commits,
-        "run_config_hashes": hashes,
+        "run_config_match": config_match(runs),
         "workflow_env": workflow_versions(),
         "train_env": train_versions(runs),
         "provenance_json": flatten(provenance) if provenance else {},
