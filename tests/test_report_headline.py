@@ -44,6 +44,14 @@ def test_sentence_when_slower_says_so():
     assert "50 % of the epoch-time gain survives" in s
 
 
+def test_sentence_when_the_interval_holds_one_claims_neither_direction():
+    for s_, lo, hi in ((0.99, 0.57, 1.36), (1.01, 0.88, 1.22), (1.0, 1.0, 1.3)):
+        s = headline_sentence(RF.headline_row(ttt_speedup=s_, ttt_lo=lo, ttt_hi=hi))
+        assert "neither clearly faster nor slower than 1 worker: speedup" in s, s
+        assert f"{s_:.2f}x [{lo:.2f}{D}{hi:.2f}], the interval holds 1 (5/5 reached" in s
+        assert "faster than 1 worker (" not in s and "more slowly" not in s
+
+
 def test_sentence_without_a_faster_epoch_names_the_hardware_not_a_share():
     row = RF.headline_row(epoch_speedup=0.97, epoch_lo=0.8, epoch_hi=1.07, epochs_ratio=0.93)
     s = headline_sentence(row)

@@ -226,7 +226,14 @@ def headline_sentence(row: Mapping) -> str:
         counts += f"; {gap}"
     speed = with_interval(s, row["ttt_lo"], row["ttt_hi"])
     ws = workers_text(w)
-    if float(s) >= 1:
+    lo, hi = row["ttt_lo"], row["ttt_hi"]
+    if fmt.isnum(lo) and fmt.isnum(hi) and float(lo) <= 1 <= float(hi):
+        # the interval holds 1: neither "faster" nor "slower" can be defended
+        text = (
+            f"{ws} reach the target validation loss neither clearly faster nor slower than "
+            f"1 worker: speedup {speed}, the interval holds 1 ({counts})"
+        )
+    elif float(s) >= 1:
         text = f"{ws} reach the target validation loss {speed} faster than 1 worker ({counts})"
     else:
         text = (
