@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hvdscale.noise_scale import estimate, predicted_epochs_ratio
+from hvdscale.noise_scale import estimate, implied_critical_batch, predicted_epochs_ratio
 
 
 def _data_parallel_norms(seed, workers=4, b_local=16, steps=1000, dim=40):
@@ -49,3 +49,13 @@ def test_predicted_epochs_ratio():
     assert predicted_epochs_ratio(75, 150, 1e9) == pytest.approx(1.0)
     assert predicted_epochs_ratio(1000, 2000, 1000) == pytest.approx(2 / 3)
     assert math.isnan(predicted_epochs_ratio(75, 150, math.nan))
+
+
+def test_implied_critical_batch_inverts_the_prediction():
+    for b_crit in (3.0, 75.0, 632.0, 1e4):
+        r = predicted_epochs_ratio(1000, 2000, b_crit)
+        assert implied_critical_batch(1000, 2000, r) == pytest.approx(b_crit, rel=1e-9)
+    assert implied_critical_batch(75, 150, 1.0) == math.inf  # no epoch cost at all
+    assert implied_critical_batch(75, 150, 0.4) == 0.0  # below B_1/B_n: outside the model
+    assert math.isnan(implied_critical_batch(75, 75, 0.9))
+    assert math.isnan(implied_critical_batch(75, 150, math.nan))

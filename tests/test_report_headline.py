@@ -323,6 +323,31 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
     assert "buys no faster convergence" not in text
 
 
+def test_noise_sentence_states_a_batch_limit_only_where_the_prediction_holds():
+    from types import SimpleNamespace
+
+    from hvdscale.report.equal_accuracy import noise_sentence
+
+    def sentence(**over):
+        return noise_sentence(SimpleNamespace(**RF.headline_row(**over)))
+
+    agree = sentence(epochs_ratio=0.90, predicted_epochs_ratio=0.94)  # B_crit 1,200 at 75/150
+    assert "predicted epochs ratio 0.94, measured 0.90, which the same model gives for a " in agree
+    assert "critical batch of about 600" in agree  # (0.9 x 150 - 75) / (1 - 0.9)
+    assert agree.endswith("up to a global batch of about 1,200.")
+    # the default run's case: B_simple 3 predicts 0.51, the runs needed only 1.23x the epochs
+    miss = sentence(
+        b_simple=3.0, critical_batch=3.0, predicted_epochs_ratio=0.51, epochs_ratio=0.81
+    )
+    assert "B_simple = 3; predicted epochs ratio 0.51, measured 0.81" in miss
+    assert "critical batch of about 245" in miss and "still pays" not in miss
+    assert miss.endswith("does not predict the epochs to target here, and no global-batch "
+                         "limit is read from it.")  # fmt: skip
+    assert "no epoch cost" in sentence(epochs_ratio=1.02)
+    assert "not measured" in sentence(epochs_ratio=math.nan)
+    assert sentence(b_simple=math.nan, critical_batch=math.nan) is None
+
+
 def test_results_table_time_to_target_carries_reached_over_total():
     from hvdscale.report.results import ttt_with_counts
 

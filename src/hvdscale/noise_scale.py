@@ -51,3 +51,16 @@ def predicted_epochs_ratio(b_1: float, b_n: float, b_crit: float) -> float:
     if not (b_crit and math.isfinite(b_crit) and b_crit > 0):
         return math.nan
     return (1.0 + b_1 / b_crit) / (1.0 + b_n / b_crit)
+
+
+def implied_critical_batch(b_1: float, b_n: float, ratio: float) -> float:
+    """The B_crit for which the model gives the measured epochs ratio E(B_1)/E(B_n)
+    (predicted_epochs_ratio solved for B_crit): (ratio B_n - B_1) / (1 - ratio).
+    inf when ratio >= 1 (no epoch cost at B_n: the critical batch is beyond it); 0 when
+    ratio <= B_1/B_n (more epochs than even a noise-free gradient needs, outside the
+    model); NaN without a ratio or with B_n <= B_1."""
+    if not (math.isfinite(ratio) and ratio > 0 and b_n > b_1 > 0):
+        return math.nan
+    if ratio >= 1:
+        return math.inf
+    return max(0.0, (ratio * b_n - b_1) / (1.0 - ratio))
