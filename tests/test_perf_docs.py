@@ -192,3 +192,19 @@ def test_the_efficiency_bound_from_step_allreduce_and_ceiling():
     assert x["explained"] == pytest.approx(0.2 / 0.3)
     bad = [dict(allreduce[0], foreign_cpu="0.5")]
     assert bound_figures(train, bad, scaling) is None
+
+
+def test_the_allreduce_reading_comes_from_valid_rows_only():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gen_perf_docs as g
+
+    def row(arm, us, valid="true"):
+        return {"row": "summary", "arm": arm, "median_us": str(us), "valid": valid,
+                "load_before": "0.1", "foreign_cpu": "0.0"}  # fmt: skip
+
+    rows = [row("mpi", 300), row("gloo", 4200), row("torch gloo", 2100)]
+    text = g.allreduce_reading(rows)
+    assert "takes 2100 us (7.0x MPI), Horovod's Gloo 4200 us (14.0x MPI, 2.0x torch's)" in text
+    rows[2]["valid"] = "false"  # an invalid row gives no sentence
+    assert g.allreduce_reading(rows) == ""
+    assert g.allreduce_reading(rows[:2]) == ""
