@@ -204,7 +204,15 @@ def test_the_allreduce_reading_comes_from_valid_rows_only():
 
     rows = [row("mpi", 300), row("gloo", 4200), row("torch gloo", 2100)]
     text = g.allreduce_reading(rows)
-    assert "takes 2100 us (7.0x MPI), Horovod's Gloo 4200 us (14.0x MPI, 2.0x torch's)" in text
+    assert "takes 2100 us (7.00x MPI), Horovod's Gloo 4200 us (14.00x MPI, 2.0x torch's)" in text
+    assert "Gloo itself (TCP, here the loopback) is most of the cost" in text
+    rows[2]["median_us"] = "600"  # the library within 2x of MPI: Horovod's path is the cost
+    text = g.allreduce_reading(rows)
+    assert "(2.00x MPI)" in text and "the rest is Horovod's Gloo path" in text
+    rows[2]["ratio_vs_mpi"] = "1.6"  # the table's ratio (over paired repeats) wins
+    assert "takes 600 us (1.60x MPI)" in g.allreduce_reading(rows)
+    rows[1]["median_us"] = "500"
+    assert "Horovod's Gloo is within 2x of MPI." in g.allreduce_reading(rows)
     rows[2]["valid"] = "false"  # an invalid row gives no sentence
     assert g.allreduce_reading(rows) == ""
     assert g.allreduce_reading(rows[:2]) == ""
