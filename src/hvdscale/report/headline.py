@@ -224,9 +224,9 @@ def headline_sentence(row: Mapping) -> str:
     gap = _interval_gap(row)
     if gap:
         counts += f"; {gap}"
-    speed = with_interval(s, row["ttt_lo"], row["ttt_hi"])
-    ws = workers_text(w)
     lo, hi = row["ttt_lo"], row["ttt_hi"]
+    speed = with_interval(s, lo, hi)
+    ws = workers_text(w)
     if fmt.isnum(lo) and fmt.isnum(hi) and float(lo) <= 1 <= float(hi):
         # the interval holds 1: neither "faster" nor "slower" can be defended
         text = (

@@ -116,11 +116,9 @@ def train_rank(args, out_dir: Path) -> int:
         cfg, run_.lr_rule, worker.size, data.steps, run_.seed, device=device
     )
     chash = config_hash(cfg)
-    checkpointer = Checkpointer(
-        out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, run_.seed
+    checkpointer = Checkpointer.for_run(
+        out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, run_.seed, tcfg
     )
-    checkpointer.enabled = tcfg["checkpoint"]
-    checkpointer.every_s = tcfg["checkpoint_every_s"]
     progress = checkpointer.restore(worker, log)
     optim.broadcast(worker)
     if not progress.history and worker.is_root:

@@ -132,6 +132,15 @@ class Checkpointer:
     every_s: float = 0.0  # training.checkpoint_every_s: 0 = after every epoch
     _last_save: float = field(default_factory=lambda: time.monotonic(), repr=False)
 
+    @classmethod
+    def for_run(cls, out_dir, ckpt, run_id, config_hash, workers, seed, tcfg: dict):
+        """A run's checkpointer, with what the training config says of checkpoints
+        (training.checkpoint, training.checkpoint_every_s); both trainers use it."""
+        return cls(
+            out_dir, ckpt, run_id, config_hash, workers, seed,
+            enabled=tcfg["checkpoint"], every_s=tcfg["checkpoint_every_s"],
+        )  # fmt: skip
+
     def due(self, *, last_epoch: bool) -> bool:
         """Whether to checkpoint after this epoch: every epoch when ``every_s`` is 0,
         otherwise once ``every_s`` seconds have passed since the last checkpoint (or the

@@ -158,9 +158,9 @@ def train_rank(args, out_dir: Path) -> int:
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
     optim = Optimisation.build(cfg, run_.lr_rule, worker.size, data.steps, seed)
     chash = config_hash(cfg)
-    checkpointer = Checkpointer(out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, seed)
-    checkpointer.enabled = tcfg["checkpoint"]
-    checkpointer.every_s = tcfg["checkpoint_every_s"]
+    checkpointer = Checkpointer.for_run(
+        out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, seed, tcfg
+    )
     progress = checkpointer.restore(worker, log)  # HVD: rank 0 reads, then broadcasts
     optim.broadcast(worker)  # HVD: rank 0's weights and optimizer state everywhere
     if not progress.history and worker.is_root:  # a fresh start: the initial weights
