@@ -9,8 +9,8 @@ a run's figure is the median per-call time of rank 0 over ``--iters`` calls afte
 ``--warmup`` calls. Arms (every one with hvdscale's Horovod environment of the config
 defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it):
 
-  mpi / gloo             the defaults: cycle time of the config, each rank bound to its
-                         own core (hvdscale's cpu_binding core)
+  mpi / gloo             the defaults: the cycle time that ``auto`` gives 2 bound ranks,
+                         each rank bound to its own core (hvdscale's cpu_binding core)
   ... cycle1             HOROVOD_CYCLE_TIME=1 (Horovod's own default)
   ... fusion0            HOROVOD_FUSION_THRESHOLD=0 (no tensor fusion)
   ... unbound            no CPU binding
@@ -97,12 +97,13 @@ ARMS["gloo lo"] = BareArm(
 ARMS["torch gloo"] = BareArm("torch gloo", "torch", settings="torch.distributed gloo")
 
 
-def horovod_env(controller: str) -> dict:
-    """hvdscale's Horovod variables of the config defaults for this controller."""
+def horovod_env(controller: str, bound: bool = True) -> dict:
+    """hvdscale's Horovod variables of the config defaults for this controller, as the
+    launcher sets them for 2 ranks on one node (bound: each on a core of its own)."""
     from hvdscale.config import validate_config
     from hvdscale.launch.launchspec import horovod_env as hv_env
 
-    return hv_env(validate_config({})["training"], controller)
+    return hv_env(validate_config({})["training"], controller, workers=2, bound=bound)
 
 
 def base_env() -> dict:
@@ -137,7 +138,7 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
             for r in range(2)
         ]
     else:
-        env.update(horovod_env(arm.controller))
+        env.update(horovod_env(arm.controller, bool(arm.bind)))
         env.update(dict(arm.env))
         horovodrun = shutil.which("horovodrun", path=str(py.parent)) or "horovodrun"
         argv = [horovodrun, "-np", 2, "-H", "localhost:2", f"--{arm.controller}"]

@@ -20,6 +20,7 @@ from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import (
     build_launch,
     controller_for,
+    cycle_time_ms,
     default_train_python,
     horovod_env,
 )
@@ -161,6 +162,42 @@ def test_horovod_tuning_knobs_and_timeline(tmp_path):
     exported = [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
     assert {"HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE"} <= set(exported)
     assert horovod_env({"horovod": {}}, "gloo") == {"HOROVOD_CPU_OPERATIONS": "gloo"}
+
+
+@pytest.mark.parametrize(
+    "workers, wpn, cores, binding, expected",
+    [
+        (1, 1, 2, "auto", "1"),  # alone: nothing to coordinate, Horovod's default
+        (2, 2, 2, "auto", "0.01"),  # two ranks, a core each, bound by cpu_binding auto
+        (2, 2, 2, "core", "0.01"),
+        (2, 2, 2, "none", "0.1"),  # unbound: the OS places the threads
+        (16, 8, 2, "auto", "0.1"),  # oversubscribed: a short cycle would poll on shared cores
+        (4, 2, 16, "auto", "0.01"),  # two nodes, a core each
+        (2, 1, 16, "auto", "0.1"),  # one rank per node: cpu_binding auto leaves it alone
+    ],
+)
+def test_cycle_time_auto(workers, wpn, cores, binding, expected):
+    t = {**T, "cpu_binding": binding, "horovod": {"cycle_time_ms": "auto"}}
+    nodes = -(-workers // wpn)
+    hosts = [f"h{i}" for i in range(nodes)] if nodes > 1 else None
+    s = spec("mpirun", "mpi", workers, nodes, wpn, training=t, cpu_count=cores, hosts=hosts)
+    assert s.env["HOROVOD_CYCLE_TIME"] == expected
+    exported = [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
+    assert "HOROVOD_CYCLE_TIME" in exported  # mpirun -x passes it to the ranks
+
+
+def test_cycle_time_number_and_null_win_over_placement():
+    assert cycle_time_ms(2.5, 1, False) == 2.5 and cycle_time_ms(2.5, 8, True) == 2.5
+    assert cycle_time_ms(None, 2, True) is None  # Horovod's own default: no variable
+    assert "HOROVOD_CYCLE_TIME" not in horovod_env({"horovod": {"cycle_time_ms": None}}, "mpi")
+    assert cycle_time_ms("auto", 1, True) == 1.0
+    assert validate_config({})["training"]["horovod"]["cycle_time_ms"] == "auto"
+
+
+def test_cycle_time_bad_value_names_key_and_choices():
+    expected = r"cycle_time_ms: got 0; expected a number > 0 or null or 'auto'"
+    with pytest.raises(UserError, match=expected):
+        validate_config({"training": {"horovod": {"cycle_time_ms": 0}}})
 
 
 def test_horovodrun_multi_node_needs_hosts(monkeypatch):

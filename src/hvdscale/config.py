@@ -58,6 +58,21 @@ def _with_defaults(validator_class):
     return validators.extend(validator_class, {"properties": set_defaults})
 
 
+def _alternative(sub: dict) -> str:
+    """One branch of a oneOf/anyOf in words ('' when it has no simple wording)."""
+    ops = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+    if "const" in sub:
+        return repr(sub["const"])
+    if sub.get("type") == "null":
+        return "null"
+    if sub.get("type") in ("number", "integer"):
+        bounds = [f"{ops[k]} {sub[k]}" for k in ops if k in sub]
+        return f"a{'n' if sub['type'] == 'integer' else ''} {sub['type']}" + (
+            f" {' and '.join(bounds)}" if bounds else ""
+        )
+    return ""
+
+
 def _describe_error(err) -> str:
     key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
     schema = err.schema if isinstance(err.schema, dict) else {}
@@ -86,6 +101,8 @@ def _describe_error(err) -> str:
         return f"config key {key}: {err.message}"
     elif err.validator == "not":
         allowed = "a relative path inside the project (no leading '/', no '..')"
+    elif err.validator in ("oneOf", "anyOf") and all(_alternative(s) for s in err.validator_value):
+        allowed = " or ".join(_alternative(s) for s in err.validator_value)
     else:
         allowed = err.message
     desc = schema.get("description", "")
