@@ -7,6 +7,8 @@ in a loop, nothing else. Not a user command.
                        horovodrun (--mpi or --gloo)
   --framework torch    torch.distributed.all_reduce with the gloo backend (a reference;
                        started by bench_allreduce_bare.py with RANK/WORLD_SIZE/MASTER_*)
+  --framework tfcall   the same tf.function call without any collective (a multiply of
+                       the tensor): what a call costs by itself (started like torch)
 
 ``--bind 1`` pins rank r to core r before any thread starts (hvdscale's cpu_binding
 core). Every call is timed on the host (perf_counter around the call, which on the CPU
@@ -69,6 +71,29 @@ def horovod_times(a) -> tuple[int, list[float]]:
     return rank, times
 
 
+def tfcall_times(a) -> tuple[int, list[float]]:
+    """The same loop and tf.function call without Horovod: the call's own cost (a
+    multiply makes a new tensor of the gradient's size, as the allreduce's output is)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    xs = [tf.random.stateless_normal([a.params], seed=[1, 0])]
+    one = tf.constant(1.0)
+
+    @tf.function
+    def step(x, s):
+        return x[0] * s
+
+    times = []
+    for i in range(a.warmup + a.iters):
+        t0 = time.perf_counter()
+        step(xs, one)
+        if i >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    return int(os.environ.get("RANK", "0")), times
+
+
 def torch_times(a) -> tuple[int, list[float]]:
     import torch
     import torch.distributed as dist
@@ -89,7 +114,7 @@ def torch_times(a) -> tuple[int, list[float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--framework", choices=["horovod", "torch"], default="horovod")
+    ap.add_argument("--framework", choices=["horovod", "torch", "tfcall"], default="horovod")
     ap.add_argument("--params", type=int, default=153441, help="float32 elements")
     ap.add_argument("--tensors", type=int, default=1, help="split into this many tensors")
     ap.add_argument("--iters", type=int, default=2000)
@@ -98,7 +123,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     cores = bind(a.bind)
-    rank, times = (horovod_times if a.framework == "horovod" else torch_times)(a)
+    fns = {"horovod": horovod_times, "torch": torch_times, "tfcall": tfcall_times}
+    rank, times = fns[a.framework](a)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     Path(f"{a.out}.rank{rank}.json").write_text(
         json.dumps({"rank": rank, "times": times, "bound": cores, "affinity": affinity})

@@ -12,6 +12,7 @@ defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it)
   mpi / gloo             the defaults: the cycle time that ``auto`` gives 2 bound ranks,
                          each rank bound to its own core (hvdscale's cpu_binding core)
   ... cycle1             HOROVOD_CYCLE_TIME=1 (Horovod's own default)
+  ... cycle0.1           HOROVOD_CYCLE_TIME=0.1 (hvdscale's default before ``auto``)
   ... fusion0            HOROVOD_FUSION_THRESHOLD=0 (no tensor fusion)
   ... unbound            no CPU binding
   ... tensors8           the gradient as 8 tensors (grouped allreduce), like the model's
@@ -21,6 +22,10 @@ defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it)
   torch gloo             torch.distributed all_reduce with the gloo backend, a reference,
                          only where torch is importable in the train env (not installed
                          by hvdscale)
+  tf call                the same loop and tf.function call without any collective (two
+                         processes at once, each bound to its core): the part of a bare
+                         call that is the call itself, which a training step (many
+                         steps per call) does not pay per step
 
 Paired repeats (``--repeats``, odd repeats in reverse order); before every run the quiet
 guard waits for a quiet machine and every run records its load and ``foreign_cpu``
@@ -81,6 +86,12 @@ ARMS = {
         BareArm(c, c),
         BareArm(f"{c} cycle1", c, (("HOROVOD_CYCLE_TIME", "1"),), settings="cycle time 1 ms"),
         BareArm(
+            f"{c} cycle0.1",
+            c,
+            (("HOROVOD_CYCLE_TIME", "0.1"),),
+            settings="cycle time 0.1 ms (the former default)",
+        ),
+        BareArm(
             f"{c} fusion0", c, (("HOROVOD_FUSION_THRESHOLD", "0"),), settings="no tensor fusion"
         ),
         BareArm(f"{c} unbound", c, bind=0, settings="no CPU binding"),
@@ -95,6 +106,7 @@ ARMS["gloo lo"] = BareArm(
     settings="loopback interface",
 )
 ARMS["torch gloo"] = BareArm("torch gloo", "torch", settings="torch.distributed gloo")
+ARMS["tf call"] = BareArm("tf call", "tfcall", settings="tf.function call, no allreduce")
 
 
 def horovod_env(controller: str, bound: bool = True) -> dict:
@@ -123,14 +135,17 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
     common = ["--params", a.params, "--tensors", arm.tensors, "--iters", a.iters]
     common += ["--warmup", a.warmup, "--bind", arm.bind, "--out", out / "w"]
     env = base_env()
-    if arm.controller == "torch":
+    if arm.controller in ("torch", "tfcall"):
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 500)})
         env["WORLD_SIZE"] = "2"
-        argv = [py, WORKER, "--framework", "torch", *common]
+        argv = [py, WORKER, "--framework", arm.controller, *common]
+        # tf call: bound to core r as Horovod's ranks are (bind_cpus reads HOROVOD_LOCAL_*)
+        bound = arm.controller == "tfcall"
         procs = [
             subprocess.Popen(
                 list(map(str, argv)),
-                env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"},
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"}
+                | ({"HOROVOD_LOCAL_RANK": str(r), "HOROVOD_LOCAL_SIZE": "2"} if bound else {}),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -94,3 +94,17 @@ def provenance(rows: list[dict], name: str) -> str:
 
 def missing(name: str, how: str) -> str:
     return f"Not measured in this revision (no `benchmarks/results/{name}.csv`); run `{how}`.\n"
+
+
+def best_mpi(rows) -> dict | None:
+    """The fastest valid summary row of bench_allreduce_bare with the MPI controller (the
+    least a bare MPI allreduce of the gradient costs here, whatever the setting)."""
+    from _quiet import row_validity
+
+    mpi = [
+        r
+        for r in rows or []
+        if r.get("row") == "summary" and r.get("controller") == "mpi" and row_validity(r)[0]
+    ]
+    mpi = [r for r in mpi if num(r.get("median_us"))]
+    return min(mpi, key=lambda r: num(r["median_us"])) if mpi else None

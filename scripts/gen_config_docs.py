@@ -62,6 +62,11 @@ def allowed(node, defs) -> str:
     ):
         if k in node:
             parts.append(f"{op} {node[k]}")
+    for alt in node.get("oneOf", []):  # a branch with a constant or bounds (not a $ref)
+        if "const" in alt:
+            parts.append(f"`{alt['const']}`")
+        elif alt.get("type") in ("number", "integer") and allowed(alt, defs):
+            parts.append(f"{alt['type']} {allowed(alt, defs)}")
     if node.get("type") == "array" and "items" in node:
         inner = resolve(node["items"], defs)
         if inner.get("type") != "object":
@@ -74,6 +79,13 @@ def walk(node, path, defs, rows):
     node = resolve(node, defs)
     typ = node.get("type", "")
     typ = "/".join(typ) if isinstance(typ, list) else typ
+    if not typ and node.get("oneOf"):  # e.g. number/null/string (a constant such as auto)
+        names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+        kinds = [
+            names.get(type(a["const"]), "") if "const" in a else resolve(a, defs).get("type", "")
+            for a in node["oneOf"]
+        ]
+        typ = "/".join(dict.fromkeys(k for k in kinds if k))
     if path:
         default = node.get("default", "(required)")
         default_s = json.dumps(default) if typ == "object" else f"`{json.dumps(default)}`"

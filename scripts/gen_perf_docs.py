@@ -26,6 +26,7 @@ from _perf_cluster import block_costmodel, block_slurm_arrays  # noqa: E402
 from _perf_common import (  # noqa: E402
     INVALID,
     QCOLS,
+    best_mpi,
     ci,
     f2,
     missing,
@@ -300,22 +301,55 @@ def block_allreduce_bare(res: Path) -> str:
     return out + "\n" + provenance(rows, "bench_allreduce_bare")
 
 
+def block_cycle_time(res: Path) -> str:
+    rows = read(res, "bench_cycle_time")
+    if not rows:
+        return missing("bench_cycle_time", "make bench-cycle")
+    body = []
+    for r in rows:
+        if r.get("row") != "summary":
+            continue
+        ok, qc = quality(r)
+        thr, interval = thousands(r["throughput"]), ci(r, nd=0).replace(".", "")
+        ratio = f2(r["auto_vs_this"]) if r.get("auto_vs_this") else ""
+        cells = [r["batch"], r["workers"], f"{float(r['cycle_ms']):g}", r["auto"]]
+        body.append([*cells, shown(ok, thr), shown(ok, interval), shown(ok, ratio)])
+        body[-1] += [r["repeats"], *qc]
+    head = ["batch", "workers", "cycle ms", "auto picks it", "samples/s", "95 % CI"]
+    head += ["auto / this (paired)", "repeats", *QCOLS]
+    return table(head, body) + "\n" + provenance(rows, "bench_cycle_time")
+
+
+def gloo_vs_best(gloo: dict, best: dict | None) -> float | None:
+    """Gloo's median per call / the fastest valid MPI arm's (a ratio of medians)."""
+    g, m = num(gloo.get("median_us")), num(best and best.get("median_us"))
+    return g / m if g and m else None
+
+
 def allreduce_reading(rows: list[dict]) -> str:
     """Where the Gloo cost lies, from the valid summary rows of the default MPI and Gloo
     arms and the torch.distributed Gloo reference; '' unless all three are valid."""
     by_arm = {r["arm"]: r for r in rows if r.get("row") == "summary" and quality(r)[0]}
-    if not all(a in by_arm for a in ("mpi", "gloo", "torch gloo")):
+    best = best_mpi(rows)
+    if best is None or not all(a in by_arm for a in ("gloo", "torch gloo")):
         return ""
     hvd, torch = (float(by_arm[a]["median_us"]) for a in ("gloo", "torch gloo"))
-    # against MPI: the table's ratio (median over the paired repeats), else of the medians
-    mpi = float(by_arm["mpi"]["median_us"])
-    r_hvd, r_torch = (num(by_arm[a].get("ratio_vs_mpi")) for a in ("gloo", "torch gloo"))
-    r_hvd, r_torch = r_hvd or hvd / mpi, r_torch or torch / mpi
+    # against MPI at its fastest setting (ratios of medians)
+    r_hvd, r_torch = (gloo_vs_best(by_arm[a], best) for a in ("gloo", "torch gloo"))
     head = (
+        f"Against MPI at its fastest setting here (`{best['arm']}`, "
+        f"{float(best['median_us']):.0f} us): "
         f"torch.distributed's Gloo allreduce of the same tensor takes {torch:.0f} us "
         f"({r_torch:.2f}x MPI), Horovod's Gloo {hvd:.0f} us ({r_hvd:.2f}x MPI, "
         f"{hvd / torch:.1f}x torch's)."
     )
+    mpi = by_arm.get("mpi")
+    if mpi is not None and mpi is not best:
+        head += (
+            f" MPI with the defaults takes {float(mpi['median_us']):.0f} us in this bare "
+            "loop, which does nothing but allreduce; whether a cycle time pays is "
+            'measured in training (section "Horovod\'s cycle time").'
+        )
     if r_torch <= TARGET_GLOO_VS_MPI < r_hvd:
         return head + (
             f" So the Gloo library over TCP comes within {TARGET_GLOO_VS_MPI:.0f}x of MPI here; "
@@ -325,6 +359,13 @@ def allreduce_reading(rows: list[dict]) -> str:
         )
     if r_hvd <= TARGET_GLOO_VS_MPI:
         return head + f" Horovod's Gloo is within {TARGET_GLOO_VS_MPI:.0f}x of MPI."
+    if hvd / torch >= TARGET_GLOO_VS_MPI:
+        return head + (
+            f" The Gloo library over TCP (torch's) is above {TARGET_GLOO_VS_MPI:.0f}x of MPI "
+            "here too, but most of Horovod's Gloo time is Horovod's own Gloo path (none of "
+            "the Horovod settings above changes it; a fix would have to patch Horovod, "
+            "which has had no release since June 2023)."
+        )
     return head + (
         " Gloo itself (TCP, here the loopback) is most of the cost against Open MPI's "
         "shared-memory transport on one node."
@@ -338,6 +379,7 @@ VALIDITY_SOURCES = [
     "frameworks_runs",
     "bench_train_overhead",
     "bench_allreduce_bare",
+    "bench_cycle_time",
     "bench_data_phase",
     "bench_data",
     "bench_dag",
@@ -392,6 +434,9 @@ def verdict(r, target, lower_is_better=False, keys=("median", "ci_low", "ci_high
         return "not measured", ""
     ok = med <= target if lower_is_better else med >= target
     sure = bound is not None and (bound <= target if lower_is_better else bound >= target)
+    shown_med = f2(med)
+    if not ok and shown_med == f2(target):  # e.g. 0.897 against 0.90: not "0.90, not met"
+        shown_med = f2(med, 3)
     if not ok:
         word = "not met"
     elif sure:
@@ -400,7 +445,7 @@ def verdict(r, target, lower_is_better=False, keys=("median", "ci_low", "ci_high
         word = "met (median only; no interval, n < 3)"
     else:
         word = "met (median only; the CI reaches " + ("above)" if lower_is_better else "below)")
-    return word, f2(med)
+    return word, shown_med
 
 
 def block_targets(res: Path) -> str:
@@ -430,9 +475,14 @@ def block_targets(res: Path) -> str:
     ar = read(res, "bench_allreduce_bare") or []
     g = next((r for r in ar if r.get("row") == "summary" and r["arm"] == "gloo"), None)
     if g is not None:
-        keys = ("ratio_vs_mpi", "", "")  # a ratio of medians: no interval
+        # against MPI at its fastest setting: a setting that slows MPI's bare loop (a
+        # short cycle polls on the cores) must not flatter Gloo
+        best = best_mpi(ar)
+        g = dict(g, ratio_vs_best=gloo_vs_best(g, best))
+        keys = ("ratio_vs_best", "", "")  # a ratio of medians: no interval
         w, v = verdict(g, TARGET_GLOO_VS_MPI, lower_is_better=True, keys=keys)
-        text = f"Gloo's allreduce <= {TARGET_GLOO_VS_MPI:.0f}x MPI's, 2 ranks (bare allreduce)"
+        text = f"Gloo's allreduce <= {TARGET_GLOO_VS_MPI:.0f}x MPI's, 2 ranks (bare allreduce"
+        text += f", against `{best['arm']}`)" if best else ")"
         body.append([text, v, w])
     o = next((r for r in tr if r["variant"] == "instrumentation_overhead"), None)
     keys = ("overhead", "overhead_ci_low", "overhead_ci_high")
@@ -452,6 +502,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "train-overhead": block_train_overhead,
     "instrumentation": block_instrumentation,
     "allreduce-bare": block_allreduce_bare,
+    "cycle-time": block_cycle_time,
     "efficiency-bound": block_efficiency_bound,
     "validity": block_validity,
     "data-phase": block_data_phase,

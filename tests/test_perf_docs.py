@@ -180,7 +180,8 @@ def test_the_efficiency_bound_from_step_allreduce_and_ceiling():
 
     ok = {"foreign_cpu": "0.01", "load_before": "0.3"}
     train = [dict(ok, variant="plain", batch="75", samples_per_s="100000")]
-    allreduce = [dict(ok, row="summary", arm="mpi", settings="defaults", median_us="250")]
+    mpi = dict(ok, row="summary", arm="mpi", controller="mpi", settings="defaults")
+    allreduce = [dict(mpi, median_us="250")]
     scaling = [
         dict(ok, batch="75", metric="ceiling", arm="independent", median="0.75"),
         dict(ok, batch="75", metric="efficiency_vs_ceiling", arm="hvdscale", median="0.7"),
@@ -192,25 +193,49 @@ def test_the_efficiency_bound_from_step_allreduce_and_ceiling():
     assert x["explained"] == pytest.approx(0.2 / 0.3)
     bad = [dict(allreduce[0], foreign_cpu="0.5")]
     assert bound_figures(train, bad, scaling) is None
+    # with the tf call reference: a step pays the allreduce's part of a call, not the call
+    call = dict(ok, row="summary", arm="tf call", settings="x", median_us="150")
+    y = bound_figures(train, [dict(allreduce[0], median_us="400"), call], scaling)
+    assert y["t_call_us"] == 150 and y["t_sync_us"] == pytest.approx(250)
+    assert y["bound"] == pytest.approx(0.8)
+    invalid_call = dict(call, foreign_cpu="0.5")  # an invalid reference is not subtracted
+    z = bound_figures(train, [allreduce[0], invalid_call], scaling)
+    assert z["t_sync_us"] == pytest.approx(250) and z["t_call_us"] is None
+    # MPI at its fastest valid setting: a slower default arm does not lower the bound
+    slow = dict(mpi, median_us="600")
+    fast = dict(mpi, arm="mpi cycle1", median_us="250")
+    w = bound_figures(
+        train, [slow, fast, dict(fast, arm="x", median_us="1", valid="false")], scaling
+    )
+    assert w["sync_arm"] == "mpi cycle1" and w["t_sync_us"] == pytest.approx(250)
 
 
 def test_the_allreduce_reading_comes_from_valid_rows_only():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import gen_perf_docs as g
 
-    def row(arm, us, valid="true"):
+    def row(arm, us, valid="true", controller="gloo"):
         return {"row": "summary", "arm": arm, "median_us": str(us), "valid": valid,
-                "load_before": "0.1", "foreign_cpu": "0.0"}  # fmt: skip
+                "controller": controller, "load_before": "0.1", "foreign_cpu": "0.0"}  # fmt: skip
 
-    rows = [row("mpi", 300), row("gloo", 4200), row("torch gloo", 2100)]
+    rows = [row("mpi", 300, controller="mpi"), row("gloo", 4200), row("torch gloo", 2100)]
     text = g.allreduce_reading(rows)
     assert "takes 2100 us (7.00x MPI), Horovod's Gloo 4200 us (14.00x MPI, 2.0x torch's)" in text
+    assert "most of Horovod's Gloo time is Horovod's own Gloo path" in text  # 2x torch's
+    rows[2]["median_us"] = "3000"  # Horovod's Gloo close to the library's: the library
+    text = g.allreduce_reading(rows)
     assert "Gloo itself (TCP, here the loopback) is most of the cost" in text
+    assert "MPI with the defaults" not in text  # the default arm is the fastest MPI arm
     rows[2]["median_us"] = "600"  # the library within 2x of MPI: Horovod's path is the cost
     text = g.allreduce_reading(rows)
     assert "(2.00x MPI)" in text and "the rest is Horovod's Gloo path" in text
-    rows[2]["ratio_vs_mpi"] = "1.6"  # the table's ratio (over paired repeats) wins
-    assert "takes 600 us (1.60x MPI)" in g.allreduce_reading(rows)
+    # a faster MPI setting is the reference, and the slower default arm is explained
+    rows.append(row("mpi cycle1", 200, controller="mpi"))
+    text = g.allreduce_reading(rows)
+    assert "(`mpi cycle1`, 200 us)" in text and "takes 600 us (3.00x MPI)" in text
+    assert "MPI with the defaults takes 300 us" in text
+    rows[-1]["valid"] = "false"  # an invalid arm is never the reference
+    assert "takes 600 us (2.00x MPI)" in g.allreduce_reading(rows)
     rows[1]["median_us"] = "500"
     assert "Horovod's Gloo is within 2x of MPI." in g.allreduce_reading(rows)
     rows[2]["valid"] = "false"  # an invalid row gives no sentence

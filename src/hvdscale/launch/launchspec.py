@@ -106,11 +106,10 @@ def horovod_env(
     return env
 
 
-# training.horovod.cycle_time_ms: auto (docs/performance.md, "Horovod's cycle time").
-# Measured on 2 cores, each rank bound to its own core (items of the page): with 2 ranks at
-# batch 75, 0.01 ms gave 14 % more samples/s than 0.1 ms (the background thread hands a
-# gradient to MPI sooner); with 1 rank, 0.1 ms was 17 % slower than 1 ms (a rank alone has
-# nothing to coordinate, and every cycle takes its core from the compute).
+# training.horovod.cycle_time_ms: auto (docs/performance.md, "Horovod's cycle time",
+# benchmarks/bench_cycle_time.py). With 2 ranks, each bound to its own core, a short cycle
+# hands a gradient to MPI sooner; a rank alone has nothing to coordinate, and every cycle
+# wakes Horovod's background thread on the core the compute runs on.
 AUTO_CYCLE_MS = {"alone": 1.0, "bound": 0.01, "shared": 0.1}
 
 
