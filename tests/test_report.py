@@ -399,6 +399,10 @@ def test_system_rows_per_partition_with_and_without_descriptions():
     for rec in recs[:2]:
         rec["system"] = F.synthetic_system(rec)
     recs[1]["system"]["errors"] = {"gpus": "TimeoutExpired: nvidia-smi"}
+    # the cycle time each run had (auto: by placement); none set: Horovod's default
+    recs[0]["config"]["horovod_env"] = {"HOROVOD_CPU_OPERATIONS": "mpi", "HOROVOD_CYCLE_TIME": "1"}
+    recs[1]["config"]["horovod_env"] = {"HOROVOD_GPU_OPERATIONS": "NCCL"}
+    recs[2]["config"]["horovod_env"] = {"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_CYCLE_TIME": "1"}
     rows = system_rows(recs)
     assert [r["partition"] for r in rows] == ["alpha", "local"]
     alpha, local = rows
@@ -409,6 +413,8 @@ def test_system_rows_per_partition_with_and_without_descriptions():
     assert alpha["horovod_controllers"] == "mpi, gloo" and "TimeoutExpired" in alpha["errors"]
     assert local["cpu_model"] == recs[2]["environment"]["cpu_model"]
     assert local["mpi"] == "Open MPI 4.1.4" and local["gpu_model"] == ""
+    assert alpha["horovod_cycle"] == "1 ms at 2 workers; Horovod's default at 4 workers"
+    assert local["horovod_cycle"] == "1 ms at 1 worker"
     assert csv_text(rows).splitlines()[0] == ",".join(COLUMNS)
     assert csv_text(rows) == csv_text(system_rows(list(reversed(recs))))  # order-free
 

@@ -2,7 +2,8 @@
 records' optional ``system`` object (rank 0's hvdscale.system.collect_system):
 CPU model, cores, memory, GPU model, driver, CUDA, cuDNN and NCCL versions, MPI
 implementation and version, Horovod's controllers, network interfaces, node names,
-kernel and OS.
+kernel and OS; and from each record's Horovod environment the cycle time the run had
+(``auto`` gives 1 worker and several workers different values).
 
 One row per partition of runs.csv. A field lists every distinct value of the
 partition's runs ('; ' between them; node names are the union of the runs' hosts); ''
@@ -21,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 from hvdscale.backends import CONTROLLERS
@@ -46,6 +48,7 @@ COLUMNS = [
     "mpi_version",
     "mpi",
     "horovod_controllers",
+    "horovod_cycle",
     "interfaces",
     "nccl_socket_ifname",
     "kernel",
@@ -69,6 +72,7 @@ LABELS = {
     "mpi_version": "MPI version",
     "mpi": "mpirun --version",
     "horovod_controllers": "Horovod controllers built",
+    "horovod_cycle": "Horovod cycle time (the runs' HOROVOD_CYCLE_TIME)",
     "interfaces": "Network interfaces",
     "nccl_socket_ifname": "NCCL_SOCKET_IFNAME",
     "kernel": "Kernel",
@@ -92,6 +96,20 @@ def _controllers(s: dict) -> str:
     return ", ".join(built) if built else ("none" if known else "")
 
 
+def _cycle(rec: dict) -> str:
+    """'0.01 ms at 2 workers': the Horovod cycle time this run had (training.horovod.
+    cycle_time_ms, auto: by the run's placement, hvdscale.launch.launchspec); '' for a
+    run without Horovod (torch-ddp) or a record without its Horovod environment."""
+    cfg = rec.get("config") or {}
+    hv = cfg.get("horovod_env")
+    if not hv or not any(k.startswith("HOROVOD_") for k in hv):
+        return ""
+    w = cfg.get("workers")
+    at = f" at {w} worker{'s' if w != 1 else ''}" if w else ""
+    value = hv.get("HOROVOD_CYCLE_TIME")
+    return (f"{value} ms" if value else "Horovod's default") + at
+
+
 def record_values(rec: dict) -> dict[str, list[str]]:
     """One record's values per column (lists: several GPUs, several hosts)."""
     env = rec.get("environment") or {}
@@ -102,6 +120,7 @@ def record_values(rec: dict) -> dict[str, list[str]]:
             "nodes": list(env.get("hostnames") or []),
             "cpu_model": [env.get("cpu_model") or ""],
             "mpi": [env.get("mpi") if env.get("mpi") not in (None, "none") else ""],
+            "horovod_cycle": [_cycle(rec)],
         }
 
     def one(key):
@@ -117,9 +136,15 @@ def record_values(rec: dict) -> dict[str, list[str]]:
         **{k: one(k) for k in ("cuda_build", "cudnn", "nccl", "mpi_implementation")},
         **{k: one(k) for k in ("mpi_version", "mpi", "nccl_socket_ifname", "kernel", "os")},
         "horovod_controllers": [_controllers(s)],
+        "horovod_cycle": [_cycle(rec)],
         "interfaces": [_interfaces(s.get("interfaces"))],
         "errors": sorted(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
     }
+
+
+def _natural(text: str) -> list:
+    """Sort key with numbers as numbers ('at 2 workers' before 'at 16 workers')."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
 def system_rows(records: list[dict]) -> list[dict]:
@@ -137,7 +162,7 @@ def system_rows(records: list[dict]) -> list[dict]:
         row = {"partition": part, "runs": str(len(recs))}
         row["described"] = str(sum(1 for r in recs if r.get("system") is not None))
         row["nodes"] = ", ".join(sorted(values.pop("nodes")))
-        row.update({k: SEP.join(sorted(v)) for k, v in values.items()})
+        row.update({k: SEP.join(sorted(v, key=_natural)) for k, v in values.items()})
         rows.append(row)
     return rows
 
