@@ -272,9 +272,11 @@ class Runner:
         return {
             "throughput": statistics.median(e["throughput"] for e in eps),
             "epoch_throughputs": [e["throughput"] for e in eps],
-            "data_share": ph["data"] / sum(ph.values()),
+            # no instrumented step in a tiny run: no phase split
+            "data_share": ph["data"] / sum(ph.values()) if sum(ph.values()) else None,
             "test_loss": rec["epochs"][-1]["test_loss"],
             "affinity": rec["config"].get("cpu_binding"),
+            "horovod_env": rec["config"].get("horovod_env", {}),
         }
 
     def run_independent(self, batch: int, out: Path) -> dict:

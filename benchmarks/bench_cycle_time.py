@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,15 +46,7 @@ from _results import (  # noqa: E402
     quiet_main,
     write_csv,
 )
-from _scaling_runner import (  # noqa: E402
-    HVD,
-    TRAIN_PY,
-    base_config,
-    build_data,
-    hvd,
-    start,
-    wait_all,
-)
+from _scaling_runner import Arm, Runner, base_config, build_data, hvd  # noqa: E402
 
 from hvdscale.analysis.stats import median_interval  # noqa: E402
 from hvdscale.launch.launchspec import cycle_time_ms  # noqa: E402
@@ -66,24 +59,17 @@ def auto_value(workers: int) -> float:
 
 
 def run_once(cfg: dict, data: Path, work: Path, workers: int, batch: int, cycle: float) -> dict:
+    """One ``hvdscale launch`` run with this cycle time, started and read back as
+    bench_scaling's hvdscale arm (Runner.run_hvdscale: 1 worker pinned to core 0)."""
     c = copy.deepcopy(cfg)
     c["training"].setdefault("horovod", {})["cycle_time_ms"] = cycle
     path = work / f"config_cycle{cycle:g}.json"
     hvd("write-config", "--json", json.dumps(c), "--out", path)
-    out = work / "run"
-    if out.exists():
-        import shutil
+    return Runner(None, path, data, work, "none").run(Arm("hvdscale", workers), batch)
 
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    rid = f"local_mpi_n1_w{workers}_b{batch}_lrnone_r0"
-    argv = [*HVD, "launch", "--config", path, "--run-id", rid, "--data-dir", data]
-    argv += ["--out-dir", out, "--train-python", TRAIN_PY]
-    wait_all([start(argv, "0" if workers == 1 else None)], "hvdscale launch")
-    rec = json.loads((out / "metrics.json").read_text())
-    thr = [e["throughput"] for e in rec["epochs"] if not e["warmup"]]
-    env = rec["config"].get("horovod_env", {})
-    return {"throughput": statistics.median(thr), "epochs": thr, "env": env}
+
+def _key(r: dict) -> tuple[int, int, float]:
+    return int(r["batch"]), int(r["workers"]), float(r["cycle_ms"])
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -93,9 +79,9 @@ def summarise(runs: list[dict]) -> list[dict]:
     per: dict = {}
     parts: dict = {}
     for r in ok:
-        key = (int(r["batch"]), int(r["workers"]), float(r["cycle_ms"]))
-        per.setdefault(key, {})[int(r["repeat"])] = float(r["throughput"])
-        parts.setdefault(key, []).append(r)
+        per.setdefault(_key(r), {})[int(r["repeat"])] = float(r["throughput"])
+        parts.setdefault(_key(r), []).append(r)
+    tried = Counter(_key(r) for r in runs)
     rows = []
     for (batch, workers, cycle), vals in sorted(per.items()):
         m, lo, hi = median_interval(list(vals.values()), name="benchmark")
@@ -113,13 +99,7 @@ def summarise(runs: list[dict]) -> list[dict]:
                 "ci_high": hi,
                 "auto_vs_this": statistics.median(ratios) if ratios else None,
                 "repeats": len(vals),
-                "runs_left_out": sum(
-                    1
-                    for r in runs
-                    if (int(r["batch"]), int(r["workers"]), float(r["cycle_ms"]))
-                    == (batch, workers, cycle)
-                )
-                - len(vals),
+                "runs_left_out": tried[(batch, workers, cycle)] - len(vals),
                 **merge_fields(parts[(batch, workers, cycle)]),
             }
         )
@@ -187,8 +167,10 @@ def main(argv=None) -> int:
                     "cycle_ms": cycle,
                     "repeat": rep,
                     "throughput": r.get("throughput"),
-                    "epoch_throughputs": " ".join(f"{t:.0f}" for t in r.get("epochs", [])),
-                    "horovod_cycle_env": r.get("env", {}).get("HOROVOD_CYCLE_TIME"),
+                    "epoch_throughputs": " ".join(
+                        f"{t:.0f}" for t in r.get("epoch_throughputs", [])
+                    ),
+                    "horovod_cycle_env": r.get("horovod_env", {}).get("HOROVOD_CYCLE_TIME"),
                     "status": "ok" if r else "failed",
                     "error": err.replace("\n", " "),
                     "wall_s": round(time.time() - t0, 1),

@@ -99,12 +99,12 @@ def missing(name: str, how: str) -> str:
 def best_mpi(rows) -> dict | None:
     """The fastest valid summary row of bench_allreduce_bare with the MPI controller (the
     least a bare MPI allreduce of the gradient costs here, whatever the setting)."""
-    from _quiet import row_validity
-
     mpi = [
         r
         for r in rows or []
-        if r.get("row") == "summary" and r.get("controller") == "mpi" and row_validity(r)[0]
+        if r.get("row") == "summary"
+        and r.get("controller") == "mpi"
+        and row_validity(r)[0]
+        and num(r.get("median_us"))
     ]
-    mpi = [r for r in mpi if num(r.get("median_us"))]
     return min(mpi, key=lambda r: num(r["median_us"])) if mpi else None

@@ -65,8 +65,8 @@ def allowed(node, defs) -> str:
     for alt in node.get("oneOf", []):  # a branch with a constant or bounds (not a $ref)
         if "const" in alt:
             parts.append(f"`{alt['const']}`")
-        elif alt.get("type") in ("number", "integer") and allowed(alt, defs):
-            parts.append(f"{alt['type']} {allowed(alt, defs)}")
+        elif alt.get("type") in ("number", "integer") and (bounds := allowed(alt, defs)):
+            parts.append(f"{alt['type']} {bounds}")
     if node.get("type") == "array" and "items" in node:
         inner = resolve(node["items"], defs)
         if inner.get("type") != "object":

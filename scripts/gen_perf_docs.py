@@ -327,8 +327,9 @@ def gloo_vs_best(gloo: dict, best: dict | None) -> float | None:
 
 
 def allreduce_reading(rows: list[dict]) -> str:
-    """Where the Gloo cost lies, from the valid summary rows of the default MPI and Gloo
-    arms and the torch.distributed Gloo reference; '' unless all three are valid."""
+    """Where the Gloo cost lies, from the valid summary rows of the Gloo arm, the
+    torch.distributed Gloo reference and MPI at its fastest setting (best_mpi); '' unless
+    all three are there and valid."""
     by_arm = {r["arm"]: r for r in rows if r.get("row") == "summary" and quality(r)[0]}
     best = best_mpi(rows)
     if best is None or not all(a in by_arm for a in ("gloo", "torch gloo")):

@@ -58,15 +58,18 @@ def _with_defaults(validator_class):
     return validators.extend(validator_class, {"properties": set_defaults})
 
 
+# a schema bound keyword -> its operator in an error message
+BOUND_OPS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
 def _alternative(sub: dict) -> str:
     """One branch of a oneOf/anyOf in words ('' when it has no simple wording)."""
-    ops = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
     if "const" in sub:
         return repr(sub["const"])
     if sub.get("type") == "null":
         return "null"
     if sub.get("type") in ("number", "integer"):
-        bounds = [f"{ops[k]} {sub[k]}" for k in ops if k in sub]
+        bounds = [f"{op} {sub[k]}" for k, op in BOUND_OPS.items() if k in sub]
         return f"a{'n' if sub['type'] == 'integer' else ''} {sub['type']}" + (
             f" {' and '.join(bounds)}" if bounds else ""
         )
@@ -92,17 +95,18 @@ def _describe_error(err) -> str:
             f"a string matching {err.validator_value!r} "
             "(letters, digits and a few safe characters; no shell syntax)"
         )
-    elif err.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        ops = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
-        allowed = f"a number {ops[err.validator]} {err.validator_value}"
+    elif err.validator in BOUND_OPS:
+        allowed = f"a number {BOUND_OPS[err.validator]} {err.validator_value}"
     elif err.validator == "type":
         allowed = f"type {err.validator_value}"
     elif err.validator == "required":
         return f"config key {key}: {err.message}"
     elif err.validator == "not":
         allowed = "a relative path inside the project (no leading '/', no '..')"
-    elif err.validator in ("oneOf", "anyOf") and all(_alternative(s) for s in err.validator_value):
-        allowed = " or ".join(_alternative(s) for s in err.validator_value)
+    elif err.validator in ("oneOf", "anyOf") and all(
+        words := [_alternative(s) for s in err.validator_value]
+    ):
+        allowed = " or ".join(words)
     else:
         allowed = err.message
     desc = schema.get("description", "")
