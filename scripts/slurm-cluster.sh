@@ -18,7 +18,9 @@ Commands:
   up [--nodes 1|2] [--emulate alpha]
                     start the cluster (default: 1 node) and wait until its nodes are
                     idle. Idempotent: when it is already up in the same mode it only
-                    checks; when it is up in another mode it is restarted.
+                    checks; when it is up in another mode it is restarted. Refuses
+                    while another cluster of this script (another HVD_SLURM_DIR) is
+                    up: the plugin's job steps find the config through one link.
                     --emulate alpha (two nodes only) declares thesis-like GPU nodes:
                     see "Emulated partition" below.
   down              cancel every job, stop all daemons of this cluster, remove the
@@ -401,6 +403,23 @@ conf_link_add() {
         # dangling: left by a cluster whose directory is gone (a killed test run)
         log "replacing the dangling $RUN_CONF_LINK -> $(readlink "$RUN_CONF_LINK")"
         rm -f "$RUN_CONF_LINK"
+    fi
+    if [[ -L "$RUN_CONF_LINK" ]]; then
+        # another cluster of this script (its etc/ holds our slurm.conf): a killed run
+        # leaves the link behind with its directory; jobs of the plugin would then run
+        # `srun` against that cluster's config and fail (munge key, nodes, port)
+        local target other other_pid
+        target="$(readlink "$RUN_CONF_LINK")"
+        other="${target%/etc}"
+        if [[ "$target" == */etc && -f "$other/etc/slurm.conf" && -d "$other/run" ]] \
+            && grep -qF "ClusterName=$CLUSTER_NAME" "$other/etc/slurm.conf" 2>/dev/null; then
+            other_pid="$(pid_from "$other/run/slurmctld.pid")"
+            if [[ -n "$other_pid" ]] && grep -qxzF "HVD_SLURM_MARK=$other" "/proc/$other_pid/environ" 2>/dev/null; then
+                die "$RUN_CONF_LINK belongs to another cluster of this script, up in $other (slurmctld pid $other_pid); the plugin's job steps read that link, so two clusters cannot run at once: stop it with HVD_SLURM_DIR=$other $0 down"
+            fi
+            log "replacing the stale $RUN_CONF_LINK -> $target (that cluster is down: left by a killed run)"
+            rm -f "$RUN_CONF_LINK"
+        fi
     fi
     if [[ -e "$RUN_CONF_LINK" || -L "$RUN_CONF_LINK" ]]; then
         log "warning: $RUN_CONF_LINK exists and is not ours; leaving it alone (Snakemake SLURM jobs need SLURM_CONF, which the plugin's job step drops)"

@@ -148,14 +148,19 @@ def bring_up(nodes: int = 1) -> dict[str, str]:
     return cluster_env()
 
 
+def mode_args(mode: str) -> list[str]:
+    """slurm-cluster.sh arguments that put the cluster into ``mode`` ('1', '2',
+    '2-alpha' or 'down')."""
+    if mode in ("1", "2"):
+        return ["up", "--nodes", mode]
+    if mode == "2-alpha":  # issue 12: emulated thesis partition
+        return ["up", "--nodes", "2", "--emulate", "alpha"]
+    return ["down"]
+
+
 def restore(mode: str) -> None:
     """Put the cluster back into ``mode`` ('1', '2', '2-alpha' or 'down')."""
-    if mode in ("1", "2"):
-        run_cluster_script("up", "--nodes", mode, check=True)
-    elif mode == "2-alpha":  # issue 12: emulated thesis partition
-        run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", check=True)
-    else:
-        run_cluster_script("down", check=True)
+    run_cluster_script(*mode_args(mode), check=True)
 
 
 def our_processes() -> list[tuple[int, str]]:

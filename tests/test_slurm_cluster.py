@@ -22,6 +22,7 @@ from slurm_support import (  # noqa: F401  (fixtures are used by name)
     cluster_dir,
     cluster_mode,
     horovod_skip_reason,
+    mode_args,
     our_processes,
     restore,
     run,
@@ -155,6 +156,53 @@ def test_two_node_job_spans_both_nodes(slurm_cluster_two_nodes, needs_horovod, t
     assert len(ranks) == 2, text
     assert {r["host"] for r in ranks} == {"node1", "node2"}, text
     assert all(r["size"] == "2" and r["local_size"] == "1" and r["sum"] == "3" for r in ranks), text
+
+
+def _other_cluster(root: Path) -> Path:
+    """A directory shaped like another cluster of the script (its etc/slurm.conf)."""
+    (root / "etc").mkdir(parents=True)
+    (root / "run").mkdir()
+    (root / "etc" / "slurm.conf").write_text("ClusterName=hvdlocal\n")
+    return root
+
+
+def test_up_replaces_the_config_link_a_killed_cluster_left(slurm_cluster, tmp_path):
+    """A test run killed with its cluster up leaves /run/slurm/conf pointing at its
+    directory; the next cluster's plugin jobs would run `srun` against that config (it
+    failed a CI run this way). `up` takes the link back when that cluster is down and
+    refuses, naming it, when it is still up."""
+    link = Path("/run/slurm/conf")
+    mode = cluster_mode()
+    other = _other_cluster(tmp_path / "other")
+    (other / "run" / "slurmctld.pid").write_text("999999999\n")  # no such process
+    live = None
+    try:
+        link.unlink()
+        link.symlink_to(other / "etc")
+        up = run_cluster_script(*mode_args(mode))
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "stale" in up.stdout, up.stdout
+        assert link.readlink() == cluster_dir() / "etc"
+
+        # the other cluster is up: its slurmctld pid carries its mark
+        live = subprocess.Popen(
+            ["sleep", "300"], env={"PATH": "/usr/bin:/bin", "HVD_SLURM_MARK": str(other)}
+        )
+        (other / "run" / "slurmctld.pid").write_text(f"{live.pid}\n")
+        link.unlink()
+        link.symlink_to(other / "etc")
+        up = run_cluster_script(*mode_args(mode))
+        assert up.returncode != 0, up.stdout
+        assert str(other) in up.stderr and "down" in up.stderr, up.stderr
+        assert link.readlink() == other / "etc", "a live cluster's link must be left alone"
+    finally:
+        if live is not None:
+            live.kill()
+            live.wait()
+        if link.is_symlink() and link.readlink() != cluster_dir() / "etc":
+            link.unlink()
+        restore(mode)
+    assert link.readlink() == cluster_dir() / "etc"
 
 
 def test_down_stops_everything(slurm_cluster):
