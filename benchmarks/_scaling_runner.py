@@ -268,12 +268,24 @@ class Runner:
         wait_all([p], "hvdscale launch")
         rec = json.loads((out / "metrics.json").read_text())
         eps = [e for e in rec["epochs"] if not e["warmup"]]
-        ph = {k: sum(e[f"time_{k}_s"] for e in eps) for k in ("data", "compute", "sync", "update")}
+        phases = ("data", "compute", "sync", "update")
+        ph = {k: sum(e[f"time_{k}_s"] for e in eps) for k in phases}
+        # per step, from the record's phase split (its instrumented sample, scaled to all
+        # steps); median over the epochs that have one
+        timed = [e for e in eps if e.get("steps") and sum(e[f"time_{k}_s"] for k in phases)]
+        per_step = {
+            k: statistics.median(1e6 * e[f"time_{k}_s"] / e["steps"] for e in timed)
+            if timed
+            else None
+            for k in ("compute", "sync")
+        }
         return {
             "throughput": statistics.median(e["throughput"] for e in eps),
             "epoch_throughputs": [e["throughput"] for e in eps],
             # no instrumented step in a tiny run: no phase split
             "data_share": ph["data"] / sum(ph.values()) if sum(ph.values()) else None,
+            "compute_us_step": per_step["compute"],
+            "sync_us_step": per_step["sync"],
             "test_loss": rec["epochs"][-1]["test_loss"],
             "affinity": rec["config"].get("cpu_binding"),
             "horovod_env": rec["config"].get("horovod_env", {}),

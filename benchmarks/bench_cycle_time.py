@@ -10,7 +10,10 @@ config of bench_scaling (benchmarks/_scaling_runner.py: the thesis network, 1 th
 worker, every epoch run, epoch 0 warm-up). 1-worker runs are pinned to core 0 (taskset),
 as bench_scaling pins them and as a 1-core SLURM allocation would; 2-worker runs bind
 rank r to core r (cpu_binding auto). A run's figure is the median samples/s over its
-epochs after the warm-up (the record's uninstrumented epoch throughput).
+epochs after the warm-up (the record's uninstrumented epoch throughput); beside it the
+compute and sync time per step of the record's phase split (its instrumented sample):
+what the thread's wake-ups cost the compute on the rank's core, and how long the
+gradient waits.
 
 Paired repeats (``--repeats``, odd repeats in reverse order); before every run the quiet
 guard waits for a quiet machine and every run records its load and ``foreign_cpu``
@@ -81,6 +84,11 @@ def summarise(runs: list[dict]) -> list[dict]:
     for r in ok:
         per.setdefault(_key(r), {})[int(r["repeat"])] = float(r["throughput"])
         parts.setdefault(_key(r), []).append(r)
+
+    def phase(key, name):
+        vals = [float(r[name]) for r in parts[key] if r.get(name) not in (None, "")]
+        return statistics.median(vals) if vals else None
+
     tried = Counter(_key(r) for r in runs)
     rows = []
     for (batch, workers, cycle), vals in sorted(per.items()):
@@ -98,6 +106,8 @@ def summarise(runs: list[dict]) -> list[dict]:
                 "ci_low": lo,
                 "ci_high": hi,
                 "auto_vs_this": statistics.median(ratios) if ratios else None,
+                "compute_us_step": phase((batch, workers, cycle), "compute_us_step"),
+                "sync_us_step": phase((batch, workers, cycle), "sync_us_step"),
                 "repeats": len(vals),
                 "runs_left_out": tried[(batch, workers, cycle)] - len(vals),
                 **merge_fields(parts[(batch, workers, cycle)]),
@@ -171,6 +181,8 @@ def main(argv=None) -> int:
                         f"{t:.0f}" for t in r.get("epoch_throughputs", [])
                     ),
                     "horovod_cycle_env": r.get("horovod_env", {}).get("HOROVOD_CYCLE_TIME"),
+                    "compute_us_step": r.get("compute_us_step"),
+                    "sync_us_step": r.get("sync_us_step"),
                     "status": "ok" if r else "failed",
                     "error": err.replace("\n", " "),
                     "wall_s": round(time.time() - t0, 1),

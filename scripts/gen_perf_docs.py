@@ -305,6 +305,12 @@ def block_cycle_time(res: Path) -> str:
     rows = read(res, "bench_cycle_time")
     if not rows:
         return missing("bench_cycle_time", "make bench-cycle")
+    # the phase split per step (rows since it was recorded)
+    split = any(r.get("compute_us_step") for r in rows if r.get("row") == "summary")
+
+    def us(v):
+        return f"{float(v):.0f}" if v not in (None, "") else ""
+
     body = []
     for r in rows:
         if r.get("row") != "summary":
@@ -314,9 +320,14 @@ def block_cycle_time(res: Path) -> str:
         ratio = f2(r["auto_vs_this"]) if r.get("auto_vs_this") else ""
         cells = [r["batch"], r["workers"], f"{float(r['cycle_ms']):g}", r["auto"]]
         body.append([*cells, shown(ok, thr), shown(ok, interval), shown(ok, ratio)])
+        if split:
+            body[-1] += [shown(ok, us(r.get(k))) for k in ("compute_us_step", "sync_us_step")]
         body[-1] += [r["repeats"], *qc]
     head = ["batch", "workers", "cycle ms", "auto picks it", "samples/s", "95 % CI"]
-    head += ["auto / this (paired)", "repeats", *QCOLS]
+    head += ["auto / this (paired)"]
+    if split:
+        head += ["compute us/step", "sync us/step"]
+    head += ["repeats", *QCOLS]
     return table(head, body) + "\n" + provenance(rows, "bench_cycle_time")
 
 

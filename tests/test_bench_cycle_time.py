@@ -14,8 +14,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_cycle_time as bct  # noqa: E402
 
 
-def run(workers, cycle, rep, thr, valid="true", status="ok"):
+def run(workers, cycle, rep, thr, valid="true", status="ok", compute=None, sync=None):
     return {
+        "compute_us_step": compute,
+        "sync_us_step": sync,
         "row": "run",
         "batch": 75,
         "workers": workers,
@@ -66,3 +68,16 @@ def test_summarise_again_from_the_csv(tmp_path):
     assert [r["row"] for r in rows].count("summary") == 2
     again = bct.runs_from_csv(str(path))
     assert len(again) == 6 and again[0]["foreign_cpu"] == 0.01
+
+
+def test_summary_carries_the_phase_split_per_step():
+    """The compute and sync time per step of the runs' records: the median over the valid
+    runs; none when no run had an instrumented step."""
+    runs = [
+        run(2, 0.01, k, 100.0, compute=c, sync=10.0 * k) for k, c in enumerate([900, 1000, 950])
+    ]
+    runs += [run(2, 0.01, 3, 1.0, valid="false", compute=5000, sync=5000)]
+    runs += [run(1, 1.0, k, 80.0) for k in range(3)]
+    rows = {(r["workers"], r["cycle_ms"]): r for r in bct.summarise(runs)}
+    assert rows[(2, 0.01)]["compute_us_step"] == 950 and rows[(2, 0.01)]["sync_us_step"] == 10
+    assert rows[(1, 1.0)]["compute_us_step"] is None

@@ -170,44 +170,88 @@ def test_the_frameworks_reading_comes_from_valid_rows_only():
     assert pf._reading(rows) == ""
 
 
-def test_the_efficiency_bound_from_step_allreduce_and_ceiling():
-    """The bound of docs/performance.md's allreduce section: 750 us of step alone at
-    batch 75 (100,000 samples/s), ceiling 0.75 -> 1000 us shared, 250 us of allreduce
-    -> bound 0.80; an invalid row gives no bound."""
+def test_the_efficiency_bound_from_the_paired_runs_and_the_bare_allreduce():
+    """The bound of docs/performance.md's allreduce section: two independent 1-worker
+    runs at once make 150,000 samples/s at batch 75 -> 1000 us per shared step, 250 us
+    of allreduce -> bound 0.80; a measured efficiency of 0.7 means a 2-worker step of
+    1429 us, 179 us of it beyond the shared step and the allreduce. The step alone comes
+    from the same paired runs (100,000 samples/s -> 750 us); an invalid row gives no
+    bound."""
     sys.path.insert(0, str(ROOT / "scripts"))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from _perf_bound import bound_figures
 
-    ok = {"foreign_cpu": "0.01", "load_before": "0.3"}
-    train = [dict(ok, variant="plain", batch="75", samples_per_s="100000")]
+    ok = {"foreign_cpu": "0.01", "load_before": "0.3", "batch": "75"}
     mpi = dict(ok, row="summary", arm="mpi", controller="mpi", settings="defaults")
     allreduce = [dict(mpi, median_us="250")]
+    thr = dict(ok, metric="throughput")
     scaling = [
-        dict(ok, batch="75", metric="ceiling", arm="independent", median="0.75"),
-        dict(ok, batch="75", metric="efficiency_vs_ceiling", arm="hvdscale", median="0.7"),
+        dict(thr, arm="hvdscale", workers="1", median="100000"),
+        dict(thr, arm="hvdscale", workers="2", median="105000"),
+        dict(thr, arm="independent", workers="2", median="150000"),
+        dict(ok, metric="efficiency_vs_ceiling", arm="hvdscale", workers="2", median="0.7"),
+        dict(ok, batch="1000", metric="throughput", arm="independent", workers="2", median="1"),
     ]
-    x = bound_figures(train, allreduce, scaling)
+    x = bound_figures(allreduce, scaling)
     assert x["t_step_us"] == pytest.approx(750) and x["t_shared_us"] == pytest.approx(1000)
     assert x["bound"] == pytest.approx(0.8) and x["measured"] == pytest.approx(0.7)
+    assert x["t_two_us"] == pytest.approx(1000 / 0.7)
+    assert x["t_other_us"] == pytest.approx(1000 / 0.7 - 1250)
     assert x["needed_us"] == pytest.approx(1000 / 9)
     assert x["explained"] == pytest.approx(0.2 / 0.3)
     bad = [dict(allreduce[0], foreign_cpu="0.5")]
-    assert bound_figures(train, bad, scaling) is None
+    assert bound_figures(bad, scaling) is None
+    invalid_indep = [
+        dict(r, valid="false") if r.get("arm") == "independent" else r for r in scaling
+    ]
+    assert bound_figures(allreduce, invalid_indep) is None
+    # the step alone is shown when measured; the bound does not need it
+    no_alone = [r for r in scaling if r.get("workers") != "1"]
+    assert bound_figures(allreduce, no_alone)["t_step_us"] is None
+    assert bound_figures(allreduce, no_alone)["bound"] == pytest.approx(0.8)
     # with the tf call reference: a step pays the allreduce's part of a call, not the call
     call = dict(ok, row="summary", arm="tf call", settings="x", median_us="150")
-    y = bound_figures(train, [dict(allreduce[0], median_us="400"), call], scaling)
+    y = bound_figures([dict(allreduce[0], median_us="400"), call], scaling)
     assert y["t_call_us"] == 150 and y["t_sync_us"] == pytest.approx(250)
     assert y["bound"] == pytest.approx(0.8)
     invalid_call = dict(call, foreign_cpu="0.5")  # an invalid reference is not subtracted
-    z = bound_figures(train, [allreduce[0], invalid_call], scaling)
+    z = bound_figures([allreduce[0], invalid_call], scaling)
     assert z["t_sync_us"] == pytest.approx(250) and z["t_call_us"] is None
     # MPI at its fastest valid setting: a slower default arm does not lower the bound
     slow = dict(mpi, median_us="600")
     fast = dict(mpi, arm="mpi cycle1", median_us="250")
-    w = bound_figures(
-        train, [slow, fast, dict(fast, arm="x", median_us="1", valid="false")], scaling
-    )
+    w = bound_figures([slow, fast, dict(fast, arm="x", median_us="1", valid="false")], scaling)
     assert w["sync_arm"] == "mpi cycle1" and w["t_sync_us"] == pytest.approx(250)
+
+
+def test_the_phase_split_places_the_rest_of_the_gap():
+    """bench_cycle_time's rows at the cycle times auto picks: compute per step 600 us
+    alone and 630 us at 2 workers (1.05x), sync 700 us at 2 workers against 100 us of
+    bare allreduce (7x); the rows of other cycle times and invalid rows are not used."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _perf_bound import split_figures
+
+    x = {"t_shared_us": 1000.0, "t_sync_us": 100.0, "t_two_us": 1000 / 0.7}
+    ok = {"foreign_cpu": "0.01", "load_before": "0.3", "batch": "75", "row": "summary"}
+    cycle = [
+        dict(ok, workers="1", cycle_ms="0.01", auto="", compute_us_step="900"),
+        dict(ok, workers="1", cycle_ms="1", auto="yes", compute_us_step="600", sync_us_step="3"),
+        dict(
+            ok, workers="2", cycle_ms="0.01", auto="yes", compute_us_step="630", sync_us_step="700"
+        ),
+        dict(ok, workers="2", cycle_ms="1", auto="", compute_us_step="650", sync_us_step="1400"),
+    ]
+    p = split_figures(x, cycle)
+    assert (p["cycle_alone_ms"], p["cycle_two_ms"]) == ("1", "0.01")
+    assert (p["compute_alone_us"], p["compute_two_us"], p["sync_two_us"]) == (600, 630, 700)
+    assert p["compute_ratio"] == pytest.approx(1.05) and p["sync_vs_bare"] == pytest.approx(7)
+    # the 2-worker row at auto's cycle is invalid: no split
+    bad = [*cycle[:2], dict(cycle[2], foreign_cpu="0.5"), cycle[3]]
+    assert split_figures(x, bad) is None
+    # rows from before the phase split was recorded: none
+    old = [{k: v for k, v in r.items() if not k.endswith("_us_step")} for r in cycle]
+    assert split_figures(x, old) is None
 
 
 def test_the_allreduce_reading_comes_from_valid_rows_only():
