@@ -289,6 +289,7 @@ class Runner:
             "test_loss": rec["epochs"][-1]["test_loss"],
             "affinity": rec["config"].get("cpu_binding"),
             "horovod_env": rec["config"].get("horovod_env", {}),
+            "record_dir": out,  # metrics.json (and timeline.json), until the next run
         }
 
     def run_independent(self, batch: int, out: Path) -> dict:

@@ -40,6 +40,7 @@ from _perf_common import (  # noqa: E402
     thousands,
 )
 from _perf_frameworks import block_frameworks, block_frameworks_runs  # noqa: E402
+from _perf_sync import block_sync_breakdown  # noqa: E402
 from _quiet import FOREIGN_CPU_MAX, row_validity  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -516,6 +517,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "allreduce-bare": block_allreduce_bare,
     "cycle-time": block_cycle_time,
     "efficiency-bound": block_efficiency_bound,
+    "sync-breakdown": block_sync_breakdown,
     "validity": block_validity,
     "data-phase": block_data_phase,
     "data": block_data,

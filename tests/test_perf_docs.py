@@ -285,3 +285,26 @@ def test_the_allreduce_reading_comes_from_valid_rows_only():
     rows[2]["valid"] = "false"  # an invalid row gives no sentence
     assert g.allreduce_reading(rows) == ""
     assert g.allreduce_reading(rows[:2]) == ""
+
+
+def test_the_sync_breakdown_reading_comes_from_valid_timeline_runs():
+    """Shares of the sync phase as medians over the valid timeline runs: 400 of 800 us
+    outside the timeline and 120 of 800 us negotiation in both runs, the MPI op 160 and
+    320 us (20 % and 40 %, median 30 %); an invalid run and the controls are left out."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _perf_sync import sync_reading
+
+    ok = {"foreign_cpu": "0.01", "load_before": "0.3", "row": "run", "timeline": "1"}
+    step = {"sync_us": "800", "outside_timeline_us": "400", "negotiate_us": "120"}
+    rows = [
+        dict(ok, **step, mpi_allreduce_us="160"),
+        dict(ok, **step, mpi_allreduce_us="320"),
+        dict(ok, **step, mpi_allreduce_us="9999", foreign_cpu="0.5"),  # invalid
+        dict(ok, timeline="0", sync_us=""),  # a control run: no split
+    ]
+    text = sync_reading(rows)
+    assert text.startswith("Over the 2 valid timeline runs")
+    assert "50 % of the sync phase lies outside" in text and "15 % is negotiation" in text
+    assert "30 % the MPI op itself" in text and "160 to 320 us per step" in text
+    assert sync_reading([rows[2], rows[3]]) == ""

@@ -297,6 +297,8 @@ def test_parse_timeline_unions_fused_tensors(tmp_path):
     assert tl["negotiate_s"] == pytest.approx(80 / 1e6)  # 50-90 and 100-140
     assert tl["allreduce_ops"] == 2 and tl["tensors"] == ["grads_0", "grads_1"]
     assert tl["span_s"] == pytest.approx((320 - 50) / 1e6)  # negotiation start .. allreduce end
+    # nested activities: their own unions (105-295 and 155-315)
+    assert tl["activities_s"] == {"GLOO_ALLREDUCE": pytest.approx(210 / 1e6)}
     assert parse_timeline(p)["allreduce_ops"] == 3
 
 

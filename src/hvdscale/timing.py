@@ -262,7 +262,9 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
     the totals are the length of the *union* of the intervals (seconds): ``span_s``
     (negotiation start to allreduce end: everything Horovod's timeline sees),
     ``allreduce_s``, ``negotiate_s``; plus the plain per-tensor sum for reference.
-    ``tensor_filter``: only tensors whose name contains it.
+    ``activities_s``: the same union for each activity nested in them (e.g.
+    MPI_ALLREDUCE, MEMCPY_IN_FUSION_BUFFER), by name. ``tensor_filter``: only tensors
+    whose name contains it.
     """
     events = _load_timeline_events(path)
     names: dict = {}
@@ -273,6 +275,7 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
     spans: dict[str, list[tuple[float, float]]] = {"ALLREDUCE": [], "NEGOTIATE_ALLREDUCE": []}
     whole: list[tuple[float, float]] = []  # negotiation start .. allreduce end, per tensor
     neg_start: dict = {}
+    nested: dict[str, list[tuple[float, float]]] = {}
     per_tensor_sum = 0.0
     n_allreduce = 0
     for e in events:
@@ -291,9 +294,10 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
             if not st:
                 continue
             name, ts = st.pop()
-            if st:  # nested activity; only top-level spans count
-                continue
             te = float(e.get("ts", 0))
+            if st:  # nested activity: its own union; only top-level spans count below
+                nested.setdefault(str(name), []).append((ts, te))
+                continue
             if name in spans:
                 spans[name].append((ts, te))
                 if name == "ALLREDUCE":
@@ -308,6 +312,7 @@ def parse_timeline(path: str | Path, tensor_filter: str | None = None) -> dict:
         "allreduce_s": _union_length(spans["ALLREDUCE"]) / 1e6,
         "negotiate_s": _union_length(spans["NEGOTIATE_ALLREDUCE"]) / 1e6,
         "allreduce_per_tensor_sum_s": per_tensor_sum / 1e6,
+        "activities_s": {n: _union_length(iv) / 1e6 for n, iv in sorted(nested.items())},
         "allreduce_ops": n_allreduce,
         "tensors": sorted({n for p, n in names.items() if not tensor_filter or tensor_filter in n}),
     }
