@@ -431,3 +431,28 @@ def test_a_diverging_run_writes_a_nan_loss_record(tmp_path, tiny_run_setup):
     assert rec["status"] == "nan_loss" and rec["exit_status"] == 3 and "not finite" in rec["error"]
     assert len(rec["epochs"]) == 1 and rec["epochs"][0]["train_loss"] is None
     assert [(out / ".pids" / f"rank-{k}.exit").read_text() for k in (0, 1)] == ["3\n", "0\n"]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_the_noise_scale_sums_are_in_no_phase(tmp_path, tiny_run_setup):
+    """As for Horovod-TF (tests/test_train.py): a 100 ms delay in the noise-scale sums of
+    every timed 2-rank update grows no phase and not the launch overhead; the epoch's
+    other time holds it."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"].update(steps_per_execution=2, instrument_every=1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    cmd = torchrun_cmd(2, config, "local_torch-ddp_gloo_n1_w2_b8_lrnone_r0", data, out)
+    env = {**train_env(), "HVDSCALE_FAULT_DELAY": "noise:0.1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ep = load_record(out)["epochs"][-1]
+    assert ep["noise_steps"] == ep["timed_steps"] > 0, ep
+    per_step = {p: ep[f"time_{p}_s"] / ep["steps"] for p in ("data", "compute", "sync", "update")}
+    assert all(v < 0.05 for v in per_step.values()), per_step
+    slept = 0.1 * ep["noise_steps"]
+    assert ep["time_other_s"] >= 0.8 * slept, (ep["time_other_s"], slept, per_step)
+    assert ep["time_dispatch_s"] < 0.5 * slept, (ep["time_dispatch_s"], slept)

@@ -141,7 +141,13 @@ def test_resume_state_from_a_checkpoint_state():
 
 @pytest.mark.parametrize(
     "text,phase,seconds",
-    [(None, None, 0.0), ("", None, 0.0), ("sync:0.03", "sync", 0.03), ("data:1", "data", 1.0)],
+    [
+        (None, None, 0.0),
+        ("", None, 0.0),
+        ("sync:0.03", "sync", 0.03),
+        ("data:1", "data", 1.0),
+        ("noise:0.05", "noise", 0.05),
+    ],
 )
 def test_fault_delay_setting(text, phase, seconds):
     f = FaultDelay.parse(text)
@@ -604,3 +610,32 @@ def test_an_injected_delay_lands_in_exactly_its_phase(tmp_path, train_data):
         for p in PHASES:
             if p != faulted:
                 assert growth[faulted, p] <= FAULT_TOLERANCE * FAULT_DELAY_S, shown
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
+def test_the_noise_scale_sums_are_in_no_phase(tmp_path, train_data):
+    """The sums of squared gradients of a timed 2-worker update (gradient noise scale)
+    run after the sync phase and before the update phase, in neither: uninstrumented
+    steps do not compute them. With a 100 ms delay in them (every call timed), no phase
+    grows by it, nor the calls' launch overhead; the epoch's other time holds it, and the
+    sums are still recorded."""
+    cfg = write_config(
+        tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0, instrument_every=1)
+    )
+    out = tmp_path / "run"
+    fault = {"HVDSCALE_FAULT_DELAY": f"noise:{FAULT_DELAY_S}"}
+    r = launch(cfg, "local_gloo_n1_w2_b75_lrnone_r0", train_data, out, env=fault)
+    assert r.returncode == 0 and "fault injection" in r.stderr, r.stderr[-3000:]
+    rec = load_record(out)
+    ep = rec["epochs"][0]
+    per_step = {p: ep[f"time_{p}_s"] / ep["steps"] for p in PHASES}
+    shown = {k: round(v * 1e3, 2) for k, v in per_step.items()}  # ms per step, for a failure
+    assert all(v < 0.5 * FAULT_DELAY_S for v in per_step.values()), shown
+    # the timed updates (the timeline window's steps are not timed) computed the sums
+    assert ep["noise_steps"] == ep["timed_steps"] > 0 and ep["g_local_sq"] > 0, ep
+    # each of them slept in the sums: the epoch's other time, not the launch overhead
+    slept = FAULT_DELAY_S * ep["noise_steps"]
+    assert ep["time_other_s"] >= 0.8 * slept, (ep["time_other_s"], slept, shown)
+    assert ep["time_dispatch_s"] < 0.5 * slept, (ep["time_dispatch_s"], slept)

@@ -23,9 +23,10 @@ the fault hook that validates the attribution to phases):
   time (``EpochTimer.headline_train_s``); ``wall_measured_s`` keeps the raw epoch time and
   ``timing.instrumentation`` the per-step medians of both kinds and the overhead.
 * ``time_train_s`` is the wall time of the epoch's step loop; the four phases add up to
-  it up to the launch overhead (``time_dispatch_s``). ``time_other_s`` is
-  the epoch wall time minus the four phases: launch overhead, test evaluation, metric
-  reduction.
+  it up to the launch overhead (``time_dispatch_s``) and the noise-scale sums of timed
+  multi-worker steps, which are in no phase (plain steps do not compute them).
+  ``time_other_s`` is the epoch wall time minus the four phases: launch overhead, test
+  evaluation, metric reduction, the noise-scale sums.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ TIMING_METHOD = (
     "(data|compute|sync|update, explicit control dependencies, GPU: host read of a scalar "
     "per boundary); every instrument_every-th call timed, epoch totals = timed means x "
     "steps; launch overhead = perf_counter call wall - in-graph time; "
+    "noise-scale sums of timed multi-worker steps in no phase; "
     "time_other_s = wall_s - sum of the four phases; headline wall_s/throughput/elapsed_s "
     "from uninstrumented calls (timed calls counted at the uninstrumented per-step time)"
 )

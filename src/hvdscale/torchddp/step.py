@@ -204,7 +204,7 @@ class TorchStepProgram:
         self.micro = 0
         self.perm = torch.arange(self.n_local, device=self.device)
         self.loss_sum = self._zero()  # float64 on the device: no host read per step
-        self.timers = np.zeros(4)
+        self.timers = np.zeros(5)  # the four phases and the noise-scale sums
         self.gsq = np.zeros(3)
         self.no_comm_s: list[float] = []  # per timed step: data + compute + update
 
@@ -262,8 +262,9 @@ class TorchStepProgram:
         self._delay("compute")
         t2 = time.perf_counter()
         t3 = t4 = t2
+        noise = 0.0
         if self.micro % self.bpps == 0:
-            self._allreduce_grads()
+            noise = self._allreduce_grads()
             self.sync()
             self._delay("sync")
             t3 = time.perf_counter()
@@ -271,24 +272,31 @@ class TorchStepProgram:
             self.sync()
             self._delay("update")
             t4 = time.perf_counter()
-        self.timers += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        # the noise-scale sums belong to no phase (plain steps do not compute them)
+        self.timers += (t1 - t0, t2 - t1, t3 - t2 - noise, t4 - t3, noise)
         self.no_comm_s.append((t1 - t0) + (t2 - t1) + (t4 - t3))
 
-    def _allreduce_grads(self) -> None:
+    def _allreduce_grads(self) -> float:
         """DDP's average by hand, in one flat buffer (timed steps); with more than one
-        rank also |g_local|^2 and |g_allreduced|^2 for the gradient noise scale."""
+        rank also |g_local|^2 and |g_allreduced|^2 for the gradient noise scale. Returns
+        the seconds those sums took (not sync time: the caller takes them out)."""
         if not self.worker.distributed:
-            return
+            return 0.0
         grads = [p.grad for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        t = time.perf_counter()
         local_sq = float(torch.sum(flat.double() ** 2))
+        noise = time.perf_counter() - t
         self.worker.dist.all_reduce(flat)
         flat /= self.worker.size
         at = 0
         for g in grads:
             g.copy_(flat[at : at + g.numel()].view_as(g))
             at += g.numel()
+        t = time.perf_counter()
         self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)), 1.0)
+        self._delay("noise")
+        return noise + time.perf_counter() - t
 
     # ------------------------------------------------------------------ host side
 
@@ -304,7 +312,7 @@ class TorchStepProgram:
     def start_epoch(self, perm: np.ndarray) -> None:
         self.perm = torch.from_numpy(np.asarray(perm, dtype=np.int64)).to(self.device)
         self.loss_sum = self._zero()
-        self.timers = np.zeros(4)
+        self.timers = np.zeros(5)  # the four phases and the noise-scale sums
         self.gsq = np.zeros(3)
         self.no_comm_s = []
         if self.hook_timer is not None:

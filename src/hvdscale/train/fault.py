@@ -4,6 +4,8 @@
 unset or empty) makes every training step sleep that long inside that phase: after the
 phase's work and before the timestamp that ends it. The test of the phase attribution
 (tests/test_train.py) checks that exactly that phase's measured time grows by the delay.
+``noise`` delays the noise-scale sums of a timed multi-worker update instead, which lie
+between the sync and the update phase and belong to neither (their test checks that).
 The launcher passes the variable to every rank (hvdscale.launch.launchspec.PASS_ENV); a run with a
 delay says so in its record (``config.fault_delay``) and on stderr. docs/timing.md.
 """
@@ -19,6 +21,8 @@ from hvdscale.errors import UserError
 from hvdscale.timing import PHASES
 
 ENV_VAR = "HVDSCALE_FAULT_DELAY"
+#: where a delay can go: a phase of the split, or the noise-scale sums (in no phase)
+FAULT_PHASES = (*PHASES, "noise")
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,10 @@ class FaultDelay:
             seconds = float(secs)
         except ValueError:
             seconds = -1.0
-        if phase not in PHASES or not (0.0 <= seconds <= 60.0):
+        if phase not in FAULT_PHASES or not (0.0 <= seconds <= 60.0):
             raise UserError(
                 f"{ENV_VAR}={text!r}: expected <phase>:<seconds> with phase one of "
-                f"{', '.join(PHASES)} and 0 <= seconds <= 60, e.g. compute:0.03"
+                f"{', '.join(FAULT_PHASES)} and 0 <= seconds <= 60, e.g. compute:0.03"
             )
         return cls(phase, seconds)
 

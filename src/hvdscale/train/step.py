@@ -74,9 +74,14 @@ class PhaseClock:
         """Context: ops created inside start after timestamp ``t``."""
         return self.tf.control_dependencies([t])
 
-    def record(self, t_prev, t1, t2, t3, t4):
-        """Add one step's four phase durations; returns the step's end (the next t_prev)."""
-        self.timers.assign_add(self.tf.stack([t1 - t_prev, t2 - t1, t3 - t2, t4 - t3]))
+    def record(self, t_prev, t1, t2, t3, t4, gap):
+        """Add one step's four phase durations and ``gap`` (timers' fifth slot); returns
+        the step's end (the next t_prev). ``gap``: the time between the end of the sync
+        phase (t3) and the start of the update that belongs to no phase (the noise-scale
+        sums of a timed multi-worker update), so that the five add up to the in-graph
+        time."""
+        parts = [t1 - t_prev, t2 - t1, t3 - t2, t4 - t3 - gap, gap]
+        self.timers.assign_add(self.tf.stack(parts))
         return t4
 
 
@@ -97,7 +102,7 @@ class NoClock:
     def after(self, t):
         return contextlib.nullcontext()
 
-    def record(self, t_prev, t1, t2, t3, t4):
+    def record(self, t_prev, t1, t2, t3, t4, gap):
         return t_prev
 
 
@@ -232,8 +237,9 @@ class StepProgram:
 
         with tf.device(device):
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
+            # data, compute, sync, update and the noise-scale sums (PhaseClock.record)
             self.timers = tf.Variable(
-                tf.zeros([4], tf.float64), trainable=False, name="phase_timers"
+                tf.zeros([5], tf.float64), trainable=False, name="phase_timers"
             )
             source = DeviceBatches if in_device_memory else HostBatches
             self.source = source(tf, x_train, y_train, self.batch)
@@ -280,7 +286,7 @@ class StepProgram:
     def _noise(self, local, reduced, clock):
         """Timed multi-worker updates: add |g_local|^2 (this rank's gradient, batch =
         per-worker batch) and |g_allreduced|^2 (global batch) to ``gsq``; returns the
-        update op (None otherwise). Runs inside the sync phase, timed calls only."""
+        update op (None otherwise). Timed calls only; see _noise_after."""
         if not (clock.timed and self.worker.distributed):
             return None
         tf = self.tf
@@ -290,6 +296,16 @@ class StepProgram:
 
         one = tf.constant(1.0, tf.float64)
         return self.gsq.assign_add(tf.stack([sq(local), sq(reduced), one]))
+
+    def _noise_after(self, t3, local, reduced, clock):
+        """The noise-scale sums after the sync phase has ended at ``t3``, so that they
+        are not sync time (uninstrumented steps do not compute them): returns the time
+        they took (``gap`` of PhaseClock.record; zero when there are none)."""
+        with clock.after(t3):
+            op = self._noise(local, reduced, clock)
+        if op is None:
+            return t3 - t3
+        return clock.stamp(self.fault.inject("noise", [op])) - t3
 
     def _apply(self, grads):
         tf = self.tf
@@ -309,10 +325,10 @@ class StepProgram:
         loss, grads = self._loss_and_grads(x, y)
         self.loss_sum.assign_add(tf.cast(loss, tf.float64))
         if self.bpps == 1:
-            t2, t3, t4 = self._sync_and_update(grads, loss, clock)
+            t2, t3, t4, gap = self._sync_and_update(grads, loss, clock)
         else:
-            t2, t3, t4 = self._accumulate(grads, loss, clock)
-        return clock.record(t_prev, t1, t2, t3, t4)
+            t2, t3, t4, gap = self._accumulate(grads, loss, clock)
+        return clock.record(t_prev, t1, t2, t3, t4, gap)
 
     def _loss_and_grads(self, x, y):
         """Forward and backward pass (the compute phase); a subclass may replace it, e.g.
@@ -333,12 +349,13 @@ class StepProgram:
         local = grads
         grads = self._allreduce(grads)  # HVD: synchronisation phase
         grads = self.fault.inject("sync", grads)
-        t3 = clock.stamp([*grads, self._noise(local, grads, clock)])
-        with clock.after(t3):
+        t3 = clock.stamp(grads)
+        gap = self._noise_after(t3, local, grads, clock)
+        with clock.after(t3 + gap):
             grads = [tf.identity(g) for g in grads]
         done = self.fault.inject("update", self._apply(grads))
         t4 = clock.stamp(done)
-        return t2, t3, t4
+        return t2, t3, t4, gap
 
     def _accumulate(self, grads, loss, clock):
         """backward_passes_per_step: accumulate locally, allreduce + apply every bpps-th pass."""
@@ -352,20 +369,21 @@ class StepProgram:
                 avg = [a.read_value() / float(self.bpps) for a in self.acc]
             red = self._allreduce(avg)  # HVD: synchronisation phase
             red = self.fault.inject("sync", red)
-            t3 = clock.stamp([*red, self._noise(avg, red, clock)])
-            with clock.after(t3):
+            t3 = clock.stamp(red)
+            gap = self._noise_after(t3, avg, red, clock)
+            with clock.after(t3 + gap):
                 red = [tf.identity(g) for g in red]
             done = self._apply(red)
             with tf.control_dependencies(done):
                 resets = [a.assign(tf.zeros_like(a)) for a in self.acc]
             t4 = clock.stamp(self.fault.inject("update", done + resets))
-            return t3, t4
+            return t3, t4, gap
 
         def skip():
-            return t2, t2
+            return t2, t2, t2 - t2
 
-        t3, t4 = tf.cond(tf.equal(m % self.bpps, 0), sync_and_apply, skip)
-        return t2, t3, t4
+        t3, t4, gap = tf.cond(tf.equal(m % self.bpps, 0), sync_and_apply, skip)
+        return t2, t3, t4, gap
 
     def _loop(self, n, feed, clock):
         tf = self.tf
@@ -409,7 +427,7 @@ class StepProgram:
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.loss_sum.assign(0.0)
-        self.timers.assign(self.tf.zeros([4], self.tf.float64))
+        self.timers.assign(self.tf.zeros([5], self.tf.float64))
         self.gsq.assign(self.tf.zeros([3], self.tf.float64))
         self.source.start_epoch(perm)
 
@@ -422,6 +440,8 @@ class StepProgram:
         return host_data
 
     def epoch_results(self) -> tuple[float, np.ndarray]:
+        """The epoch's loss sum and the timed steps' in-graph time: the four phases and
+        the noise-scale sums (in no phase)."""
         return float(self.loss_sum.numpy()), np.asarray(self.timers.numpy(), dtype=np.float64)
 
     def grad_sq(self) -> tuple[float, float, int]:
