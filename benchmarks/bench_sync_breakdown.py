@@ -8,7 +8,7 @@ thread sees: the negotiation (from the rank's request until every rank has sent 
 own: the wait for the slower rank) and the allreduce (the fusion-buffer copies and the
 MPI collective). What the timeline does not see is the rest of the sync phase: the
 hand-over of the gradients to the background thread, the completion callback back to
-TensorFlow's executor, and (in the record's instrumented steps) the gradient-noise sums.
+TensorFlow's executor.
 
 Each arm is ``hvdscale launch`` of bench_scaling's run (benchmarks/_scaling_runner.py) at
 2 workers bound one per core, batch 75, at each cycle time (``--cycles``, ms), with and
@@ -17,10 +17,10 @@ throughputs says how much the timeline's own writing perturbs what it shows. Per
 per step (over every epoch of the run, as the timeline covers them): rank 0's sync phase
 (the record's ``timeline_check``), the timeline's span, negotiation, allreduce and its
 nested activities (unions over the 8 fused gradient tensors), and the part of the sync
-phase outside the timeline. The record's sync phase comes from its instrumented steps,
-whose sync phase also sums the gradients' squares for the noise scale: that is part of
-the "outside" column. Paired repeats (``--repeats``, odd repeats in reverse order),
-the quiet guard and ``foreign_cpu`` as in every benchmark (benchmarks/_quiet.py). Writes
+phase outside the timeline. The record's sync phase comes from its instrumented steps
+(the noise-scale sums they also compute are in no phase: docs/timing.md). Paired
+repeats (``--repeats``, odd repeats in reverse order), the quiet guard and
+``foreign_cpu`` as in every benchmark (benchmarks/_quiet.py). Writes
 benchmarks/results/bench_sync_breakdown.csv: ``run`` rows and one ``summary`` row per
 cycle time (medians over the valid repeats).
 

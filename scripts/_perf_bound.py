@@ -181,10 +181,7 @@ def block_efficiency_bound(res: Path) -> str:
                 "ranks call in lockstep with nothing else to run, pays little of it (the "
                 "next section splits the sync phase with Horovod's timeline). "
                 "No setting measured here removes it (cycle time, fusion and binding, "
-                "above). The split comes from the instrumented sample, whose sync phase "
-                "also sums the gradients' squares for the noise scale, so it somewhat "
-                "overstates a plain step's sync; the allreduce's own part stays a small "
-                "share of it.\n"
+                "above).\n"
             )
         elif x["explained"] < 0.9:
             out += (
