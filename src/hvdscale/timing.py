@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PHASES = ("data", "compute", "sync", "update")
+#: a timed step's in-graph parts: the four phases, then the noise-scale sums of a timed
+#: multi-worker update, which belong to no phase (plain steps do not compute them)
+STEP_PARTS = (*PHASES, "noise")
 
 TIMING_METHOD = (
     "in-graph tf.timestamp at phase boundaries inside the compiled step "

@@ -67,6 +67,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from hvdscale.timing import STEP_PARTS
 from hvdscale.torchddp.device import synchronizer
 from hvdscale.torchddp.net import TorchOptimisation
 from hvdscale.train.fault import FaultDelay
@@ -204,7 +205,7 @@ class TorchStepProgram:
         self.micro = 0
         self.perm = torch.arange(self.n_local, device=self.device)
         self.loss_sum = self._zero()  # float64 on the device: no host read per step
-        self.timers = np.zeros(5)  # the four phases and the noise-scale sums
+        self.timers = np.zeros(len(STEP_PARTS))  # the four phases and the noise-scale sums
         self.gsq = np.zeros(3)
         self.no_comm_s: list[float] = []  # per timed step: data + compute + update
 
@@ -312,7 +313,7 @@ class TorchStepProgram:
     def start_epoch(self, perm: np.ndarray) -> None:
         self.perm = torch.from_numpy(np.asarray(perm, dtype=np.int64)).to(self.device)
         self.loss_sum = self._zero()
-        self.timers = np.zeros(5)  # the four phases and the noise-scale sums
+        self.timers = np.zeros(len(STEP_PARTS))  # the four phases and the noise-scale sums
         self.gsq = np.zeros(3)
         self.no_comm_s = []
         if self.hook_timer is not None:

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 
 from hvdscale.errors import UserError
-from hvdscale.timing import PHASES
+from hvdscale.timing import STEP_PARTS
 
 ENV_VAR = "HVDSCALE_FAULT_DELAY"
 #: where a delay can go: a phase of the split, or the noise-scale sums (in no phase)
-FAULT_PHASES = (*PHASES, "noise")
+FAULT_PHASES = STEP_PARTS
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 
 from hvdscale.launch import timelimit
 from hvdscale.runrecord import epoch_entry, finite_or_none
-from hvdscale.timing import EpochTimer
+from hvdscale.timing import PHASES, EpochTimer
 from hvdscale.train.checkpoint import Checkpointer, ResumeState
 from hvdscale.train.metrics import EpochMetrics
 from hvdscale.train.optim import Optimisation
@@ -168,7 +168,7 @@ def run_epoch_steps(
     loss_sum, in_graph = program.epoch_results()
     # in_graph: the four phases and the noise-scale sums, which belong to no phase
     dispatch = call_wall - float(in_graph.sum())
-    phases = in_graph[:4].copy()
+    phases = in_graph[: len(PHASES)].copy()
     phases[0] += host_data  # host path: gathering and converting rows is data loading
     return timer, (loss_sum, phases, dispatch, t_train)
 

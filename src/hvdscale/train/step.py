@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from hvdscale import backends
+from hvdscale.timing import STEP_PARTS
 from hvdscale.train.fault import FaultDelay
 from hvdscale.worker import WorkerInfo
 
@@ -237,9 +238,9 @@ class StepProgram:
 
         with tf.device(device):
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
-            # data, compute, sync, update and the noise-scale sums (PhaseClock.record)
+            # the step's parts: four phases and the noise-scale sums (PhaseClock.record)
             self.timers = tf.Variable(
-                tf.zeros([5], tf.float64), trainable=False, name="phase_timers"
+                tf.zeros([len(STEP_PARTS)], tf.float64), trainable=False, name="phase_timers"
             )
             source = DeviceBatches if in_device_memory else HostBatches
             self.source = source(tf, x_train, y_train, self.batch)
@@ -427,7 +428,7 @@ class StepProgram:
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.loss_sum.assign(0.0)
-        self.timers.assign(self.tf.zeros([5], self.tf.float64))
+        self.timers.assign(self.tf.zeros([len(STEP_PARTS)], self.tf.float64))
         self.gsq.assign(self.tf.zeros([3], self.tf.float64))
         self.source.start_epoch(perm)
 
