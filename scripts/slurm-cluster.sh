@@ -160,18 +160,18 @@ require_packages() {
 # --------------------------------------------------------------------------- processes
 # Every daemon started here carries HVD_SLURM_MARK=<cluster dir> in its environment
 # (inherited by slurmstepd), so `down` stops exactly our processes, by pid.
-is_ours() {
-    local pid="$1"
+is_ours() {  # pid [cluster dir, default ours]
+    local pid="$1" dir="${2:-$DIR}"
     [[ -n "$pid" && -r "/proc/$pid/environ" ]] || return 1
-    grep -qxzF "HVD_SLURM_MARK=$DIR" "/proc/$pid/environ" 2>/dev/null
+    grep -qxzF "HVD_SLURM_MARK=$dir" "/proc/$pid/environ" 2>/dev/null
 }
 
 pid_from() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
 
-alive_from() {  # pidfile -> pid if that process is alive and ours
+alive_from() {  # pidfile [cluster dir] -> pid if that process is alive and that cluster's
     local pid
     pid="$(pid_from "$1")"
-    if [[ -n "$pid" ]] && is_ours "$pid"; then echo "$pid"; fi
+    if [[ -n "$pid" ]] && is_ours "$pid" "${2:-$DIR}"; then echo "$pid"; fi
 }
 
 our_pids() {  # every live process carrying our mark
@@ -413,8 +413,8 @@ conf_link_add() {
         other="${target%/etc}"
         if [[ "$target" == */etc && -f "$other/etc/slurm.conf" && -d "$other/run" ]] \
             && grep -qF "ClusterName=$CLUSTER_NAME" "$other/etc/slurm.conf" 2>/dev/null; then
-            other_pid="$(pid_from "$other/run/slurmctld.pid")"
-            if [[ -n "$other_pid" ]] && grep -qxzF "HVD_SLURM_MARK=$other" "/proc/$other_pid/environ" 2>/dev/null; then
+            other_pid="$(alive_from "$other/run/slurmctld.pid" "$other")"
+            if [[ -n "$other_pid" ]]; then
                 die "$RUN_CONF_LINK belongs to another cluster of this script, up in $other (slurmctld pid $other_pid); the plugin's job steps read that link, so two clusters cannot run at once: stop it with HVD_SLURM_DIR=$other $0 down"
             fi
             log "replacing the stale $RUN_CONF_LINK -> $target (that cluster is down: left by a killed run)"
