@@ -26,11 +26,6 @@ STEP = (
 )
 
 
-def _us(v) -> str:
-    x = num(v)
-    return "" if x is None else f"{x:.0f}"
-
-
 def sync_reading(rows: list[dict]) -> str:
     """The shares of the sync phase, from the valid timeline runs (medians over them),
     and the range of the MPI op over the runs; '' without valid runs."""
@@ -70,7 +65,7 @@ def block_sync_breakdown(res: Path) -> str:
         cells = [f"{float(r['cycle_ms']):g}", which, shown(ok, thousands(r.get("throughput")))]
         ratio = f2(r.get("control_vs_timeline")) if r["row"] == "summary" else ""
         cells.append(shown(ok, ratio))
-        cells += [shown(ok, _us(r.get(k))) for k, _ in STEP]
+        cells += [shown(ok, f2(r.get(k), 0)) for k, _ in STEP]
         body.append(cells + qc)
     head = ["cycle ms", "row", "samples/s (timeline on)", "without / with timeline"]
     head += [f"{h} us/step" for _, h in STEP] + QCOLS

@@ -308,10 +308,6 @@ def block_cycle_time(res: Path) -> str:
         return missing("bench_cycle_time", "make bench-cycle")
     # the phase split per step (rows since it was recorded)
     split = any(r.get("compute_us_step") for r in rows if r.get("row") == "summary")
-
-    def us(v):
-        return f"{float(v):.0f}" if v not in (None, "") else ""
-
     body = []
     for r in rows:
         if r.get("row") != "summary":
@@ -322,7 +318,7 @@ def block_cycle_time(res: Path) -> str:
         cells = [r["batch"], r["workers"], f"{float(r['cycle_ms']):g}", r["auto"]]
         body.append([*cells, shown(ok, thr), shown(ok, interval), shown(ok, ratio)])
         if split:
-            body[-1] += [shown(ok, us(r.get(k))) for k in ("compute_us_step", "sync_us_step")]
+            body[-1] += [shown(ok, f2(r.get(k), 0)) for k in ("compute_us_step", "sync_us_step")]
         body[-1] += [r["repeats"], *qc]
     head = ["batch", "workers", "cycle ms", "auto picks it", "samples/s", "95 % CI"]
     head += ["auto / this (paired)"]
