@@ -142,6 +142,25 @@ class Measured:
         }
 
 
+def paired_order(plan: list, rep: int) -> list:
+    """The arms of paired repeat ``rep``: every repeat runs each arm once, odd repeats in
+    reverse order, so that a drift of the machine within a repeat hits the arms evenly."""
+    return plan[::-1] if rep % 2 else plan
+
+
+def measured_run(what: str, fn, *args) -> tuple[dict, str, Measured, float]:
+    """``fn(*args)`` as one measured arm (Measured: quiet guard, load, foreign CPU): its result
+    ({} when it raised), the error's last 300 characters ('' when it did not), the
+    measurement and the arm's wall seconds. One failed run is reported, not fatal."""
+    t0 = time.time()
+    with Measured(what) as m:
+        try:
+            r, err = fn(*args), ""
+        except Exception as exc:
+            r, err = {}, str(exc)[-300:]
+    return r, err, m, round(time.time() - t0, 1)
+
+
 def merge_fields(parts: list[dict]) -> dict:
     """The fields of several measurements behind one row: load before of the first, after
     of the last, the highest load and foreign CPU; valid only when every part is."""

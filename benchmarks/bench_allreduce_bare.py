@@ -58,6 +58,7 @@ from _results import (  # noqa: E402
     add_quiet_args,
     configure_quiet,
     merge_fields,
+    paired_order,
     quiet_main,
     write_csv,
 )
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_allreduce_bare.") as tmp:
         for rep in range(a.repeats):
-            for arm in arms if rep % 2 == 0 else arms[::-1]:
+            for arm in paired_order(arms, rep):
                 out = Path(tmp) / f"{arm.name.replace(' ', '_')}_r{rep}"
                 out.mkdir()
                 m = Measured(f"allreduce {arm.name} r{rep}")

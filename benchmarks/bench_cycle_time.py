@@ -35,17 +35,17 @@ import copy
 import json
 import statistics
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import (  # noqa: E402
     ROOT,
-    Measured,
     add_quiet_args,
     configure_quiet,
+    measured_run,
     merge_fields,
+    paired_order,
     quiet_main,
     write_csv,
 )
@@ -61,12 +61,17 @@ def auto_value(workers: int) -> float:
     return cycle_time_ms("auto", workers, bound=workers > 1)
 
 
-def run_once(cfg: dict, data: Path, work: Path, workers: int, batch: int, cycle: float) -> dict:
-    """One ``hvdscale launch`` run with this cycle time, started and read back as
-    bench_scaling's hvdscale arm (Runner.run_hvdscale: 1 worker pinned to core 0)."""
+def run_once(
+    cfg: dict, data: Path, work: Path, workers: int, batch: int, cycle: float, **training
+) -> dict:
+    """One ``hvdscale launch`` run with this cycle time (and these further ``training``
+    keys), started and read back as bench_scaling's hvdscale arm (Runner.run_hvdscale: 1
+    worker pinned to core 0)."""
     c = copy.deepcopy(cfg)
     c["training"].setdefault("horovod", {})["cycle_time_ms"] = cycle
-    path = work / f"config_cycle{cycle:g}.json"
+    c["training"].update(training)
+    tag = "".join(f"_{k}{v}" for k, v in sorted(training.items()))
+    path = work / f"config_cycle{cycle:g}{tag}.json"
     hvd("write-config", "--json", json.dumps(c), "--out", path)
     return Runner(None, path, data, work, "none").run(Arm("hvdscale", workers), batch)
 
@@ -162,13 +167,10 @@ def main(argv=None) -> int:
     plan = [(b, w, c) for b in batches for w in workers for c in cycles]
     runs: list[dict] = []
     for rep in range(a.repeats):
-        for batch, w, cycle in plan[::-1] if rep % 2 else plan:
-            t0 = time.time()
-            with Measured(f"cycle {cycle:g} ms w{w} b{batch}") as m:
-                try:
-                    r, err = run_once(cfg, data, work, w, batch, cycle), ""
-                except Exception as exc:  # one failed run is reported, not fatal
-                    r, err = {}, str(exc)[-300:]
+        for batch, w, cycle in paired_order(plan, rep):
+            r, err, m, wall = measured_run(
+                f"cycle {cycle:g} ms w{w} b{batch}", run_once, cfg, data, work, w, batch, cycle
+            )
             runs.append(
                 {
                     "row": "run",
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
                     "sync_us_step": r.get("sync_us_step"),
                     "status": "ok" if r else "failed",
                     "error": err.replace("\n", " "),
-                    "wall_s": round(time.time() - t0, 1),
+                    "wall_s": wall,
                     **m.fields(),
                 }
             )

@@ -76,6 +76,7 @@ from _results import (  # noqa: E402
     add_quiet_args,
     configure_quiet,
     load_avg,
+    paired_order,
     warn_load,
     write_csv,
 )
@@ -178,7 +179,7 @@ class Bench:
 
 def plan(rep: int) -> list[tuple[str, int]]:
     arms = [(fw, w) for w in (1, 2) for fw in FRAMEWORKS] + [(INDEPENDENT, 2)]
-    return arms[::-1] if rep % 2 else arms
+    return paired_order(arms, rep)
 
 
 def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list) -> dict | None:

@@ -76,6 +76,7 @@ from _results import (  # noqa: E402
     configure_quiet,
     load_avg,
     merge_fields,
+    paired_order,
     warn_load,
     write_csv,
 )
@@ -354,7 +355,7 @@ def paired_plan(a, batch, rep, tune, best, arms_by_label) -> list[tuple[Arm, int
     plan.append((Arm("independent", 2), 2))
     if (batch, "mwms", 2) in best:
         plan.append((arms_by_label[best[(batch, "mwms", 2)]], 2))
-    return plan[::-1] if rep % 2 else plan
+    return paired_order(plan, rep)
 
 
 def run_phases(a, runner, batches, rows, paired) -> dict:

@@ -31,24 +31,24 @@ cycle time (medians over the valid repeats).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import (  # noqa: E402
     ROOT,
-    Measured,
     add_quiet_args,
     configure_quiet,
+    measured_run,
     merge_fields,
+    paired_order,
     quiet_main,
     write_csv,
 )
-from _scaling_runner import Arm, Runner, base_config, build_data, hvd  # noqa: E402
+from _scaling_runner import base_config, build_data  # noqa: E402
+from bench_cycle_time import run_once as cycle_run  # noqa: E402
 
 from hvdscale.timing import parse_timeline  # noqa: E402
 
@@ -100,14 +100,9 @@ def breakdown(record: dict, timeline: Path) -> dict:
 
 
 def run_once(cfg: dict, data: Path, work: Path, cycle: float, timeline: bool) -> dict:
-    """One 2-worker ``hvdscale launch`` run (bench_scaling's hvdscale arm) with this cycle
+    """One 2-worker run of bench_cycle_time (bench_scaling's hvdscale arm) with this cycle
     time, with or without the whole-run timeline."""
-    c = copy.deepcopy(cfg)
-    c["training"].setdefault("horovod", {})["cycle_time_ms"] = cycle
-    c["training"]["timeline"] = timeline
-    path = work / f"config_cycle{cycle:g}_tl{int(timeline)}.json"
-    hvd("write-config", "--json", json.dumps(c), "--out", path)
-    r = Runner(None, path, data, work, "none").run(Arm("hvdscale", WORKERS), BATCH)
+    r = cycle_run(cfg, data, work, WORKERS, BATCH, cycle, timeline=timeline)
     out = {"throughput": r["throughput"], "horovod_env": r.get("horovod_env", {})}
     if timeline:
         rec = json.loads((Path(r["record_dir"]) / "metrics.json").read_text())
@@ -161,14 +156,9 @@ def main(argv=None) -> int:
     plan = [(c, tl) for c in cycles for tl in (0, 1)]
     runs: list[dict] = []
     for rep in range(a.repeats):
-        for cycle, tl in plan[::-1] if rep % 2 else plan:
-            t0 = time.time()
+        for cycle, tl in paired_order(plan, rep):
             label = f"cycle {cycle:g} ms, timeline {'on' if tl else 'off'}"
-            with Measured(label) as m:
-                try:
-                    r, err = run_once(cfg, data, work, cycle, bool(tl)), ""
-                except Exception as exc:  # one failed run is reported, not fatal
-                    r, err = {}, str(exc)[-300:]
+            r, err, m, wall = measured_run(label, run_once, cfg, data, work, cycle, bool(tl))
             runs.append(
                 {
                     "row": "run",
@@ -182,7 +172,7 @@ def main(argv=None) -> int:
                     "horovod_cycle_env": r.get("horovod_env", {}).get("HOROVOD_CYCLE_TIME"),
                     "status": "ok" if r else "failed",
                     "error": err.replace("\n", " "),
-                    "wall_s": round(time.time() - t0, 1),
+                    "wall_s": wall,
                     **m.fields(),
                 }
             )

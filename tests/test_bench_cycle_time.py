@@ -81,3 +81,29 @@ def test_summary_carries_the_phase_split_per_step():
     rows = {(r["workers"], r["cycle_ms"]): r for r in bct.summarise(runs)}
     assert rows[(2, 0.01)]["compute_us_step"] == 950 and rows[(2, 0.01)]["sync_us_step"] == 10
     assert rows[(1, 1.0)]["compute_us_step"] is None
+
+
+def test_paired_order_reverses_the_odd_repeats():
+    from _results import paired_order
+
+    orders = [paired_order([1, 2, 3], rep) for rep in range(3)]
+    assert orders == [[1, 2, 3], [3, 2, 1], [1, 2, 3]]
+
+
+def test_a_measured_run_that_fails_is_reported_not_fatal(monkeypatch):
+    """measured_run: the arm's result and no error, or no result and the error's tail;
+    the measurement's fields either way (the guard lets it run at once here)."""
+    import _results
+    from _results import measured_run
+
+    monkeypatch.setattr(_results.GUARD, "max_load", 1e9)
+    r, err, m, wall = measured_run("ok arm", lambda x: {"throughput": x}, 5.0)
+    assert (r, err) == ({"throughput": 5.0}, "") and wall >= 0
+    assert m.fields()["load_before"] is not None
+
+    def boom():
+        raise RuntimeError("x" * 400 + " launch failed")
+
+    r, err, m, _ = measured_run("failing arm", boom)
+    assert r == {} and err.endswith("launch failed") and len(err) == 300
+    assert "valid" in m.fields()
