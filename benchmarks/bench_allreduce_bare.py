@@ -19,6 +19,9 @@ defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it)
                          gradient list
   gloo lo                Gloo on the loopback interface (--network-interfaces lo,
                          HOROVOD_GLOO_IFACE=lo)
+  gloo spin              Gloo without hvdscale.native's epoll_wait library (which the
+                         defaults preload, training.horovod.gloo_yield_when_spinning):
+                         Gloo's loop thread spins on the rank's core
   torch gloo             torch.distributed all_reduce with the gloo backend, a reference,
                          only where torch is importable in the train env (not installed
                          by hvdscale)
@@ -105,6 +108,12 @@ ARMS["gloo lo"] = BareArm(
     (("HOROVOD_GLOO_IFACE", "lo"),),
     launcher_args=("--network-interfaces", "lo"),
     settings="loopback interface",
+)
+ARMS["gloo spin"] = BareArm(
+    "gloo spin",
+    "gloo",
+    (("LD_PRELOAD", ""),),
+    settings="without hvdscale.native (Gloo's loop thread spins)",
 )
 ARMS["torch gloo"] = BareArm("torch gloo", "torch", settings="torch.distributed gloo")
 ARMS["tf call"] = BareArm("tf call", "tfcall", settings="tf.function call, no allreduce")

@@ -159,6 +159,15 @@ else
     echo "$TR_HASH" > .venv-train/.hvdscale-stamp
 fi
 
+# --------------------------------------------------------------------------- native library
+# Horovod's Gloo ranks preload it (training.horovod.gloo_yield_when_spinning,
+# src/hvdscale/native/epoll_yield.c): Gloo's loop thread yields instead of spinning.
+NATIVE=src/hvdscale/native
+if [[ ! -f "$NATIVE/epoll_yield.so" || "$NATIVE/epoll_yield.c" -nt "$NATIVE/epoll_yield.so" ]]; then
+    log "building $NATIVE/epoll_yield.so"
+    .venv-train/bin/python -m hvdscale.native build >/dev/null
+fi
+
 # --------------------------------------------------------------------------- check
 CHECK="$(PATH="$ROOT/.venv-train/bin:$PATH" .venv-train/bin/horovodrun --check-build 2>/dev/null)"
 for want in "TensorFlow" "MPI" "Gloo"; do

@@ -151,6 +151,8 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
         # the default config's launcher; Gloo needs horovodrun's rendezvous
         launcher = "horovodrun" if rec["config"]["backend"] == "gloo" else "mpirun"
         assert rec["status"] == "completed" and rec["config"]["launcher"] == launcher
+        # Gloo ranks ran with hvdscale.native's library (gloo_yield_when_spinning), MPI ranks not
+        assert rec["config"]["gloo_epoll_yield"] is (rec["config"]["backend"] == "gloo")
         n = rec["summary"]["epochs_completed"]
         if rid in CAL_IDS:  # trains its whole budget: it sets the target
             assert n == 3 and rec["target"]["value"] is None

@@ -298,6 +298,7 @@ def test_one_and_two_ranks_with_the_same_global_batch_agree(tmp_path, train_data
     one, _ = _run_ok(cfg, "local_gloo_n1_w1_b150_lrnone_r0", train_data, tmp_path / "w1")
     two, _ = _run_ok(cfg, "local_gloo_n1_w2_b75_lrnone_r0", train_data, tmp_path / "w2")
     assert one["config"]["global_batch"] == two["config"]["global_batch"] == 150
+    assert one["config"]["gloo_epoll_yield"] and two["config"]["gloo_epoll_yield"]  # Gloo ranks
     assert [e["samples"] for e in one["epochs"]] == [e["samples"] for e in two["epochs"]]
 
     def smoothed_test(rec):  # the validation loss: the test split is evaluated once

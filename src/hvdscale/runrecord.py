@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from hvdscale import native
 from hvdscale.common import (
     EXIT_NAN,
     git_commit,
@@ -239,6 +240,7 @@ def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> di
         model_bytes=model_bytes(model_parameters),
         horovod_env=horovod_env(),
         nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
+        gloo_epoll_yield=native.loaded(),  # hvdscale.native's library in this rank
         steps_per_execution=tcfg["steps_per_execution"],
         backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
         compression=tcfg["horovod"]["compression"],

@@ -20,7 +20,9 @@ launcher; inside SLURM with the allocation's hosts); mpi ->
 HOROVOD_CPU_OPERATIONS=mpi with the MPI controller; nccl -> HOROVOD_GPU_OPERATIONS=NCCL.
 training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
 HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
-OMPI_MCA_mpi_yield_when_idle=1, training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
+OMPI_MCA_mpi_yield_when_idle=1, training.horovod.gloo_yield_when_spinning (gloo backend)
+LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
+training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
 
 The ranks' output streams to this command's stdout/stderr. Exit status 0 when the run
 completed with a valid record, and also when it stopped with a valid record of status
@@ -50,6 +52,7 @@ import threading
 import time
 from pathlib import Path
 
+from hvdscale import native
 from hvdscale.common import EXIT_NAN
 from hvdscale.config import load_config
 from hvdscale.errors import UserError
@@ -303,6 +306,7 @@ def run(args) -> int:
         for n in spec.notes:
             print(f"# {n}")
         return 0
+    native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
     _clear_stale(args.program, out_dir, failure_path)
     print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)
     for n in spec.notes:

@@ -1,0 +1,5 @@
+import sys
+
+from hvdscale.native import main
+
+sys.exit(main())
