@@ -20,7 +20,7 @@ defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it)
   gloo lo                Gloo on the loopback interface (--network-interfaces lo,
                          HOROVOD_GLOO_IFACE=lo)
   gloo spin              Gloo without hvdscale.native's epoll_wait library (which the
-                         defaults preload, training.horovod.gloo_yield_when_spinning):
+                         defaults preload, training.gloo_yield_when_spinning):
                          Gloo's loop thread spins on the rank's core
   torch gloo             torch.distributed all_reduce with the gloo backend, a reference,
                          only where torch is importable in the train env (not installed

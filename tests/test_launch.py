@@ -161,9 +161,7 @@ def test_horovod_tuning_knobs_and_timeline(tmp_path):
     assert s.env["OMP_NUM_THREADS"] == "2"
     exported = [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
     assert {"HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE"} <= set(exported)
-    assert horovod_env({"horovod": {"gloo_yield_when_spinning": False}}, "gloo") == {
-        "HOROVOD_CPU_OPERATIONS": "gloo"
-    }
+    assert horovod_env({"horovod": {}}, "gloo") == {"HOROVOD_CPU_OPERATIONS": "gloo"}
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from conftest_train import base_config, sub_env, write_config
 
 from hvdscale import native
 from hvdscale.errors import UserError
-from hvdscale.launch.launchspec import horovod_env
+from hvdscale.launch.launchspec import gloo_env
 
 # epoll_wait on a pipe with a byte in it (always ready) ten times, then on an empty pipe
 # (timeout 0: returns 0) once; prints the library's yield count after each part and
@@ -82,14 +82,39 @@ def test_a_compile_error_names_the_library(tmp_path, monkeypatch):
 
 def test_gloo_ranks_preload_it_and_keep_what_was_preloaded(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert horovod_env({"horovod": {}}, "gloo")["LD_PRELOAD"] == str(native.LIBRARY)
+    assert gloo_env({}, "gloo")["LD_PRELOAD"] == str(native.LIBRARY)
     monkeypatch.setenv("LD_PRELOAD", "/opt/a.so /opt/b.so")
-    env = horovod_env({"horovod": {}}, "gloo")
+    env = gloo_env({}, "gloo")
     assert env["LD_PRELOAD"] == f"{native.LIBRARY}:/opt/a.so:/opt/b.so"
-    off = {"horovod": {"gloo_yield_when_spinning": False}}
-    assert "LD_PRELOAD" not in horovod_env(off, "gloo")
-    assert "LD_PRELOAD" not in horovod_env({"horovod": {}}, "mpi")  # Open MPI: its own yield
-    assert "LD_PRELOAD" not in horovod_env({"horovod": {}}, "gloo", framework="torch-ddp")
+    assert gloo_env({"gloo_yield_when_spinning": False}, "gloo") == {}
+    assert gloo_env({}, "mpi") == {}  # Open MPI: its own yield (mpi_yield_when_idle)
+    assert gloo_env({}, "nccl") == {}  # a Gloo controller only coordinates
+    # torch.distributed's gloo has the same loop thread (measured); its nccl does not
+    assert gloo_env({}, "gloo", "torch-ddp")["LD_PRELOAD"].startswith(str(native.LIBRARY))
+    assert gloo_env({}, "nccl", "torch-ddp") == {}
+
+
+@pytest.mark.parametrize(
+    "run_id, launcher, preloaded",
+    [
+        ("local_gloo_n1_w2_b75_lrnone_r0", "horovodrun", True),
+        ("local_gloo_n1_w2_b75_lrnone_r0", "srun", True),  # gloo_slurm: srun passes the env
+        ("local_mpi_n1_w2_b75_lrnone_r0", "mpirun", False),
+        ("local_torch-ddp_gloo_n1_w2_b75_lrnone_r0", "horovodrun", True),  # torchrun
+    ],
+)
+def test_the_launch_command_carries_it(tmp_path, run_id, launcher, preloaded):
+    cfg = base_config()
+    torch = dict(cfg["scaling"]["sweeps"][0], name="torch", backends=["gloo"])
+    cfg["scaling"]["sweeps"].append(dict(torch, frameworks=["torch-ddp"]))
+    path = write_config(tmp_path / "config.json", cfg)
+    argv = [sys.executable, "-m", "hvdscale.cli", "launch", "--config", str(path)]
+    argv += ["--run-id", run_id, "--data-dir", "d", "--out-dir", str(tmp_path / "run")]
+    argv += ["--launcher", launcher, "--dry-run"]
+    env = {**sub_env(), "LD_PRELOAD": ""}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (f"LD_PRELOAD={native.LIBRARY}" in r.stdout) is preloaded, r.stdout
 
 
 def test_a_gloo_launch_is_refused_when_the_library_is_not_built(tmp_path):

@@ -282,6 +282,13 @@ def test_the_allreduce_reading_comes_from_valid_rows_only():
     assert "takes 600 us (2.00x MPI)" in g.allreduce_reading(rows)
     rows[1]["median_us"] = "500"
     assert "Horovod's Gloo is within 2x of MPI." in g.allreduce_reading(rows)
+    # the arm without hvdscale.native's library: how much the library takes off
+    rows.append(row("gloo spin", 4000))
+    text = g.allreduce_reading(rows)
+    assert "Without hvdscale.native's library (`gloo spin`) Horovod's Gloo takes 4000 us" in text
+    assert "8.0x as long (13.33x MPI" in text
+    rows[-1]["valid"] = "false"
+    assert "gloo spin" not in g.allreduce_reading(rows)
     rows[2]["valid"] = "false"  # an invalid row gives no sentence
     assert g.allreduce_reading(rows) == ""
     assert g.allreduce_reading(rows[:2]) == ""

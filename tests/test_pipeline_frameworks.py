@@ -48,6 +48,7 @@ def test_local_pipeline_trains_both_frameworks_to_records_and_summary(results_di
         assert cfg["framework"] == ("torch-ddp" if torch else "horovod-tf"), rid
         assert cfg["launcher"] == ("torchrun" if torch else "horovodrun"), rid
         assert cfg["backend"] == "gloo" == cfg["controller"]
+        assert cfg["gloo_epoll_yield"] is True, rid  # both frameworks' Gloo ranks had it
         assert (
             rec["environment"]["hostnames"]
             and len(rec["environment"]["hostnames"]) == (cfg["workers"])
@@ -114,6 +115,7 @@ def test_a_two_rank_torch_run_through_the_slurm_plugin(slurm_cluster, results_di
     proof = rec["label_proof"]
     assert proof["ok"] and proof["process_group_backend"] == "gloo", proof
     assert proof["process_group_world_size"] == 2 == len(env["hostnames"])
+    assert cfg["gloo_epoll_yield"] is True  # srun passed LD_PRELOAD to the ranks
     assert env["slurm_job_id"] and env["slurm_nodelist"]
     show = subprocess.run(
         ["scontrol", "show", "job", env["slurm_job_id"]],

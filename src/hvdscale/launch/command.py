@@ -20,7 +20,7 @@ launcher; inside SLURM with the allocation's hosts); mpi ->
 HOROVOD_CPU_OPERATIONS=mpi with the MPI controller; nccl -> HOROVOD_GPU_OPERATIONS=NCCL.
 training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
 HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
-OMPI_MCA_mpi_yield_when_idle=1, training.horovod.gloo_yield_when_spinning (gloo backend)
+OMPI_MCA_mpi_yield_when_idle=1, training.gloo_yield_when_spinning (gloo, also torch-ddp's)
 LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
 training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
 

@@ -69,6 +69,22 @@ def default_train_python(cfg: dict, root: str | Path = PROJECT_ROOT) -> str:
     return "python"
 
 
+def gloo_env(training: dict, backend: str, framework: str = backends.DEFAULT_FRAMEWORK) -> dict:
+    """LD_PRELOAD of hvdscale.native's library for ranks whose collectives are Gloo's
+    (Horovod's Gloo operations, torch.distributed's gloo backend), unless
+    training.gloo_yield_when_spinning is false. Gloo's TCP loop thread spins on epoll_wait
+    during an allreduce; with a rank's threads bound to its own core the spinner keeps the
+    thread that would make progress off the core until its time slice ends (a 2-rank
+    allreduce of 614 kB: about 4 ms instead of under 1 ms, docs/performance.md). The
+    library makes the spinning thread yield."""
+    if not training.get("gloo_yield_when_spinning", True):
+        return {}
+    entry = backends.get(backend, framework)
+    if "gloo" not in (entry.cpu_operations, entry.process_group):
+        return {}
+    return {"LD_PRELOAD": native.preload_value()}
+
+
 def horovod_env(
     training: dict,
     backend: str,
@@ -101,12 +117,6 @@ def horovod_env(
         # the polling of Horovod's background thread takes the core from TensorFlow's
         # compute (measured +40 % compute time at batch 1000 on 2 cores). Yield instead.
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    if entry.cpu_operations == "gloo" and hv.get("gloo_yield_when_spinning", True):
-        # Gloo's TCP loop thread spins on epoll_wait while it cannot take a pair's lock;
-        # with a rank's threads bound to its own core the lock holder waits out the
-        # spinner's time slice (4-8 ms per allreduce instead of 0.8 ms, measured). The
-        # preloaded hvdscale.native library makes the spinning thread yield.
-        env["LD_PRELOAD"] = native.preload_value()
     if timeline_path:
         env["HOROVOD_TIMELINE"] = str(timeline_path)
     return env
@@ -237,6 +247,7 @@ def _launch_env(
     tl_path = str(Path(out_dir).resolve() / "timeline.json") if (timeline and out_dir) else None
     bound = ranks_bound(training, job.workers_per_node, node_cores)
     env = horovod_env(training, job.backend, tl_path, job.framework, job.workers, bound)
+    env.update(gloo_env(training, job.backend, job.framework))
     env.update(
         {
             "HVDSCALE_LAUNCHER": launcher,

@@ -3,10 +3,11 @@ TCP loop thread yield its core (epoll_yield.c says why; docs/performance.md, "Gl
 spinning loop thread", measures it).
 
 ``scripts/setup.sh`` builds it next to its source (``python -m hvdscale.native build``,
-with the system C compiler). ``hvdscale launch`` preloads it into the ranks of a Horovod
-run whose collectives are Gloo's (``training.horovod.gloo_yield_when_spinning``, default
-true) and refuses to start such a run when it is not built. A rank records whether it was
-loaded (run record ``config.gloo_epoll_yield``).
+with the system C compiler). ``hvdscale launch`` preloads it into the ranks of a run
+whose collectives are Gloo's, Horovod's or torch.distributed's
+(``training.gloo_yield_when_spinning``, default true) and refuses to start such a run
+when it is not built. A rank records whether it was loaded (run record
+``config.gloo_epoll_yield``).
 
   python -m hvdscale.native build [--out PATH] [--cc CC]   # compile (atomic)
   python -m hvdscale.native path                            # where the library is
@@ -26,7 +27,7 @@ from hvdscale.io import atomic_path
 
 SOURCE = Path(__file__).with_name("epoll_yield.c")
 LIBRARY = Path(__file__).with_name("epoll_yield.so")
-CONFIG_KEY = "training.horovod.gloo_yield_when_spinning"
+CONFIG_KEY = "training.gloo_yield_when_spinning"
 
 
 def build(out: str | Path = LIBRARY, cc: str | None = None) -> Path:

@@ -16,8 +16,8 @@
  * runs. A thread whose epoll_wait blocks or times out is never affected; a busy loop that
  * does have work pays one sched_yield per call (about a microsecond).
  *
- * Built by scripts/setup.sh (cc -O2 -shared -fPIC); preloaded into Horovod's Gloo ranks
- * by hvdscale launch (training.horovod.gloo_yield_when_spinning). The counter
+ * Built by scripts/setup.sh (cc -O2 -shared -fPIC); preloaded into the ranks of Gloo runs
+ * (Horovod's and torch.distributed's Gloo) by hvdscale launch (training.gloo_yield_when_spinning). The counter
  * hvdscale_epoll_yields tells how often it yielded (tests read it).
  */
 #define _GNU_SOURCE
