@@ -24,7 +24,9 @@ defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it)
                          Gloo's loop thread spins on the rank's core
   torch gloo             torch.distributed all_reduce with the gloo backend, a reference,
                          only where torch is importable in the train env (not installed
-                         by hvdscale)
+                         by hvdscale): as hvdscale's torch-ddp runs it, each rank bound
+                         to its core, with hvdscale.native's library
+  torch gloo spin        the same without the library
   tf call                the same loop and tf.function call without any collective (two
                          processes at once, each bound to its core): the part of a bare
                          call that is the call itself, which a training step (many
@@ -115,17 +117,31 @@ ARMS["gloo spin"] = BareArm(
     (("LD_PRELOAD", ""),),
     settings="without hvdscale.native (Gloo's loop thread spins)",
 )
-ARMS["torch gloo"] = BareArm("torch gloo", "torch", settings="torch.distributed gloo")
+ARMS["torch gloo"] = BareArm(
+    "torch gloo", "torch", settings="torch.distributed gloo, as hvdscale's torch-ddp runs it"
+)
+ARMS["torch gloo spin"] = BareArm(
+    "torch gloo spin",
+    "torch",
+    (("LD_PRELOAD", ""),),
+    settings="torch.distributed gloo without hvdscale.native",
+)
 ARMS["tf call"] = BareArm("tf call", "tfcall", settings="tf.function call, no allreduce")
 
 
 def horovod_env(controller: str, bound: bool = True) -> dict:
-    """hvdscale's Horovod variables of the config defaults for this controller, as the
-    launcher sets them for 2 ranks on one node (bound: each on a core of its own)."""
+    """hvdscale's rank variables of the config defaults for this controller (Horovod's,
+    and the Gloo library's), as the launcher sets them for 2 ranks on one node (bound:
+    each on a core of its own); torch: those of a torch-ddp gloo run."""
     from hvdscale.config import validate_config
+    from hvdscale.launch.launchspec import gloo_env
     from hvdscale.launch.launchspec import horovod_env as hv_env
 
-    return hv_env(validate_config({})["training"], controller, workers=2, bound=bound)
+    training = validate_config({})["training"]
+    if controller == "torch":
+        return gloo_env(training, "gloo", "torch-ddp")
+    env = hv_env(training, controller, workers=2, bound=bound)
+    return {**env, **gloo_env(training, controller)}
 
 
 def base_env() -> dict:
@@ -148,9 +164,12 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
     if arm.controller in ("torch", "tfcall"):
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 500)})
         env["WORLD_SIZE"] = "2"
+        if arm.controller == "torch":  # as hvdscale's torch-ddp gloo ranks: the library
+            env.update(horovod_env("torch"))
+        env.update(dict(arm.env))
         argv = [py, WORKER, "--framework", arm.controller, *common]
-        # tf call: bound to core r as Horovod's ranks are (bind_cpus reads HOROVOD_LOCAL_*)
-        bound = arm.controller == "tfcall"
+        # bound to core r as hvdscale's ranks are (bind_cpus reads HOROVOD_LOCAL_*)
+        bound = bool(arm.bind)
         procs = [
             subprocess.Popen(
                 list(map(str, argv)),

@@ -367,6 +367,13 @@ def allreduce_reading(rows: list[dict]) -> str:
             f"{s_us:.0f} us, {s_us / hvd:.1f}x as long ({gloo_vs_best(spin, best):.2f}x MPI; "
             'section "Gloo\'s spinning loop thread").'
         )
+    tspin = by_arm.get("torch gloo spin")
+    if tspin is not None:
+        t_us = float(tspin["median_us"])
+        head += (
+            f" torch.distributed's Gloo spins the same way: without the library "
+            f"(`torch gloo spin`) it takes {t_us:.0f} us, {t_us / torch:.1f}x as long."
+        )
     if r_hvd <= TARGET_GLOO_VS_MPI:
         return head + f" Horovod's Gloo is within {TARGET_GLOO_VS_MPI:.0f}x of MPI."
     if r_torch <= TARGET_GLOO_VS_MPI:

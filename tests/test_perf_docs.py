@@ -287,7 +287,11 @@ def test_the_allreduce_reading_comes_from_valid_rows_only():
     text = g.allreduce_reading(rows)
     assert "Without hvdscale.native's library (`gloo spin`) Horovod's Gloo takes 4000 us" in text
     assert "8.0x as long (13.33x MPI" in text
-    rows[-1]["valid"] = "false"
+    rows.append(row("torch gloo spin", 1800))
+    assert "without the library (`torch gloo spin`) it takes 1800 us, 3.0x as long" in (
+        g.allreduce_reading(rows)
+    )
+    rows[-1]["valid"] = rows[-2]["valid"] = "false"
     assert "gloo spin" not in g.allreduce_reading(rows)
     rows[2]["valid"] = "false"  # an invalid row gives no sentence
     assert g.allreduce_reading(rows) == ""
