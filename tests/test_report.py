@@ -417,6 +417,13 @@ def test_system_rows_per_partition_with_and_without_descriptions():
     assert local["horovod_cycle"] == "1 ms at 1 worker"
     assert csv_text(rows).splitlines()[0] == ",".join(COLUMNS)
     assert csv_text(rows) == csv_text(system_rows(list(reversed(recs))))  # order-free
+    # whether Gloo runs had the library: only Gloo runs that recorded it say so
+    assert alpha["gloo_yield"] == "" and local["gloo_yield"] == ""
+    recs[2]["config"]["gloo_epoll_yield"] = True
+    recs[0]["config"]["gloo_epoll_yield"] = False  # an nccl run: not a Gloo run's fact
+    assert [r["gloo_yield"] for r in system_rows(recs)] == ["", "yes"]
+    recs[2]["config"]["gloo_epoll_yield"] = False
+    assert system_rows(recs)[1]["gloo_yield"] == "no"
 
 
 @needs_poppler

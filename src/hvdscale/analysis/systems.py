@@ -2,8 +2,9 @@
 records' optional ``system`` object (rank 0's hvdscale.system.collect_system):
 CPU model, cores, memory, GPU model, driver, CUDA, cuDNN and NCCL versions, MPI
 implementation and version, Horovod's controllers, network interfaces, node names,
-kernel and OS; and from each record's Horovod environment the cycle time the run had
-(``auto`` gives 1 worker and several workers different values).
+kernel and OS; from each record's Horovod environment the cycle time the run had
+(``auto`` gives 1 worker and several workers different values); and whether a Gloo run's
+ranks had hvdscale.native's library (``config.gloo_epoll_yield``).
 
 One row per partition of runs.csv. A field lists every distinct value of the
 partition's runs ('; ' between them; node names are the union of the runs' hosts); ''
@@ -49,6 +50,7 @@ COLUMNS = [
     "mpi",
     "horovod_controllers",
     "horovod_cycle",
+    "gloo_yield",
     "interfaces",
     "nccl_socket_ifname",
     "kernel",
@@ -73,6 +75,7 @@ LABELS = {
     "mpi": "mpirun --version",
     "horovod_controllers": "Horovod controllers built",
     "horovod_cycle": "Horovod cycle time (the runs' HOROVOD_CYCLE_TIME)",
+    "gloo_yield": "Gloo's loop thread yields (hvdscale.native, Gloo runs)",
     "interfaces": "Network interfaces",
     "nccl_socket_ifname": "NCCL_SOCKET_IFNAME",
     "kernel": "Kernel",
@@ -110,6 +113,16 @@ def _cycle(rec: dict) -> str:
     return (f"{value} ms" if value else "Horovod's default") + at
 
 
+def _gloo_yield(rec: dict) -> str:
+    """'yes' / 'no': whether a Gloo run's ranks had hvdscale.native's epoll_wait library
+    (training.gloo_yield_when_spinning, the record's config.gloo_epoll_yield); '' for
+    another backend and for a record from before it."""
+    cfg = rec.get("config") or {}
+    if cfg.get("backend") != "gloo" or "gloo_epoll_yield" not in cfg:
+        return ""
+    return "yes" if cfg["gloo_epoll_yield"] else "no"
+
+
 def record_values(rec: dict) -> dict[str, list[str]]:
     """One record's values per column (lists: several GPUs, several hosts)."""
     env = rec.get("environment") or {}
@@ -121,6 +134,7 @@ def record_values(rec: dict) -> dict[str, list[str]]:
             "cpu_model": [env.get("cpu_model") or ""],
             "mpi": [env.get("mpi") if env.get("mpi") not in (None, "none") else ""],
             "horovod_cycle": [_cycle(rec)],
+            "gloo_yield": [_gloo_yield(rec)],
         }
 
     def one(key):
@@ -137,6 +151,7 @@ def record_values(rec: dict) -> dict[str, list[str]]:
         **{k: one(k) for k in ("mpi_version", "mpi", "nccl_socket_ifname", "kernel", "os")},
         "horovod_controllers": [_controllers(s)],
         "horovod_cycle": [_cycle(rec)],
+        "gloo_yield": [_gloo_yield(rec)],
         "interfaces": [_interfaces(s.get("interfaces"))],
         "errors": sorted(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
     }
