@@ -257,7 +257,8 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     )  # the full test split, sharded across the ranks
     sync = rec["timing"]["sync"]  # issue 19: Horovod does not overlap: exposed = allreduce
     per_step = sorted(e["time_sync_s"] / e["steps"] for e in rec["epochs"] if not e["warmup"])
-    assert sync["allreduce_s"] == pytest.approx(per_step[1], rel=1e-6) and per_step[1] > 0
+    # the record rounds to 9 decimals (timing._round): a sync of 0.4 ms keeps 6 digits
+    assert sync["allreduce_s"] == pytest.approx(per_step[1], abs=5e-10) and per_step[1] > 0
     assert sync["exposed_s"] == sync["allreduce_s"]
     assert sync["comm_hook_s"] is None and sync["no_comm_step_s"] is None
     assert "Horovod" in sync["definition"]
