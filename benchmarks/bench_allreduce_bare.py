@@ -161,12 +161,12 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
     common = ["--params", a.params, "--tensors", arm.tensors, "--iters", a.iters]
     common += ["--warmup", a.warmup, "--bind", arm.bind, "--out", out / "w"]
     env = base_env()
+    if arm.controller != "tfcall":  # hvdscale's rank variables for the arm's collectives
+        env.update(horovod_env(arm.controller, bool(arm.bind)))
+    env.update(dict(arm.env))
     if arm.controller in ("torch", "tfcall"):
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 500)})
         env["WORLD_SIZE"] = "2"
-        if arm.controller == "torch":  # as hvdscale's torch-ddp gloo ranks: the library
-            env.update(horovod_env("torch"))
-        env.update(dict(arm.env))
         argv = [py, WORKER, "--framework", arm.controller, *common]
         # bound to core r as hvdscale's ranks are (bind_cpus reads HOROVOD_LOCAL_*)
         bound = bool(arm.bind)
@@ -182,8 +182,6 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
             for r in range(2)
         ]
     else:
-        env.update(horovod_env(arm.controller, bool(arm.bind)))
-        env.update(dict(arm.env))
         horovodrun = shutil.which("horovodrun", path=str(py.parent)) or "horovodrun"
         argv = [horovodrun, "-np", 2, "-H", "localhost:2", f"--{arm.controller}"]
         argv += [*arm.launcher_args, py, WORKER, *common]

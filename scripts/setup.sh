@@ -160,7 +160,7 @@ else
 fi
 
 # --------------------------------------------------------------------------- native library
-# Horovod's Gloo ranks preload it (training.horovod.gloo_yield_when_spinning,
+# Gloo ranks (Horovod's and torch-ddp's) preload it (training.gloo_yield_when_spinning,
 # src/hvdscale/native/epoll_yield.c): Gloo's loop thread yields instead of spinning.
 NATIVE=src/hvdscale/native
 if [[ ! -f "$NATIVE/epoll_yield.so" || "$NATIVE/epoll_yield.c" -nt "$NATIVE/epoll_yield.so" ]]; then
