@@ -188,7 +188,7 @@ def training_budget(epochs: int) -> dict:
     """The training keys for a run of exactly ``epochs`` epochs, never stopped early:
     ``max_epochs`` + ``stop_at_target: false`` where the config knows them (issue 16),
     else the older ``epochs`` (benchmarks that write configs run on either)."""
-    from hvdscale.config import validate_config
+    from hvdscale.matrix.config import validate_config
 
     probe = {"max_epochs": 4, "stop_at_target": False, "warmup_epochs": 1}  # keys, not values
     try:
@@ -205,8 +205,8 @@ def training_budget(epochs: int) -> dict:
 
 def git_commit() -> str:
     """Short commit of the working tree (12 hex digits), ``+dirty`` when tracked files
-    differ: hvdscale.common.git_commit, shortened for the CSVs."""
-    from hvdscale.common import git_commit as full_commit
+    differ: hvdscale.project.git_commit, shortened for the CSVs."""
+    from hvdscale.project import git_commit as full_commit
 
     commit = full_commit(ROOT)
     return commit if commit == "unknown" else commit[:12] + commit[40:]

@@ -9,7 +9,7 @@ starts it, pinned to a core with ``taskset`` exactly like every other arm.
            control starts two of these at once, one per core, with ``--barrier``.
 
 The same for every arm (and for ``hvdscale train``, which bench_scaling.py runs through
-``hvdscale launch``): the rank's rows from hvdscale.train.data.prepare_data, 1 intra-op and 1
+``hvdscale launch``): the rank's rows from hvdscale.trainer.data.prepare_data, 1 intra-op and 1
 inter-op thread, the same number of steps per epoch (the smallest rank's full batches),
 the epoch's permutation drawn on the host with numpy *before* the clock starts
 (``default_rng([seed, epoch, rank])``, as hvdscale), the gather of each batch by that
@@ -85,7 +85,7 @@ def main() -> int:
         )
     worker = None
     if a.mode == "hvdstep":
-        from hvdscale.worker import WorkerInfo
+        from hvdscale.trainer.worker import WorkerInfo
 
         worker = WorkerInfo.init()  # HVD: as hvdscale train (Horovod with one worker)
         rank, size = 0, 1
@@ -94,10 +94,10 @@ def main() -> int:
     import numpy as np
     import tensorflow as tf
 
-    from hvdscale.config import validate_config
-    from hvdscale.model import build_model
-    from hvdscale.train.data import plan_rows, prepare_data, steps_per_epoch
-    from hvdscale.worker import WorkerInfo
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.trainer.data import plan_rows, prepare_data, steps_per_epoch
+    from hvdscale.trainer.model import build_model
+    from hvdscale.trainer.worker import WorkerInfo
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -133,9 +133,9 @@ def main() -> int:
     phases: list[list[float]] = []
 
     if a.mode == "hvdstep":
-        from hvdscale.train.device import pin_device
-        from hvdscale.train.loop import run_epoch_steps
-        from hvdscale.train.step import build_step_program
+        from hvdscale.trainer.device import pin_device
+        from hvdscale.trainer.horovod_tf.step import build_step_program
+        from hvdscale.trainer.loop import run_epoch_steps
 
         device, _ = pin_device(worker, tcfg["threads_per_worker"])
         model = build_model(cfg)

@@ -60,17 +60,17 @@ def main(argv=None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
 
-    from hvdscale.worker import WorkerInfo
+    from hvdscale.trainer.worker import WorkerInfo
 
     worker = WorkerInfo.init()  # HVD: as hvdscale train (one worker)
     import numpy as np
     import tensorflow as tf
 
-    from hvdscale.config import validate_config
-    from hvdscale.model import build_model
-    from hvdscale.train.device import pin_device
-    from hvdscale.train.loop import run_epoch_steps
-    from hvdscale.train.step import build_step_program
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.trainer.device import pin_device
+    from hvdscale.trainer.horovod_tf.step import build_step_program
+    from hvdscale.trainer.loop import run_epoch_steps
+    from hvdscale.trainer.model import build_model
 
     device, _ = pin_device(worker, 1)
     cfg = validate_config({})
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     x = rng.standard_normal((n, cfg["data"]["n_points"], 3)).astype(np.float32)
     y = rng.standard_normal((n, 2)).astype(np.float32)
 
-    # variants of the batch source's fetch (hvdscale.train.step.DeviceBatches.fetch),
+    # variants of the batch source's fetch (hvdscale.trainer.horovod_tf.step.DeviceBatches.fetch),
     # installed on the instance before the first call traces the step
     def fetch_loopvar(src, j, feed):
         B = src.batch

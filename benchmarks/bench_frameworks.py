@@ -3,7 +3,7 @@ batch 75 and 1000, paired repeats (workflow env; starts real training runs in th
 
 Same for both frameworks: the dataset (the real pipeline, bench_scaling's cached data),
 the network, the rows per rank, the per-worker batch, the LR rule (none for 1 worker,
-``--lr-rule-2w`` for 2), the seeds (run ids with repeat r: ``runtable.run_seed`` does not
+``--lr-rule-2w`` for 2), the seeds (run ids with repeat r: ``matrix.runtable.run_seed`` does not
 depend on the framework, so repeat r of both frameworks shuffles alike; the initial
 weights follow the same rule, Glorot-uniform, but each framework draws them from its own
 generator, so they differ), 1 thread per worker, the pinning (1 worker: ``taskset -c 0``; 2 workers:
@@ -93,8 +93,8 @@ from _scaling_runner import (  # noqa: E402
 )
 from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
-from hvdscale.config import validate_config  # noqa: E402
-from hvdscale.runtable import find_run  # noqa: E402
+from hvdscale.matrix.config import validate_config  # noqa: E402
+from hvdscale.matrix.runtable import find_run  # noqa: E402
 
 TORCHRUN = TRAIN_PY.parent / "torchrun"
 CALLS_PER_EPOCH = 6  # of the 2-worker runs (spe = steps // this, 1..64)
@@ -138,7 +138,15 @@ def launch_argv(fw: str, cfg_path: Path, rid: str, data: Path, out: Path, axis: 
     run += ["--target", cfg_path.parent / "target.json"]
     if fw == "horovod-tf" or axis:
         return [*HVD, "launch", *run, "--train-python", TRAIN_PY]
-    return [TORCHRUN, "--standalone", "--nproc-per-node", n, "-m", "hvdscale.torchddp", *run]
+    return [
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        n,
+        "-m",
+        "hvdscale.trainer.torch_ddp",
+        *run,
+    ]
 
 
 class Bench:

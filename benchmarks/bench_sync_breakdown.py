@@ -50,7 +50,7 @@ from _results import (  # noqa: E402
 from _scaling_runner import base_config, build_data  # noqa: E402
 from bench_cycle_time import run_once as cycle_run  # noqa: E402
 
-from hvdscale.timing import parse_timeline  # noqa: E402
+from hvdscale.record.timing import parse_timeline  # noqa: E402
 
 BATCH = 75
 WORKERS = 2

@@ -177,7 +177,7 @@ def overhead_row(res: dict, hvd_cfg: dict, args, fields: dict) -> dict:
 def xla_program_class(tf, base):
     """StepProgram whose forward and backward pass run in one XLA-compiled function
     (``tf.function(jit_compile=True)``), everything else unchanged: what hvdscale would
-    gain from XLA (variant ``xla``; information for the owner of hvdscale.train)."""
+    gain from XLA (variant ``xla``; information for the owner of hvdscale.trainer.horovod_tf)."""
 
     class XlaStep(base):
         def _loss_and_grads(self, x, y):
@@ -198,18 +198,18 @@ def xla_program_class(tf, base):
 
 
 def run(args):
-    from hvdscale.worker import WorkerInfo
+    from hvdscale.trainer.worker import WorkerInfo
 
     worker = WorkerInfo.init()  # HVD: as in hvdscale train (one worker)
     import numpy as np
     import tensorflow as tf
     from _keras_arm import KerasArm
 
-    from hvdscale.config import validate_config
-    from hvdscale.model import build_model
-    from hvdscale.train.device import pin_device
-    from hvdscale.train.loop import run_epoch_steps
-    from hvdscale.train.step import StepProgram, build_step_program
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.trainer.device import pin_device
+    from hvdscale.trainer.horovod_tf.step import StepProgram, build_step_program
+    from hvdscale.trainer.loop import run_epoch_steps
+    from hvdscale.trainer.model import build_model
 
     device, _desc = pin_device(worker, 1)
     cfg = validate_config({})

@@ -1,7 +1,7 @@
 """Epoch time against batch size on one GPU: the torch-ddp trainer with NCCL (issue 19
 item 5), one run per batch size, for a machine with a CUDA GPU.
 
-Each batch size is one ordinary training run of ``python -m hvdscale.torchddp`` (started
+Each batch size is one ordinary training run of ``python -m hvdscale.trainer.torch_ddp`` (started
 directly: a one-rank job, world size 1, backend nccl on ``cuda:0``) with its run id
 ``gpu_torch-ddp_nccl_n1_w1_b{B}_lrnone_r0`` of a small config (partition ``gpu``, 1 GPU
 per node), the same data for every batch size, ``--epochs`` epochs (epoch 0 warm-up),
@@ -62,7 +62,7 @@ from _results import (  # noqa: E402
 BATCHES = [75, 150, 300, 600, 1000, 2000, 5000]
 WORK = ROOT / "benchmarks" / "out" / "gpu_batch_sweep"
 PARTITION = "gpu"
-#: what ``python -m hvdscale.torchddp`` imports (top level or while it runs)
+#: what ``python -m hvdscale.trainer.torch_ddp`` imports (top level or while it runs)
 TRAINER_MODULES = ["numpy", "torch", "h5py", "yaml", "jsonschema"]
 
 
@@ -164,8 +164,8 @@ def cli(*args) -> None:
 
 def prepare(a, work: Path) -> tuple[Path, Path]:
     """The validated config (config.json) and the data (data/, cached) in ``work``."""
-    from hvdscale.config import validate_config
-    from hvdscale.runtable import find_run
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.matrix.runtable import find_run
 
     work.mkdir(parents=True, exist_ok=True)
     cfg = validate_config(sweep_config(a))
@@ -200,8 +200,9 @@ def run_one(a, cfg_path: Path, data: Path, batch: int) -> dict:
     """One training run (one rank on cuda:0); its record."""
     rid = run_id(batch, a.backend)
     out = a.work / "runs" / rid
-    argv = [sys.executable, "-m", "hvdscale.torchddp", "--config", cfg_path, "--run-id", rid,
-            "--data-dir", data, "--out-dir", out, "--backend", a.backend]  # fmt: skip
+    argv = [sys.executable, "-m", "hvdscale.trainer.torch_ddp", "--config", cfg_path,
+            "--run-id", rid, "--data-dir", data, "--out-dir", out,
+            "--backend", a.backend]  # fmt: skip
     r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env(),
                        timeout=a.run_timeout)  # fmt: skip
     if r.returncode:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdscale.config import data_section, validate_config
+from hvdscale.matrix.config import data_section, validate_config
 
 
 def make_data_config(**data) -> dict:

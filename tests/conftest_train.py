@@ -295,7 +295,7 @@ def train_processes(out_dir: Path) -> list[int]:
 
 
 def load_record(out: Path) -> dict:
-    from hvdscale.runrecord import validate_record
+    from hvdscale.record.build import validate_record
 
     rec = json.loads((Path(out) / "metrics.json").read_text())
     validate_record(rec)

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from hvdscale.analysis.schemas import parse_any_run_id
-from hvdscale.config import validate_config
-from hvdscale.runtable import learning_rate_for, run_table
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.runtable import learning_rate_for, run_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL_PARAMETERS = 153441
@@ -587,7 +587,7 @@ def write_failure(
     style: str = "short",
 ) -> Path:
     """failure.json: ``short`` = {run_id, status, exit_status, error, time}; ``launcher`` =
-    the fields hvdscale.runrecord.write_failure writes (message, error_tail, time_utc, ...)."""
+    the fields hvdscale.record.build.write_failure writes (message, error_tail, time_utc, ...)."""
     path = Path(runs_dir) / run_id / "failure.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     if style == "short":
@@ -794,7 +794,7 @@ def deep_copy(rec: dict) -> dict:
 
 
 def synthetic_system(rec: dict) -> dict:
-    """A ``system`` object (hvdscale.system.collect_system's shape) for a synthetic
+    """A ``system`` object (hvdscale.record.system.collect_system's shape) for a synthetic
     record, from its partition's PERF entry and hosts."""
     perf = _perf(rec["config"]["partition"])
     gpu = perf["kind"] == "gpu"

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import hvdscale.analysis.stats as _stats
-from hvdscale.report.headline import HEADLINE_COLUMNS
+from hvdscale.report.headline_text import HEADLINE_COLUMNS
 
 # The stats helper's branch defines CI_METHOD (issue 16); until it is merged the tests
 # supply a placeholder (tests only: the report imports it without a fallback).

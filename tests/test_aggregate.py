@@ -15,8 +15,8 @@ from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.columns import RUNS_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS
 from hvdscale.analysis.tables import read_runs, read_status, read_summary
 from hvdscale.cli import main
-from hvdscale.config import validate_config
-from hvdscale.runtable import run_table
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.runtable import run_table
 
 SAMPLES = 30000
 
@@ -387,10 +387,10 @@ def test_config_hash_match_compares_each_run_with_its_slice_of_the_config(tmp_pa
     trained under another config (here: another learning rate) is False, and the
     report's provenance names it."""
     from hvdscale.analysis.aggregate import SliceHash
-    from hvdscale.config import config_hash
+    from hvdscale.matrix.config import config_hash
+    from hvdscale.matrix.runtable import run_config
     from hvdscale.report.overview import _provenance_rows
     from hvdscale.report.provenance import collect, config_match
-    from hvdscale.runtable import run_config
 
     cfg = F.load_test_config("config.yaml", repeats=2)
     ids = [r.run_id for r in run_table(cfg)]

@@ -1,4 +1,4 @@
-"""The backend registry (hvdscale.backends) is the one home of every backend fact: a
+"""The backend registry (hvdscale.matrix.backends) is the one home of every backend fact: a
 backend added to it (here a fake one, monkeypatched in) appears in the run-id and
 allreduce-id patterns, the launch spec, the label proof, the selection, the figures'
 style and order, and (once the schema enums name it) the config check. The schemas
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale import backends
-from hvdscale.config import ConfigError, validate_config
-from hvdscale.runtable import parse_run_id, run_table
-from hvdscale.select import check as check_selection
+from hvdscale.matrix import backends
+from hvdscale.matrix.config import ConfigError, validate_config
+from hvdscale.matrix.runid import parse_run_id
+from hvdscale.matrix.runtable import run_table
+from hvdscale.matrix.subset import check as check_selection
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -141,16 +142,16 @@ def fake(monkeypatch):
 def test_a_new_backend_is_in_the_id_patterns(fake):
     d = parse_run_id("local_fake_n1_w2_b75_lrnone_r0")
     assert (d["backend"], d["workers"]) == ("fake", 2)
-    from hvdscale.launch.jobspec import JobSpec
+    from hvdscale.matrix.jobspec import JobSpec
 
     job = JobSpec.for_allreduce_id(validate_config({}), "local_fake_n1_w2")
     assert (job.backend, job.workers) == ("fake", 2)
 
 
 def test_a_new_backend_is_launched_and_proved(fake, tmp_path):
-    from hvdscale.labelproof import prove
     from hvdscale.launch.launchspec import controller_for, effective_launcher, horovod_env
-    from hvdscale.train.step import host_reduction
+    from hvdscale.record.labelproof import prove
+    from hvdscale.trainer.horovod_tf.step import host_reduction
 
     assert horovod_env({}, "fake") == {"HOROVOD_CPU_OPERATIONS": "fakeops"}
     assert host_reduction("GPU:0", {"HOROVOD_CPU_OPERATIONS": "fakeops"})
@@ -179,8 +180,8 @@ def test_a_new_backend_is_launched_and_proved(fake, tmp_path):
 
 
 def test_a_new_backend_has_a_plot_style_and_an_order(fake):
-    from hvdscale.analysis.plotstyle import backend_style
-    from hvdscale.analysis.select import config_order
+    from hvdscale.analysis.view import config_order
+    from hvdscale.figures.style import backend_style
 
     assert backend_style("fake") == {"color": "#123456", "marker": "x", "ls": "-."}
     assert backend_style("gloo") == {"color": "#7570b3", "marker": "^", "ls": ":"}
@@ -229,7 +230,7 @@ def test_a_backend_that_needs_gpus_is_refused_on_a_cpu_partition(monkeypatch):
 
 
 def test_partition_kind_is_decided_once():
-    from hvdscale.launch.jobspec import JobSpec
+    from hvdscale.matrix.jobspec import JobSpec
 
     assert backends.partition_kind({"gpus_per_node": 0}) == "cpu"
     assert backends.partition_kind({}) == "cpu"

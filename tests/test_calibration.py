@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale.calibration import best_val_loss, calibrate_target, read_target
 from hvdscale.cli import main as cli_main
-from hvdscale.config import validate_config
 from hvdscale.errors import UserError
-from hvdscale.runkinds import target_config
-from hvdscale.runtable import calibration_runs
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.runkinds import target_config
+from hvdscale.matrix.runtable import calibration_runs
+from hvdscale.target import best_val_loss, calibrate_target, read_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

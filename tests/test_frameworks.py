@@ -13,18 +13,13 @@ import time
 
 import pytest
 
-from hvdscale import backends
-from hvdscale.config import ConfigError, validate_config
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.runkinds import rerun_runs, target_config
-from hvdscale.runtable import (
-    allreduce_jobs,
-    find_run,
-    parse_run_id,
-    run_config,
-    run_table,
-)
+from hvdscale.matrix import backends
+from hvdscale.matrix.config import ConfigError, validate_config
+from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.matrix.runid import parse_run_id
+from hvdscale.matrix.runkinds import rerun_runs, target_config
+from hvdscale.matrix.runtable import allreduce_jobs, find_run, run_config, run_table
 
 SWEEP = {"partitions": ["local"], "workers": [1, 2], "batch_sizes": [75], "lr_rules": ["none"]}
 GPU = {
@@ -185,7 +180,7 @@ def torch_job(workers=2, nodes=1, per_node=2) -> JobSpec:
     return JobSpec("local", "gloo", nodes, workers, per_node, framework="torch-ddp")
 
 
-PROG = ["/venv/bin/python", "-m", "hvdscale.torchddp", "--run-id", "x"]
+PROG = ["/venv/bin/python", "-m", "hvdscale.trainer.torch_ddp", "--run-id", "x"]
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "torchrun"])
@@ -193,7 +188,8 @@ def test_a_torch_run_starts_with_torchrun_on_one_machine(launcher):
     spec = build_launch(launcher=launcher, job=torch_job(), program_argv=PROG, training={})
     assert spec.argv == [
         "/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        "--nproc-per-node=2", "--max-restarts=0", "-m", "hvdscale.torchddp", "--run-id", "x",
+        "--nproc-per-node=2", "--max-restarts=0", "-m", "hvdscale.trainer.torch_ddp",
+        "--run-id", "x",
     ]  # fmt: skip
     assert spec.launcher == "torchrun" and spec.controller == "gloo"
     assert not [k for k in spec.env if k.startswith("HOROVOD_")]

@@ -16,8 +16,8 @@ from slurm_support import horovod_skip_reason
 
 from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.matrix.jobspec import JobSpec
 
 needs_horovod = pytest.mark.skipif(
     TRAIN_PY.exists() is False or horovod_skip_reason() is not None,

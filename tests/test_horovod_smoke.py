@@ -10,8 +10,8 @@ import pytest
 from conftest_train import TRAIN_PY, needs_train_env, sub_env
 
 from hvdscale.launch.command import companion
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.matrix.jobspec import JobSpec
 
 SCRIPT = textwrap.dedent("""
     import sys

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdscale.common import ROOT_ENV, find_project_root
+from hvdscale.project import ROOT_ENV, find_project_root
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,10 @@ def test_regular_install_finds_the_project(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in (ROOT_ENV, "PYTHONPATH")}
     env["PYTHONPATH"] = str(site)
-    probe = "import hvdscale, hvdscale.config as c; print(hvdscale.__file__); print(c.PROJECT_ROOT)"
+    probe = (
+        "import hvdscale, hvdscale.matrix.config as c; print(hvdscale.__file__); "
+        "print(c.PROJECT_ROOT)"
+    )
 
     def where(cwd, **extra):
         out = subprocess.run(

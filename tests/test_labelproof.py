@@ -1,4 +1,4 @@
-"""Every run proves its label (hvdscale.labelproof, issue 12): world size, hosts, ranks
+"""Every run proves its label (hvdscale.record.labelproof, issue 12): world size, hosts, ranks
 per host, devices, controller and the collective in Horovod's timeline against the
 run_id. Records and timelines in the format training writes (no processes)."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from hvdscale.labelproof import EXPECTED, main, prove
 from hvdscale.launch.launchspec import horovod_env
-from hvdscale.train.step import host_reduction
+from hvdscale.record.labelproof import EXPECTED, main, prove
+from hvdscale.trainer.horovod_tf.step import host_reduction
 
 
 def record(backend="gloo", workers=2, nodes=1, per_node=2, hosts=None, controller=None):

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
 
-from hvdscale.config import validate_config
 from hvdscale.errors import UserError
 from hvdscale.launch.command import describe_failure, job_for
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import (
     build_launch,
     controller_for,
@@ -24,7 +22,9 @@ from hvdscale.launch.launchspec import (
     default_train_python,
     horovod_env,
 )
-from hvdscale.runtable import allreduce_config
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.matrix.runtable import allreduce_config
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
 T = {
@@ -444,7 +444,7 @@ def test_measure_allreduce_through_launch(tmp_path, allreduce_id, launcher):
 
 
 def test_allreduce_size_parsing():
-    from hvdscale.allreduce import bus_bandwidth, parse_sizes
+    from hvdscale.trainer.horovod_tf.allreduce import bus_bandwidth, parse_sizes
 
     assert parse_sizes("8:128Mi")[-1] == 128 * 1024 * 1024 and parse_sizes("8:128Mi")[0] == 8
     assert len(parse_sizes("8:128Mi")) == 25

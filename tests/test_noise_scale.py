@@ -1,11 +1,11 @@
-"""The gradient noise scale estimator (hvdscale.noise_scale, McCandlish et al. 2018)."""
+"""The gradient noise scale estimator (hvdscale.analysis.noise_scale, McCandlish et al. 2018)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from hvdscale.noise_scale import estimate, implied_critical_batch, predicted_epochs_ratio
+from hvdscale.analysis.noise_scale import estimate, implied_critical_batch, predicted_epochs_ratio
 
 
 def _data_parallel_norms(seed, workers=4, b_local=16, steps=1000, dim=40):

@@ -17,7 +17,7 @@ from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fix
 from test_pipeline import ROOT, read_status, records, results_dir, snakemake  # noqa: F401
 from test_torch_ddp import needs_torch
 
-from hvdscale.runrecord import validate_record
+from hvdscale.record.build import validate_record
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod, needs_torch]
 

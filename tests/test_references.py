@@ -8,11 +8,11 @@ from __future__ import annotations
 import fixtures_runs as F
 
 from hvdscale.analysis.aggregate import aggregate
-from hvdscale.analysis.figures import caption_values
 from hvdscale.analysis.references import references_of
-from hvdscale.config import validate_config
+from hvdscale.figures.registry import caption_values
+from hvdscale.matrix.config import validate_config
 from hvdscale.report.accuracy import batch_question
-from hvdscale.report.reference import reference_rows
+from hvdscale.report.reference_section import reference_rows
 
 OWN = {
     "speedup_per_gpu": {"local": {"value": 0.9, "tolerance": 0.1}},
@@ -83,7 +83,7 @@ def test_epoch_time_figure_labels_the_configured_batches(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    from hvdscale.analysis.fig_scaling import fig_epoch_time_batch
+    from hvdscale.figures.scaling import fig_epoch_time_batch
 
     cfg = own_config()
     F.write_study(tmp_path / "runs", cfg, train_samples=75_000)

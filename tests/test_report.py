@@ -14,14 +14,14 @@ import pytest
 import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
 
 from hvdscale.analysis.aggregate import aggregate
-from hvdscale.analysis.plots import FIGURES
 from hvdscale.analysis.tables import read_summary
 from hvdscale.cli import main
-from hvdscale.common import PROJECT_ROOT
-from hvdscale.config import validate_config
+from hvdscale.figures.draw import FIGURES
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.runtable import run_table
+from hvdscale.project import PROJECT_ROOT
 from hvdscale.report import fmt
-from hvdscale.report.reference import reference_rows
-from hvdscale.runtable import run_table
+from hvdscale.report.reference_section import reference_rows
 
 needs_poppler = pytest.mark.skipif(
     shutil.which("pdftotext") is None, reason="poppler-utils not installed"
@@ -242,7 +242,7 @@ def test_reference_rows_against_a_thesis_like_study(tmp_path):
             ],
         },
     }
-    from hvdscale.config import validate_config
+    from hvdscale.matrix.config import validate_config
 
     cfg = validate_config(raw)
     F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
@@ -296,8 +296,8 @@ def test_rebuild_from_the_same_inputs_gives_identical_bytes(tmp_path, monkeypatc
 
 @needs_poppler
 def test_captions_come_from_the_rst_files_with_config_values(complete):
-    from hvdscale.analysis.figures import FIGURE_NAMES, caption_values
-    from hvdscale.config import count_parameters
+    from hvdscale.figures.registry import FIGURE_NAMES, caption_values
+    from hvdscale.matrix.config import count_parameters
 
     cfg, out = complete
     text = " ".join(pdf_text(out["report"]).split())

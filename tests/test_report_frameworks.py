@@ -28,8 +28,8 @@ from hvdscale.analysis.headline import headline
 from hvdscale.analysis.tables import read_epochs, read_runs, write_csv
 from hvdscale.analysis.tuning import TUNED_COLUMNS, select_tuned
 from hvdscale.cli import main
-from hvdscale.common import PROJECT_ROOT
-from hvdscale.config import validate_config
+from hvdscale.matrix.config import validate_config
+from hvdscale.project import PROJECT_ROOT
 
 TORCH = F.TORCH
 HVD = "horovod-tf"
@@ -155,8 +155,8 @@ def test_figures_give_each_framework_its_panels(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from hvdscale.analysis.fig_scaling import fig_speedup_efficiency, fig_sync_time
-    from hvdscale.analysis.select import framework_panels
+    from hvdscale.analysis.view import framework_panels
+    from hvdscale.figures.scaling import fig_speedup_efficiency, fig_sync_time
 
     hand_study(tmp_path)
     agg = aggregate(tmp_path)
@@ -260,9 +260,9 @@ def test_framework_panels_compare_the_same_backend(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from hvdscale.analysis.fig_accuracy import fig_speedup_ttt
-    from hvdscale.analysis.fig_training import fig_loss_vs_time
-    from hvdscale.analysis.select import framework_panels
+    from hvdscale.analysis.view import framework_panels
+    from hvdscale.figures.accuracy import fig_speedup_ttt
+    from hvdscale.figures.training import fig_loss_vs_time
 
     F.write_two_framework_study(tmp_path, small_config(repeats=1), epochs=6)
     agg = aggregate(tmp_path)
@@ -277,8 +277,8 @@ def test_tuning_heat_map_has_a_panel_per_framework(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from hvdscale.analysis.fig_accuracy import fig_tune_heatmap
-    from hvdscale.analysis.select import framework_panels
+    from hvdscale.analysis.view import framework_panels
+    from hvdscale.figures.accuracy import fig_tune_heatmap
 
     raw = yaml.safe_load((PROJECT_ROOT / "config" / "config.yaml").read_text())
     raw["scaling"]["sweeps"] = [raw["scaling"]["sweeps"][1]]  # gloo only

@@ -16,7 +16,7 @@ import report_fixtures as RF
 from hvdscale.errors import UserError
 from hvdscale.report import fmt
 from hvdscale.report.equal_accuracy import CENSORED, censored_median, conclusion, ttt_rows
-from hvdscale.report.headline import (
+from hvdscale.report.headline_text import (
     NO_INTERVAL,
     batch_sentence,
     headline_sentence,
@@ -137,7 +137,7 @@ def test_headline_reader_names_the_file_and_the_problem(tmp_path):
 
 
 def test_target_reader_and_description(tmp_path):
-    from hvdscale.report.headline import describe_target
+    from hvdscale.report.headline_text import describe_target
 
     cal = read_target(RF.write_target(tmp_path / "t.json", RF.target_spec()))
     text = describe_target(cal)
@@ -195,7 +195,7 @@ def test_censored_median_and_every_time_to_target():
 
 
 def test_method_text_states_the_rules():
-    from hvdscale.common import PROJECT_ROOT
+    from hvdscale.project import PROJECT_ROOT
     from hvdscale.report.method import equal_accuracy_bullets
 
     cfg = {

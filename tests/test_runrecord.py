@@ -10,9 +10,8 @@ import re
 
 import pytest
 
-from hvdscale.common import git_commit
-from hvdscale.history import HISTORY_COLUMNS, history_csv
-from hvdscale.runrecord import (
+from hvdscale.project import git_commit
+from hvdscale.record.build import (
     RecordError,
     environment_block,
     finite_or_none,
@@ -22,8 +21,9 @@ from hvdscale.runrecord import (
     write_failure,
     write_run_outputs,
 )
-from hvdscale.runsummary import summarise, time_to_target
-from hvdscale.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
+from hvdscale.record.history import HISTORY_COLUMNS, history_csv
+from hvdscale.record.summary import summarise, time_to_target
+from hvdscale.record.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 
 
 def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None, val=None):
@@ -310,7 +310,7 @@ def test_parse_timeline_tolerates_a_file_cut_off_mid_run(tmp_path):
 
 
 def test_timeline_check_reports_the_allreduce_to_sync_ratio(tmp_path):
-    from hvdscale.timing import timeline_check
+    from hvdscale.record.timing import timeline_check
 
     p = tmp_path / "timeline.json"
     p.write_text(json.dumps(_timeline_events()))
@@ -342,9 +342,9 @@ def test_split_error_of_a_real_looking_epoch():
 def built_record(fault_delay=None, system=None):
     """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
     validated config."""
-    from hvdscale.config import validate_config
-    from hvdscale.runrecord import build_record, epoch_entry
-    from hvdscale.runtable import find_run
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.matrix.runtable import find_run
+    from hvdscale.record.build import build_record, epoch_entry
 
     cfg = validate_config({"training": {"max_epochs": 3, "warmup_epochs": 1}})
     run = find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0")
@@ -425,7 +425,7 @@ def test_build_record_matches_the_schema_and_the_runs_table():
 
 
 def cfg_seed():
-    from hvdscale.config import validate_config
+    from hvdscale.matrix.config import validate_config
 
     return validate_config({})["seed"]
 
@@ -433,7 +433,7 @@ def cfg_seed():
 def test_a_record_with_the_system_description_validates():
     """Rank 0's system_block (collect_system on this machine) goes into the record as
     the optional ``system``, and a broken or schema-violating description never raises."""
-    from hvdscale.runrecord import system_block
+    from hvdscale.record.build import system_block
 
     system = system_block(["node2", "node1", "node2"])
     assert system["nodes"] == ["node1", "node2"] and system["errors"] == {}
@@ -445,8 +445,8 @@ def test_a_record_with_the_system_description_validates():
 
 
 def test_system_block_never_raises(monkeypatch):
-    from hvdscale import system as system_mod
-    from hvdscale.runrecord import system_block
+    from hvdscale.record import system as system_mod
+    from hvdscale.record.build import system_block
 
     monkeypatch.setattr(system_mod, "collect_system", lambda nodes: 1 / 0)
     broken = system_block(["n1"])

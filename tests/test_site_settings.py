@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale.launch import site_settings, timelimit
-from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch import timelimit
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.matrix import jobspec, site_settings
+from hvdscale.matrix.jobspec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
@@ -62,13 +63,13 @@ def test_srun_mpi_type_is_configurable():
 
 
 def test_time_limit_signal_and_runtime_per_attempt():
-    assert timelimit.signal_option({"time_limit_margin_s": 120}, workers=2) == "--signal=USR1@120"
-    assert timelimit.signal_option({"time_limit_margin_s": 0}, workers=2) is None
+    assert jobspec.signal_option({"time_limit_margin_s": 120}, workers=2) == "--signal=USR1@120"
+    assert jobspec.signal_option({"time_limit_margin_s": 0}, workers=2) is None
     # a 1-worker job's own step (Snakemake under srun -n1) would die of SLURM's signal
-    assert timelimit.signal_option({"time_limit_margin_s": 120}, workers=1) is None
+    assert jobspec.signal_option({"time_limit_margin_s": 120}, workers=1) is None
     part = {"runtime_min": 120, "runtime_min_retry": 240}
-    assert [timelimit.runtime_for(part, a) for a in (1, 2, 3)] == [120, 240, 240]
-    assert timelimit.runtime_for({"runtime_min": 30, "runtime_min_retry": None}, 2) == 30
+    assert [jobspec.runtime_for(part, a) for a in (1, 2, 3)] == [120, 240, 240]
+    assert jobspec.runtime_for({"runtime_min": 30, "runtime_min_retry": None}, 2) == 30
 
 
 def test_launcher_sends_sigusr1_margin_seconds_before_the_job_end(monkeypatch, tmp_path):

@@ -20,9 +20,9 @@ import yaml
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import check_references, verdict
 from hvdscale.cli import main
-from hvdscale.config import load_config, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.runtable import run_table
+from hvdscale.matrix.config import load_config, validate_config
+from hvdscale.matrix.runtable import run_table
 from hvdscale.study.plan import format_plan, merged_config, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,7 +385,7 @@ def test_compare_without_repeats_says_no_interval(tmp_path):
 
 
 def test_describe_system(tmp_path):
-    from hvdscale.system import collect_system
+    from hvdscale.record.system import collect_system
 
     info = collect_system()
     assert info["cores"] == os.cpu_count() and info["cpu_model"]
@@ -403,7 +403,7 @@ def test_describe_system(tmp_path):
 def test_describe_system_gpu_and_mpi_from_tools(tmp_path, monkeypatch):
     """nvidia-smi and mpirun as a GPU node has them (stubs on PATH); a probe that raises
     is named in errors and the others still describe the machine."""
-    from hvdscale import system
+    from hvdscale.record import system
 
     stub = tmp_path / "bin"
     stub.mkdir()

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from hvdscale.analysis.figures import FIGURE_NAMES
-from hvdscale.runtable import allreduce_jobs, run_table
+from hvdscale.figures.registry import FIGURE_NAMES
+from hvdscale.matrix.runtable import allreduce_jobs, run_table
 from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
 from hvdscale.study.plan import merged_config
 

@@ -10,8 +10,8 @@ from fixtures_runs import record_from_epochs, write_record
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.target import TOO_LOOSE, describe, read_target, target_spec, time_to
-from hvdscale.config import validate_config
 from hvdscale.errors import ConfigError, UserError
+from hvdscale.matrix.config import validate_config
 
 W = [2.0, 1.0, 1.0, 1.0, 1.0]
 LOSS = [0.5, 0.3, 0.2, 0.12, 0.10]

@@ -29,10 +29,10 @@ from conftest_train import (
 )
 
 from hvdscale.launch.command import companion
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.model import parameter_count
-from hvdscale.train.optim import warmup_lr, warmup_updates
+from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.trainer.horovod_tf.optim import warmup_lr, warmup_updates
+from hvdscale.trainer.model import parameter_count
 
 CHECKS = PROJECT_ROOT / "tests" / "torch_ddp_checks.py"
 TORCHRUN = TRAIN_PY.parent / "torchrun"
@@ -93,7 +93,7 @@ def _epoch(warmup, sync_s, steps=10, **extra):
 def test_sync_block_per_framework():
     """timing.sync (issue 19): medians over the non-warm-up epochs of per-step values;
     Horovod's exposed sync is its allreduce, DDP's the plain step minus the no-comm step."""
-    from hvdscale.timing import sync_block
+    from hvdscale.record.timing import sync_block
 
     hv = [_epoch(True, 9.0), _epoch(False, 0.1), _epoch(False, 0.3), _epoch(False, 0.2)]
     b = sync_block(hv, 2, "horovod-tf", plain_step_s=0.05)
@@ -119,7 +119,7 @@ def test_sync_block_per_framework():
 
 
 def test_the_run_schema_knows_torchrun_and_the_framework():
-    from hvdscale.runrecord import load_run_schema
+    from hvdscale.record.build import load_run_schema
 
     props = load_run_schema()["properties"]
     assert "torchrun" in props["config"]["properties"]["launcher"]["enum"]
@@ -243,7 +243,7 @@ def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
 
 def torchrun_cmd(ranks: int, config: Path, run_id: str, data: Path, out: Path) -> list[str]:
     return [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks),
-            "-m", "hvdscale.torchddp", "--config", str(config), "--run-id", run_id,
+            "-m", "hvdscale.trainer.torch_ddp", "--config", str(config), "--run-id", run_id,
             "--data-dir", str(data), "--out-dir", str(out)]  # fmt: skip
 
 

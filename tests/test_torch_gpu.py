@@ -14,7 +14,7 @@ import pytest
 from conftest_train import PROJECT_ROOT, TRAIN_PY, base_config, sub_env, write_config
 
 from hvdscale.errors import UserError
-from hvdscale.torchddp.device import CudaFacts, choose_device
+from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device
 
 SWEEP = PROJECT_ROOT / "benchmarks" / "gpu_batch_sweep.py"
 CPU_TORCH = CudaFacts("2.13.0+cpu", available=False, count=0)
@@ -76,7 +76,7 @@ def test_an_unknown_backend_is_refused():
 def test_cpu_helpers_sync_nothing_and_name_the_cpu_as_the_horovod_trainer():
     code = (
         "import torch\n"
-        "from hvdscale.torchddp.device import CudaFacts, synchronizer, device_label\n"
+        "from hvdscale.trainer.torch_ddp.device import CudaFacts, synchronizer, device_label\n"
         "f = CudaFacts.probe(); assert not f.available and f.count == 0, f\n"
         "assert f.torch_version == torch.__version__\n"
         "assert synchronizer(torch.device('cpu'))() is None\n"
@@ -96,7 +96,7 @@ def test_the_torch_trainer_imports_neither_tensorflow_nor_horovod():
     """The train env has both installed: an import anywhere in the chain would load them."""
     code = (
         "import sys\n"
-        "import hvdscale.torchddp.main, hvdscale.torchddp.__main__\n"
+        "import hvdscale.trainer.torch_ddp.main, hvdscale.trainer.torch_ddp.__main__\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', "
         "'keras'))\n"
         "assert not bad, bad\n"
@@ -123,7 +123,7 @@ def nccl_config(path: Path) -> Path:
 def test_an_nccl_run_on_a_cpu_build_stops_with_the_clear_error(tmp_path):
     config = nccl_config(tmp_path / "config.json")
     out = tmp_path / "run"
-    cmd = [str(TRAIN_PY), "-m", "hvdscale.torchddp", "--config", str(config), "--run-id",
+    cmd = [str(TRAIN_PY), "-m", "hvdscale.trainer.torch_ddp", "--config", str(config), "--run-id",
            NCCL_ID, "--data-dir", str(tmp_path / "no-data"), "--out-dir", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -156,8 +156,8 @@ def sweep_module():
 
 
 def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_path):
-    from hvdscale.config import validate_config
-    from hvdscale.runtable import find_run
+    from hvdscale.matrix.config import validate_config
+    from hvdscale.matrix.runtable import find_run
 
     sweep = sweep_module()
     a = sweep.parse_args(["--batches", "75,1000", "--work", str(tmp_path)])
@@ -203,7 +203,7 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
     """On a GPU the hook's times are CUDA event pairs (NCCL futures complete at enqueue);
     they are summed per step and read after the block's synchronize. Fake events here."""
     code = (
-        "from hvdscale.torchddp.step import CommHookTimer\n"
+        "from hvdscale.trainer.torch_ddp.step import CommHookTimer\n"
         "class E:\n"
         "    def __init__(self, ms): self.ms = ms\n"
         "    def elapsed_time(self, other): return other.ms - self.ms\n"

@@ -81,7 +81,15 @@ def test_a_horovod_run_id_is_refused_by_the_torch_trainer(tmp_path, setup):
     """The torch trainer trains torch-ddp runs only (a Horovod id would be mislabelled)."""
     config, data = setup
     rid = "local_gloo_n1_w1_b8_lrnone_r0"
-    cmd = [str(TRAIN_PY), "-m", "hvdscale.torchddp", "--config", str(config), "--run-id", rid]
+    cmd = [
+        str(TRAIN_PY),
+        "-m",
+        "hvdscale.trainer.torch_ddp",
+        "--config",
+        str(config),
+        "--run-id",
+        rid,
+    ]
     cmd += ["--data-dir", str(data), "--out-dir", str(tmp_path / "run")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=sub_env())
     assert r.returncode == 2 and "framework horovod-tf, not torch-ddp" in r.stderr, r.stderr

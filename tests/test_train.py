@@ -33,16 +33,17 @@ from conftest_train import (
     write_config,
 )
 
-from hvdscale.config import validate_config
 from hvdscale.errors import DataError, UserError
-from hvdscale.model import check_parameter_count, model_bytes, parameter_count
-from hvdscale.timing import PHASES
-from hvdscale.train.checkpoint import ResumeState
-from hvdscale.train.data import plan_rows, steps_per_epoch
-from hvdscale.train.fault import FaultDelay
-from hvdscale.train.metrics import EpochMetrics
-from hvdscale.train.step import build_step_program
-from hvdscale.worker import WorkerInfo
+from hvdscale.matrix.config import validate_config
+from hvdscale.record.build import model_bytes
+from hvdscale.record.timing import PHASES
+from hvdscale.trainer.checkpoint import ResumeState
+from hvdscale.trainer.data import plan_rows, steps_per_epoch
+from hvdscale.trainer.fault import FaultDelay
+from hvdscale.trainer.horovod_tf.step import build_step_program
+from hvdscale.trainer.metrics import EpochMetrics
+from hvdscale.trainer.model import check_parameter_count, parameter_count
+from hvdscale.trainer.worker import WorkerInfo
 
 # --------------------------------------------------------------------------- unit
 
@@ -108,7 +109,7 @@ def test_epoch_metrics_round_trip_and_reduction_without_horovod():
 def test_checkpoint_interval(monkeypatch):
     """training.checkpoint_every_s: after every epoch at 0; otherwise once the interval has
     passed since the last checkpoint (or the start), and always after the last epoch."""
-    import hvdscale.train.checkpoint as ck
+    import hvdscale.trainer.checkpoint as ck
 
     clock = [100.0]
     monkeypatch.setattr(ck.time, "monotonic", lambda: clock[0])

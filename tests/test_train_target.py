@@ -28,7 +28,7 @@ from conftest_train import (
 def test_run_seed_is_paired_over_worker_counts_and_differs_between_repeats():
     import numpy as np
 
-    from hvdscale.runtable import run_seed
+    from hvdscale.matrix.runtable import run_seed
 
     assert run_seed(11, 0) == int(np.random.SeedSequence([11, 0, 0]).generate_state(1)[0])
     assert run_seed(11, 3, "rerun") == int(np.random.SeedSequence([11, 3, 2]).generate_state(1)[0])
@@ -37,7 +37,7 @@ def test_run_seed_is_paired_over_worker_counts_and_differs_between_repeats():
 
 
 def test_loop_plan_stop_decision():
-    from hvdscale.train.loop import LoopPlan
+    from hvdscale.trainer.loop import LoopPlan
 
     plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1, max_train_s=60.0)
     assert plan.stop_reason(1, 0.1, 1.0) == "target"  # <= target
@@ -53,8 +53,8 @@ def test_loop_plan_stop_decision():
 
 
 def test_a_resumed_run_whose_checkpoint_already_ends_it_stops_at_once():
-    from hvdscale.train.checkpoint import ResumeState
-    from hvdscale.train.loop import LoopPlan, _resumed_stop
+    from hvdscale.trainer.checkpoint import ResumeState
+    from hvdscale.trainer.loop import LoopPlan, _resumed_stop
 
     plan = LoopPlan("r", 5, 1, 10, 100, 4, 10, True, 1, target=0.1)
     hist = [{"epoch": 0, "val_loss": 0.3, "elapsed_s": 1.0}]
@@ -66,7 +66,7 @@ def test_a_resumed_run_whose_checkpoint_already_ends_it_stops_at_once():
 
 
 def test_headline_train_time_counts_timed_calls_at_the_plain_rate():
-    from hvdscale.timing import EpochTimer
+    from hvdscale.record.timing import EpochTimer
 
     t = EpochTimer(steps=30)
     t.add_call("timed", 10, 3.0)  # 0.3 s/step instrumented

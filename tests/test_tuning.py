@@ -9,9 +9,9 @@ from fixtures_runs import record_from_epochs, write_failure, write_record, write
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tuning import candidates, select_tuned
-from hvdscale.config import validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.runtable import find_run, run_config, run_table
+from hvdscale.matrix.config import validate_config
+from hvdscale.matrix.runtable import find_run, run_config, run_table
 
 TUNE = {
     "partitions": ["local"],
@@ -217,8 +217,8 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    from hvdscale.analysis.fig_accuracy import fig_speedup_ttt, fig_tune_heatmap
     from hvdscale.analysis.references import references_of
+    from hvdscale.figures.accuracy import fig_speedup_ttt, fig_tune_heatmap
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None, references_of(None))
     fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None, references_of(None))
@@ -290,7 +290,7 @@ def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
 def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
     """Figure 1's tuned series is the headline table's: with a sweep that tunes 2 workers
     only, the re-runs against the untuned 1-worker runs (not 'no 1-worker tuning group')."""
-    from hvdscale.analysis.fig_accuracy import tuned_points
+    from hvdscale.figures.accuracy import tuned_points
 
     rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]
     rows += [

@@ -2,7 +2,7 @@
 per process, each writing its result to an npz file:
 
   python tests/torch_ddp_checks.py keras OUT.npz
-      the Keras model (hvdscale.model.build_model, seeded), a batch, its loss, and the
+      the Keras model (hvdscale.trainer.model.build_model, seeded), a batch, its loss, and the
       weights after one Adam step (tf.keras.optimizers.Adam, LR_STEP) on that batch
   python tests/torch_ddp_checks.py torch KERAS.npz OUT.npz
       the same from the torch network with the Keras weights loaded (KerasAdam)
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from hvdscale.config import validate_config
+from hvdscale.matrix.config import validate_config
 
 LR_STEP = 1e-3
 GLOBAL_BATCH = 16
@@ -45,7 +45,7 @@ def batch(cfg: dict, n: int = GLOBAL_BATCH) -> tuple[np.ndarray, np.ndarray]:
 def keras(out: str) -> None:
     import tensorflow as tf
 
-    from hvdscale.model import build_model
+    from hvdscale.trainer.model import build_model
 
     cfg = config()
     tf.keras.utils.set_random_seed(SEED)
@@ -66,8 +66,13 @@ def keras(out: str) -> None:
 def torch_side(keras_npz: str, out: str) -> None:
     import torch
 
-    from hvdscale.torchddp.net import KerasAdam, build_net, keras_order_weights, load_keras_weights
-    from hvdscale.torchddp.step import mse
+    from hvdscale.trainer.torch_ddp.net import (
+        KerasAdam,
+        build_net,
+        keras_order_weights,
+        load_keras_weights,
+    )
+    from hvdscale.trainer.torch_ddp.step import mse
 
     cfg = config()
     k = np.load(keras_npz)
@@ -85,9 +90,9 @@ def torch_side(keras_npz: str, out: str) -> None:
 
 
 def ddp_step(out: str, timed: bool) -> None:
-    from hvdscale.torchddp.dist import TorchWorker
-    from hvdscale.torchddp.net import TorchOptimisation, keras_order_weights
-    from hvdscale.torchddp.step import TorchStepProgram
+    from hvdscale.trainer.torch_ddp.dist import TorchWorker
+    from hvdscale.trainer.torch_ddp.net import TorchOptimisation, keras_order_weights
+    from hvdscale.trainer.torch_ddp.step import TorchStepProgram
 
     cfg = config()
     worker = TorchWorker.init("gloo")
@@ -106,9 +111,9 @@ def ddp_step(out: str, timed: bool) -> None:
 
 
 def hvd_step(out: str, timed: bool) -> None:
-    from hvdscale.train.optim import Optimisation
-    from hvdscale.train.step import build_step_program
-    from hvdscale.worker import WorkerInfo
+    from hvdscale.trainer.horovod_tf.optim import Optimisation
+    from hvdscale.trainer.horovod_tf.step import build_step_program
+    from hvdscale.trainer.worker import WorkerInfo
 
     worker = WorkerInfo.init()  # HVD: hvd.init() first
     cfg = config()
@@ -134,12 +139,12 @@ def learning_rates(framework: str) -> None:
     cfg = config()
     cfg["training"].update(lr_warmup=True, warmup_epochs=1)
     if framework == "keras":
-        from hvdscale.train.optim import Optimisation
+        from hvdscale.trainer.horovod_tf.optim import Optimisation
 
         optim = Optimisation.build(cfg, "linear", 2, LR_STEPS, seed=SEED)
         it = optim.optimizer.iterations
     else:
-        from hvdscale.torchddp.net import TorchOptimisation
+        from hvdscale.trainer.torch_ddp.net import TorchOptimisation
 
         optim = TorchOptimisation.build(cfg, "linear", 2, LR_STEPS, seed=SEED)
     out = []

@@ -47,16 +47,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "check a data directory against its manifest (files, datasets, checksums)",
     ),
     "calibrate-target": (
-        "hvdscale.calibration",
+        "hvdscale.target",
         "the study's target validation loss (absolute, or from the calibration runs)",
     ),
     "launch": (
         "hvdscale.launch.command",
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
-    "train": ("hvdscale.train.main", "train one run (one rank; started by 'launch' or a launcher)"),
+    "train": (
+        "hvdscale.trainer.horovod_tf.main",
+        "train one run (one rank; started by 'launch' or a launcher)",
+    ),
     "measure-allreduce": (
-        "hvdscale.allreduce",
+        "hvdscale.trainer.horovod_tf.allreduce",
         "time Horovod allreduce over a range of message sizes",
     ),
     "aggregate": (
@@ -75,7 +78,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.analysis.costmodel",
         "fit the ring-allreduce cost model and predict scaling",
     ),
-    "plot": ("hvdscale.analysis.plots", "draw the scaling figures (PDF and PNG)"),
+    "plot": ("hvdscale.figures.draw", "draw the scaling figures (PDF and PNG)"),
     "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
     "check-references": (
         "hvdscale.analysis.references",
@@ -84,7 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
     "export": ("hvdscale.study.export", "write one archive of a finished study"),
     "describe-system": (
-        "hvdscale.system",
+        "hvdscale.record.system",
         "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
     ),
     "rebuild": (

@@ -14,20 +14,19 @@ from snakemake.settings.types import DeploymentMethod
 # (Set, not read: nothing for an `envvars:` directive to assert.)
 os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
-from hvdscale.common import ALLREDUCE_ID_WILDCARD
-from hvdscale.config import count_parameters, data_section, validate_config
+from hvdscale.matrix.runid import ALLREDUCE_ID_WILDCARD
+from hvdscale.matrix.config import count_parameters, data_section, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.runkinds import rerun_runs, target_config
-from hvdscale.runtable import (
-    RUN_ID_WILDCARD,
+from hvdscale.matrix.runkinds import rerun_runs, target_config
+from hvdscale.matrix.runtable import (
     allreduce_config,
     allreduce_jobs,
     find_run,
-    parse_run_id,
     run_config,
     run_table,
 )
-from hvdscale.launch.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.matrix.runid import RUN_ID_WILDCARD, parse_run_id
+from hvdscale.matrix.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
@@ -159,7 +158,7 @@ def dir_of_output_archive(wildcards, output):
 # --------------------------------------------------------------------------- report inputs
 
 # the figure registry: names, draw functions, captions (workflow/report/{name}.rst)
-from hvdscale.analysis.figures import FIGURES, caption_values
+from hvdscale.figures.registry import FIGURES, caption_values
 
 PLOTS = [fig.name for fig in FIGURES]
 
@@ -235,7 +234,7 @@ def model_bytes(wildcards):
 
 
 # --------------------------------------------------------------------------- resources
-# The layout of every job that starts ranks comes from one JobSpec (hvdscale.launch.jobspec):
+# The layout of every job that starts ranks comes from one JobSpec (hvdscale.matrix.jobspec):
 # nodes, tasks, tasks per node, CPUs per task, gres, memory, runtime per attempt,
 # mpi. train_run and measure_allreduce share JOB_RESOURCES, one callable per SLURM
 # resource (snakemake-executor-plugin-slurm maps them to sbatch flags); a callable

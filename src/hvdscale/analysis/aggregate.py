@@ -24,7 +24,7 @@ Definitions
                   run_id) and a group key, so every baseline is of the same framework
   sync columns    runs.csv sync_allreduce_s, sync_comm_hook_s, sync_exposed_s,
                   sync_no_comm_step_s: the record's timing.sync (per-step seconds; NaN
-                  where not measured); report/frameworks.py says which is which
+                  where not measured); report/frameworks_section.py says which is which
   epoch time      median wall time of the non-warm-up epochs of a run (rank 0)
   throughput      median samples/s (all ranks) of the non-warm-up epochs
   phase shares    sum of each phase (data, compute, sync, update) over the non-warm-up
@@ -84,9 +84,9 @@ from hvdscale.analysis.tables import (
     default_epochs_path,
     write_csv,
 )
-from hvdscale.config import config_hash, load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.runtable import find_run, run_config, run_table
+from hvdscale.matrix.config import config_hash, load_config, validate_config
+from hvdscale.matrix.runtable import find_run, run_config, run_table
 
 
 @dataclass

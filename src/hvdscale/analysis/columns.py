@@ -4,8 +4,8 @@ the tests and the report refer to them. New summary columns go into SUMMARY_COLU
 
 from __future__ import annotations
 
-from hvdscale.backends import DEFAULT_FRAMEWORK
-from hvdscale.history import HISTORY_COLUMNS
+from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
+from hvdscale.record.history import HISTORY_COLUMNS
 
 #: the framework of a record without config.framework (records before issue 19)
 FRAMEWORK_DEFAULT = DEFAULT_FRAMEWORK

@@ -66,9 +66,9 @@ from hvdscale.analysis.schemas import (
     describe_failures,
 )
 from hvdscale.analysis.tables import read_runs, read_summary
-from hvdscale.common import GROUP_KEYS
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
+from hvdscale.matrix.runid import GROUP_KEYS
 
 DEFAULT_MODEL_BYTES = 153441 * 4
 FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"  # one link class

@@ -23,8 +23,8 @@ import math
 import pandas as pd
 
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, SYNC_COLUMNS, with_framework
-from hvdscale.analysis.select import pref_lr
 from hvdscale.analysis.stats import speedup_interval
+from hvdscale.analysis.view import pref_lr
 
 PLACE = ["partition", "backend", "batch_per_worker"]
 SYNC_STATS = ["step_time_s", "sync_step_s", *SYNC_COLUMNS]

@@ -19,7 +19,7 @@ False/True); the baseline is always of the same framework:
                   survives at equal accuracy
   reached/total, base_reached/base_total   runs that reached the target, per side
   b_simple, critical_batch   McCandlish et al.'s simple noise scale of the n-worker
-                  runs (hvdscale.noise_scale: local against allreduced gradient norms)
+                  runs (hvdscale.analysis.noise_scale: local against allreduced gradient norms)
   predicted_epochs_ratio     (1 + B_1/B_crit) / (1 + B_n/B_crit), B = global batch
   note            why a value is missing; ci_method: analysis/stats.CI_METHOD
 
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, HEADLINE_COLUMNS, with_framework
-from hvdscale.analysis.select import pref_lr
+from hvdscale.analysis.noise_scale import estimate, predicted_epochs_ratio
 from hvdscale.analysis.stats import (
     CI_METHOD,
     censor_note,
@@ -49,13 +49,13 @@ from hvdscale.analysis.stats import (
     speedup_interval,
 )
 from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned, stream_key
-from hvdscale.noise_scale import estimate, predicted_epochs_ratio
-from hvdscale.runtable import SEED_KINDS
+from hvdscale.analysis.view import pref_lr
+from hvdscale.matrix.runtable import SEED_KINDS
 
 
 def noise_scale_of(runs: pd.DataFrame) -> float:
     """B_simple from the runs' noise-scale sums: step-weighted means of the squared
-    norms over runs (a ratio of means), then hvdscale.noise_scale.estimate."""
+    norms over runs (a ratio of means), then hvdscale.analysis.noise_scale.estimate."""
     cols = ["ns_b_local", "ns_b_global", "ns_steps", "ns_g_local_sq", "ns_g_global_sq"]
     if runs.empty or any(c not in runs for c in cols):
         return math.nan

@@ -38,12 +38,12 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import reference_framework
-from hvdscale.analysis.select import config_order, preferred_group, summary_batch
 from hvdscale.analysis.stats import bootstrap_ci, rng_for
 from hvdscale.analysis.tables import read_runs, read_summary
-from hvdscale.common import CONFIG_KEYS, GROUP_KEYS
-from hvdscale.config import load_config, validate_config
+from hvdscale.analysis.view import config_order, preferred_group, summary_batch
 from hvdscale.io import atomic_path
+from hvdscale.matrix.config import load_config, validate_config
+from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS
 
 COLUMNS = [
     "quantity",

@@ -14,12 +14,11 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.pandas import Check, Column
 
-from hvdscale import backends
-from hvdscale.common import CONFIG_KEYS
 from hvdscale.errors import ConfigError
-from hvdscale.runtable import parse_run_id
+from hvdscale.matrix import backends
+from hvdscale.matrix.runid import CONFIG_KEYS, parse_run_id
 
-BACKENDS = backends.names()  # the registry's (hvdscale.backends) at import
+BACKENDS = backends.names()  # the registry's (hvdscale.matrix.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]
 RECORD_STATUSES = ["completed", "nan_loss", "failed", "mislabelled"]
 SHARE_TOL = 1e-6

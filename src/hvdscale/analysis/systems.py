@@ -1,5 +1,5 @@
 """The system description per partition (results/scaling/systems.csv), from the run
-records' optional ``system`` object (rank 0's hvdscale.system.collect_system):
+records' optional ``system`` object (rank 0's hvdscale.record.system.collect_system):
 CPU model, cores, memory, GPU model, driver, CUDA, cuDNN and NCCL versions, MPI
 implementation and version, Horovod's controllers, network interfaces, node names,
 kernel and OS; from each record's Horovod environment the cycle time the run had
@@ -26,9 +26,9 @@ import json
 import re
 from pathlib import Path
 
-from hvdscale.backends import CONTROLLERS
 from hvdscale.errors import UserError
 from hvdscale.io import write_text_atomic
+from hvdscale.matrix.backends import CONTROLLERS
 
 COLUMNS = [
     "partition",

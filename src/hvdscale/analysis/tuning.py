@@ -39,8 +39,8 @@ from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv, read_runs, read_status, write_csv
 from hvdscale.analysis.target import TOO_LOOSE
-from hvdscale.config import load_config
 from hvdscale.errors import UserError
+from hvdscale.matrix.config import load_config
 
 TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]

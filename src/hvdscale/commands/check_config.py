@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hvdscale.config import config_hash, load_config
-from hvdscale.runtable import run_table
+from hvdscale.matrix.config import config_hash, load_config
+from hvdscale.matrix.runtable import run_table
 
 
 def add_arguments(p):

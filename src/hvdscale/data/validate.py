@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdscale.config import config_hash
 from hvdscale.data import h5
 from hvdscale.data.check import sha256_file
 from hvdscale.data.generate import tune_malloc
@@ -46,6 +45,7 @@ from hvdscale.data.physics import (
 )
 from hvdscale.errors import DataError
 from hvdscale.io import write_json_atomic
+from hvdscale.matrix.config import config_hash
 
 VALIDATION_VERSION = 1
 STRESS_REL_TOL = 1e-5  # float32 rounding of stress and labels

@@ -12,5 +12,5 @@
 - ``command``: the ``hvdscale launch`` command (runs a launch spec, records failures).
 
 Levels, low to high: site_settings, timelimit -> jobspec -> gloo_slurm -> launchspec ->
-command. This file imports nothing, so ``hvdscale.launch.jobspec`` stays cheap.
+command. This file imports nothing, so ``hvdscale.matrix.jobspec`` stays cheap.
 """

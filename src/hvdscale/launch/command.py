@@ -8,7 +8,7 @@ train env through the configured launcher:
   srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
               (inside a SLURM allocation: nodes and tasks per node come from it)
 
-A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.torchddp``
+A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.trainer.torch_ddp``
 instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)
 under horovodrun/mpirun, one srun task per rank under srun (launch.gloo_slurm). torchrun
 exits 1 for any failing rank: the exit status is the failing rank's own (its exit marker).
@@ -53,11 +53,8 @@ import time
 from pathlib import Path
 
 from hvdscale import native
-from hvdscale.common import EXIT_NAN
-from hvdscale.config import load_config
 from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm, timelimit
-from hvdscale.launch.jobspec import JobSpec
 from hvdscale.launch.launchspec import (
     LAUNCHERS,
     PROGRAMS,
@@ -66,8 +63,10 @@ from hvdscale.launch.launchspec import (
     build_launch,
     default_train_python,
 )
-from hvdscale.runrecord import read_record, write_failure
-from hvdscale.runtable import find_run
+from hvdscale.matrix.config import load_config
+from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.matrix.runtable import find_run
+from hvdscale.record.build import EXIT_NAN, read_record, write_failure
 
 
 def companion(python: str, tool: str) -> str:

@@ -12,11 +12,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale import backends, native
-from hvdscale.common import PROJECT_ROOT
+from hvdscale import native
 from hvdscale.errors import UserError
-from hvdscale.launch import gloo_slurm, site_settings, timelimit
-from hvdscale.launch.jobspec import JobSpec
+from hvdscale.launch import gloo_slurm, timelimit
+from hvdscale.matrix import backends, site_settings
+from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.project import PROJECT_ROOT
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun", "torchrun")
 #: the interpreter module torchrun is (`python -m torch.distributed.run` = `torchrun`)
@@ -24,7 +25,7 @@ TORCHRUN_MODULE = "torch.distributed.run"
 #: what the ranks of a training run execute, per framework (after PYTHON)
 TRAIN_MODULES = {
     backends.DEFAULT_FRAMEWORK: ("-m", "hvdscale.cli", "train"),
-    "torch-ddp": ("-m", "hvdscale.torchddp"),
+    "torch-ddp": ("-m", "hvdscale.trainer.torch_ddp"),
 }
 PROGRAMS = ("train", "measure-allreduce")
 # environment passed to every rank (besides HOROVOD_*)
@@ -99,7 +100,7 @@ def horovod_env(
     env: dict[str, str] = {}
     if framework != backends.DEFAULT_FRAMEWORK:
         return env
-    entry = backends.get(backend)  # hvdscale.backends: which collectives
+    entry = backends.get(backend)  # hvdscale.matrix.backends: which collectives
     if entry.cpu_operations:
         env["HOROVOD_CPU_OPERATIONS"] = entry.cpu_operations
     if entry.gpu_operations:
@@ -143,7 +144,7 @@ def cycle_time_ms(setting, workers: int, bound: bool) -> float | None:
 
 def ranks_bound(training: dict, workers_per_node: int, node_cores: int) -> bool:
     """Whether the ranks will run on cores of their own: training.cpu_binding as
-    hvdscale.train.device.bind_cpus applies it (auto: core when a node runs 2 or more
+    hvdscale.trainer.device.bind_cpus applies it (auto: core when a node runs 2 or more
     ranks and has a core for each), and no more ranks per node than cores."""
     policy = training.get("cpu_binding", "auto")
     own = 0 < workers_per_node <= node_cores
@@ -164,7 +165,7 @@ def effective_launcher(
 
 
 def controller_for(launcher: str, backend: str, framework: str = backends.DEFAULT_FRAMEWORK) -> str:
-    """The Horovod controller a launcher/backend pair uses (hvdscale.backends; torch-ddp:
+    """The Horovod controller a launcher/backend pair uses (hvdscale.matrix.backends; torch-ddp:
     the torch.distributed backend)."""
     controllers = backends.get(backend, framework).controllers
     if launcher not in controllers:

@@ -35,24 +35,8 @@ from hvdscale.io import write_json_atomic
 
 #: exit status of a rank (and so of ``hvdscale launch``) stopped before the time limit
 EXIT_TIME_LIMIT = 4
-SIGNAL_NAME = "USR1"
 
 _received: list[float] = []
-
-
-def signal_option(training: dict, workers: int = 2) -> str | None:
-    """The sbatch option that asks for the warning, or None when it is turned off (and
-    for 1-worker jobs, see the module doc)."""
-    margin = int(training.get("time_limit_margin_s", 120) or 0)
-    return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 and workers > 1 else None
-
-
-def runtime_for(partition: dict, attempt: int) -> int:
-    """Time limit (minutes) of attempt ``attempt`` (1 = first) of a training job."""
-    retry = partition.get("runtime_min_retry")
-    if attempt > 1 and retry:
-        return int(retry)
-    return int(partition["runtime_min"])
 
 
 MARGIN_ENV = "HVDSCALE_TIME_LIMIT_MARGIN_S"

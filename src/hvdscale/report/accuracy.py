@@ -15,16 +15,16 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
-from hvdscale.analysis.figures import in_section
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.select import pref_lr
 from hvdscale.analysis.target import TOO_LOOSE, describe, target_spec, time_to
 from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
+from hvdscale.analysis.view import pref_lr
+from hvdscale.figures.registry import in_section
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
-from hvdscale.report.headline import describe_target
+from hvdscale.report.headline_text import describe_target
 
 TTT_NOTE = (
     "Time to target counts the training wall time from the start of training until the end "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hvdscale.analysis.figures import BY_NAME
+from hvdscale.figures.registry import BY_NAME
 
 
 @dataclass

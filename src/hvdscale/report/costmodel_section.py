@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from hvdscale.analysis.figures import in_section
-from hvdscale.analysis.select import prediction_choice
+from hvdscale.analysis.view import prediction_choice
+from hvdscale.figures.registry import in_section
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc

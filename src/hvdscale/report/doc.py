@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from hvdscale.analysis.plotstyle import STYLE, WIDTH
+from hvdscale.figures.style import STYLE, WIDTH
 
 
 def styles():

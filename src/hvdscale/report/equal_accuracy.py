@@ -15,14 +15,9 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import framework_short, names_framework, with_framework
-from hvdscale.noise_scale import implied_critical_batch
+from hvdscale.analysis.noise_scale import implied_critical_batch
 from hvdscale.report import fmt
-from hvdscale.report.headline import (
-    no_median,
-    survival_clause,
-    with_interval,
-    workers_text,
-)
+from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
 
 CENSORED = "> budget"
 _KIND = re.compile(r"_(?P<kind>cal|rerun)_r[0-9]+$")

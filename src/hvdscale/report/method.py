@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.report import fmt
-from hvdscale.report.headline import describe_target
+from hvdscale.report.headline_text import describe_target
 
 OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation.overhead
 

@@ -7,7 +7,7 @@ environments, hosts and hardware, dates); the system description per partition
 speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
 never shown without the test loss it reached); the figures with numbered captions; a
 side-by-side comparison with the reference study; Horovod against PyTorch DDP where
-the records hold both (report/frameworks.py); the cost-model fit and its
+the records hold both (report/frameworks_section.py); the cost-model fit and its
 prediction error; the list of missing and failed runs. Written atomically.
 
 Example
@@ -25,8 +25,6 @@ import io
 import sys
 from pathlib import Path
 
-from hvdscale.analysis.figures import FIGURE_NAMES, caption_markup, caption_values
-from hvdscale.analysis.plots import load_costmodel
 from hvdscale.analysis.references import read_references
 from hvdscale.analysis.systems import read_systems
 from hvdscale.analysis.tables import (
@@ -37,14 +35,16 @@ from hvdscale.analysis.tables import (
     read_summary,
 )
 from hvdscale.analysis.tuning import read_tuned
-from hvdscale.config import load_config
+from hvdscale.figures.draw import load_costmodel
+from hvdscale.figures.registry import FIGURE_NAMES, caption_markup, caption_values
 from hvdscale.io import atomic_path
+from hvdscale.matrix.config import load_config
 from hvdscale.report.accuracy import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
-from hvdscale.report.frameworks import frameworks_section
-from hvdscale.report.headline import read_headline, read_target
+from hvdscale.report.frameworks_section import frameworks_section
+from hvdscale.report.headline_text import read_headline, read_target
 from hvdscale.report.overview import (
     method_section,
     missing_section,
@@ -52,7 +52,7 @@ from hvdscale.report.overview import (
     title_section,
 )
 from hvdscale.report.provenance import collect, load_provenance
-from hvdscale.report.reference import reference_section
+from hvdscale.report.reference_section import reference_section
 from hvdscale.report.results import figures_section, results_section
 from hvdscale.report.systems_section import systems_section
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import framework_label, names_framework, with_framework
-from hvdscale.analysis.figures import in_section
-from hvdscale.common import GROUP_KEYS
+from hvdscale.figures.registry import in_section
+from hvdscale.matrix.runid import GROUP_KEYS
 from hvdscale.report import fmt
 from hvdscale.report.accuracy import with_ci
 from hvdscale.report.context import ReportData

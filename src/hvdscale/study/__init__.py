@@ -5,8 +5,8 @@
 - ``export``: one archive of a finished study; ``rebuild``: its report rebuilt from it
   through the workflow's report rules.
 
-Lower down, because the core needs them: the selection (``hvdscale.select``), the
-machine description (``hvdscale.system``), the reference checks (values with tolerances
+Lower down, because the core needs them: the selection (``hvdscale.matrix.subset``), the
+machine description (``hvdscale.record.system``), the reference checks (values with tolerances
 and verdicts, ``hvdscale.analysis.references``) and the bootstrap
 (``hvdscale.analysis.stats``).
 """

@@ -5,7 +5,7 @@
   MANIFEST.json     format, results_dir, config files, git commit, config hash, the
                     workflow env's versions, SOURCE_DATE_EPOCH if set, sha256 of every
                     member (inputs and products)
-  system.json       the exporting machine (hvdscale.system)
+  system.json       the exporting machine (hvdscale.record.system)
   config files      at the paths they were given (relative to the project root)
   envs/*.lock.txt   the pinned environments
   inputs            {results}/config/full.json, {results}/runs/*/ (metrics.json,
@@ -40,12 +40,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-from hvdscale.common import PROJECT_ROOT, git_commit
-from hvdscale.config import config_hash
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
+from hvdscale.matrix.config import config_hash
+from hvdscale.project import PROJECT_ROOT, git_commit
+from hvdscale.record.system import collect_system
 from hvdscale.report.provenance import workflow_versions
-from hvdscale.system import collect_system
 
 FORMAT = 1
 PREFIX = "study/"

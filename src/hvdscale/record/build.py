@@ -1,0 +1,432 @@
+"""The run record: ``metrics.json`` (validated against workflow/schemas/run.schema.json
+before it is written, atomically), ``history.csv`` (one row per epoch) beside it, and
+``failure.json`` for runs that ended without a record.
+
+No TensorFlow or Horovod here: the workflow env imports this module too (tests,
+aggregation), and the launcher writes failure.json with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hvdscale import native
+from hvdscale.io import write_json_atomic, write_text_atomic
+from hvdscale.matrix.config import RUN_SCHEMA
+from hvdscale.matrix.site_settings import nccl_env_now
+from hvdscale.project import git_commit
+from hvdscale.record.history import history_csv
+from hvdscale.record.summary import noise_scale_block, summarise, target_block
+from hvdscale.record.timing import TIMING_METHOD, instrumentation_block, sync_block
+
+SCHEMA_VERSION = 1
+
+# Exit status of a training run whose loss became NaN/inf (a result, not a crash).
+EXIT_NAN = 3
+
+
+class RecordError(ValueError):
+    """The record does not satisfy the run schema (a bug in the producer)."""
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def finite_or_none(x):
+    """JSON has no NaN/inf: non-finite numbers become null."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def mpi_version() -> str:
+    """First line of ``mpirun --version``, or "none"."""
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "none"
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    return lines[0] if out.returncode == 0 and lines else "none"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def environment_block(
+    *,
+    config_hash: str,
+    hostnames: list[str],
+    devices: list[str],
+    tensorflow: str,
+    horovod: str,
+    started_utc: str,
+) -> dict:
+    import numpy
+
+    return {
+        "hostnames": list(hostnames),
+        "python": platform.python_version(),
+        "tensorflow": tensorflow,
+        "horovod": horovod,
+        "mpi": mpi_version(),
+        "numpy": numpy.__version__,
+        "git_commit": git_commit(),
+        "config_hash": config_hash,
+        "started_utc": started_utc,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        # issue 12: HVDSCALE_SLURM_NODELIST from hvdscale launch when the plugin's job
+        # step stripped SLURM_JOB_NODELIST (ranks not started by srun)
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST")
+        or os.environ.get("HVDSCALE_SLURM_NODELIST"),
+        "devices": list(devices),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+    }
+
+
+def system_block(nodes: list[str]) -> dict:
+    """The record's optional ``system`` (hvdscale.record.system.collect_system with the
+    run's hosts as node names), checked against the run schema here so that writing the
+    record cannot fail on it. Never raises: what failed is in ``errors``."""
+    try:
+        from hvdscale.record.system import (
+            collect_system,  # inside the try: the record never fails on it
+        )
+
+        system = collect_system(nodes=nodes)
+        from jsonschema import Draft202012Validator
+
+        sub = load_run_schema()["properties"]["system"]
+        problems = [
+            f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+            for e in Draft202012Validator(sub).iter_errors(system)
+        ]
+        if problems:
+            return {
+                "nodes": sorted(set(map(str, nodes))),
+                "errors": {"schema": "; ".join(problems)[:500]},
+            }
+        return system
+    except Exception as exc:  # a description must never cost the run its record
+        return {"errors": {"collect_system": f"{type(exc).__name__}: {exc}"[:500]}}
+
+
+# --------------------------------------------------------------------------- the record
+
+# launcher book-keeping that says nothing about the configuration
+_HOROVOD_ENV_SKIP = (
+    "HOROVOD_GLOO_RENDEZVOUS",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_",
+    "HOROVOD_CROSS_",
+    "HOROVOD_HOSTNAME",
+)
+
+
+def horovod_env(environ=None) -> dict:
+    """The HOROVOD_* settings of this process (cycle time, timeline, operations, ...)."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: v
+        for k, v in sorted(environ.items())
+        if k.startswith("HOROVOD_") and not k.startswith(_HOROVOD_ENV_SKIP)
+    }
+
+
+def epoch_entry(
+    *,
+    epoch: int,
+    warmup: bool,
+    wall_s: float,
+    steps: int,
+    samples: int,
+    throughput: float,
+    timing: dict,
+    train_loss: float,
+    test_loss: float | None,
+    elapsed_s: float,
+    utilisation_mean: float | None,
+    learning_rate: float,
+    attempt: int,
+    val_loss: float | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """One element of the record's ``epochs`` (and a row of history.csv); ``timing`` is
+    hvdscale.record.timing.EpochTimer.record_fields(); ``extra``: further optional fields
+    (instrumentation, noise scale, wall_measured_s)."""
+    return {
+        "epoch": epoch,
+        "warmup": warmup,
+        "wall_s": round(wall_s, 6),
+        "steps": steps,
+        "samples": samples,
+        "throughput": round(throughput, 3),
+        **timing,
+        "train_loss": finite_or_none(train_loss),
+        "val_loss": finite_or_none(val_loss),
+        "test_loss": finite_or_none(test_loss),
+        "elapsed_s": round(elapsed_s, 6),
+        "utilisation_mean": utilisation_mean,
+        "learning_rate": learning_rate,
+        "attempt": attempt,
+        **(extra or {}),
+    }
+
+
+def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, kind) -> dict:
+    """The run's configuration as the record states it (first part; build_record adds the
+    model, Horovod and step settings)."""
+    tcfg = cfg["training"]
+    return {
+        "framework": getattr(run, "framework", "horovod-tf"),  # issue 19 (Run.framework)
+        "partition": run.partition,
+        "backend": run.backend,
+        "nodes": run.nodes,
+        "workers": workers,
+        "workers_per_node": run.workers_per_node,
+        "batch_per_worker": run.batch,
+        "global_batch": run.batch * workers,
+        "lr_rule": run.lr_rule,
+        "learning_rate_base": lr_base,
+        "learning_rate": lr,
+        "lr_warmup": tcfg["lr_warmup"],
+        "epochs": tcfg["max_epochs"],  # the budget, as before issue 16 (analysis reads it)
+        "max_epochs": tcfg["max_epochs"],
+        "max_train_s": tcfg["max_train_s"],
+        "stop_at_target": tcfg["stop_at_target"],
+        "warmup_epochs": tcfg["warmup_epochs"],
+        "threads_per_worker": tcfg["threads_per_worker"],
+        "launcher": launcher,
+        "cpu_binding": tcfg.get("cpu_binding", "auto"),
+        "controller": controller,
+        "repeat": run.repeat,
+        "seed": cfg["seed"] if seed is None else int(seed),  # the run's derived seed
+        "seed_base": cfg["seed"],
+        "kind": kind,
+        "data_in_device_memory": tcfg["data_in_device_memory"],
+        "target_test_loss": tcfg.get("target_test_loss"),
+        "timeline_steps": tcfg["timeline_steps"],
+    }
+
+
+def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> dict:
+    """The record config's model, Horovod and step settings."""
+    tcfg = cfg["training"]
+    return dict(
+        model_parameters=model_parameters,
+        model_bytes=model_bytes(model_parameters),
+        horovod_env=horovod_env(),
+        nccl_env=nccl_env_now(),  # NCCL_* the ranks ran with (training.nccl)
+        gloo_epoll_yield=native.loaded(),  # hvdscale.native's library in this rank
+        steps_per_execution=tcfg["steps_per_execution"],
+        backward_passes_per_step=tcfg["horovod"]["backward_passes_per_step"],
+        compression=tcfg["horovod"]["compression"],
+        instrument_every=tcfg["instrument_every"],
+        shard_policy=tcfg["shard_policy"],
+        hidden_units=cfg["model"]["hidden_units"],
+        activation=cfg["model"]["activation"],
+        samples_per_epoch=samples_per_epoch,
+    )
+
+
+def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framework) -> dict:
+    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17, 19)."""
+    tv = (target or {}).get("value")
+    mode = (target or {}).get("mode", "none")
+    inst = instrumentation_block(epochs, tcfg["instrument_every"])
+    sync = sync_block(epochs, workers, framework, inst["uninstrumented_step_s"])
+    return {
+        "target": target_block(
+            epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"]
+        ),
+        "noise_scale": noise_scale_block(epochs, workers, b_local),
+        "timing": {"instrumentation": inst, "sync": sync},
+    }
+
+
+def build_record(
+    *,
+    run,
+    cfg: dict,
+    workers: int,
+    controller: str,
+    launcher: str,
+    status: str,
+    error: str | None,
+    learning_rate_base: float,
+    learning_rate: float,
+    model_parameters: int,
+    steps_per_epoch: int,
+    environment: dict | None,
+    attempts: list[dict],
+    epochs: list[dict],
+    utilisation: dict,
+    timeline: str | None,
+    timeline_check: dict | None,
+    data: dict,
+    fault_delay: str | None = None,
+    system: dict | None = None,
+    seed: int | None = None,
+    kind: str = "",
+    target: dict | None = None,
+    stop_reason: str | None = None,
+    initial_weights_sha256: str | None = None,
+    framework: str = "horovod-tf",
+) -> dict:
+    """The run record (metrics.json) of a training run, as run.schema.json describes it.
+
+    ``run``: the config's scaling-matrix row (hvdscale.matrix.config.find_run); ``cfg``: the full
+    validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
+    test-only fault hook's setting (hvdscale.trainer.fault), recorded only when set;
+    ``system``: system_block() of rank 0, recorded only when given (optional field);
+    ``seed``: the run's derived seed (hvdscale.matrix.runtable.run_seed; the config's seed when
+    None); ``kind``: '' | 'cal' | 'rerun'; ``target``: {"value", "mode"} of the
+    validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
+    the loop ended (hvdscale.trainer.loop.STOP_REASONS); ``framework``: the trainer's
+    framework, which decides how ``timing.sync`` reads the epochs
+    (hvdscale.record.timing.sync_block).
+    """
+    tcfg = cfg["training"]
+    config = _record_config(
+        run, cfg, workers, controller, launcher, learning_rate_base, learning_rate, seed, kind
+    )
+    config.update(_step_config(cfg, model_parameters, steps_per_epoch * run.batch * workers))
+    config["steps_per_epoch"] = steps_per_epoch
+    if fault_delay:
+        config["fault_delay"] = fault_delay
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run.run_id,
+        "status": status,
+        "exit_status": EXIT_NAN if status == "nan_loss" else 0,
+        "error": error,
+        "config": config,
+        "environment": environment,
+        "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
+        "epochs": epochs,
+        "summary": summarise(epochs, (target or {}).get("value")),
+        **_outcome_blocks(
+            epochs,
+            workers,
+            run.batch * config["backward_passes_per_step"],
+            tcfg,
+            target,
+            stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
+            framework,
+        ),
+        "initial_weights_sha256": initial_weights_sha256,
+        "utilisation": utilisation,
+        "timing_method": TIMING_METHOD,
+        "timeline": timeline,
+        "timeline_check": timeline_check,
+        "data": data,
+        "finished_utc": utc_now(),
+    }
+    if system is not None:
+        record["system"] = system
+    return record
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def load_run_schema() -> dict:
+    with open(RUN_SCHEMA) as fh:
+        return json.load(fh)
+
+
+def validate_record(record: dict) -> None:
+    """Raise RecordError naming every field that violates the run schema."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(load_run_schema())
+    errors = sorted(validator.iter_errors(record), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [
+            f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+            for e in errors[:20]
+        ]
+        raise RecordError("run record does not match run.schema.json:\n  " + "\n  ".join(lines))
+
+
+def write_run_outputs(out_dir: str | Path, record: dict) -> Path:
+    """Validate, then write history.csv and metrics.json (atomically, metrics.json last)."""
+    validate_record(record)
+    out_dir = Path(out_dir)
+    write_text_atomic(out_dir / "history.csv", history_csv(record["epochs"]))
+    path = out_dir / "metrics.json"
+    write_json_atomic(path, record)
+    return path
+
+
+def read_record(path: str | Path) -> dict | None:
+    """A valid record from ``path``, or None (missing, unreadable or invalid)."""
+    try:
+        with open(path) as fh:
+            rec = json.load(fh)
+        validate_record(rec)
+        return rec
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- failure
+
+
+def write_failure(
+    path: str | Path,
+    *,
+    run_id: str,
+    exit_status: int,
+    error_tail: str,
+    launcher: str,
+    command: list[str] | None = None,
+    program: str = "train",
+    message: str | None = None,
+) -> Path:
+    """``OUT_DIR/failure.json`` for a run that ended without a usable record: run_id,
+    status "failed", the exit status, a one-line message naming the failed rank(s) where
+    known, the tail of the launcher's output and the time."""
+    path = Path(path)
+    write_json_atomic(
+        path,
+        {
+            "run_id": run_id,
+            "status": "failed",
+            "program": program,
+            "exit_status": int(exit_status),
+            "message": message,
+            "launcher": launcher,
+            "command": command,
+            "error_tail": error_tail[-8000:],
+            "time_utc": utc_now(),
+            "hostname": platform.node(),
+            "python": sys.executable,
+        },
+    )
+    return path
+
+
+def model_bytes(n_parameters: int) -> int:
+    """Size of the float32 weights (= the gradient message per step)."""
+    return 4 * n_parameters

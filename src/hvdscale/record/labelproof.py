@@ -1,0 +1,146 @@
+"""Every run proves its label (issue 12, item 8): what actually ran, against the run_id.
+
+From the run record (written by rank 0 from every rank's allgathered host and device)
+and, when the run wrote one, Horovod's timeline:
+
+- world size = workers of the label; distinct hosts = nodes; ranks per host follow the
+  sequential fill (workers_per_node on each node but the last), in rank order;
+- device per rank (GPU or CPU), and that an nccl run ran on GPUs;
+- the controller Horovod reports (gloo/mpi) matches the backend;
+- the collective that carried the gradients: the activity names Horovod's timeline
+  records inside each ALLREDUCE of the ``grads`` tensors (MPI_ALLREDUCE, GLOO_ALLREDUCE,
+  NCCL_ALLREDUCE, ...) must be the backend's.
+
+``prove(record, timeline)`` returns the proof (``ok`` false with ``problems`` for a
+mislabelled run); training stores it as ``label_proof`` in the record.
+``python -m hvdscale.record.labelproof RUN_DIR...`` checks finished runs (exit 1 if any is
+mislabelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from hvdscale.matrix import backends
+
+#: the collective each backend label must show: the timeline activity of its allreduce
+#: (Horovod's common.h names; hvdscale.matrix.backends timeline_op). mpi/gloo runs on GPUs
+#: reduce on the host (issue 20, hvdscale.trainer.horovod_tf.step.host_reduction), else Horovod
+#: built with NCCL would show NCCL_ALLREDUCE. (The registry at import; prove() reads it at call
+#: time.)
+EXPECTED = {b.name: b.timeline_op for b in backends.entries()}
+COLLECTIVES = (
+    "MPI_ALLREDUCE",
+    "MPI_CUDA_ALLREDUCE",
+    "GLOO_ALLREDUCE",
+    "NCCL_ALLREDUCE",
+    "CCL_ALLREDUCE",
+    "ADASUM_ALLREDUCE",
+)
+
+
+def collectives() -> set[str]:
+    """The activities counted: Horovod's allreduce names and every backend's."""
+    return {*COLLECTIVES, *(b.timeline_op for b in backends.entries() if b.timeline_op)}
+
+
+def timeline_collectives(path: str | Path, tensor_filter: str = "grads") -> Counter:
+    """How often each collective activity ran for the tensors named like ``tensor_filter``."""
+    text = Path(path).read_text().strip()
+    if not text.endswith("]"):  # Horovod leaves the JSON array open while it runs
+        text = text.rstrip(",") + "]"
+    events = json.loads(text)
+    names = {
+        e.get("pid"): str(e.get("args", {}).get("name", ""))
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    counts: Counter = Counter()
+    known = collectives()
+    for e in events:
+        if e.get("ph") in ("B", "X") and e.get("name") in known:
+            if tensor_filter in names.get(e.get("pid"), ""):
+                counts[e["name"]] += 1
+    return counts
+
+
+def expected_ranks_per_host(workers: int, per_node: int) -> list[int]:
+    out, left = [], workers
+    while left > 0:
+        out.append(min(per_node, left))
+        left -= out[-1]
+    return out
+
+
+def prove(record: dict, timeline: str | Path | None = None) -> dict:
+    cfg, env = record["config"], record.get("environment") or {}
+    backend, workers, nodes = cfg["backend"], cfg["workers"], cfg["nodes"]
+    hosts = list(env.get("hostnames") or [])
+    devices = list(env.get("devices") or [])
+    problems = []
+    if len(hosts) != workers:
+        problems.append(f"world size {len(hosts)}, label says {workers} workers")
+    order = list(dict.fromkeys(hosts))
+    if len(order) != nodes:
+        problems.append(f"{len(order)} distinct host(s) {order}, label says {nodes} node(s)")
+    per_host = [hosts.count(h) for h in order]
+    want = expected_ranks_per_host(workers, cfg["workers_per_node"])
+    blocks = [h for i, h in enumerate(hosts) if i == 0 or hosts[i - 1] != h]
+    if per_host != want or len(blocks) != len(order):
+        problems.append(f"ranks per host {dict(zip(order, per_host))}, sequential fill is {want}")
+    kinds = Counter("GPU" if str(d).startswith("GPU") else "CPU" for d in devices)
+    entry = backends.get(backend, cfg.get("framework") or backends.DEFAULT_FRAMEWORK)
+    if entry.needs_gpu and kinds.get("CPU"):
+        problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
+    controller = cfg.get("controller")
+    if entry.controller is not None and controller != entry.controller:
+        problems.append(f"backend {backend} but Horovod's controller was {controller}")
+    collective, counts = None, {}
+    if workers > 1 and timeline is not None and Path(timeline).is_file():
+        counts = dict(timeline_collectives(timeline))
+        collective = max(counts, key=counts.get) if counts else None
+        if collective != entry.timeline_op:
+            problems.append(
+                f"gradients were reduced by {collective or 'no collective'} "
+                f"({counts}), backend {backend} means {entry.timeline_op}"
+            )
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "world_size": len(hosts),
+        "hosts": order,
+        "ranks_per_host": dict(zip(order, per_host)),
+        "devices": dict(kinds),
+        "controller": controller,
+        "collective": collective,
+        "collective_counts": counts,
+        "expected_collective": entry.timeline_op if workers > 1 else None,
+        "timeline_checked": bool(counts) or collective is not None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hvdscale.record.labelproof", description=__doc__)
+    p.add_argument("run_dirs", nargs="+", help="run directories with metrics.json")
+    args = p.parse_args(argv)
+    bad = 0
+    for d in map(Path, args.run_dirs):
+        rec = json.loads((d / "metrics.json").read_text())
+        proof = prove(rec, d / "timeline.json")
+        bad += not proof["ok"]
+        lines = [
+            f"{rec['run_id']}: {'ok' if proof['ok'] else 'MISLABELLED'}; "
+            f"{proof['world_size']} ranks on {proof['ranks_per_host']}, "
+            f"devices {proof['devices']}, collective {proof['collective']}",
+            *(f"  - {m}" for m in proof["problems"]),
+        ]
+        print("\n".join(lines))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

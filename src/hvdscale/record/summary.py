@@ -1,0 +1,101 @@
+"""The run record's derived blocks: the summary (medians, losses, time to target), the
+validation-loss ``target`` block (reached or censored) and the gradient-noise-scale raw
+means (``noise_scale``). Pure Python; hvdscale.record.build puts them into the record."""
+
+from __future__ import annotations
+
+from hvdscale.record.timing import PHASES, median
+
+
+def target_epoch(epochs: list[dict], target: float | None) -> dict | None:
+    """The first epoch whose validation loss is <= target (None: never, or no target)."""
+    if target is None:
+        return None
+    for ep in epochs:
+        vl = ep.get("val_loss")
+        if vl is not None and vl <= target:
+            return ep
+    return None
+
+
+def time_to_target(epochs: list[dict], target: float | None) -> float | None:
+    """Elapsed training time at the end of the first epoch with validation loss <= target
+    (warm-up and evaluation in, start-up out)."""
+    ep = target_epoch(epochs, target)
+    return None if ep is None else ep["elapsed_s"]
+
+
+def target_block(
+    epochs: list[dict],
+    target: float | None,
+    mode: str,
+    stop_reason: str,
+    max_epochs: int,
+    max_train_s: float | None,
+) -> dict:
+    """The record's ``target``: reached or censored (stopped by a budget without reaching
+    it: reached false, time null, best validation loss kept)."""
+    hit = target_epoch(epochs, target)
+    vals = [e["val_loss"] for e in epochs if e.get("val_loss") is not None]
+    return {
+        "value": target,
+        "mode": mode,
+        "reached": hit is not None,
+        "epoch": None if hit is None else hit["epoch"],
+        "time_to_target_s": None if hit is None else hit["elapsed_s"],
+        "censored": hit is None
+        and target is not None
+        and stop_reason in ("max_epochs", "max_train_s"),
+        "stop_reason": stop_reason,
+        "best_val_loss": min(vals) if vals else None,
+        "budget": {"max_epochs": int(max_epochs), "max_train_s": max_train_s},
+    }
+
+
+def noise_scale_block(epochs: list[dict], workers: int, b_local: int) -> dict | None:
+    """The record's ``noise_scale`` (issue 16 item 7; None for one worker): over the
+    non-warm-up epochs' instrumented updates, the means of (mean over ranks of)
+    |g_local|^2 and of |g_allreduced|^2, with their batch sizes. The estimator is
+    hvdscale.analysis.noise_scale."""
+    if workers <= 1:
+        return None
+    eps = [e for e in epochs if not e["warmup"] and e.get("noise_steps")]
+    steps = sum(e["noise_steps"] for e in eps)
+    if steps == 0:
+        return None
+    return {
+        "b_local": int(b_local),
+        "b_global": int(b_local * workers),
+        "steps": int(steps),
+        "g_local_sq": sum(e["g_local_sq"] * e["noise_steps"] for e in eps) / steps,
+        "g_global_sq": sum(e["g_global_sq"] * e["noise_steps"] for e in eps) / steps,
+    }
+
+
+def summarise(epochs: list[dict], target: float | None) -> dict:
+    """Medians over the non-warm-up epochs (all epochs when every epoch is warm-up)."""
+    timed = [e for e in epochs if not e["warmup"]] or list(epochs)
+    split_total = sum(sum(e[f"time_{p}_s"] for p in PHASES) for e in timed)
+
+    def share(phase):
+        if not timed or split_total <= 0:
+            return None
+        return round(sum(e[f"time_{phase}_s"] for e in timed) / split_total, 6)
+
+    test_losses = [e["test_loss"] for e in epochs if e.get("test_loss") is not None]
+    val_losses = [e["val_loss"] for e in epochs if e.get("val_loss") is not None]
+    return {
+        "epoch_time_median_s": median([e["wall_s"] for e in timed]),
+        "throughput_median": median([e["throughput"] for e in timed]),
+        "sync_share": share("sync"),
+        "data_share": share("data"),
+        "compute_share": share("compute"),
+        "update_share": share("update"),
+        # the one test evaluation, at the end of training (the last epoch's entry)
+        "final_test_loss": epochs[-1].get("test_loss") if epochs else None,
+        "best_test_loss": min(test_losses) if test_losses else None,
+        "best_val_loss": min(val_losses) if val_losses else None,
+        "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
+        "time_to_target_s": time_to_target(epochs, target),
+        "epochs_completed": len(epochs),
+    }

@@ -1,0 +1,503 @@
+"""The compiled training step of one rank, and its test-set evaluation.
+
+Two independent choices shape the step, each an object instead of a flag:
+
+* the **clock**: ``PhaseClock`` puts ``tf.timestamp()`` ops at the phase boundaries
+  (data | compute | sync | update, see hvdscale.record.timing) and sums the phase durations into
+  a variable; ``NoClock`` runs the same step without them;
+* the **batch source**: ``DeviceBatches`` holds the rank's shard as device tensors and
+  gathers each batch inside the graph; ``HostBatches`` slices host arrays and feeds the
+  rows of ``steps_per_execution`` steps to each call.
+
+``StepProgram`` compiles one ``tf.function`` per clock (timed and plain) for its source;
+one call runs n optimizer steps in a graph loop. Every Horovod-specific line is marked
+``# HVD:``. No TensorFlow import at module level (the workflow env imports the package).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+
+from hvdscale.matrix import backends
+from hvdscale.record.timing import STEP_PARTS
+from hvdscale.trainer.fault import FaultDelay
+from hvdscale.trainer.worker import WorkerInfo
+
+EVAL_BATCH = 4096
+
+
+def host_reduction(device: str, env=None) -> bool:  # HVD: issue 20
+    """True when the gradients must leave the GPU before the allreduce: a backend with CPU
+    operations, mpi or gloo (the launcher sets HOROVOD_CPU_OPERATIONS, hvdscale.matrix.backends;
+    no HOROVOD_GPU_OPERATIONS) on a GPU.
+    Horovod built with NCCL reduces GPU tensors with NCCL whatever the controller; a
+    tensor on the host is reduced by the CPU operations, the label's collective."""
+    env = os.environ if env is None else env
+    registered = {b.cpu_operations for b in backends.entries() if b.cpu_operations}
+    cpu_ops = env.get("HOROVOD_CPU_OPERATIONS", "").lower() in registered
+    return "GPU" in device.upper() and cpu_ops and not env.get("HOROVOD_GPU_OPERATIONS")
+
+
+# =========================================================================== clocks
+
+
+class PhaseClock:
+    """In-graph timestamps at the phase boundaries; durations summed into ``timers``."""
+
+    timed = True
+
+    def __init__(self, tf, device: str, timers):
+        self.tf = tf
+        self.device = device
+        self.on_gpu = "GPU" in device
+        self.timers = timers
+
+    def start(self):
+        return self.tf.timestamp()
+
+    def stamp(self, deps):
+        """tf.timestamp() that runs after ``deps`` (on a GPU: after the device finished them)."""
+        tf = self.tf
+        deps = [d for d in deps if d is not None]
+        if self.on_gpu and deps:
+            with tf.device(self.device):
+                one = tf.reshape(deps[-1], [-1])[:1]  # one element, taken on the GPU
+            with tf.device("/CPU:0"):  # its copy to the host waits for the GPU stream
+                deps = [tf.identity(one)]
+        with tf.control_dependencies(deps):
+            return tf.timestamp()
+
+    def after(self, t):
+        """Context: ops created inside start after timestamp ``t``."""
+        return self.tf.control_dependencies([t])
+
+    def record(self, t_prev, t1, t2, t3, t4, gap):
+        """Add one step's four phase durations and ``gap`` (timers' fifth slot); returns
+        the step's end (the next t_prev). ``gap``: the time between the end of the sync
+        phase (t3) and the start of the update that belongs to no phase (the noise-scale
+        sums of a timed multi-worker update), so that the five add up to the in-graph
+        time."""
+        parts = [t1 - t_prev, t2 - t1, t3 - t2, t4 - t3 - gap, gap]
+        self.timers.assign_add(self.tf.stack(parts))
+        return t4
+
+
+class NoClock:
+    """The same step without timestamps (calls that are not instrumented)."""
+
+    timed = False
+
+    def __init__(self, tf):
+        self.tf = tf
+
+    def start(self):
+        return self.tf.constant(0.0, self.tf.float64)
+
+    def stamp(self, deps):
+        return self.tf.constant(0.0, self.tf.float64)
+
+    def after(self, t):
+        return contextlib.nullcontext()
+
+    def record(self, t_prev, t1, t2, t3, t4, gap):
+        return t_prev
+
+
+# =========================================================================== batch sources
+
+
+class DeviceBatches:
+    """The rank's shard as device tensors; batches are gathered inside the step."""
+
+    def __init__(self, tf, x, y, batch: int):
+        self.tf = tf
+        self.batch = batch
+        self.cursor = tf.Variable(0, dtype=tf.int32, trainable=False, name="cursor")
+        self.x = tf.constant(x)
+        self.y = tf.constant(y)
+        self.perm = tf.Variable(tf.zeros([len(x)], tf.int32), trainable=False, name="perm")
+
+    def compile(self, loop):
+        """tf.function running ``loop(n, feed)``: called with the step count only."""
+        tf = self.tf
+        sig = [tf.TensorSpec([], tf.int32)]
+        return tf.function(lambda n: loop(n, ()), input_signature=sig, autograph=False)
+
+    def fetch(self, j, feed):
+        tf, B = self.tf, self.batch
+        i = self.cursor.assign_add(1) - 1
+        idx = self.perm[i * B : (i + 1) * B]
+        return tf.gather(self.x, idx), tf.gather(self.y, idx)
+
+    def start_epoch(self, perm: np.ndarray) -> None:
+        self.cursor.assign(0)
+        self.perm.assign(perm.astype(np.int32))
+
+    def feed(self, start: int, n: int) -> tuple[tuple, float]:
+        """The call's arguments before the step count, and the host-side data time."""
+        return (), 0.0
+
+    def empty_feed(self) -> tuple:
+        return ()
+
+
+class HostBatches:
+    """Host arrays; each call gets the rows of its steps, gathered and converted on the
+    host (that time counts as data loading)."""
+
+    def __init__(self, tf, x, y, batch: int):
+        self.tf = tf
+        self.batch = batch
+        self.x, self.y = x, y
+        self.perm = np.arange(len(x))
+
+    def compile(self, loop):
+        """tf.function running ``loop(n, (xs, ys))``: called with the rows and the step count."""
+        tf = self.tf
+        sig = [
+            tf.TensorSpec([None, *self.x.shape[1:]], tf.float32),
+            tf.TensorSpec([None, 2], tf.float32),
+            tf.TensorSpec([], tf.int32),
+        ]
+        return tf.function(lambda x, y, n: loop(n, (x, y)), input_signature=sig, autograph=False)
+
+    def fetch(self, j, feed):
+        xs, ys = feed
+        B = self.batch
+        return xs[j * B : (j + 1) * B], ys[j * B : (j + 1) * B]
+
+    def start_epoch(self, perm: np.ndarray) -> None:
+        self.perm = perm
+
+    def feed(self, start: int, n: int) -> tuple[tuple, float]:
+        t0 = time.perf_counter()
+        rows = self.perm[start * self.batch : (start + n) * self.batch]
+        xs = self.tf.constant(self.x[rows])
+        ys = self.tf.constant(self.y[rows])
+        return (xs, ys), time.perf_counter() - t0
+
+    def empty_feed(self) -> tuple:
+        tf = self.tf
+        return tf.zeros([0, *self.x.shape[1:]], tf.float32), tf.zeros([0, 2], tf.float32)
+
+
+# =========================================================================== the program
+
+
+class StepProgram:
+    """The compiled training step(s) and evaluation of one rank.
+
+    ``run_steps(start, n, timed)`` runs n optimizer steps (micro-batches) in one graph
+    execution; the timed variant carries the phase timestamps (see hvdscale.record.timing).
+    ``fault``: a test-only delay inside one phase (hvdscale.trainer.fault; default from the
+    environment, off).
+    """
+
+    def __init__(
+        self,
+        *,
+        model,
+        optimizer,
+        worker: WorkerInfo,
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        batch: int,
+        device: str,
+        in_device_memory: bool,
+        compression: str,
+        backward_passes_per_step: int,
+        fault: FaultDelay | None = None,
+        x_val=None,
+        y_val=None,
+    ):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.model = model
+        self.opt = optimizer
+        self.worker = worker
+        self.batch = int(batch)
+        self.device = device
+        self.in_device_memory = in_device_memory
+        self.bpps = int(backward_passes_per_step)
+        self.vars = model.trainable_variables
+        self.n_local = len(x_train)
+        self.fault = FaultDelay.from_env() if fault is None else fault
+        hvd = worker.hvd
+        self.compression = None
+        if hvd is not None:
+            self.compression = (
+                hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+            )  # HVD:
+
+        with tf.device(device):
+            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
+            # the step's parts: four phases and the noise-scale sums (PhaseClock.record)
+            self.timers = tf.Variable(
+                tf.zeros([len(STEP_PARTS)], tf.float64), trainable=False, name="phase_timers"
+            )
+            source = DeviceBatches if in_device_memory else HostBatches
+            self.source = source(tf, x_train, y_train, self.batch)
+            self.x_test = tf.constant(x_test)
+            self.y_test = tf.constant(y_test)
+            self.has_val = x_val is not None
+            self.x_val = tf.constant(x_val) if self.has_val else self.x_test
+            self.y_val = tf.constant(y_val) if self.has_val else self.y_test
+            # gradient noise scale (issue 16 item 7): sums of |g_local|^2, |g_allreduced|^2
+            # and the number of timed multi-worker updates they cover
+            self.gsq = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="grad_sq")
+            if self.bpps > 1:
+                self.acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.vars]
+                self.micro = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
+
+        timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
+        self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
+        self._plain = self.source.compile(lambda n, feed: self._loop(n, feed, plain))
+        # explicit tf.while_loop, no autograph: converting the step's call tree cost
+        # about 2 s of every job's start-up
+        self._eval = tf.function(lambda: self._eval_sse(self.x_test, self.y_test), autograph=False)
+        self._eval_val = tf.function(
+            lambda: self._eval_sse(self.x_val, self.y_val), autograph=False
+        )
+        self._n_consts: dict[int, object] = {}
+
+    # ------------------------------------------------------------------ graph pieces
+
+    def _allreduce(self, grads):
+        """Average the gradients over all ranks in one fused group (Horovod 0.28 API)."""
+        if not self.worker.distributed:
+            # one worker: nothing to reduce (Horovod itself skips size-1 allreduces)
+            return list(grads)
+        hvd = self.worker.hvd
+        host = host_reduction(self.device)  # HVD: issue 20: mpi/gloo on a GPU reduce on the host
+        with self.tf.device("/CPU:0") if host else contextlib.nullcontext():
+            return hvd.grouped_allreduce(
+                list(grads),
+                op=hvd.Average,
+                compression=self.compression,  # HVD:
+                name="grads",
+            )  # HVD: gradient allreduce
+
+    def _noise(self, local, reduced, clock):
+        """Timed multi-worker updates: add |g_local|^2 (this rank's gradient, batch =
+        per-worker batch) and |g_allreduced|^2 (global batch) to ``gsq``; returns the
+        update op (None otherwise). Timed calls only; see _noise_after."""
+        if not (clock.timed and self.worker.distributed):
+            return None
+        tf = self.tf
+
+        def sq(gs):
+            return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gs])
+
+        one = tf.constant(1.0, tf.float64)
+        return self.gsq.assign_add(tf.stack([sq(local), sq(reduced), one]))
+
+    def _noise_after(self, t3, local, reduced, clock):
+        """The noise-scale sums after the sync phase has ended at ``t3``, so that they
+        are not sync time (uninstrumented steps do not compute them): returns the time
+        they took (``gap`` of PhaseClock.record; zero when there are none)."""
+        with clock.after(t3):
+            op = self._noise(local, reduced, clock)
+        if op is None:
+            return t3 - t3
+        return clock.stamp(self.fault.inject("noise", [op])) - t3
+
+    def _apply(self, grads):
+        tf = self.tf
+        it = self.opt.apply_gradients(zip(grads, self.vars))
+        with tf.control_dependencies([it]):
+            # reading the weights back orders "done" after every variable update
+            return [tf.reshape(v, [-1])[0] for v in self.vars]
+
+    def _one_step(self, j, feed, t_prev, clock):
+        tf = self.tf
+        with clock.after(t_prev):
+            x, y = self.source.fetch(j, feed)
+        x, y = self.fault.inject("data", [x, y])
+        t1 = clock.stamp([x, y])
+        with clock.after(t1):
+            x = tf.identity(x)
+        loss, grads = self._loss_and_grads(x, y)
+        self.loss_sum.assign_add(tf.cast(loss, tf.float64))
+        if self.bpps == 1:
+            t2, t3, t4, gap = self._sync_and_update(grads, loss, clock)
+        else:
+            t2, t3, t4, gap = self._accumulate(grads, loss, clock)
+        return clock.record(t_prev, t1, t2, t3, t4, gap)
+
+    def _loss_and_grads(self, x, y):
+        """Forward and backward pass (the compute phase); a subclass may replace it, e.g.
+        with an XLA-compiled function (benchmarks)."""
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            pred = self.model(x, training=True)
+            loss = tf.reduce_mean(tf.square(pred - y))
+        return loss, tape.gradient(loss, self.vars)
+
+    def _sync_and_update(self, grads, loss, clock):
+        """Allreduce and apply every step: the compute, sync and update boundaries."""
+        tf = self.tf
+        *grads, loss = self.fault.inject("compute", [*grads, loss])
+        t2 = clock.stamp([*grads, loss])
+        with clock.after(t2):
+            grads = [tf.identity(g) for g in grads]
+        local = grads
+        grads = self._allreduce(grads)  # HVD: synchronisation phase
+        grads = self.fault.inject("sync", grads)
+        t3 = clock.stamp(grads)
+        gap = self._noise_after(t3, local, grads, clock)
+        with clock.after(t3 + gap):
+            grads = [tf.identity(g) for g in grads]
+        done = self.fault.inject("update", self._apply(grads))
+        t4 = clock.stamp(done)
+        return t2, t3, t4, gap
+
+    def _accumulate(self, grads, loss, clock):
+        """backward_passes_per_step: accumulate locally, allreduce + apply every bpps-th pass."""
+        tf = self.tf
+        acc_ops = [a.assign_add(g) for a, g in zip(self.acc, grads)]
+        m = self.micro.assign_add(1)
+        t2 = clock.stamp(self.fault.inject("compute", acc_ops + [loss]))
+
+        def sync_and_apply():
+            with clock.after(t2):
+                avg = [a.read_value() / float(self.bpps) for a in self.acc]
+            red = self._allreduce(avg)  # HVD: synchronisation phase
+            red = self.fault.inject("sync", red)
+            t3 = clock.stamp(red)
+            gap = self._noise_after(t3, avg, red, clock)
+            with clock.after(t3 + gap):
+                red = [tf.identity(g) for g in red]
+            done = self._apply(red)
+            with tf.control_dependencies(done):
+                resets = [a.assign(tf.zeros_like(a)) for a in self.acc]
+            t4 = clock.stamp(self.fault.inject("update", done + resets))
+            return t3, t4, gap
+
+        def skip():
+            return t2, t2, t2 - t2
+
+        t3, t4, gap = tf.cond(tf.equal(m % self.bpps, 0), sync_and_apply, skip)
+        return t2, t3, t4, gap
+
+    def _loop(self, n, feed, clock):
+        tf = self.tf
+
+        def body(j, t_prev):
+            return j + 1, self._one_step(j, feed, t_prev, clock)
+
+        # one iteration at a time: steps are sequential anyway, and fewer in-flight
+        # iteration frames make a call cheaper to start and finish
+        start = (tf.constant(0), clock.start())
+        return tf.while_loop(lambda j, _: j < n, body, start, parallel_iterations=1)[1]
+
+    def _eval_sse(self, xs, ys):
+        tf = self.tf
+        n = tf.shape(xs)[0]
+
+        def body(a, sse):
+            pred = self.model(xs[a : a + EVAL_BATCH], training=False)
+            err = tf.square(pred - ys[a : a + EVAL_BATCH])
+            return a + EVAL_BATCH, sse + tf.reduce_sum(tf.cast(err, tf.float64))
+
+        start = (tf.constant(0), tf.constant(0.0, tf.float64))
+        return tf.while_loop(lambda a, _: a < n, body, start)[1]
+
+    # ------------------------------------------------------------------ host side
+
+    def _n(self, n: int):
+        if n not in self._n_consts:
+            self._n_consts[n] = self.tf.constant(n, self.tf.int32)
+        return self._n_consts[n]
+
+    def warm_up(self, spe: int) -> None:
+        """Trace and instantiate every function without changing any state (0 steps)."""
+        zero = self._n(0)
+        self._n(spe)
+        empty = self.source.empty_feed()
+        self._timed(*empty, zero)
+        self._plain(*empty, zero)
+        self._eval()
+        self._eval_val()
+
+    def start_epoch(self, perm: np.ndarray) -> None:
+        self.loss_sum.assign(0.0)
+        self.timers.assign(self.tf.zeros([len(STEP_PARTS)], self.tf.float64))
+        self.gsq.assign(self.tf.zeros([3], self.tf.float64))
+        self.source.start_epoch(perm)
+
+    def run_steps(self, start: int, n: int, timed: bool) -> float:
+        """Run steps start..start+n-1 of the epoch; returns the host-side data time
+        (host path: gathering and converting the batch rows; 0 on the device path)."""
+        fn = self._timed if timed else self._plain
+        feed, host_data = self.source.feed(start, n)
+        fn(*feed, self._n(n))
+        return host_data
+
+    def epoch_results(self) -> tuple[float, np.ndarray]:
+        """The epoch's loss sum and the timed steps' in-graph time: the four phases and
+        the noise-scale sums (in no phase)."""
+        return float(self.loss_sum.numpy()), np.asarray(self.timers.numpy(), dtype=np.float64)
+
+    def grad_sq(self) -> tuple[float, float, int]:
+        """This epoch's sums of |g_local|^2 and |g_allreduced|^2 and the updates they
+        cover (timed calls of multi-worker runs; zeros otherwise)."""
+        a, b, n = (float(v) for v in self.gsq.numpy())
+        return a, b, int(round(n))
+
+    def test_sse(self) -> tuple[float, int]:
+        """Sum of squared errors over this rank's test rows, and the number of values."""
+        return float(self._eval().numpy()), int(self.x_test.shape[0]) * 2
+
+    def val_sse(self) -> tuple[float, int]:
+        """Sum of squared errors over this rank's validation rows, and the number of values."""
+        if not self.has_val:
+            raise ValueError("StepProgram: built without a validation split (x_val)")
+        return float(self._eval_val().numpy()), int(self.x_val.shape[0]) * 2
+
+
+def build_step_program(
+    model,
+    optimizer,
+    worker: WorkerInfo,
+    training: dict,
+    *,
+    train: tuple,
+    test: tuple,
+    batch: int,
+    device: str,
+    val: tuple = (None, None),
+    fault: FaultDelay | None = None,
+    in_device_memory: bool | None = None,
+    program: type[StepProgram] = StepProgram,
+) -> StepProgram:
+    """The ``StepProgram`` of a rank with the settings of the config's training section
+    (data in device memory, Horovod compression, backward passes per step), as
+    ``hvdscale train`` and the benchmarks build it. ``train``/``test``/``val``: (x, y);
+    ``in_device_memory`` overrides the config (a benchmark's variant); ``program``: a
+    StepProgram subclass (a benchmark's variant of the step)."""
+    if in_device_memory is None:
+        in_device_memory = training["data_in_device_memory"]
+    return program(
+        model=model,
+        optimizer=optimizer,
+        worker=worker,
+        x_train=train[0],
+        y_train=train[1],
+        x_test=test[0],
+        y_test=test[1],
+        x_val=val[0],
+        y_val=val[1],
+        batch=batch,
+        device=device,
+        in_device_memory=in_device_memory,
+        compression=training["horovod"]["compression"],
+        backward_passes_per_step=training["horovod"]["backward_passes_per_step"],
+        fault=fault,
+    )

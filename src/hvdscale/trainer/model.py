@@ -1,0 +1,89 @@
+"""The stress-strain network: a fully connected net from a flattened curve to 2 labels.
+
+Input: one curve of ``data.n_points`` points x 3 channels (strain, stress, flag),
+normalised with the train split's statistics (done once on the arrays, see
+``normalise``), flattened to ``n_points * 3`` numbers. Hidden layers: ``model.hidden_units``
+Dense layers with ``model.activation``. Output: 2 linear units (the normalised labels).
+The thesis network ([192, 175, 24], 600 inputs) has exactly 153,441 trainable
+parameters (0.61 MB in float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hvdscale.errors import UserError
+
+N_CHANNELS = 3
+N_LABELS = 2
+
+
+def parameter_count(n_points: int, hidden_units: list[int], n_labels: int = N_LABELS) -> int:
+    """Trainable parameters of the network (no TensorFlow needed)."""
+    sizes = [n_points * N_CHANNELS, *hidden_units, n_labels]
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def check_parameter_count(cfg: dict) -> int:
+    """The parameter count; a clear error if ``model.expected_parameters`` is set and differs."""
+    n = parameter_count(cfg["data"]["n_points"], cfg["model"]["hidden_units"])
+    expected = cfg["model"].get("expected_parameters")
+    if expected is not None and n != expected:
+        raise UserError(
+            f"config key model.expected_parameters: the model built from model.hidden_units="
+            f"{cfg['model']['hidden_units']} and data.n_points={cfg['data']['n_points']} has {n} "
+            f"trainable parameters, expected {expected}; fix model.hidden_units or set "
+            "model.expected_parameters to null"
+        )
+    return n
+
+
+def build_model(cfg: dict):
+    """The Keras model for ``cfg`` (imports TensorFlow)."""
+    import tensorflow as tf
+
+    n_points = cfg["data"]["n_points"]
+    act = cfg["model"]["activation"]
+    layers = [
+        tf.keras.Input(shape=(n_points, N_CHANNELS), name="curve"),
+        tf.keras.layers.Flatten(name="flatten"),
+    ]
+    for i, units in enumerate(cfg["model"]["hidden_units"]):
+        layers.append(tf.keras.layers.Dense(units, activation=act, name=f"hidden{i}"))
+    layers.append(tf.keras.layers.Dense(N_LABELS, name="labels"))
+    model = tf.keras.Sequential(layers, name="stress_strain_net")
+    n = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+    expected = check_parameter_count(cfg)
+    if n != expected:  # the closed form and Keras must agree
+        raise RuntimeError(f"model has {n} parameters, closed form says {expected}")
+    return model
+
+
+def normalisation_from_manifest(manifest: dict) -> dict:
+    """The train split's statistics from the manifest (``hvdscale.data.check.normalisation``).
+
+    Returns ``{"curves": (mean (3,), std (3,)), "labels": (mean (2,), std (2,))}`` as
+    float32; a standard deviation of 0 (e.g. a constant channel) is replaced by 1.
+    """
+    from hvdscale.data.check import normalisation  # reason: h5py, which launch need not load
+
+    try:
+        nm = normalisation(manifest)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"manifest.json: bad normalisation block ({exc})") from None
+    out = {}
+    for part, key, size in (("curves", "curve", N_CHANNELS), ("labels", "label", N_LABELS)):
+        mean, std = nm[f"{key}_mean"].reshape(-1), nm[f"{key}_std"].reshape(-1)
+        if mean.shape != (size,) or std.shape != (size,):
+            raise UserError(f"manifest.json: normalisation.{part} needs {size} means and stds")
+        out[part] = (mean.astype(np.float32), np.where(std > 0, std, 1.0).astype(np.float32))
+    return out
+
+
+def normalise(curves: np.ndarray, labels: np.ndarray, norm: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Normalised float32 copies of ``curves`` (n, points, 3) and ``labels`` (n, 2)."""
+    cm, cs = norm["curves"]
+    lm, ls = norm["labels"]
+    x = ((curves - cm) / cs).astype(np.float32, copy=False)
+    y = ((labels - lm) / ls).astype(np.float32, copy=False)
+    return x, y

@@ -1,0 +1,208 @@
+"""The stress-strain network, its optimizer and learning rate in PyTorch, with the
+semantics of the Keras ones (``hvdscale.trainer.model``, ``hvdscale.trainer.horovod_tf.optim``):
+
+- the same layers: Flatten of the (n_points, 3) curve in row-major order, Dense layers
+  ``model.hidden_units`` with ``model.activation``, 2 linear outputs; Keras' default
+  initialisation (Glorot-uniform kernels, zero biases); the same parameter count;
+- Adam with Keras 2.15's update rule and defaults (beta 0.9/0.999, epsilon 1e-7 added to
+  sqrt(v) *without* bias correction, unlike ``torch.optim.Adam``), ``KerasAdam``;
+- the run's LR rule (``matrix.runtable.learning_rate_for``) and warm-up ramp over optimizer
+  updates (``trainer.horovod_tf.optim.warmup_updates`` / ``warmup_lr``).
+
+A Keras kernel is (in, out), a torch Linear weight (out, in): ``load_keras_weights``
+transposes (the cross-framework test loads Keras' weights this way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from hvdscale.matrix.runtable import learning_rate_for
+from hvdscale.trainer.horovod_tf.optim import warmup_lr, warmup_updates
+from hvdscale.trainer.model import N_CHANNELS, N_LABELS, check_parameter_count
+
+#: Keras activation name -> torch module (Keras' gelu is the exact one, swish = SiLU)
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "swish": nn.SiLU}
+KERAS_ADAM = {"betas": (0.9, 0.999), "eps": 1e-7}  # tf.keras.optimizers.Adam defaults
+
+
+def build_net(cfg: dict) -> nn.Sequential:
+    """The network for ``cfg`` with Keras' default initialisation (seed torch first)."""
+    n_points = cfg["data"]["n_points"]
+    act = ACTIVATIONS[cfg["model"]["activation"]]
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = n_points * N_CHANNELS
+    for units in cfg["model"]["hidden_units"]:
+        layers += [nn.Linear(width, units), act()]
+        width = units
+    layers.append(nn.Linear(width, N_LABELS))
+    net = nn.Sequential(*layers)
+    for m in net:
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)  # = Keras glorot_uniform
+            nn.init.zeros_(m.bias)
+    n = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    expected = check_parameter_count(cfg)
+    if n != expected:  # the closed form and torch must agree
+        raise RuntimeError(f"model has {n} parameters, closed form says {expected}")
+    return net
+
+
+def linear_layers(net: nn.Module) -> list[nn.Linear]:
+    return [m for m in net.modules() if isinstance(m, nn.Linear)]
+
+
+def load_keras_weights(net: nn.Module, weights: list[np.ndarray]) -> None:
+    """Keras ``model.get_weights()`` order (kernel, bias per Dense) into ``net``."""
+    layers = linear_layers(net)
+    if len(weights) != 2 * len(layers):
+        raise ValueError(f"{len(weights)} Keras arrays for {len(layers)} Linear layers")
+    with torch.no_grad():
+        for i, lin in enumerate(layers):
+            lin.weight.copy_(torch.from_numpy(np.asarray(weights[2 * i]).T.copy()))
+            lin.bias.copy_(torch.from_numpy(np.asarray(weights[2 * i + 1])))
+
+
+def keras_order_weights(net: nn.Module) -> list[np.ndarray]:
+    """The weights in Keras' order and layout (kernels transposed to (in, out))."""
+    out = []
+    for lin in linear_layers(net):
+        out += [lin.weight.detach().cpu().numpy().T.copy(), lin.bias.detach().cpu().numpy().copy()]
+    return out
+
+
+class KerasAdam(torch.optim.Optimizer):
+    """Adam as tf.keras.optimizers.Adam (Keras 2.15) applies it: with t = update + 1,
+    alpha = lr * sqrt(1 - b2^t) / (1 - b1^t); m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+    w -= alpha * m / (sqrt(v) + eps). ``iterations`` (Keras' name) counts the updates and
+    is saved with the state (``param_groups``)."""
+
+    def __init__(self, params, lr: float, betas=KERAS_ADAM["betas"], eps=KERAS_ADAM["eps"]):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "iterations": 0})
+
+    @property
+    def iterations(self) -> int:
+        return int(self.param_groups[0]["iterations"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            t = group["iterations"] + 1
+            b1, b2 = group["betas"]
+            alpha = group["lr"] * math.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["m"] = torch.zeros_like(p)
+                    st["v"] = torch.zeros_like(p)
+                m, v = st["m"], st["v"]
+                m.lerp_(p.grad, 1.0 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1.0 - b2)
+                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-alpha)
+            group["iterations"] = t
+        return None
+
+
+@dataclass
+class TorchOptimisation:
+    """The torch counterpart of ``trainer.horovod_tf.optim.Optimisation``: the network,
+    KerasAdam, and the learning rate of every update (``set_lr`` before each)."""
+
+    net: nn.Module
+    optimizer: KerasAdam
+    lr_base: float
+    lr: float
+    ramp: int  # warm-up updates (0: none)
+    n_params: int
+
+    @classmethod
+    def build(cls, cfg: dict, lr_rule: str, workers: int, steps: int, seed: int | None = None,
+              device: torch.device | None = None):  # fmt: skip
+        """Seeded weights (drawn on the CPU, so a GPU run starts from the same ones), then
+        the network on ``device``; KerasAdam's moments are made beside the weights."""
+        tcfg = cfg["training"]
+        torch.manual_seed(cfg["seed"] if seed is None else int(seed))
+        net = build_net(cfg)
+        if device is not None:
+            net = net.to(device)
+        lr_base = tcfg["learning_rate"]
+        lr = learning_rate_for(lr_base, lr_rule, workers)
+        ramp = warmup_updates(tcfg, lr_base, lr, steps)
+        opt = KerasAdam(net.parameters(), lr=lr if not ramp else lr_base)
+        return cls(net, opt, lr_base, lr, ramp, check_parameter_count(cfg))
+
+    def current_lr(self) -> float:
+        """The learning rate of the next update (Keras: the schedule at ``iterations``)."""
+        if not self.ramp:
+            return float(self.lr)
+        return warmup_lr(self.lr_base, self.lr, self.ramp, self.optimizer.iterations)
+
+    def set_lr(self) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.current_lr()
+
+    def weights_sha256(self) -> str:
+        """sha256 of the float32 weights in Keras' variable order and layout."""
+        h = hashlib.sha256()
+        for w in keras_order_weights(self.net):
+            h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+        return h.hexdigest()
+
+    def checkpoint(self) -> TorchCheckpoint:
+        return TorchCheckpoint(self)
+
+    def broadcast(self, worker) -> None:
+        """Rank 0's weights and optimizer state on every rank (fresh start or resumed;
+        DDP's constructor broadcasts the weights too, this covers the Adam moments)."""
+        if worker.distributed:
+            state = worker.broadcast_object(
+                to_cpu({"net": self.net.state_dict(), "opt": self.optimizer.state_dict()})
+            )  # host tensors: unpickled on another rank they must not land on GPU 0
+            self.net.load_state_dict(state["net"])
+            self.optimizer.load_state_dict(state["opt"])
+
+
+def to_cpu(obj):
+    """``obj`` (nested dicts, lists, tuples of tensors and plain values) with every tensor
+    copied to the host; ``load_state_dict`` moves them back beside the weights."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+class _Restored:
+    def assert_existing_objects_matched(self):  # what tf.train.Checkpoint.read returns
+        return self
+
+
+class TorchCheckpoint:
+    """``tf.train.Checkpoint``'s write/read for ``trainer.checkpoint.Checkpointer``:
+    PREFIX.pt holds the weights and the optimizer state, PREFIX.index (what
+    ``find_checkpoint`` looks for) names it."""
+
+    def __init__(self, optim: TorchOptimisation):
+        self.optim = optim
+
+    def write(self, prefix: str) -> None:
+        state = {"net": self.optim.net.state_dict(), "opt": self.optim.optimizer.state_dict()}
+        torch.save(to_cpu(state), prefix + ".pt")  # host tensors: resumable on any device
+        with open(prefix + ".index", "w") as fh:
+            fh.write("torch-ddp checkpoint: weights and KerasAdam state in the .pt file\n")
+
+    def read(self, prefix: str) -> _Restored:
+        state = torch.load(prefix + ".pt", weights_only=True, map_location="cpu")
+        self.optim.net.load_state_dict(state["net"])
+        self.optim.optimizer.load_state_dict(state["opt"])
+        return _Restored()
