@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "validate a config file and print its run table",
     ),
     "plan": (
-        "hvdscale.study.plan",
+        "hvdscale.commands.plan",
         "the node-hour budget of a config (per partition) before anything is submitted",
     ),
     "write-config": (
@@ -31,27 +31,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write the validated config (or its data section) as JSON",
     ),
     "generate-shard": (
-        "hvdscale.data.generate",
+        "hvdscale.commands.generate_shard",
         "generate one shard of synthetic stress-strain curves",
     ),
     "validate-shard": (
-        "hvdscale.data.validate",
+        "hvdscale.commands.validate_shard",
         "validate a generated shard with pandera (every sample)",
     ),
     "split-dataset": (
-        "hvdscale.data.split",
+        "hvdscale.commands.split_dataset",
         "split validated shards into train/val/test HDF5 shards + manifest.json",
     ),
     "check-data": (
-        "hvdscale.data.check",
+        "hvdscale.commands.check_data",
         "check a data directory against its manifest (files, datasets, checksums)",
     ),
     "calibrate-target": (
-        "hvdscale.target",
+        "hvdscale.commands.calibrate_target",
         "the study's target validation loss (absolute, or from the calibration runs)",
     ),
     "launch": (
-        "hvdscale.launch.command",
+        "hvdscale.commands.launch",
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
     "train": (
@@ -63,35 +63,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "time Horovod allreduce over a range of message sizes",
     ),
     "aggregate": (
-        "hvdscale.analysis.aggregate",
+        "hvdscale.commands.aggregate",
         "aggregate run records into runs.csv and summary.csv",
     ),
     "tabulate-systems": (
-        "hvdscale.analysis.systems",
+        "hvdscale.commands.tabulate_systems",
         "the run records' system descriptions per partition (systems.csv)",
     ),
     "select-tuned": (
-        "hvdscale.analysis.tuning",
+        "hvdscale.commands.select_tuned",
         "pick the best learning-rate candidate per tuning group (tuned.csv)",
     ),
     "fit-costmodel": (
-        "hvdscale.analysis.costmodel",
+        "hvdscale.commands.fit_costmodel",
         "fit the ring-allreduce cost model and predict scaling",
     ),
-    "plot": ("hvdscale.figures.draw", "draw the scaling figures (PDF and PNG)"),
-    "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
+    "plot": ("hvdscale.commands.plot", "draw the scaling figures (PDF and PNG)"),
+    "report": ("hvdscale.commands.report", "typeset results/report.pdf"),
     "check-references": (
-        "hvdscale.analysis.references",
+        "hvdscale.commands.check_references",
         "compare measured values with the config's references (within/better/worse)",
     ),
-    "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
-    "export": ("hvdscale.study.export", "write one archive of a finished study"),
+    "compare": ("hvdscale.commands.compare", "compare two studies (results dirs or archives)"),
+    "export": ("hvdscale.commands.export", "write one archive of a finished study"),
     "describe-system": (
-        "hvdscale.record.system",
+        "hvdscale.commands.describe_system",
         "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
     ),
     "rebuild": (
-        "hvdscale.study.rebuild",
+        "hvdscale.commands.rebuild",
         "rebuild every figure and the report from an archive (no training env)",
     ),
 }

@@ -15,11 +15,7 @@ Output (the contract of issue 16):
   {"mode": "absolute"|"calibrated", "value": float, "percent": x|null,
    "calibration_runs": [run_id...], "best_val_losses": [...],
    "median_best_val_loss": float|null}
-
-Example
-  hvdscale calibrate-target --config results/config/target.json \\
-      --records results/runs/local_mpi_n1_w1_b75_lrlinear_cal_r*/metrics.json \\
-      --out results/scaling/target.json
+The command line is ``hvdscale calibrate-target`` (hvdscale.commands.calibrate_target).
 """
 
 from __future__ import annotations
@@ -27,12 +23,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.io import read_json_object, write_json_atomic
-from hvdscale.matrix.config import load_config
+from hvdscale.io import read_json_object
 from hvdscale.matrix.runtable import calibration_runs
 
 TARGET_KEYS = (
@@ -146,33 +140,3 @@ def read_target(path: str | Path) -> dict:
             f"loss); missing or bad: {', '.join(missing) or 'value'}"
         )
     return tgt
-
-
-def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="config (results/config/target.json: the target settings of the study)",
-    )
-    p.add_argument(
-        "--records",
-        nargs="*",
-        default=[],
-        help="metrics.json of every calibration run (none in absolute mode)",
-    )
-    p.add_argument("--out", required=True, help="output, e.g. results/scaling/target.json")
-
-
-def run(args) -> int:
-    cfg = load_config(args.config)
-    tgt = calibrate_target(cfg, read_records(args.records))
-    write_json_atomic(args.out, tgt)
-    if tgt["mode"] == "absolute":
-        msg = f"absolute target validation loss {tgt['value']:.6g}"
-    else:
-        msg = (
-            f"target validation loss {tgt['value']:.6g} = (1 + {tgt['percent']:g} %) x median "
-            f"{tgt['median_best_val_loss']:.6g} of {len(tgt['best_val_losses'])} calibration runs"
-        )
-    print(f"calibrate-target: {msg}; wrote {args.out}", file=sys.stderr)
-    return 0

@@ -49,17 +49,12 @@ Definitions
   speedup per GPU = slope of an ordinary least-squares line through (n, S(n)) of a
   group (n = 1 included). A group without a completed 1-worker run keeps its rows,
   with has_baseline false and NaN speedups.
-
-Example
-  hvdscale aggregate --runs-dir results/runs --config results/config/full.json \\
-      --out-runs results/scaling/runs.csv --out-summary results/scaling/summary.csv \\
-      --out-status results/scaling/status.csv
+The command line is ``hvdscale aggregate`` (hvdscale.commands.aggregate).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,9 +63,7 @@ import pandas as pd
 from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
     RUNS_COLUMNS,
-    STATUSES,
 )
-from hvdscale.analysis.headline import headline
 from hvdscale.analysis.records import (
     RecordValidator,
     read_run_dir,
@@ -80,12 +73,8 @@ from hvdscale.analysis.records import (
 )
 from hvdscale.analysis.schemas import SUMMARY_SCHEMA
 from hvdscale.analysis.summary import summarise
-from hvdscale.analysis.tables import (
-    default_epochs_path,
-    write_csv,
-)
-from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.config import config_hash, load_config, validate_config
+from hvdscale.errors import ConfigError
+from hvdscale.matrix.config import config_hash, validate_config
 from hvdscale.matrix.runtable import find_run, run_config, run_table
 
 
@@ -199,59 +188,3 @@ def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
         return find_run(cfg, run_id, table).kind == "rerun"
     except ConfigError:
         return False
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p):
-    p.add_argument(
-        "--runs-dir",
-        default="results/runs",
-        help="directory of run directories (default: %(default)s)",
-    )
-    p.add_argument(
-        "--config",
-        help="validated config JSON (results/config/full.json); without it status.csv "
-        "lists only the runs found",
-    )
-    p.add_argument("--out-runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--out-summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
-    )
-    p.add_argument(
-        "--out-status", default="results/scaling/status.csv", help="(default: %(default)s)"
-    )
-    p.add_argument("--out-epochs", help="per-epoch table (default: epochs.csv next to --out-runs)")
-    p.add_argument(
-        "--out-headline",
-        help="headline.csv: time-to-target speedup split into its two factors "
-        "(analysis/headline.py); not written without it",
-    )
-    p.add_argument("--quiet", action="store_true", help="no summary line on stdout")
-
-
-def run(args) -> int:
-    cfg = load_config(args.config) if args.config else None
-    runs_dir = Path(args.runs_dir)
-    if not runs_dir.is_dir() and runs_dir.exists():
-        raise UserError(f"--runs-dir {runs_dir}: not a directory")
-
-    def warn(msg):
-        print(f"hvdscale aggregate: warning: {msg}", file=sys.stderr)
-
-    agg = aggregate(runs_dir, cfg, warn=warn)
-    write_csv(agg.runs, args.out_runs)
-    write_csv(agg.summary, args.out_summary)
-    write_csv(agg.status, args.out_status)
-    write_csv(agg.epochs, args.out_epochs or default_epochs_path(args.out_runs))
-    if args.out_headline:
-        write_csv(headline(agg.runs, agg.status), args.out_headline)
-    if not args.quiet:
-        counts = agg.status["status"].value_counts()
-        parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
-        print(
-            f"aggregate: {len(agg.status)} runs ({parts}); {len(agg.summary)} configurations; "
-            f"wrote {args.out_runs}, {args.out_summary}, {args.out_status}"
-        )
-    return 0

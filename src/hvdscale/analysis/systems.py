@@ -12,10 +12,7 @@ where no run had it. Records written before runs described the system (no ``syst
 still give nodes, CPU model and MPI from their ``environment``; ``described`` counts the
 runs that carried a description, ``errors`` names the probes that failed in any run.
 Only the records decide the bytes (no clock, no machine), so a rebuild is identical.
-
-Example
-  hvdscale tabulate-systems --runs-dir results/runs --runs results/scaling/runs.csv \\
-      --out results/scaling/systems.csv
+The command line is ``hvdscale tabulate-systems`` (hvdscale.commands.tabulate_systems).
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import re
 from pathlib import Path
 
 from hvdscale.errors import UserError
-from hvdscale.io import write_text_atomic
 from hvdscale.matrix.backends import CONTROLLERS
 
 COLUMNS = [
@@ -214,18 +210,3 @@ def read_systems(path) -> list[dict] | None:
         return None
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
-
-
-def add_arguments(p):
-    p.add_argument("--runs-dir", required=True, help="run directories, e.g. results/runs")
-    p.add_argument(
-        "--runs", required=True, help="runs.csv of hvdscale aggregate (which records count)"
-    )
-    p.add_argument("--out", required=True, help="systems.csv to write")
-
-
-def run(args) -> int:
-    rows = system_rows(load_records(args.runs_dir, args.runs))
-    write_text_atomic(args.out, csv_text(rows))
-    print(f"tabulate-systems: wrote {args.out} ({len(rows)} partition(s))")
-    return 0

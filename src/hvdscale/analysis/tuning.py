@@ -21,10 +21,7 @@ tuned time-to-target speedup of a group is TTT(re-runs of the selected 1-worker
 candidate) / TTT(re-runs of the selected candidate), with a 95 % bootstrap interval
 (analysis/stats.py; re-runs of the same index share seeds: paired) from 3 re-runs on.
 ``selection_*`` columns keep what the selection runs showed, for transparency only.
-
-Example
-  hvdscale select-tuned --runs results/scaling/runs.csv --status results/scaling/status.csv \\
-      --out results/scaling/tuned.csv
+The command line is ``hvdscale select-tuned`` (hvdscale.commands.select_tuned).
 """
 
 from __future__ import annotations
@@ -37,10 +34,8 @@ import pandas as pd
 
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
-from hvdscale.analysis.tables import _as_bool, _read_csv, read_runs, read_status, write_csv
+from hvdscale.analysis.tables import _as_bool, _read_csv
 from hvdscale.analysis.target import TOO_LOOSE
-from hvdscale.errors import UserError
-from hvdscale.matrix.config import load_config
 
 TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
@@ -297,45 +292,3 @@ def read_tuned(path) -> pd.DataFrame:
     for c in ("ci_note", "candidate", "lr_rule"):
         df[c] = df[c].fillna("").astype(str)
     return df
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p):
-    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--runs-dir",
-        help="aggregate the run records here instead of reading --runs/--status (checkpoint "
-        "select_tuned: the re-runs it requests cannot wait for runs.csv); needs --config",
-    )
-    p.add_argument("--config", help="with --runs-dir: the validated config (full.json)")
-    p.add_argument("--target", help="the study's target.json (rule calibrate_target)")
-    p.add_argument(
-        "--status",
-        help="status.csv (lists missing and failed candidates; default: next to --runs)",
-    )
-    p.add_argument("--out", default="results/scaling/tuned.csv", help="(default: %(default)s)")
-
-
-def run(args) -> int:
-    from pathlib import Path
-
-    if args.runs_dir:
-        # reason: import cycle (aggregate imports headline, which imports tuning)
-        from hvdscale.analysis.aggregate import aggregate
-
-        if not args.config:
-            raise UserError("select-tuned: --runs-dir needs --config")
-        agg = aggregate(Path(args.runs_dir), load_config(args.config))
-        runs, status = agg.runs, agg.status
-    else:
-        runs = read_runs(args.runs)
-        status_path = Path(args.status) if args.status else Path(args.runs).with_name("status.csv")
-        status = read_status(status_path) if status_path.exists() else None
-    tuned = select_tuned(runs, status)
-    write_csv(tuned, args.out)
-    counts = tuned["status"].value_counts() if not tuned.empty else {}
-    parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("selected", "awaiting_reruns"))
-    print(f"select-tuned: {len(tuned)} tuning groups ({parts})")
-    return 0

@@ -16,11 +16,7 @@ checksums, the generator parameters and normalisation statistics of the train sp
 (per-channel and per-label mean and std); ``OUTDIR/validation.json`` summarises the shard
 validations. Input is streamed block by block (memory stays small for 1M curves), and
 nothing is renamed into place unless every file was written.
-
-Example:
-  hvdscale split-dataset --config results/config/data.json \\
-      --shards results/data/raw/shard-*.h5 --validations results/data/raw/*.validation.json \\
-      --outdir results/data
+The command line is ``hvdscale split-dataset`` (hvdscale.commands.split_dataset).
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ import concurrent.futures as cf
 import contextlib
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -43,12 +38,9 @@ from hvdscale.data.check import (
     sha256_file,
     shard_name,
 )
-from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import (
     SPLIT_CODES,
     GeneratorParams,
-    add_data_config_argument,
-    load_data_config,
     split_assign,
 )
 from hvdscale.data.stats import RunningStats
@@ -441,41 +433,3 @@ def _remove_stale(outdir: Path, counts: dict) -> None:
             m = _SHARD_RE.fullmatch(f.name)
             if m and int(m.group(1)) >= counts[s]:
                 f.unlink()
-
-
-def add_arguments(p):
-    add_data_config_argument(p)
-    p.add_argument("--shards", required=True, nargs="+", help="all generated HDF5 shards")
-    p.add_argument(
-        "--validations",
-        required=True,
-        nargs="+",
-        help="their validation reports (hvdscale validate-shard), in any order",
-    )
-    p.add_argument("--outdir", required=True, help="output directory, e.g. results/data")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="processes writing output shards in parallel (default: the CPUs this process may use, "
-        "at most 4); the output does not depend on it",
-    )
-
-
-def run(args) -> int:
-    tune_malloc()
-    cfg = load_data_config(args.config)
-
-    def progress(msg):
-        print(f"split-dataset: {msg}", file=sys.stderr, flush=True)
-
-    workers = args.workers if args.workers else default_workers()
-    m = split_dataset(
-        cfg, args.shards, args.validations, args.outdir, progress=progress, workers=workers
-    )
-    c = m["counts"]
-    progress(
-        f"{args.outdir}: {c['train']} train / {c['val']} val / {c['test']} test samples in "
-        f"{' + '.join(str(len(m['shards'][s])) for s in SPLITS)} shards"
-    )
-    return 0

@@ -20,15 +20,11 @@ pandera schema (lazy, so every failed check is reported). Checks:
 On success the report is written (atomically) to --out; on failure the command exits
 with status 2 naming the file, the failed checks and the first offending sample ids,
 and writes nothing.
-
-Example:
-  hvdscale validate-shard --config results/config/data.json \\
-      --shard results/data/raw/shard-0000.h5 --out results/data/raw/shard-0000.validation.json
+The command line is ``hvdscale validate-shard`` (hvdscale.commands.validate_shard).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -36,15 +32,11 @@ import numpy as np
 
 from hvdscale.data import h5
 from hvdscale.data.check import sha256_file
-from hvdscale.data.generate import tune_malloc
 from hvdscale.data.physics import (
     NOISE_BOUND_SIGMAS,
     GeneratorParams,
-    add_data_config_argument,
-    load_data_config,
 )
 from hvdscale.errors import DataError
-from hvdscale.io import write_json_atomic
 from hvdscale.matrix.config import config_hash
 
 VALIDATION_VERSION = 1
@@ -296,26 +288,3 @@ def validate_shard(cfg: dict, path: str | Path) -> dict:
             "total": round(t_end - t0, 3),
         },
     }
-
-
-def add_arguments(p):
-    add_data_config_argument(p)
-    p.add_argument("--shard", required=True, help="generated HDF5 shard to validate")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="validation report (JSON) written on success, e.g. PATH.validation.json",
-    )
-
-
-def run(args) -> int:
-    tune_malloc()
-    cfg = load_data_config(args.config)
-    report = validate_shard(cfg, args.shard)
-    write_json_atomic(args.out, report)
-    print(
-        f"validate-shard: {args.shard}: {report['n_samples']} samples passed {len(CHECKS)} checks "
-        f"in {report['seconds']['total']:.1f} s",
-        file=sys.stderr,
-    )
-    return 0

@@ -29,14 +29,7 @@ completed with a valid record, and also when it stopped with a valid record of s
 nan_loss (a diverged configuration is a result; an ERROR line says so). Otherwise the
 status is non-zero and OUT_DIR/failure.json (measure-allreduce: OUT.failure.json)
 records run_id, status "failed", the exit status, the tail of the output and the time.
-
-Examples:
-  hvdscale launch --config results/runs/local_gloo_n1_w2_b75_lrnone_r0/config.json \\
-      --run-id local_gloo_n1_w2_b75_lrnone_r0 --data-dir results/data \\
-      --out-dir results/runs/local_gloo_n1_w2_b75_lrnone_r0 --dry-run
-  hvdscale launch --program measure-allreduce \\
-      --config results/config/allreduce/local_mpi_n1_w2.json \\
-      --allreduce-id local_mpi_n1_w2 --out results/allreduce/local_mpi_n1_w2.csv
+The command line is ``hvdscale launch`` (hvdscale.commands.launch).
 """
 
 from __future__ import annotations
@@ -49,24 +42,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-from hvdscale import native
 from hvdscale.errors import UserError
-from hvdscale.launch import gloo_slurm, timelimit
+from hvdscale.launch import timelimit
 from hvdscale.launch.launchspec import (
-    LAUNCHERS,
-    PROGRAMS,
     TRAIN_MODULES,
     LaunchSpec,
-    build_launch,
-    default_train_python,
 )
-from hvdscale.matrix.config import load_config
 from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runtable import find_run
-from hvdscale.record.build import EXIT_NAN, read_record, write_failure
+from hvdscale.record.build import EXIT_NAN, read_record
 
 
 def companion(python: str, tool: str) -> str:
@@ -213,57 +199,6 @@ def describe_failure(tail: str, status: int, out_dir: Path | None, workers: int)
 # =========================================================================== command
 
 
-def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="validated config snapshot (JSON from hvdscale write-config, or a YAML config file)",
-    )
-    p.add_argument(
-        "--program", choices=PROGRAMS, default="train", help="what the ranks run (default: train)"
-    )
-    p.add_argument(
-        "--run-id", help="run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0"
-    )
-    p.add_argument(
-        "--allreduce-id", help="measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}"
-    )
-    p.add_argument("--data-dir", help="train: data directory with manifest.json")
-    p.add_argument(
-        "--target",
-        help="train: the study's target.json (rule calibrate_target), passed on to the ranks; "
-        "none for a calibration run",
-    )
-    p.add_argument(
-        "--out-dir",
-        help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
-    )
-    p.add_argument("--out", help="measure-allreduce: output CSV")
-    p.add_argument(
-        "--sizes",
-        help="measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
-    )
-    p.add_argument("--iterations", type=int, help="measure-allreduce: timed iterations per size")
-    p.add_argument(
-        "--warmup-iterations", type=int, help="measure-allreduce: untimed iterations per size"
-    )
-    p.add_argument("--launcher", choices=LAUNCHERS, help="default: training.launcher of the config")
-    p.add_argument(
-        "--train-python",
-        help="interpreter of the train env (default: environment.venv/bin/python "
-        "for venv deployments, `python` for env-modules/conda)",
-    )
-    p.add_argument(
-        "--hosts", help="comma-separated host[:slots] list for multi-node runs outside SLURM"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=None, help="kill the job after this many seconds"
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the command and environment; start nothing"
-    )
-
-
 def job_for(
     cfg: dict, program: str, run_id: str | None, allreduce_id: str | None
 ) -> tuple[JobSpec, str]:
@@ -278,69 +213,7 @@ def job_for(
     return JobSpec.for_allreduce_id(cfg, allreduce_id), allreduce_id
 
 
-def run(args) -> int:
-    cfg = load_config(args.config)
-    training = cfg["training"]
-    launcher = args.launcher or training["launcher"]
-    python = args.train_python or default_train_python(cfg)
-    job, ident = job_for(cfg, args.program, args.run_id, args.allreduce_id)
-    if args.program == "train":
-        out_dir, failure_path, prog = _train_program(args, python, ident, job.framework)
-    else:
-        out_dir, failure_path, prog = _allreduce_program(args, python, job)
-    hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
-    spec = build_launch(
-        launcher=launcher,
-        job=job,
-        program_argv=prog,
-        training=training,
-        out_dir=out_dir if args.program == "train" else None,
-        hosts=hosts,
-        horovodrun=companion(python, "horovodrun"),
-        mpirun="mpirun",
-        srun="srun",
-    )
-    if args.dry_run:
-        print(spec.shell())
-        for n in spec.notes:
-            print(f"# {n}")
-        return 0
-    native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
-    _clear_stale(args.program, out_dir, failure_path)
-    print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)
-    for n in spec.notes:
-        print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
-    t0 = time.time()
-    with gloo_slurm.rendezvous_for(spec, python):  # Horovod's Gloo rendezvous (gloo + srun)
-        status, tail = run_spec(spec, timeout_s=args.timeout)
-    took = time.time() - t0
-    if status < 0:  # killed by a signal
-        status = 128 - status
-    if args.program == "train":
-        done, status, msg = _train_outcome(ident, out_dir, status, tail, t0, took, job.workers)
-        if not done and spec.launcher == "torchrun":  # torchrun says 1 for any failure
-            status = torchrun_status(status, tail, out_dir, job.workers)
-            msg += f"; exit status {status}: the failing rank's (torchrun exits 1 for any)"
-    else:
-        done, status, msg = _allreduce_outcome(ident, args.out, status, tail, took, job.workers)
-    if done:
-        return 0
-
-    write_failure(
-        failure_path,
-        run_id=ident,
-        exit_status=status,
-        error_tail=tail,
-        launcher=spec.launcher,
-        command=spec.argv,
-        program=args.program,
-        message=msg,
-    )
-    print(f"ERROR: {ident}: failed ({msg}); see {failure_path}", file=sys.stderr)
-    return status if 0 < status < 256 else 1
-
-
-def _train_program(args, python: str, ident: str, framework: str) -> tuple[Path, Path, list[str]]:
+def train_program(args, python: str, ident: str, framework: str) -> tuple[Path, Path, list[str]]:
     """(run directory, failure.json, the ranks' command) of a training run."""
     if not args.data_dir or not args.out_dir:
         raise UserError("train needs --data-dir and --out-dir")
@@ -357,7 +230,7 @@ def _train_program(args, python: str, ident: str, framework: str) -> tuple[Path,
     return out_dir, out_dir / "failure.json", prog
 
 
-def _allreduce_program(args, python: str, job: JobSpec) -> tuple[Path, Path, list[str]]:
+def allreduce_program(args, python: str, job: JobSpec) -> tuple[Path, Path, list[str]]:
     """(output directory, OUT.failure.json, the ranks' command) of an allreduce sweep."""
     if not args.out:
         raise UserError("measure-allreduce needs --out CSV")
@@ -408,7 +281,7 @@ def torchrun_status(status: int, tail: str, out_dir: Path, workers: int) -> int:
     return int(m.group(2)) if m and 0 < int(m.group(2)) < 256 else status
 
 
-def _clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:
+def clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:
     """Create the output directory; remove the failure record and rank pids of an earlier try."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if failure_path.exists():
@@ -419,7 +292,7 @@ def _clear_stale(program: str, out_dir: Path, failure_path: Path) -> None:
             shutil.rmtree(pids, ignore_errors=True)
 
 
-def _train_outcome(
+def train_outcome(
     ident: str, out_dir: Path, status: int, tail: str, t0: float, took: float, workers: int
 ) -> tuple[bool, int, str]:
     """(succeeded, exit status, failure message) of a training run from its fresh record."""
@@ -442,7 +315,7 @@ def _train_outcome(
     return False, status, describe_failure(tail, status, out_dir, workers)
 
 
-def _allreduce_outcome(
+def allreduce_outcome(
     ident: str, out: str, status: int, tail: str, took: float, workers: int
 ) -> tuple[bool, int, str]:
     """(succeeded, exit status, failure message) of an allreduce sweep from its CSV."""

@@ -1,0 +1,180 @@
+"""Start one training run (or an allreduce measurement) as N Horovod (or torch-ddp) ranks.
+
+Pure Python (no TensorFlow): runs from the workflow env and starts the ranks in the
+train env through the configured launcher:
+
+  horovodrun  horovodrun -np N -H host:slots[,...] --gloo|--mpi PYTHON -m hvdscale.cli ...
+  mpirun      mpirun -np N --bind-to none --map-by slot -x HOROVOD_... PYTHON -m hvdscale.cli ...
+  srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
+              (inside a SLURM allocation: nodes and tasks per node come from it)
+
+A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.trainer.torch_ddp``
+instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)
+under horovodrun/mpirun, one srun task per rank under srun (launch.gloo_slurm). torchrun
+exits 1 for any failing rank: the exit status is the failing rank's own (its exit marker).
+
+The collective backend of the run (from its run_id) selects the Horovod environment:
+gloo -> HOROVOD_CPU_OPERATIONS=gloo with horovodrun's Gloo controller (Gloo needs
+horovodrun's rendezvous, so gloo runs start with horovodrun --gloo whatever the
+launcher; inside SLURM with the allocation's hosts); mpi ->
+HOROVOD_CPU_OPERATIONS=mpi with the MPI controller; nccl -> HOROVOD_GPU_OPERATIONS=NCCL.
+training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
+HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
+OMPI_MCA_mpi_yield_when_idle=1, training.gloo_yield_when_spinning (gloo, also torch-ddp's)
+LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
+training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
+
+The ranks' output streams to this command's stdout/stderr. Exit status 0 when the run
+completed with a valid record, and also when it stopped with a valid record of status
+nan_loss (a diverged configuration is a result; an ERROR line says so). Otherwise the
+status is non-zero and OUT_DIR/failure.json (measure-allreduce: OUT.failure.json)
+records run_id, status "failed", the exit status, the tail of the output and the time.
+
+Examples:
+  hvdscale launch --config results/runs/local_gloo_n1_w2_b75_lrnone_r0/config.json \
+      --run-id local_gloo_n1_w2_b75_lrnone_r0 --data-dir results/data \
+      --out-dir results/runs/local_gloo_n1_w2_b75_lrnone_r0 --dry-run
+  hvdscale launch --program measure-allreduce \
+      --config results/config/allreduce/local_mpi_n1_w2.json \
+      --allreduce-id local_mpi_n1_w2 --out results/allreduce/local_mpi_n1_w2.csv
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from hvdscale import native
+from hvdscale.launch import gloo_slurm
+from hvdscale.launch.command import (
+    allreduce_outcome,
+    allreduce_program,
+    clear_stale,
+    companion,
+    job_for,
+    run_spec,
+    torchrun_status,
+    train_outcome,
+    train_program,
+)
+from hvdscale.launch.launchspec import (
+    LAUNCHERS,
+    PROGRAMS,
+    build_launch,
+    default_train_python,
+)
+from hvdscale.matrix.config import load_config
+from hvdscale.record.build import write_failure
+
+
+def add_arguments(p):
+    p.add_argument(
+        "--config",
+        required=True,
+        help="validated config snapshot (JSON from hvdscale write-config, or a YAML config file)",
+    )
+    p.add_argument(
+        "--program", choices=PROGRAMS, default="train", help="what the ranks run (default: train)"
+    )
+    p.add_argument(
+        "--run-id", help="run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0"
+    )
+    p.add_argument(
+        "--allreduce-id", help="measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}"
+    )
+    p.add_argument("--data-dir", help="train: data directory with manifest.json")
+    p.add_argument(
+        "--target",
+        help="train: the study's target.json (rule calibrate_target), passed on to the ranks; "
+        "none for a calibration run",
+    )
+    p.add_argument(
+        "--out-dir",
+        help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
+    )
+    p.add_argument("--out", help="measure-allreduce: output CSV")
+    p.add_argument(
+        "--sizes",
+        help="measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
+    )
+    p.add_argument("--iterations", type=int, help="measure-allreduce: timed iterations per size")
+    p.add_argument(
+        "--warmup-iterations", type=int, help="measure-allreduce: untimed iterations per size"
+    )
+    p.add_argument("--launcher", choices=LAUNCHERS, help="default: training.launcher of the config")
+    p.add_argument(
+        "--train-python",
+        help="interpreter of the train env (default: environment.venv/bin/python "
+        "for venv deployments, `python` for env-modules/conda)",
+    )
+    p.add_argument(
+        "--hosts", help="comma-separated host[:slots] list for multi-node runs outside SLURM"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="kill the job after this many seconds"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the command and environment; start nothing"
+    )
+
+
+def run(args) -> int:
+    cfg = load_config(args.config)
+    training = cfg["training"]
+    launcher = args.launcher or training["launcher"]
+    python = args.train_python or default_train_python(cfg)
+    job, ident = job_for(cfg, args.program, args.run_id, args.allreduce_id)
+    if args.program == "train":
+        out_dir, failure_path, prog = train_program(args, python, ident, job.framework)
+    else:
+        out_dir, failure_path, prog = allreduce_program(args, python, job)
+    hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
+    spec = build_launch(
+        launcher=launcher,
+        job=job,
+        program_argv=prog,
+        training=training,
+        out_dir=out_dir if args.program == "train" else None,
+        hosts=hosts,
+        horovodrun=companion(python, "horovodrun"),
+        mpirun="mpirun",
+        srun="srun",
+    )
+    if args.dry_run:
+        print(spec.shell())
+        for n in spec.notes:
+            print(f"# {n}")
+        return 0
+    native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
+    clear_stale(args.program, out_dir, failure_path)
+    print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)
+    for n in spec.notes:
+        print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    with gloo_slurm.rendezvous_for(spec, python):  # Horovod's Gloo rendezvous (gloo + srun)
+        status, tail = run_spec(spec, timeout_s=args.timeout)
+    took = time.time() - t0
+    if status < 0:  # killed by a signal
+        status = 128 - status
+    if args.program == "train":
+        done, status, msg = train_outcome(ident, out_dir, status, tail, t0, took, job.workers)
+        if not done and spec.launcher == "torchrun":  # torchrun says 1 for any failure
+            status = torchrun_status(status, tail, out_dir, job.workers)
+            msg += f"; exit status {status}: the failing rank's (torchrun exits 1 for any)"
+    else:
+        done, status, msg = allreduce_outcome(ident, args.out, status, tail, took, job.workers)
+    if done:
+        return 0
+
+    write_failure(
+        failure_path,
+        run_id=ident,
+        exit_status=status,
+        error_tail=tail,
+        launcher=spec.launcher,
+        command=spec.argv,
+        program=args.program,
+        message=msg,
+    )
+    print(f"ERROR: {ident}: failed ({msg}); see {failure_path}", file=sys.stderr)
+    return status if 0 < status < 256 else 1
