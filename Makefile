@@ -100,7 +100,7 @@ bench-costmodel:  ## allreduce sweeps on the emulated two-node partition -> cost
 	$(VENV)/bin/python benchmarks/bench_costmodel.py
 
 perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
-	$(VENV)/bin/python scripts/gen_perf_docs.py
+	cd benchmarks && $(abspath $(VENV))/bin/python -m perfdocs
 
 clean:  ## remove results and Snakemake state (keeps the envs)
 	rm -rf results .snakemake

@@ -23,7 +23,7 @@ measured on, so a benchmark
    (``valid`` false, ``invalid_reason``); docs/performance.md shows no figure of it.
 
 The load average after an arm is no criterion: a 2-worker arm raises it to about 2 by
-itself. No heavy imports here: scripts/gen_perf_docs.py uses ``row_validity``.
+itself. No heavy imports here: the page generator (perfdocs) uses ``row_validity``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared helpers of the benchmarks: machine load, provenance columns and the CSV files
 under ``benchmarks/results/`` that docs/performance.md is generated from
-(scripts/gen_perf_docs.py).
+(benchmarks/perfdocs).
 
 Every row a benchmark writes carries the same provenance columns:
 

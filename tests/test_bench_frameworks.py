@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
 
 import _frameworks_summary as fs  # noqa: E402
 import _quiet  # noqa: E402
@@ -199,7 +200,7 @@ def test_a_run_beside_foreign_work_is_recorded_invalid_and_left_out(monkeypatch,
 
 
 def test_the_docs_blocks_show_valid_figures_only(tmp_path):
-    """scripts/gen_perf_docs.py's frameworks blocks: a valid summary figure (sync in ms),
+    """benchmarks/perfdocs' frameworks blocks: a valid summary figure (sync in ms),
     a censored time to target as '> budget', no figure of an invalid run."""
     import shutil
     import subprocess
@@ -214,8 +215,10 @@ def test_the_docs_blocks_show_valid_figures_only(tmp_path):
             fs.run_row(1, 75, "torch-ddp", 2, {**fs.arm_result(record()), "epoch_s": 7.777},
                        bad, 9)]  # fmt: skip
     _results.write_csv("frameworks_runs", runs, res / "frameworks_runs.csv")
-    gen = [sys.executable, str(ROOT / "scripts" / "gen_perf_docs.py")]
-    r = subprocess.run([*gen, "--page", page, "--results", res], capture_output=True, text=True)
+    gen = [sys.executable, "-m", "perfdocs"]  # from benchmarks/, as make perf-docs runs it
+    r = subprocess.run(
+        [*gen, "--page", page, "--results", res], capture_output=True, text=True, cwd=BENCH
+    )
     assert r.returncode == 0, r.stderr
     text = page.read_text()
     assert "| 75 | sync: exposed, ms/step | torch-ddp | 2 | **1.000** |" in text

@@ -14,15 +14,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GEN = ROOT / "scripts" / "gen_perf_docs.py"
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the generator is benchmarks/perfdocs (python -m perfdocs)
 PAGE = ROOT / "docs" / "performance.md"
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = BENCH / "results"
 PROVENANCE = ["commit", "machine", "date", "load", "load_before", "load_after"]
 
 
 def run_gen(*args):
+    """``python -m perfdocs`` from benchmarks/, as ``make perf-docs`` runs it."""
     return subprocess.run(
-        [sys.executable, str(GEN), *map(str, args)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "perfdocs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=BENCH,
     )
 
 
@@ -147,8 +152,7 @@ def test_no_hand_typed_figures_outside_the_generated_blocks():
 
 
 def test_the_frameworks_reading_comes_from_valid_rows_only():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import _perf_frameworks as pf
+    from perfdocs import frameworks as pf
 
     def row(metric, arm, workers, median, valid="true"):
         return {"batch": "75", "metric": metric, "arm": arm, "workers": str(workers),
@@ -177,9 +181,7 @@ def test_the_efficiency_bound_from_the_paired_runs_and_the_bare_allreduce():
     1429 us, 179 us of it beyond the shared step and the allreduce. The step alone comes
     from the same paired runs (100,000 samples/s -> 750 us); an invalid row gives no
     bound."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _perf_bound import bound_figures
+    from perfdocs.bound import bound_figures
 
     ok = {"foreign_cpu": "0.01", "load_before": "0.3", "batch": "75"}
     mpi = dict(ok, row="summary", arm="mpi", controller="mpi", settings="defaults")
@@ -228,9 +230,7 @@ def test_the_phase_split_places_the_rest_of_the_gap():
     """bench_cycle_time's rows at the cycle times auto picks: compute per step 600 us
     alone and 630 us at 2 workers (1.05x), sync 700 us at 2 workers against 100 us of
     bare allreduce (7x); the rows of other cycle times and invalid rows are not used."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _perf_bound import split_figures
+    from perfdocs.bound import split_figures
 
     x = {"t_shared_us": 1000.0, "t_sync_us": 100.0, "t_two_us": 1000 / 0.7}
     ok = {"foreign_cpu": "0.01", "load_before": "0.3", "batch": "75", "row": "summary"}
@@ -255,8 +255,7 @@ def test_the_phase_split_places_the_rest_of_the_gap():
 
 
 def test_the_allreduce_reading_comes_from_valid_rows_only():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import gen_perf_docs as g
+    from perfdocs import generate as g
 
     def row(arm, us, valid="true", controller="gloo"):
         return {"row": "summary", "arm": arm, "median_us": str(us), "valid": valid,
@@ -302,9 +301,7 @@ def test_the_sync_breakdown_reading_comes_from_valid_timeline_runs():
     """Shares of the sync phase as medians over the valid timeline runs: 400 of 800 us
     outside the timeline and 120 of 800 us negotiation in both runs, the MPI op 160 and
     320 us (20 % and 40 %, median 30 %); an invalid run and the controls are left out."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _perf_sync import sync_reading
+    from perfdocs.sync import sync_reading
 
     ok = {"foreign_cpu": "0.01", "load_before": "0.3", "row": "run", "timeline": "1"}
     step = {"sync_us": "800", "outside_timeline_us": "400", "negotiate_us": "120"}

@@ -1,5 +1,5 @@
 """The efficiency a bare allreduce allows (issue 17, item 3), a block of
-scripts/gen_perf_docs.py: from two benchmarks' valid rows, the 2-worker efficiency at
+perfdocs.generate: from two benchmarks' valid rows, the 2-worker efficiency at
 batch 75 that hvdscale could reach if its step were the 1-rank step plus one bare
 allreduce of the gradient, against what bench_scaling measured.
 
@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _perf_common import best_mpi, missing, num, provenance, read, table
 from _quiet import row_validity
+
+from .common import best_mpi, missing, num, provenance, read, table
 
 GOAL = 0.90
 BATCH = "75"

@@ -1,11 +1,11 @@
 """Generated blocks of docs/performance.md for the benchmarks on the local SLURM cluster
-(issue 20): the cost model across nodes and SLURM job arrays (scripts/gen_perf_docs.py)."""
+(issue 20): the cost model across nodes and SLURM job arrays (perfdocs.generate)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from _perf_common import QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
+from .common import QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
 
 COSTMODEL_GOAL = 0.25  # issue 20: median |error| of the held-out sync time per step
 

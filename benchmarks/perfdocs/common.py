@@ -1,15 +1,14 @@
-"""Helpers of scripts/gen_perf_docs.py: reading the result CSVs, formatting figures,
-tables, provenance lines and the validity cells every row gets (issue 17)."""
+"""Helpers of the page generator (perfdocs.generate): reading the result CSVs, formatting
+figures, tables, provenance lines and the validity cells every row gets (issue 17)."""
 
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _quiet import NO_FOREIGN, row_validity  # noqa: E402
+from _quiet import NO_FOREIGN, row_validity
+
+ROOT = Path(__file__).resolve().parents[2]
 
 INVALID = "invalid"  # what a figure of an invalid row shows instead
 

@@ -1,11 +1,11 @@
 """Generated blocks of docs/performance.md for benchmarks/bench_frameworks.py (issue 19):
-Horovod-TF against torch DDP, the summary figures and every run (scripts/gen_perf_docs.py)."""
+Horovod-TF against torch DDP, the summary figures and every run (perfdocs.generate)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from _perf_common import QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
+from .common import QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
 
 HOW = "make bench-frameworks"
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Regenerate the tables of docs/performance.md from the benchmark results under
 benchmarks/results/*.csv (written by the benchmarks through benchmarks/_results.py).
 
@@ -18,14 +17,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "scripts"))
-from _perf_bound import block_efficiency_bound  # noqa: E402
-from _perf_cluster import block_costmodel, block_slurm_arrays  # noqa: E402
-from _perf_common import (  # noqa: E402
+from _quiet import FOREIGN_CPU_MAX, row_validity
+
+from .bound import block_efficiency_bound
+from .cluster import block_costmodel, block_slurm_arrays
+from .common import (
     INVALID,
     QCOLS,
+    ROOT,
     best_mpi,
     ci,
     f2,
@@ -39,9 +38,8 @@ from _perf_common import (  # noqa: E402
     table,
     thousands,
 )
-from _perf_frameworks import block_frameworks, block_frameworks_runs  # noqa: E402
-from _perf_sync import block_sync_breakdown  # noqa: E402
-from _quiet import FOREIGN_CPU_MAX, row_validity  # noqa: E402
+from .frameworks import block_frameworks, block_frameworks_runs
+from .sync import block_sync_breakdown
 
 PAGE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"

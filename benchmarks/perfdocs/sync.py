@@ -1,5 +1,5 @@
 """Where the 2-worker sync phase goes (issue 17, item 3), a block of
-scripts/gen_perf_docs.py from benchmarks/results/bench_sync_breakdown.csv: per cycle time
+perfdocs.generate from benchmarks/results/bench_sync_breakdown.csv: per cycle time
 the medians over the repeats, then every timeline run, each split into what Horovod's
 timeline sees (negotiation, the allreduce and its MPI op) and the rest of the record's
 sync phase; a reading of the shares, computed from the valid rows.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from _perf_common import QCOLS, f2, missing, num, provenance, quality, read, shown, table, thousands
+from .common import QCOLS, f2, missing, num, provenance, quality, read, shown, table, thousands
 
 #: per-step columns of the table (CSV column, heading)
 STEP = (
