@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _results import Measured, merge_fields, write_csv  # noqa: E402
 
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
         root = Path(args.workdir or tmp)
         root.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        import fixtures_runs as F
+        import synthetic_runs as F
 
         cfg = F.bigger_thesis_config(args.runs)
         written = F.write_study(root / "runs", cfg, limit=args.runs)

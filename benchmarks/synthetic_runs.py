@@ -1,7 +1,8 @@
 """Synthetic run records that validate against workflow/schemas/run.schema.json.
 
-Used by the analysis/report tests and by benchmarks/bench_report.py. Two ways to make
-records:
+Used by benchmarks/bench_report.py (1,000 records of the thesis configuration) and by
+the analysis/report tests, which import it as ``fixtures_runs`` (tests/fixtures_runs.py).
+Two ways to make records:
 
 * ``record_from_epochs(run_id, wall_s=[...], ...)``: exact, hand-made numbers (known
   answers for the aggregation tests);
