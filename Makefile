@@ -10,7 +10,7 @@ CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial plan export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
-        bench bench-data bench-train bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-allreduce bench-cycle bench-sync bench-costmodel perf-docs clean
+        bench bench-data bench-train bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-allreduce bench-cycle bench-costmodel perf-docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -64,7 +64,7 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-data bench-train bench-allreduce bench-cycle bench-sync bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-costmodel perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
+bench: bench-data bench-train bench-allreduce bench-cycle bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-costmodel perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
 
 bench-data:  ## data stage at 1,000,000 curves vs dd
 	$(VENV)/bin/python benchmarks/bench_data.py
@@ -83,9 +83,6 @@ bench-allreduce:  ## bare hvd.allreduce of the 614 kB gradient at 2 ranks: MPI v
 
 bench-cycle:  ## Horovod's cycle time vs samples/s, 1 and 2 workers, batch 75: the measurement behind cycle_time_ms auto
 	$(VENV)/bin/python benchmarks/bench_cycle_time.py
-
-bench-sync:  ## where a 2-worker step's sync phase goes: Horovod's timeline against the record's sync phase
-	$(VENV)/bin/python benchmarks/bench_sync_breakdown.py
 
 bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirroredStrategy vs independent
 	$(VENV)/bin/python benchmarks/bench_scaling.py

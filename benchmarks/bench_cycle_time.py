@@ -61,17 +61,12 @@ def auto_value(workers: int) -> float:
     return cycle_time_ms("auto", workers, bound=workers > 1)
 
 
-def run_once(
-    cfg: dict, data: Path, work: Path, workers: int, batch: int, cycle: float, **training
-) -> dict:
-    """One ``hvdscale launch`` run with this cycle time (and these further ``training``
-    keys), started and read back as bench_scaling's hvdscale arm (Runner.run_hvdscale: 1
-    worker pinned to core 0)."""
+def run_once(cfg: dict, data: Path, work: Path, workers: int, batch: int, cycle: float) -> dict:
+    """One ``hvdscale launch`` run with this cycle time, started and read back as
+    bench_scaling's hvdscale arm (Runner.run_hvdscale: 1 worker pinned to core 0)."""
     c = copy.deepcopy(cfg)
     c["training"].setdefault("horovod", {})["cycle_time_ms"] = cycle
-    c["training"].update(training)
-    tag = "".join(f"_{k}{v}" for k, v in sorted(training.items()))
-    path = work / f"config_cycle{cycle:g}{tag}.json"
+    path = work / f"config_cycle{cycle:g}.json"
     hvd("write-config", "--json", json.dumps(c), "--out", path)
     return Runner(None, path, data, work, "none").run(Arm("hvdscale", workers), batch)
 

@@ -95,6 +95,15 @@ def missing(name: str, how: str) -> str:
     return f"Not measured in this revision (no `benchmarks/results/{name}.csv`); run `{how}`.\n"
 
 
+def missing_removed(name: str, script: str) -> str:
+    """The text for a missing CSV of a benchmark that has left the tree (its reading is
+    written down; the script is in the git history)."""
+    return (
+        f"No `benchmarks/results/{name}.csv` in this revision, and its benchmark "
+        f"(`benchmarks/{script}`) has been removed: `git log -- benchmarks/{script}`.\n"
+    )
+
+
 def best_mpi(rows) -> dict | None:
     """The fastest valid summary row of bench_allreduce_bare with the MPI controller (the
     least a bare MPI allreduce of the gradient costs here, whatever the setting)."""

@@ -29,6 +29,7 @@ from .common import (
     ci,
     f2,
     missing,
+    missing_removed,
     num,
     provenance,
     quality,
@@ -264,7 +265,7 @@ def block_slurm(res: Path) -> str:
 def block_data_phase(res: Path) -> str:
     rows = read(res, "bench_data_phase")
     if not rows:
-        return missing("bench_data_phase", ".venv-train/bin/python benchmarks/bench_data_phase.py")
+        return missing_removed("bench_data_phase", "bench_data_phase.py")
     body = []
     for r in rows:
         ok, qc = quality(r)

@@ -10,7 +10,18 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from .common import QCOLS, f2, missing, num, provenance, quality, read, shown, table, thousands
+from .common import (
+    QCOLS,
+    f2,
+    missing_removed,
+    num,
+    provenance,
+    quality,
+    read,
+    shown,
+    table,
+    thousands,
+)
 
 #: per-step columns of the table (CSV column, heading)
 STEP = (
@@ -55,7 +66,7 @@ def sync_reading(rows: list[dict]) -> str:
 def block_sync_breakdown(res: Path) -> str:
     rows = read(res, "bench_sync_breakdown")
     if not rows:
-        return missing("bench_sync_breakdown", "make bench-sync")
+        return missing_removed("bench_sync_breakdown", "bench_sync_breakdown.py")
     body = []
     summaries = [r for r in rows if r.get("row") == "summary"]
     runs = [r for r in rows if r.get("row") == "run" and str(r.get("timeline")) == "1"]
