@@ -22,8 +22,8 @@ from hvdscale.report.headline_text import (
     headline_sentence,
     headline_sentences,
     read_headline,
-    read_target,
 )
+from hvdscale.target import read_target
 
 D = fmt.EN_DASH
 
@@ -137,18 +137,18 @@ def test_headline_reader_names_the_file_and_the_problem(tmp_path):
 
 
 def test_target_reader_and_description(tmp_path):
-    from hvdscale.report.headline_text import describe_target
+    from hvdscale.target import describe
 
     cal = read_target(RF.write_target(tmp_path / "t.json", RF.target_spec()))
-    text = describe_target(cal)
+    text = describe(cal)
     assert "0.0105 = (1 + 5 %) x 0.01" in text and "3 calibration runs" in text
     assert "local_mpi_n1_w1_b75_lrnone_cal_r2" in text
-    assert "absolute" in describe_target(RF.target_spec("absolute"))
+    assert "absolute" in describe(RF.target_spec("absolute"))
     for broken, needle in (
         ("{", "not valid JSON"),
         ('{"mode": "absolute"}', "missing key(s) value"),
         ({**RF.target_spec(), "mode": "relative"}, "mode must be"),
-        ({**RF.target_spec(), "value": "low"}, "value must be a number"),
+        ({**RF.target_spec(), "value": "low"}, "value must be a positive number"),
         ({**RF.target_spec(), "percent": None}, "needs numbers percent"),
     ):
         p = tmp_path / "broken.json"

@@ -22,8 +22,9 @@ from hvdscale.record.build import (
     write_run_outputs,
 )
 from hvdscale.record.history import HISTORY_COLUMNS, history_csv
-from hvdscale.record.summary import summarise, time_to_target
+from hvdscale.record.summary import summarise
 from hvdscale.record.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
+from hvdscale.target import time_to
 
 
 def epoch(i, wall=1.0, test=None, warmup=False, elapsed=None, val=None):
@@ -167,11 +168,11 @@ def test_time_to_target_is_the_elapsed_time_of_the_first_epoch_below_target():
         epoch(1, 1.0, val=0.19, elapsed=3.0),
         epoch(2, 1.0, val=0.1, elapsed=4.0),
     ]
-    assert time_to_target(eps, 0.2) == 3.0
-    assert time_to_target(eps, 0.19) == 3.0  # at or below
-    assert time_to_target(eps, 0.01) is None and time_to_target(eps, None) is None
+    assert time_to(eps, 0.2)[0] == 3.0
+    assert time_to(eps, 0.19)[0] == 3.0  # at or below
+    assert time_to(eps, 0.01)[0] is None and time_to(eps, None)[0] is None
     eps[1]["val_loss"] = None  # nan_loss epochs have no loss
-    assert time_to_target(eps, 0.2) == 4.0
+    assert time_to(eps, 0.2)[0] == 4.0
 
 
 def test_non_finite_numbers_become_null():
@@ -398,10 +399,8 @@ def built_record(fault_delay=None, system=None):
 
 
 def test_build_record_matches_the_schema_and_the_runs_table():
-    from hvdscale.analysis.columns import RUNS_COLUMNS
+    from hvdscale.analysis.columns import RUNS_COLUMNS, TARGET_COLUMNS
     from hvdscale.analysis.records import record_row
-    from hvdscale.analysis.target import TARGET_COLUMNS
-
     rec = built_record()
     validate_record(rec)
     assert rec["config"]["global_batch"] == 150 and rec["config"]["samples_per_epoch"] == 4500

@@ -9,9 +9,9 @@ import pytest
 from fixtures_runs import record_from_epochs, write_record
 
 from hvdscale.analysis.aggregate import aggregate
-from hvdscale.analysis.target import TOO_LOOSE, describe, read_target, target_spec, time_to
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix.config import validate_config
+from hvdscale.target import TOO_LOOSE, describe, read_target, target_spec, time_to
 
 W = [2.0, 1.0, 1.0, 1.0, 1.0]
 LOSS = [0.5, 0.3, 0.2, 0.12, 0.10]
@@ -128,18 +128,16 @@ def test_mislabelled_run_is_excluded_and_listed(tmp_path):
 
 
 def test_time_to_reads_the_validation_loss():
-    ep = pd.DataFrame(
-        {
-            "epoch": [0, 1],
-            "warmup": [False, False],
-            "elapsed_s": [1.0, 2.0],
-            "val_loss": [0.3, 0.2],
-            "test_loss": [None, 0.0],
-        }
-    )
-    assert math.isnan(time_to(ep, 0.1)[0])
-    assert time_to(ep, 0.25) == (2.0, 1.0, False)
-    assert time_to(ep, 0.3) == (1.0, 0.0, True)  # the first epoch counts as warm-up
+    ep = [
+        {"epoch": 0, "warmup": False, "elapsed_s": 1.0, "val_loss": 0.3, "test_loss": None},
+        {"epoch": 1, "warmup": False, "elapsed_s": 2.0, "val_loss": 0.2, "test_loss": 0.0},
+        {"epoch": 2, "warmup": True, "elapsed_s": 3.0, "val_loss": 0.1, "test_loss": 0.0},
+    ]
+    assert time_to(ep, 0.01) == (None, None, False)
+    assert time_to(ep, 0.25) == (2.0, 1, False)
+    assert time_to(ep, 0.3) == (1.0, 0, True)  # the first epoch counts as warm-up
+    assert time_to(ep[1:], 0.15) == (3.0, 2, True)  # an epoch marked warm-up
+    assert time_to(ep, float("nan")) == (None, None, False)
 
 
 def test_old_target_test_loss_still_works_and_both_is_an_error():
@@ -160,14 +158,16 @@ def test_target_json_is_read_and_described(tmp_path):
         "value": 0.0525,
         "percent": 5,
         "calibration_runs": ["a", "b", "c"],
-        "best_val_loss": [0.05, 0.049, 0.051],
+        "best_val_losses": [0.05, 0.049, 0.051],
         "median_best_val_loss": 0.05,
     }
     path.write_text(json.dumps(spec))
     assert target_spec(None, path) == spec
     text = describe(read_target(path))
-    assert "0.0525" in text and "5 %" in text and "3 long 1-worker" in text
-    assert describe({"mode": "absolute", "value": 0.1}) == "validation loss 0.1 (absolute)"
+    assert "0.0525 = (1 + 5 %) x 0.05" in text and "3 calibration runs (1 worker, long" in text
+    assert describe({"mode": "absolute", "value": 0.1}) == (
+        "validation loss 0.1 (absolute, set in the config)"
+    )
     path.write_text("{}")
     with pytest.raises(UserError, match="target.json"):
         read_target(path)

@@ -1,7 +1,10 @@
-"""The study-wide target validation loss (rule calibrate_target -> results/scaling/target.json).
+"""The one home of the study's target validation loss: calibrate it, read and validate
+target.json, put it into words, and find when a run reached it.
 
-Fixed before any scaling run or tuning candidate trains; every such run reads it
-(``hvdscale train --target FILE``) and stops when its validation loss reaches it.
+The target is fixed before any scaling run or tuning candidate trains (issue 16): rule
+``calibrate_target`` writes ``results/scaling/target.json``; every run reads it
+(``hvdscale train --target FILE``) and trains until its validation loss reaches it or a
+budget runs out. The test loss is never used to choose anything: it is reported only.
 
 absolute   the loss training.target.value; no runs needed.
 calibrated target = (1 + x/100) * median over the calibration runs (run ids ending
@@ -11,11 +14,18 @@ calibrated target = (1 + x/100) * median over the calibration runs (run ids endi
            the smallest finite ``val_loss`` of its epochs. A calibration run without a
            record, failed, or without any validation loss is an error naming the run.
 
-Output (the contract of issue 16):
+target.json (the contract of issue 16):
   {"mode": "absolute"|"calibrated", "value": float, "percent": x|null,
    "calibration_runs": [run_id...], "best_val_losses": [...],
    "median_best_val_loss": float|null}
-The command line is ``hvdscale calibrate-target`` (hvdscale.commands.calibrate_target).
+
+Time to target is the training wall time (``elapsed_s``: warm-up epochs and validation
+included, start-up excluded) at the end of the first epoch whose validation loss is at
+or below the target (``time_to``). A run that meets it in its first epoch or in an epoch
+marked warm-up has met it "in the warm-up": there the target is too loose and the time
+to target says nothing about convergence (``TOO_LOOSE``). Pure Python (both
+environments import it). The command line is ``hvdscale calibrate-target``
+(hvdscale.commands.calibrate_target).
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ from pathlib import Path
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.io import read_json_object
 from hvdscale.matrix.runtable import calibration_runs
+
+TARGET_JSON = Path("results/scaling/target.json")
+TOO_LOOSE = "target too loose: time to target not informative"
 
 TARGET_KEYS = (
     "mode",
@@ -123,20 +136,94 @@ def read_records(paths) -> dict[str, dict]:
 
 
 def read_target(path: str | Path) -> dict:
-    """A target.json written by calibrate-target (UserError naming the file if not one)."""
+    """target.json as written by calibrate-target: the one reader and validator. A
+    UserError names the file and the key that is missing or malformed."""
     path = Path(path)
+    what = f"target file {path}"
     try:
-        tgt = json.loads(path.read_text())
+        spec = json.loads(path.read_text())
     except FileNotFoundError:
+        raise UserError(f"{what}: not found (written by rule calibrate_target)") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{what}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except OSError as exc:
+        raise UserError(f"{what}: not readable ({exc})") from None
+    if not isinstance(spec, dict):
+        raise UserError(f"{what}: expected a JSON object with keys {', '.join(TARGET_KEYS)}")
+    missing = [k for k in TARGET_KEYS if k not in spec]
+    if missing:
+        raise UserError(f"{what}: missing key(s) {', '.join(missing)}")
+    if spec["mode"] not in ("absolute", "calibrated"):
+        raise UserError(f"{what}: mode must be 'absolute' or 'calibrated', got {spec['mode']!r}")
+    if not _finite(spec["value"]) or spec["value"] <= 0:
         raise UserError(
-            f"{path}: target file not found (rule calibrate_target writes it)"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable target file: {exc}") from None
-    missing = [k for k in TARGET_KEYS if not isinstance(tgt, dict) or k not in tgt]
-    if missing or not _finite(tgt["value"]) or tgt["value"] <= 0:
-        raise UserError(
-            f"{path}: not a target file (keys {', '.join(TARGET_KEYS)}, value a positive "
-            f"loss); missing or bad: {', '.join(missing) or 'value'}"
+            f"{what}: value must be a positive number (a validation loss), got {spec['value']!r}"
         )
-    return tgt
+    if spec["mode"] == "calibrated" and not (
+        _finite(spec["percent"]) and _finite(spec["median_best_val_loss"])
+    ):
+        raise UserError(
+            f"{what}: a calibrated target needs numbers percent and median_best_val_loss"
+        )
+    if not isinstance(spec["calibration_runs"], list):
+        raise UserError(f"{what}: calibration_runs must be a list of run ids")
+    return spec
+
+
+def target_spec(cfg: dict | None, path: str | Path | None = None) -> dict:
+    """The target: target.json where it exists, else the config's ``training.target``
+    (before calibration: mode and value as configured)."""
+    if path is not None and Path(path).exists():
+        return read_target(path)
+    if cfg is None:
+        return {"mode": "absolute", "value": math.nan}
+    return dict(cfg["training"].get("target") or {"mode": "absolute", "value": math.nan})
+
+
+def _loss(x) -> str:
+    return f"{float(x):.4g}"
+
+
+def describe(spec: dict) -> str:
+    """The target in words (the report's one wording): target.json, or the config's
+    target before calibration."""
+    value = spec.get("value")
+    if not _finite(value):
+        return "validation loss target not set"
+    runs = spec.get("calibration_runs")
+    if spec.get("mode") == "calibrated":
+        if runs is None or not _finite(spec.get("median_best_val_loss")):
+            return (
+                f"validation loss within {value:g} % of the median best validation loss of "
+                "the 1-worker calibration runs"
+            )
+        return (
+            f"validation loss {_loss(value)} = (1 + {spec['percent']:g} %) x "
+            f"{_loss(spec['median_best_val_loss'])}, the median best validation loss of "
+            f"{len(runs)} calibration run{'s' if len(runs) != 1 else ''} (1 worker, long "
+            f"budget, target not applied{': ' + ', '.join(runs) if runs else ''})"
+        )
+    return f"validation loss {_loss(value)} (absolute, set in the config)"
+
+
+def first_epoch_at(epochs: list[dict], target: float | None) -> tuple[int, dict] | None:
+    """(index, epoch) of the first epoch whose validation loss is <= target; None where
+    none is (or there is no target)."""
+    if target is None or not _finite(target):
+        return None
+    for i, ep in enumerate(epochs):
+        vl = ep.get("val_loss")
+        if _finite(vl) and vl <= target:
+            return i, ep
+    return None
+
+
+def time_to(epochs: list[dict], target: float | None) -> tuple[float | None, int | None, bool]:
+    """(time to target, its epoch, met in the warm-up) of one run's epochs (in order):
+    the epoch's ``elapsed_s``; (None, None, False) where the run never reaches it."""
+    hit = first_epoch_at(epochs, target)
+    if hit is None:
+        return None, None, False
+    i, ep = hit
+    warm = i == 0 or str(ep.get("warmup")).lower() in ("true", "1")
+    return float(ep["elapsed_s"]), int(ep["epoch"]), warm

@@ -325,3 +325,15 @@ def names_framework(frameworks) -> bool:
     the only one is not the default (a Horovod-TF study looks as before issue 19)."""
     names = {FRAMEWORK_DEFAULT if f is None or f != f else str(f) for f in frameworks}
     return len(names) > 1 or names - {FRAMEWORK_DEFAULT} != set()
+
+
+TARGET_COLUMNS = [
+    "target_val_loss",
+    "target_mode",
+    "time_to_target_s",
+    "reached_target",
+    "target_epoch",
+    "target_in_warmup",
+    "target_censored",
+    "epochs_to_target",
+]

@@ -19,8 +19,8 @@ from hvdscale.analysis.columns import (
     with_framework,
 )
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
-from hvdscale.analysis.target import TOO_LOOSE
 from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS
+from hvdscale.target import TOO_LOOSE
 
 CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+(?:_[a-z]+)?_r[0-9]+$"
 KIND_ID = r"_(?:cal|rerun)_r[0-9]+$"

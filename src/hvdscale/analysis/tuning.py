@@ -35,7 +35,7 @@ import pandas as pd
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv
-from hvdscale.analysis.target import TOO_LOOSE
+from hvdscale.target import TOO_LOOSE
 
 TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]

@@ -36,9 +36,10 @@ from hvdscale.analysis.tables import (
 from hvdscale.analysis.tuning import read_tuned
 from hvdscale.figures.draw import load_costmodel
 from hvdscale.matrix.config import load_config
-from hvdscale.report.headline_text import read_headline, read_target
+from hvdscale.report.headline_text import read_headline
 from hvdscale.report.pdf import build_report
 from hvdscale.report.provenance import load_provenance
+from hvdscale.target import read_target
 
 
 def add_arguments(p):

@@ -5,24 +5,7 @@ means (``noise_scale``). Pure Python; hvdscale.record.build puts them into the r
 from __future__ import annotations
 
 from hvdscale.record.timing import PHASES, median
-
-
-def target_epoch(epochs: list[dict], target: float | None) -> dict | None:
-    """The first epoch whose validation loss is <= target (None: never, or no target)."""
-    if target is None:
-        return None
-    for ep in epochs:
-        vl = ep.get("val_loss")
-        if vl is not None and vl <= target:
-            return ep
-    return None
-
-
-def time_to_target(epochs: list[dict], target: float | None) -> float | None:
-    """Elapsed training time at the end of the first epoch with validation loss <= target
-    (warm-up and evaluation in, start-up out)."""
-    ep = target_epoch(epochs, target)
-    return None if ep is None else ep["elapsed_s"]
+from hvdscale.target import time_to
 
 
 def target_block(
@@ -35,15 +18,15 @@ def target_block(
 ) -> dict:
     """The record's ``target``: reached or censored (stopped by a budget without reaching
     it: reached false, time null, best validation loss kept)."""
-    hit = target_epoch(epochs, target)
+    time_s, epoch, _ = time_to(epochs, target)
     vals = [e["val_loss"] for e in epochs if e.get("val_loss") is not None]
     return {
         "value": target,
         "mode": mode,
-        "reached": hit is not None,
-        "epoch": None if hit is None else hit["epoch"],
-        "time_to_target_s": None if hit is None else hit["elapsed_s"],
-        "censored": hit is None
+        "reached": time_s is not None,
+        "epoch": epoch,
+        "time_to_target_s": time_s,
+        "censored": time_s is None
         and target is not None
         and stop_reason in ("max_epochs", "max_train_s"),
         "stop_reason": stop_reason,
@@ -96,6 +79,6 @@ def summarise(epochs: list[dict], target: float | None) -> dict:
         "best_test_loss": min(test_losses) if test_losses else None,
         "best_val_loss": min(val_losses) if val_losses else None,
         "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
-        "time_to_target_s": time_to_target(epochs, target),
+        "time_to_target_s": time_to(epochs, target)[0],
         "epochs_completed": len(epochs),
     }

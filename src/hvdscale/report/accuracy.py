@@ -16,7 +16,6 @@ import pandas as pd
 
 from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.target import TOO_LOOSE, describe, target_spec, time_to
 from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
 from hvdscale.analysis.view import pref_lr
 from hvdscale.figures.registry import in_section
@@ -24,7 +23,7 @@ from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
-from hvdscale.report.headline_text import describe_target
+from hvdscale.target import TOO_LOOSE, describe, target_spec, time_to
 
 TTT_NOTE = (
     "Time to target counts the training wall time from the start of training until the end "
@@ -144,11 +143,14 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
 def _best_at(runs, epochs, sel, target: float):
     """(median time to ``target``, candidate label) of the best candidate among run rows
     ``sel`` (grouped by LR rule and candidate); (NaN, '') where none reaches it."""
-    by_run = {rid: g.sort_values("epoch") for rid, g in epochs.groupby("run_id", sort=False)}
+    by_run = {
+        rid: g.sort_values("epoch").to_dict("records")
+        for rid, g in epochs.groupby("run_id", sort=False)
+    }
     best = (math.nan, "")
     for (lr, _cand), g in sel.groupby(["lr_rule", "candidate"]):
         ttt = [time_to(by_run[rid], target)[0] for rid in g["run_id"] if rid in by_run]
-        ttt = [t for t in ttt if math.isfinite(t)]
+        ttt = [t for t in ttt if t is not None]
         if len(ttt) < len(g) or not ttt:
             continue
         med = float(pd.Series(ttt).median())
@@ -244,7 +246,7 @@ def batch_question(
 def _target_text(r: ReportData) -> str:
     target = getattr(r, "target", None)
     if target is not None:
-        return f"Target: {describe_target(target)} (results/scaling/target.json). "
+        return f"Target: {describe(target)} (results/scaling/target.json). "
     return f"Target: {describe(target_spec(r.cfg))} (from the config). "
 
 

@@ -26,7 +26,7 @@ class ReportData:
     tuned: pd.DataFrame | None = None  # tuned.csv (select_tuned); None: computed from runs
     systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section
     headline: pd.DataFrame | None = None  # headline.csv (report.headline.read_headline)
-    target: dict | None = None  # target.json (report.headline.read_target)
+    target: dict | None = None  # target.json (hvdscale.target.read_target)
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""

@@ -15,7 +15,6 @@ Example
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -36,7 +35,6 @@ _TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned"]
 _COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
 NO_INTERVAL = f"no interval: fewer than {MIN_REPEATS} repeats"
-TARGET_KEYS = ["mode", "value", "percent", "calibration_runs", "median_best_val_loss"]
 
 
 # ----------------------------------------------------------------------------- readers
@@ -82,51 +80,6 @@ def read_headline(path) -> pd.DataFrame:
         df[c] = df[c].fillna("")
     df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
     return df
-
-
-def read_target(path) -> dict:
-    """target.json (rule calibrate_target); a UserError naming the file and key where it
-    is missing or malformed."""
-    path = Path(path)
-    what = f"target file {path}"
-    try:
-        spec = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{what}: not found (written by rule calibrate_target)") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{what}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(spec, dict):
-        raise UserError(f"{what}: expected a JSON object")
-    missing = [k for k in TARGET_KEYS if k not in spec]
-    if missing:
-        raise UserError(f"{what}: missing key(s) {', '.join(missing)}")
-    if spec["mode"] not in ("absolute", "calibrated"):
-        raise UserError(f"{what}: mode must be 'absolute' or 'calibrated', got {spec['mode']!r}")
-    if not fmt.isnum(spec["value"]) or isinstance(spec["value"], bool):
-        raise UserError(f"{what}: value must be a number, got {spec['value']!r}")
-    if spec["mode"] == "calibrated":
-        if not fmt.isnum(spec["percent"]) or not fmt.isnum(spec["median_best_val_loss"]):
-            raise UserError(
-                f"{what}: a calibrated target needs numbers percent and median_best_val_loss"
-            )
-    if not isinstance(spec["calibration_runs"], list):
-        raise UserError(f"{what}: calibration_runs must be a list of run ids")
-    return spec
-
-
-def describe_target(spec: dict) -> str:
-    """The target of target.json in words."""
-    value = fmt.loss(spec["value"])
-    if spec["mode"] == "absolute":
-        return f"validation loss {value} (absolute, set in the config)"
-    runs = spec["calibration_runs"]
-    median = fmt.loss(spec["median_best_val_loss"])
-    return (
-        f"validation loss {value} = (1 + {spec['percent']:g} %) x {median}, "
-        f"the median best validation loss of {len(runs)} calibration run"
-        f"{'s' if len(runs) != 1 else ''} (1 worker, long budget, target not applied"
-        f"{': ' + ', '.join(runs) if runs else ''})"
-    )
 
 
 # ----------------------------------------------------------------------------- sentences

@@ -10,23 +10,17 @@ from xml.sax.saxutils import escape
 import pandas as pd
 
 from hvdscale.report import fmt
-from hvdscale.report.headline_text import describe_target
+from hvdscale.target import describe, target_spec
 
 OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation.overhead
 
 
 def _target(cfg: dict | None, target: dict | None) -> str:
     if target is not None:
-        return describe_target(target) + ", fixed before the scaling runs"
-    spec = (cfg or {}).get("training", {}).get("target") or {}
-    if spec.get("mode") == "absolute":
-        return f"validation loss {fmt.loss(spec['value'])} (absolute, set in the config)"
-    if spec.get("mode") == "calibrated":
-        return (
-            f"(1 + {spec['value']:g} %) x the median best validation loss of the calibration "
-            "runs (rule calibrate_target; results/scaling/target.json not given to the report)"
-        )
-    return "as configured (training.target)"
+        return describe(target) + ", fixed before the scaling runs"
+    if not (cfg or {}).get("training", {}).get("target"):
+        return "as configured (training.target)"
+    return describe(target_spec(cfg)) + " (results/scaling/target.json not given to the report)"
 
 
 def _overhead(runs: pd.DataFrame | None) -> str:
