@@ -96,7 +96,7 @@ def main() -> int:
 
     from hvdscale.matrix.config import validate_config
     from hvdscale.trainer.data import plan_rows, prepare_data, steps_per_epoch
-    from hvdscale.trainer.model import build_model
+    from hvdscale.trainer.horovod_tf.model import build_model
     from hvdscale.trainer.worker import WorkerInfo
 
     tf.config.threading.set_intra_op_parallelism_threads(1)

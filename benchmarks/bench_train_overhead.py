@@ -207,9 +207,9 @@ def run(args):
 
     from hvdscale.matrix.config import validate_config
     from hvdscale.trainer.device import pin_device
+    from hvdscale.trainer.horovod_tf.model import build_model
     from hvdscale.trainer.horovod_tf.step import StepProgram, build_step_program
     from hvdscale.trainer.loop import run_epoch_steps
-    from hvdscale.trainer.model import build_model
 
     device, _desc = pin_device(worker, 1)
     cfg = validate_config({})

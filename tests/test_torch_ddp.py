@@ -31,8 +31,8 @@ from conftest_train import (
 from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix.jobspec import JobSpec
-from hvdscale.trainer.horovod_tf.optim import warmup_lr, warmup_updates
 from hvdscale.trainer.model import parameter_count
+from hvdscale.trainer.schedule import warmup_lr, warmup_updates
 
 CHECKS = PROJECT_ROOT / "tests" / "torch_ddp_checks.py"
 TORCHRUN = TRAIN_PY.parent / "torchrun"

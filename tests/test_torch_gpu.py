@@ -96,7 +96,7 @@ def test_the_torch_trainer_imports_neither_tensorflow_nor_horovod():
     """The train env has both installed: an import anywhere in the chain would load them."""
     code = (
         "import sys\n"
-        "import hvdscale.trainer.torch_ddp.main, hvdscale.trainer.torch_ddp.__main__\n"
+        "import hvdscale.trainer.torch_ddp.framework, hvdscale.trainer.torch_ddp.__main__\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', "
         "'keras'))\n"
         "assert not bad, bad\n"

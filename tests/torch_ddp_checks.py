@@ -2,8 +2,9 @@
 per process, each writing its result to an npz file:
 
   python tests/torch_ddp_checks.py keras OUT.npz
-      the Keras model (hvdscale.trainer.model.build_model, seeded), a batch, its loss, and the
-      weights after one Adam step (tf.keras.optimizers.Adam, LR_STEP) on that batch
+      the Keras model (hvdscale.trainer.horovod_tf.model.build_model, seeded), a batch, its
+      loss, and the weights after one Adam step (tf.keras.optimizers.Adam, LR_STEP) on
+      that batch
   python tests/torch_ddp_checks.py torch KERAS.npz OUT.npz
       the same from the torch network with the Keras weights loaded (KerasAdam)
   python tests/torch_ddp_checks.py lr keras|torch
@@ -45,7 +46,7 @@ def batch(cfg: dict, n: int = GLOBAL_BATCH) -> tuple[np.ndarray, np.ndarray]:
 def keras(out: str) -> None:
     import tensorflow as tf
 
-    from hvdscale.trainer.model import build_model
+    from hvdscale.trainer.horovod_tf.model import build_model
 
     cfg = config()
     tf.keras.utils.set_random_seed(SEED)

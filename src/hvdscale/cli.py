@@ -55,11 +55,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
     "train": (
-        "hvdscale.trainer.horovod_tf.main",
+        "hvdscale.commands.train",
         "train one run (one rank; started by 'launch' or a launcher)",
     ),
     "measure-allreduce": (
-        "hvdscale.trainer.horovod_tf.allreduce",
+        "hvdscale.commands.measure_allreduce",
         "time Horovod allreduce over a range of message sizes",
     ),
     "aggregate": (

@@ -24,9 +24,16 @@ from dataclasses import dataclass, field
 from hvdscale.errors import UserError
 
 DEFAULT_FRAMEWORK = "horovod-tf"
-#: the training frameworks (config key frameworks of a sweep), the default first; the
-#: run id names a framework only when it is not the default ({partition}_torch-ddp_...)
-FRAMEWORKS = (DEFAULT_FRAMEWORK, "torch-ddp")
+#: the training frameworks (config key frameworks of a sweep), the default first, each
+#: with its trainer: "module:attribute" of the object hvdscale.trainer.rank.train_rank
+#: runs (a hvdscale.trainer.rank.Framework), named and not imported, since matrix is below
+#: trainer. The run id names a framework only when it is not the default
+#: ({partition}_torch-ddp_...). A framework also needs Backend entries (REGISTRY).
+TRAINERS = {
+    DEFAULT_FRAMEWORK: "hvdscale.trainer.horovod_tf.framework:FRAMEWORK",
+    "torch-ddp": "hvdscale.trainer.torch_ddp.framework:FRAMEWORK",
+}
+FRAMEWORKS = tuple(TRAINERS)
 #: Horovod's controllers (coordination, not the collectives), in the systems table's order
 CONTROLLERS = ("mpi", "gloo")
 

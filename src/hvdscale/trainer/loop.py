@@ -14,9 +14,8 @@ from hvdscale.launch import timelimit
 from hvdscale.record.build import epoch_entry, finite_or_none
 from hvdscale.record.timing import PHASES, EpochTimer
 from hvdscale.trainer.checkpoint import Checkpointer, ResumeState
-from hvdscale.trainer.horovod_tf.optim import Optimisation
-from hvdscale.trainer.horovod_tf.step import StepProgram
 from hvdscale.trainer.metrics import EpochMetrics
+from hvdscale.trainer.step import Optimiser, Steps
 from hvdscale.trainer.worker import WorkerInfo
 
 
@@ -122,7 +121,7 @@ class LoopResult:
 
 
 def run_epoch_steps(
-    program: StepProgram,
+    program: Steps,
     perm: np.ndarray,
     steps: int,
     spe: int,
@@ -174,13 +173,13 @@ def run_epoch_steps(
 
 
 def train_epochs(
-    program: StepProgram,
+    program: Steps,
     worker: WorkerInfo,
     plan: LoopPlan,
     progress: ResumeState,
     checkpointer: Checkpointer,
     sampler,
-    optim: Optimisation,
+    optim: Optimiser,
     log,
 ) -> LoopResult:
     """Run epochs until the validation loss reaches the target or a budget runs out;

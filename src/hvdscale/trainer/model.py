@@ -1,4 +1,7 @@
-"""The stress-strain network: a fully connected net from a flattened curve to 2 labels.
+"""The stress-strain network's facts, framework-free: a fully connected net from a
+flattened curve to 2 labels. Each framework builds it (Keras:
+``trainer.horovod_tf.model.build_model``; torch: ``trainer.torch_ddp.net.build_net``) and
+checks its parameter count against ``parameter_count``.
 
 Input: one curve of ``data.n_points`` points x 3 channels (strain, stress, flag),
 normalised with the train split's statistics (done once on the arrays, see
@@ -36,27 +39,6 @@ def check_parameter_count(cfg: dict) -> int:
             "model.expected_parameters to null"
         )
     return n
-
-
-def build_model(cfg: dict):
-    """The Keras model for ``cfg`` (imports TensorFlow)."""
-    import tensorflow as tf
-
-    n_points = cfg["data"]["n_points"]
-    act = cfg["model"]["activation"]
-    layers = [
-        tf.keras.Input(shape=(n_points, N_CHANNELS), name="curve"),
-        tf.keras.layers.Flatten(name="flatten"),
-    ]
-    for i, units in enumerate(cfg["model"]["hidden_units"]):
-        layers.append(tf.keras.layers.Dense(units, activation=act, name=f"hidden{i}"))
-    layers.append(tf.keras.layers.Dense(N_LABELS, name="labels"))
-    model = tf.keras.Sequential(layers, name="stress_strain_net")
-    n = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
-    expected = check_parameter_count(cfg)
-    if n != expected:  # the closed form and Keras must agree
-        raise RuntimeError(f"model has {n} parameters, closed form says {expected}")
-    return model
 
 
 def normalisation_from_manifest(manifest: dict) -> dict:

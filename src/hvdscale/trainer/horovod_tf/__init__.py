@@ -1,5 +1,8 @@
-"""Training of one rank (train env): the ``hvdscale train`` command is
-``hvdscale.trainer.horovod_tf.main`` (its docstring describes the run and the package layout).
+"""The horovod-tf framework, the default: one rank of a Horovod job with TensorFlow 2.
+``hvdscale train`` (``hvdscale.commands.train``) runs ``trainer.rank.train_rank`` with
+its object (``framework``); model (the Keras network), optim (Adam and the LR schedule),
+step (the compiled step: a clock and a batch source), allreduce (the allreduce sweep of
+``hvdscale measure-allreduce``).
 
 Nothing here imports TensorFlow or Horovod at module level, and this file imports
 nothing: import the module that defines a name (``hvdscale.trainer.horovod_tf.step``, ...).

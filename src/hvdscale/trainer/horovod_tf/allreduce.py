@@ -1,29 +1,23 @@
-"""Time Horovod allreduce of float32 tensors over a range of message sizes (one rank).
+"""The allreduce sweep of ``hvdscale measure-allreduce`` (``hvdscale.commands.measure_allreduce``):
+Horovod allreduce of float32 tensors over a range of message sizes, timed on one rank.
 
-Started as N ranks like a training run: `hvdscale launch --program measure-allreduce
---allreduce-id {partition}_{backend}_n{nodes}_w{workers} --out results/allreduce/ID.csv`.
 For every size: warm-up iterations (not timed), then timed iterations; before each one
 the ranks meet in a barrier, and an iteration's time is the slowest rank's time of one
-``hvd.allreduce`` (Sum) call, completed (a host read of one element). The CSV (written by rank 0,
-atomically) has one row per size:
-
-  partition, backend, workers, nodes, bytes, time_s (median), p10, p90, algbw, busbw,
-  iterations
-
-with algbw = bytes / time_s and busbw = algbw * 2 (p - 1) / p (bytes/s, as nccl-tests
-define them for allreduce), the input of the ring-allreduce cost model.
-
-Example (as one rank, without a launcher):
-  hvdscale measure-allreduce --out /tmp/ar.csv --partition local --backend gloo --sizes 8:1Mi:x4
+``hvd.allreduce`` (Sum) call, completed (a host read of one element). Rank 0 writes the
+CSV (atomically), one row per size (``COLUMNS``), with algbw = bytes / time_s and busbw =
+algbw * 2 (p - 1) / p (bytes/s, as nccl-tests define them for allreduce), the input of
+the ring-allreduce cost model.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -88,41 +82,26 @@ def bus_bandwidth(algbw: float, p: int) -> float:
     return algbw * 2 * (p - 1) / p if p > 1 else algbw
 
 
-def add_arguments(p):
-    p.add_argument("--out", required=True, help="output CSV (rank 0 writes it atomically)")
-    p.add_argument("--partition", default="local", help="partition name for the CSV")
-    p.add_argument(
-        "--backend",
-        default=None,
-        help="backend name for the CSV (default: from HOROVOD_CPU_OPERATIONS)",
-    )
-    p.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="node count for the CSV (default: distinct host names)",
-    )
-    p.add_argument(
-        "--sizes",
-        default="8:128Mi:x2",
-        help="MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
-    )
-    p.add_argument(
-        "--iterations", type=int, default=20, help="timed iterations per size (default 20)"
-    )
-    p.add_argument(
-        "--warmup-iterations", type=int, default=3, help="untimed iterations per size (default 3)"
-    )
+@dataclass(frozen=True)
+class Sweep:
+    """What to measure and what the CSV says about it."""
+
+    out: str  # the CSV (rank 0 writes it)
+    partition: str
+    backend: str | None  # None: from HOROVOD_CPU_OPERATIONS (else the controller)
+    nodes: int | None  # None: the distinct host names
+    sizes: list[int]  # message sizes in bytes (parse_sizes)
+    iterations: int  # timed, per size
+    warmup_iterations: int  # untimed, per size
 
 
-def run(args) -> int:
-    import os
-
-    sizes = parse_sizes(args.sizes)
-    if args.iterations < 1 or args.warmup_iterations < 0:
+def measure(sweep: Sweep) -> int:
+    """Time the allreduce of every size of ``sweep`` on this rank; rank 0 writes the CSV.
+    Exit status."""
+    if sweep.iterations < 1 or sweep.warmup_iterations < 0:
         raise UserError("--iterations must be >= 1 and --warmup-iterations >= 0")
     worker = WorkerInfo.init()  # HVD: hvd.init() first
-    import tensorflow as tf
+    import tensorflow as tf  # reason: TensorFlow lives in the train env only
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -133,14 +112,14 @@ def run(args) -> int:
         )  # HVD: one GPU per local rank
     if worker.hvd is None:
         raise UserError("measure-allreduce needs Horovod (train env)")
-    backend = args.backend or os.environ.get("HOROVOD_CPU_OPERATIONS", worker.controller).lower()
+    backend = sweep.backend or os.environ.get("HOROVOD_CPU_OPERATIONS", worker.controller).lower()
     hosts = worker.allgather_object(worker.hostname, name="ar_hosts")  # HVD:
-    nodes = args.nodes or len(set(hosts))
+    nodes = sweep.nodes or len(set(hosts))
     device = "/GPU:0" if gpus else "/CPU:0"
     rows = []
-    for nbytes in sizes:
-        n, slowest = _time_allreduce(tf, worker, device, nbytes, args)
-        rows.append(_size_row(args, backend, worker.size, nodes, n, slowest))
+    for nbytes in sweep.sizes:
+        n, slowest = _time_allreduce(tf, worker, device, nbytes, sweep)
+        rows.append(_size_row(sweep, backend, worker.size, nodes, n, slowest))
         if worker.is_root:
             print(
                 f"[measure-allreduce] {4 * n:>10d} B  {rows[-1]['time_s'] * 1e6:10.1f} us  "
@@ -149,28 +128,28 @@ def run(args) -> int:
             )
     worker.barrier(name="ar_end")
     if worker.is_root:
-        _write_rows(args.out, rows)
+        _write_rows(sweep.out, rows)
         print(
-            f"[measure-allreduce] wrote {args.out} ({len(rows)} sizes, {worker.size} workers)",
+            f"[measure-allreduce] wrote {sweep.out} ({len(rows)} sizes, {worker.size} workers)",
             file=sys.stderr,
         )
     return 0
 
 
-def _time_allreduce(tf, worker, device: str, nbytes: int, args) -> tuple[int, list]:
+def _time_allreduce(tf, worker, device: str, nbytes: int, sweep: Sweep) -> tuple[int, list]:
     """(float32 elements, slowest rank's seconds per timed iteration) for one message size."""
     hvd, p = worker.hvd, worker.size
     n = max(1, nbytes // 4)
     with tf.device(device):
         x = tf.ones([n], tf.float32)
     times = []
-    for it in range(args.warmup_iterations + args.iterations):
+    for it in range(sweep.warmup_iterations + sweep.iterations):
         worker.barrier(name="ar_barrier")
         t0 = time.perf_counter()
         y = hvd.allreduce(x, op=hvd.Sum, name=f"ar_{nbytes}")  # HVD: the measured collective
         _ = y[0].numpy()  # completion
         dt = time.perf_counter() - t0
-        if it >= args.warmup_iterations:
+        if it >= sweep.warmup_iterations:
             times.append(dt)
     if abs(float(y[0].numpy()) - p) > 1e-3 * p:
         raise RuntimeError(
@@ -182,12 +161,12 @@ def _time_allreduce(tf, worker, device: str, nbytes: int, args) -> tuple[int, li
     return n, slowest
 
 
-def _size_row(args, backend: str, p: int, nodes: int, n: int, slowest) -> dict:
+def _size_row(sweep: Sweep, backend: str, p: int, nodes: int, n: int, slowest) -> dict:
     """One CSV row: median and percentiles of the slowest rank's time, bandwidths."""
     med = float(np.median(slowest))
     algbw = (4 * n) / med if med > 0 else 0.0
     return {
-        "partition": args.partition,
+        "partition": sweep.partition,
         "backend": backend,
         "workers": p,
         "nodes": nodes,
@@ -197,7 +176,7 @@ def _size_row(args, backend: str, p: int, nodes: int, n: int, slowest) -> dict:
         "p90": float(np.percentile(slowest, 90)),
         "algbw": algbw,
         "busbw": bus_bandwidth(algbw, p),
-        "iterations": args.iterations,
+        "iterations": sweep.iterations,
     }
 
 

@@ -1,34 +1,20 @@
-"""The network, its optimizer and the learning-rate schedule of a run."""
+"""The network, its optimizer and the learning-rate schedule of a Horovod-TF run: the
+Keras model, Adam, and the warm-up ramp (``trainer.schedule``) as a Keras schedule."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hvdscale.matrix.runtable import learning_rate_for
-from hvdscale.trainer.model import build_model, check_parameter_count
-
-
-def warmup_updates(tcfg: dict, lr_base: float, lr: float, steps: int) -> int:
-    """Optimizer updates of the warm-up ramp from ``lr_base`` to ``lr`` (0: no ramp): the
-    training section's ``warmup_epochs`` times the updates per epoch (``steps`` //
-    backward_passes_per_step), when ``lr_warmup`` is on and the LR rule changed the rate.
-    Framework-free: the Horovod-TF and the torch-ddp trainers both use it."""
-    if tcfg["lr_warmup"] and tcfg["warmup_epochs"] > 0 and lr != lr_base:
-        return tcfg["warmup_epochs"] * (steps // tcfg["horovod"]["backward_passes_per_step"])
-    return 0
-
-
-def warmup_lr(base: float, target: float, warmup_updates: int, update: int) -> float:
-    """The learning rate of optimizer update ``update`` (0 = the first): a linear ramp
-    from ``base`` to ``target`` over ``warmup_updates`` updates, then ``target``; the
-    formula of ``WarmupSchedule`` in plain Python."""
-    n = max(1, int(warmup_updates))
-    return float(base) + (float(target) - float(base)) * min(float(update) / n, 1.0)
+from hvdscale.trainer.horovod_tf.model import build_model
+from hvdscale.trainer.model import check_parameter_count
+from hvdscale.trainer.schedule import warmup_updates
 
 
 class WarmupSchedule:
     """Linear ramp from the base to the scaled learning rate over ``warmup_updates``
-    optimizer updates (Goyal et al.), then constant. Built lazily (needs TensorFlow)."""
+    optimizer updates (Goyal et al.), then constant: ``trainer.schedule.warmup_lr`` in
+    TensorFlow. Built lazily (needs TensorFlow)."""
 
     @staticmethod
     def make(base: float, target: float, warmup_updates: int):

@@ -10,7 +10,8 @@ Two independent choices shape the step, each an object instead of a flag:
   rows of ``steps_per_execution`` steps to each call.
 
 ``StepProgram`` compiles one ``tf.function`` per clock (timed and plain) for its source;
-one call runs n optimizer steps in a graph loop. Every Horovod-specific line is marked
+one call runs n optimizer steps in a graph loop. Its host side is the interface the epoch
+loop drives (``trainer.step.Steps``). Every Horovod-specific line is marked
 ``# HVD:``. No TensorFlow import at module level (the workflow env imports the package).
 """
 
@@ -25,9 +26,8 @@ import numpy as np
 from hvdscale.matrix import backends
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
+from hvdscale.trainer.step import EVAL_BATCH
 from hvdscale.trainer.worker import WorkerInfo
-
-EVAL_BATCH = 4096
 
 
 def host_reduction(device: str, env=None) -> bool:  # HVD: issue 20

@@ -1,5 +1,6 @@
 """The stress-strain network, its optimizer and learning rate in PyTorch, with the
-semantics of the Keras ones (``hvdscale.trainer.model``, ``hvdscale.trainer.horovod_tf.optim``):
+semantics of the Keras ones (``hvdscale.trainer.horovod_tf.model``,
+``hvdscale.trainer.horovod_tf.optim``):
 
 - the same layers: Flatten of the (n_points, 3) curve in row-major order, Dense layers
   ``model.hidden_units`` with ``model.activation``, 2 linear outputs; Keras' default
@@ -7,7 +8,7 @@ semantics of the Keras ones (``hvdscale.trainer.model``, ``hvdscale.trainer.horo
 - Adam with Keras 2.15's update rule and defaults (beta 0.9/0.999, epsilon 1e-7 added to
   sqrt(v) *without* bias correction, unlike ``torch.optim.Adam``), ``KerasAdam``;
 - the run's LR rule (``matrix.runtable.learning_rate_for``) and warm-up ramp over optimizer
-  updates (``trainer.horovod_tf.optim.warmup_updates`` / ``warmup_lr``).
+  updates (``trainer.schedule.warmup_updates`` / ``warmup_lr``).
 
 A Keras kernel is (in, out), a torch Linear weight (out, in): ``load_keras_weights``
 transposes (the cross-framework test loads Keras' weights this way).
@@ -24,8 +25,8 @@ import torch
 from torch import nn
 
 from hvdscale.matrix.runtable import learning_rate_for
-from hvdscale.trainer.horovod_tf.optim import warmup_lr, warmup_updates
 from hvdscale.trainer.model import N_CHANNELS, N_LABELS, check_parameter_count
+from hvdscale.trainer.schedule import warmup_lr, warmup_updates
 
 #: Keras activation name -> torch module (Keras' gelu is the exact one, swish = SiLU)
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "swish": nn.SiLU}

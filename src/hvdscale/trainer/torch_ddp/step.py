@@ -1,7 +1,7 @@
-"""The training steps and evaluation of one torch-ddp rank, behind the host interface of
-``hvdscale.trainer.horovod_tf.step.StepProgram`` (``start_epoch``, ``run_steps``, ``epoch_results``,
-``grad_sq``, ``val_sse``, ``test_sse``, ``warm_up``, ``n_local``), so that the epoch loop
-of ``hvdscale.trainer.loop`` drives it unchanged.
+"""The training steps and evaluation of one torch-ddp rank, behind the host interface of a
+step program (``hvdscale.trainer.step.Steps``: ``start_epoch``, ``run_steps``,
+``epoch_results``, ``grad_sq``, ``val_sse``, ``test_sse``, ``warm_up``, ``n_local``), so
+that the epoch loop of ``hvdscale.trainer.loop`` drives it as it drives the Horovod one.
 
 Plain steps (the headline time) are ordinary DDP steps: the gradient allreduce of each
 bucket starts during the backward pass and overlaps it (gloo on the CPU). Timed steps
@@ -69,7 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
-from hvdscale.trainer.horovod_tf.step import EVAL_BATCH
+from hvdscale.trainer.step import EVAL_BATCH
 from hvdscale.trainer.torch_ddp.device import synchronizer
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
 
