@@ -19,11 +19,8 @@ from hvdscale.analysis.columns import (
     with_framework,
 )
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
-from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS
+from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS, run_candidate, run_kind
 from hvdscale.target import TOO_LOOSE
-
-CANDIDATE_ID = r"_m[0-9]+(?:p[0-9]+)?_wu[0-9]+(?:_[a-z]+)?_r[0-9]+$"
-KIND_ID = r"_(?:cal|rerun)_r[0-9]+$"
 
 
 def _configurations(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -236,9 +233,10 @@ def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
         runs = runs[runs["candidate"].fillna("").astype(str) == ""]
     if "kind" in runs:  # calibration runs and tuning re-runs are not scaling configurations
         runs = runs[runs["kind"].fillna("").astype(str) == ""]
-    runs = runs[~runs["run_id"].astype(str).str.contains(KIND_ID, regex=True)]
-    status = status[~status["run_id"].astype(str).str.contains(CANDIDATE_ID, regex=True)]
-    status = status[~status["run_id"].astype(str).str.contains(KIND_ID, regex=True)]
+    runs = runs[runs["run_id"].map(run_kind) == ""]
+    status = status[
+        (status["run_id"].map(run_kind) == "") & (status["run_id"].map(run_candidate) == "")
+    ]
     out = _configurations(runs, status).merge(_repeat_statistics(runs), on=CONFIG_KEYS, how="left")
     for s in STATUSES:
         col = f"n_{s}"

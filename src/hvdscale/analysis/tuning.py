@@ -27,7 +27,6 @@ The command line is ``hvdscale select-tuned`` (hvdscale.commands.select_tuned).
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
@@ -35,6 +34,7 @@ import pandas as pd
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv
+from hvdscale.matrix.runid import run_candidate, run_id_parts, run_kind
 from hvdscale.target import TOO_LOOSE
 
 TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
@@ -72,9 +72,6 @@ TUNED_COLUMNS = [
     "selection_best_val_loss",
     "selection_n_repeats",
 ]
-_CAND = re.compile(
-    r"_lr(?P<lr>none|linear|sqrt)_(?P<cand>m[0-9p]+_wu[0-9]+)(?:_(?P<kind>cal|rerun))?_r[0-9]+$"
-)
 _STATS = [
     "n_repeats",
     "n_reached_target",
@@ -94,12 +91,11 @@ def _tagged(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with candidate and kind filled from the run id where a column lacks them."""
     if runs.empty:
         return runs.assign(kind=pd.Series(dtype=str), candidate=pd.Series(dtype=str))
-    m = runs["run_id"].astype(str).str.extract(_CAND)
     out = runs.copy()
     cand = out["candidate"].fillna("").astype(str) if "candidate" in out else ""
-    out["candidate"] = np.where(cand != "", cand, m["cand"].fillna(""))
+    out["candidate"] = np.where(cand != "", cand, out["run_id"].map(run_candidate))
     kind = out["kind"].fillna("").astype(str) if "kind" in out else ""
-    out["kind"] = np.where(kind != "", kind, m["kind"].fillna(""))
+    out["kind"] = np.where(kind != "", kind, out["run_id"].map(run_kind))
     return out
 
 
@@ -172,11 +168,11 @@ def _expected(status: pd.DataFrame | None, runs: pd.DataFrame) -> pd.DataFrame:
     if status is not None and not status.empty:
         st = status[status["in_config"]] if "in_config" in status else status
         for x in st.itertuples(index=False):
-            m = _CAND.search(str(x.run_id))
-            if m and not m["kind"] and pd.notna(x.workers):
+            parts = run_id_parts(x.run_id)
+            if parts.get("candidate") and not parts["kind"] and pd.notna(x.workers):
                 fw = getattr(x, "framework", None) or FRAMEWORK_DEFAULT
                 b, w = int(x.batch_per_worker), int(x.workers)
-                rows.append((x.partition, fw, x.backend, b, w, m["cand"]))
+                rows.append((x.partition, fw, x.backend, b, w, parts["candidate"]))
     c = candidate_runs(runs)
     rows += list(zip(*(c[k] for k in TUNE_KEYS), c["candidate"]))
     df = pd.DataFrame(rows, columns=TUNE_KEYS + ["candidate"]).drop_duplicates()

@@ -84,6 +84,30 @@ def parse_run_id(run_id: str) -> dict:
     return d
 
 
+def run_id_parts(run_id) -> dict:
+    """``parse_run_id`` for tables: the components of a run id, or {} where the value is
+    not one (no error; a table may hold ids of another study)."""
+    try:
+        return parse_run_id(str(run_id))
+    except ConfigError:
+        return {}
+
+
+def run_kind(run_id) -> str:
+    """'' (scaling run or tuning candidate), 'cal' or 'rerun'."""
+    return run_id_parts(run_id).get("kind", "")
+
+
+def run_candidate(run_id) -> str:
+    """'m{mult}_wu{warm-up}' for a tuning candidate (or its re-run), else ''."""
+    return run_id_parts(run_id).get("candidate", "")
+
+
+def config_id(run_id) -> str:
+    """The run id without its repeat: the configuration the repeats share."""
+    return re.sub(r"_r[0-9]+$", "", str(run_id))
+
+
 # A scaling group: runs that differ only in the number of workers (and the repeat); the
 # framework (issue 19) is a key too, so a speedup never mixes Horovod and DDP runs.
 GROUP_KEYS = ["partition", "framework", "backend", "batch_per_worker", "lr_rule"]

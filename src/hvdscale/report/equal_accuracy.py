@@ -8,7 +8,6 @@ and the conclusions that follow from these numbers (none is written unconditiona
 from __future__ import annotations
 
 import math
-import re
 from xml.sax.saxutils import escape
 
 import numpy as np
@@ -16,12 +15,11 @@ import pandas as pd
 
 from hvdscale.analysis.columns import framework_short, names_framework, with_framework
 from hvdscale.analysis.noise_scale import implied_critical_batch
+from hvdscale.matrix.runid import config_id, run_kind
 from hvdscale.report import fmt
 from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
 
 CENSORED = "> budget"
-_KIND = re.compile(r"_(?P<kind>cal|rerun)_r[0-9]+$")
-_REPEAT = re.compile(r"_r[0-9]+$")
 
 TTT_TABLE_NOTE = (
     "Time to the target validation loss of every completed run, per configuration (run id "
@@ -74,11 +72,6 @@ def censored_median(times) -> float:
     return float(np.median(x))
 
 
-def run_kind(run_id: str) -> str:
-    m = _KIND.search(str(run_id))
-    return m.group("kind") if m else ""
-
-
 def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dict]:
     """One row per configuration (untuned runs and tuned re-runs) of the completed runs."""
     if runs is None or runs.empty:
@@ -93,7 +86,7 @@ def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dic
     ok = ok[(ok["kind"] == "rerun") | ((ok["kind"] == "") & (cand == ""))]
     if ok.empty:
         return []
-    ok["config"] = ok["run_id"].str.replace(_REPEAT, "", regex=True)
+    ok["config"] = ok["run_id"].map(config_id)
     rows = []
     order = ["partition", "backend", "batch_per_worker", "kind", "workers", "config"]
     for cfg_id, g in ok.sort_values(order + ["repeat"]).groupby("config", sort=False):
