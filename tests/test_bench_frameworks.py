@@ -207,8 +207,9 @@ def test_the_docs_blocks_show_valid_figures_only(tmp_path):
 
     res = tmp_path / "results"
     shutil.copytree(ROOT / "benchmarks" / "results", res)
-    page = tmp_path / "performance.md"
-    shutil.copy(ROOT / "docs" / "performance.md", page)
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    page = docs / "performance.md"
     _results.write_csv("frameworks", fs.summarise([75], results(1)), res / "frameworks.csv")
     bad = {**GOOD, "foreign_cpu": 0.4, "valid": "false", "invalid_reason": "foreign_cpu 0.4"}
     runs = [fs.run_row(0, 75, "torch-ddp", 2, {**fs.arm_result(record(reached=False))}, GOOD, 9),
@@ -217,7 +218,7 @@ def test_the_docs_blocks_show_valid_figures_only(tmp_path):
     _results.write_csv("frameworks_runs", runs, res / "frameworks_runs.csv")
     gen = [sys.executable, "-m", "perfdocs"]  # from benchmarks/, as make perf-docs runs it
     r = subprocess.run(
-        [*gen, "--page", page, "--results", res], capture_output=True, text=True, cwd=BENCH
+        [*gen, "--docs", docs, "--results", res], capture_output=True, text=True, cwd=BENCH
     )
     assert r.returncode == 0, r.stderr
     text = page.read_text()

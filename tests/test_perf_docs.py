@@ -1,6 +1,7 @@
-"""docs/performance.md is generated from benchmarks/results/*.csv: the page and the CSVs
-agree, every CSV carries its provenance, and no figure is typed by hand outside the
-generated blocks. Quick: no benchmark runs, no timing."""
+"""docs/performance.md and docs/performance-history.md are generated from
+benchmarks/results/*.csv: the pages and the CSVs agree, every CSV carries its provenance,
+and no figure is typed by hand outside the generated blocks. Quick: no benchmark runs, no
+timing."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the generator is benchmarks/perfdocs (python -m perfdocs)
 PAGE = ROOT / "docs" / "performance.md"
+HISTORY = ROOT / "docs" / "performance-history.md"
 RESULTS = BENCH / "results"
 PROVENANCE = ["commit", "machine", "date", "load", "load_before", "load_after"]
 
@@ -52,10 +54,13 @@ def test_every_result_csv_has_provenance_columns():
 
 @pytest.fixture
 def copy(tmp_path):
+    """Copies of the results and of both pages; ``--docs page.parent`` renders them."""
     res = tmp_path / "results"
     shutil.copytree(RESULTS, res)
-    page = tmp_path / "performance.md"
+    page = tmp_path / "docs" / "performance.md"
+    page.parent.mkdir()
     shutil.copy(PAGE, page)
+    shutil.copy(HISTORY, page.parent / HISTORY.name)
     return page, res
 
 
@@ -77,16 +82,16 @@ def test_check_fails_when_a_csv_figure_changes(copy):
     # rows measured alone (the committed ones may predate foreign_cpu: no figure shown)
     rows = [{**r, "foreign_cpu": "0.01", "valid": "true", "invalid_reason": ""} for r in rows]
     rewrite(p, rows)
-    assert run_gen("--check", "--page", page, "--results", res).returncode == 1
-    assert run_gen("--page", page, "--results", res).returncode == 0
+    assert run_gen("--check", "--docs", page.parent, "--results", res).returncode == 1
+    assert run_gen("--docs", page.parent, "--results", res).returncode == 0
     rows[0]["median"] = str(float(rows[0]["median"]) * 1.5 + 1)
     rewrite(p, rows)
-    r = run_gen("--check", "--page", page, "--results", res)
+    r = run_gen("--check", "--docs", page.parent, "--results", res)
     assert r.returncode == 1
     assert "make perf-docs" in r.stderr
     # regenerating makes it agree again
-    assert run_gen("--page", page, "--results", res).returncode == 0
-    assert run_gen("--check", "--page", page, "--results", res).returncode == 0
+    assert run_gen("--docs", page.parent, "--results", res).returncode == 0
+    assert run_gen("--check", "--docs", page.parent, "--results", res).returncode == 0
 
 
 def scaling_row(metric, arm, workers, median, **quality):
@@ -111,7 +116,7 @@ def test_no_figure_of_an_invalid_or_old_row_reaches_the_page(copy, tmp_path):
             scaling_row("ratio_hvdscale_vs_keras", "hvdscale", 1, "0.6161"),  # old: no foreign
         ],
     )
-    assert run_gen("--page", page, "--results", res).returncode == 0
+    assert run_gen("--docs", page.parent, "--results", res).returncode == 0
     text = page.read_text()
     assert "0.91" in text and "1.42" not in text and "0.62" not in text
     targets = re.search(r"perf:begin targets -->\n(.*?)<!--", text, re.S).group(1)
@@ -130,20 +135,62 @@ def test_check_fails_when_the_page_is_edited_by_hand(copy):
     assert m and m.group(1).strip(), "the scaling block is empty"
     edited = text.replace(m.group(1), m.group(1).replace("|", "| 0.99 ", 1), 1)
     page.write_text(edited)
-    assert run_gen("--check", "--page", page, "--results", res).returncode == 1
+    assert run_gen("--check", "--docs", page.parent, "--results", res).returncode == 1
+
+
+def test_check_fails_when_the_history_page_is_edited_by_hand(copy):
+    page, res = copy
+    history = page.parent / HISTORY.name
+    text = history.read_text()
+    m = re.search(r"<!-- perf:begin sync-breakdown -->\n(.*?)<!-- perf:end", text, re.S)
+    assert m and m.group(1).strip(), "the sync-breakdown block is empty"
+    history.write_text(text.replace(m.group(1), m.group(1).replace("|", "| 0.99 ", 1), 1))
+    r = run_gen("--check", "--docs", page.parent, "--results", res)
+    assert r.returncode == 1 and HISTORY.name in r.stderr and "make perf-docs" in r.stderr
+    assert run_gen("--docs", page.parent, "--results", res).returncode == 0
+    assert history.read_text() == text
+
+
+def test_every_block_is_on_its_one_page():
+    """Each generated block belongs to exactly one page and the pages hold just their own
+    blocks: a block moved to the other page stops the generator."""
+    from perfdocs import generate as g
+
+    names = [n for blocks in g.PAGES.values() for n in blocks]
+    assert sorted(names) == sorted(g.BLOCKS) and len(names) == len(set(names))
+    for path in (PAGE, HISTORY):
+        found = re.findall(r"<!-- perf:begin ([a-z0-9_-]+) -->", path.read_text())
+        assert sorted(found) == sorted(g.PAGES[path.name]), path.name
+    text = PAGE.read_text()  # the page leads with the targets
+    assert text.index("perf:begin targets") < min(
+        text.index(f"perf:begin {n}") for n in g.PAGES["performance.md"] if n != "targets"
+    )
+    block = "<!-- perf:begin data-phase -->\n<!-- perf:end data-phase -->\n"
+    with pytest.raises(SystemExit, match="belongs to performance-history.md"):
+        g.render(text + block, RESULTS, "performance.md")
 
 
 def test_a_missing_csv_is_said_not_invented(copy):
     page, res = copy
     (res / "bench_slurm_overhead.csv").unlink(missing_ok=True)
-    run_gen("--page", page, "--results", res)
+    run_gen("--docs", page.parent, "--results", res)
     assert "Not measured in this revision (no `benchmarks/results/bench_slurm_overhead.csv`)" in (
         page.read_text()
     )
 
 
-def test_no_hand_typed_figures_outside_the_generated_blocks():
-    text = PAGE.read_text().replace("95 %", "")  # the confidence level, not a measurement
+def test_a_missing_csv_of_a_removed_benchmark_says_where_it_went(copy):
+    page, res = copy
+    (res / "bench_data_phase.csv").unlink()
+    assert run_gen("--docs", page.parent, "--results", res).returncode == 0
+    text = (page.parent / HISTORY.name).read_text()
+    assert "No `benchmarks/results/bench_data_phase.csv` in this revision" in text
+    assert "`git log -- benchmarks/bench_data_phase.py`" in text
+
+
+@pytest.mark.parametrize("path", [PAGE, HISTORY], ids=lambda p: p.name)
+def test_no_hand_typed_figures_outside_the_generated_blocks(path):
+    text = path.read_text().replace("95 %", "")  # the confidence level, not a measurement
     text = re.sub(r"<!-- perf:begin .*?<!-- perf:end [a-z0-9_-]+ -->", "", text, flags=re.S)
     figures = re.findall(
         r"\d+\.\d+|\d[\d,]* ?%|\d+(?:\.\d+)? ?x\b|\d[\d,]* ?samples/s|\d+ ?ms\b", text

@@ -1,7 +1,7 @@
 """The efficiency a bare allreduce allows (issue 17, item 3), a block of
-perfdocs.generate: from two benchmarks' valid rows, the 2-worker efficiency at
-batch 75 that hvdscale could reach if its step were the 1-rank step plus one bare
-allreduce of the gradient, against what bench_scaling measured.
+docs/performance-history.md (perfdocs.generate): from two benchmarks' valid rows, the
+2-worker efficiency at batch 75 that hvdscale could reach if its step were the 1-rank
+step plus one bare allreduce of the gradient, against what bench_scaling measured.
 
   t_step     1-rank step time alone: batch / samples per second of hvdscale with 1
              worker (bench_scaling's paired phase; shown, not used by the bound)
@@ -168,7 +168,8 @@ def block_efficiency_bound(res: Path) -> str:
             out += (
                 "The bound lies below the measured efficiency: in this bare loop the "
                 "allreduce costs more than inside a training call, so the loop overstates "
-                "it (the MPI arms' wide intervals above show how much its time varies).\n"
+                "it (the MPI arms' wide intervals in docs/performance.md show how much its "
+                "time varies).\n"
             )
         elif split and split["compute_ratio"] < 1.15 and split["sync_vs_bare"] > 2:
             out += (
@@ -181,8 +182,8 @@ def block_efficiency_bound(res: Path) -> str:
                 "work also runs, and the wait for the other rank; the bare loop, whose "
                 "ranks call in lockstep with nothing else to run, pays little of it (the "
                 "next section splits the sync phase with Horovod's timeline). "
-                "No setting measured here removes it (cycle time, fusion and binding, "
-                "above).\n"
+                "No setting measured removes it (cycle time, fusion and binding: the "
+                "bare-allreduce table of docs/performance.md).\n"
             )
         elif x["explained"] < 0.9:
             out += (

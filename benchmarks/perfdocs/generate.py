@@ -1,11 +1,13 @@
-"""Regenerate the tables of docs/performance.md from the benchmark results under
+"""Regenerate the tables of docs/performance.md (the targets and the current figures) and
+docs/performance-history.md (concluded investigations) from the benchmark results under
 benchmarks/results/*.csv (written by the benchmarks through benchmarks/_results.py).
 
-The page holds generated blocks between ``<!-- perf:begin NAME -->`` and
+Each page holds generated blocks between ``<!-- perf:begin NAME -->`` and
 ``<!-- perf:end NAME -->``; everything between the markers is replaced, the prose
-around them is kept. Every figure on the page comes from a CSV, with its provenance
-(commit, machine, date, load). ``--check`` exits 1 (and prints a diff) when the page and
-the CSVs disagree; tests/test_perf_docs.py runs it. ``make perf-docs`` rewrites the page.
+around them is kept. Every block belongs to one page (``PAGES``). Every figure on the
+pages comes from a CSV, with its provenance (commit, machine, date, load). ``--check``
+exits 1 (and prints a diff) when a page and the CSVs disagree; tests/test_perf_docs.py
+runs it. ``make perf-docs`` rewrites the pages.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .common import (
 from .frameworks import block_frameworks, block_frameworks_runs
 from .sync import block_sync_breakdown
 
-PAGE = ROOT / "docs" / "performance.md"
+DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(
     r"(<!-- perf:begin (?P<name>[a-z0-9_-]+) -->\n)(?P<body>.*?)(<!-- perf:end (?P=name) -->)",
@@ -393,6 +395,7 @@ def allreduce_reading(rows: list[dict]) -> str:
     )
 
 
+#: the CSVs behind docs/performance.md (the targets and the current figures)
 VALIDITY_SOURCES = [
     "bench_scaling",
     "bench_scaling_runs",
@@ -401,7 +404,6 @@ VALIDITY_SOURCES = [
     "bench_train_overhead",
     "bench_allreduce_bare",
     "bench_cycle_time",
-    "bench_data_phase",
     "bench_data",
     "bench_dag",
     "bench_report",
@@ -410,12 +412,17 @@ VALIDITY_SOURCES = [
     "costmodel_emulated",
     "costmodel_emulated_errors",
 ]
+#: the CSVs of the concluded investigations that only docs/performance-history.md shows
+HISTORY_VALIDITY_SOURCES = [
+    "bench_sync_breakdown",
+    "bench_data_phase",
+]
 
 
-def block_validity(res: Path) -> str:
+def block_validity(res: Path, sources: list[str] = VALIDITY_SOURCES) -> str:
     """Per CSV: how many rows are valid, and why the others are not."""
     body = []
-    for name in VALIDITY_SOURCES:
+    for name in sources:
         rows = read(res, name)
         if not rows:
             body.append([f"`{name}.csv`", "", "", "not measured in this revision"])
@@ -440,6 +447,10 @@ def block_validity(res: Path) -> str:
         "the quiet guard have no `foreign_cpu` and are invalid. No figure of an invalid row "
         "appears on this page; verdicts use valid rows only.\n\n" + table(head, body)
     )
+
+
+def block_history_validity(res: Path) -> str:
+    return block_validity(res, HISTORY_VALIDITY_SOURCES)
 
 
 def verdict(r, target, lower_is_better=False, keys=("median", "ci_low", "ci_high")):
@@ -527,6 +538,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "efficiency-bound": block_efficiency_bound,
     "sync-breakdown": block_sync_breakdown,
     "validity": block_validity,
+    "history-validity": block_history_validity,
     "data-phase": block_data_phase,
     "data": block_data,
     "dag": block_dag,
@@ -537,48 +549,89 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
 }
 
 
-def render(text: str, results: Path = RESULTS) -> str:
+#: the generated pages under docs/ and the blocks each holds (every block on one page)
+PAGES: dict[str, tuple[str, ...]] = {
+    "performance.md": (
+        "targets",
+        "validity",
+        "scaling-summary",
+        "scaling-throughput",
+        "scaling-paired-runs",
+        "scaling-tuning",
+        "frameworks",
+        "frameworks-runs",
+        "train-overhead",
+        "instrumentation",
+        "cycle-time",
+        "allreduce-bare",
+        "data",
+        "dag",
+        "report",
+        "slurm",
+        "slurm-arrays",
+        "costmodel",
+    ),
+    "performance-history.md": (
+        "history-validity",
+        "efficiency-bound",
+        "sync-breakdown",
+        "data-phase",
+    ),
+}
+
+
+def render(text: str, results: Path = RESULTS, page: str = "performance.md") -> str:
+    """``text`` (the page ``page`` of PAGES) with its blocks regenerated from ``results``;
+    a block of another page, an unknown block or a missing one stops it."""
+    mine = PAGES[page]
     seen = set()
 
     def sub(m):
         name = m.group("name")
-        if name not in BLOCKS:
-            raise SystemExit(f"{PAGE}: unknown generated block {name!r}")
+        if name not in mine:
+            where = next((p for p, names in PAGES.items() if name in names), None)
+            why = f"belongs to {where}" if where else "is unknown"
+            raise SystemExit(f"{page}: generated block {name!r} {why}")
         seen.add(name)
         return m.group(1) + BLOCKS[name](results) + m.group(4)
 
     out = BLOCK.sub(sub, text)
-    absent = sorted(set(BLOCKS) - seen)
+    absent = [n for n in mine if n not in seen]
     if absent:
-        raise SystemExit(f"{PAGE}: generated blocks missing: {', '.join(absent)}")
+        raise SystemExit(f"{page}: generated blocks missing: {', '.join(absent)}")
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 when the page is out of date")
-    ap.add_argument("--page", default=str(PAGE))
+    ap.add_argument("--check", action="store_true", help="exit 1 when a page is out of date")
+    ap.add_argument("--docs", default=str(DOCS), help=f"folder of {', '.join(PAGES)}")
     ap.add_argument("--results", default=str(RESULTS))
     a = ap.parse_args(argv)
-    page = Path(a.page)
-    old = page.read_text()
-    new = render(old, Path(a.results))
-    if a.check:
-        if new != old:
+    stale = []
+    for name in PAGES:
+        page = Path(a.docs) / name
+        old = page.read_text()
+        new = render(old, Path(a.results), name)
+        if new == old:
+            continue
+        if a.check:
             sys.stdout.writelines(
                 difflib.unified_diff(
                     old.splitlines(True), new.splitlines(True), str(page), "regenerated"
                 )
             )
-            print(
-                f"\n{page} disagrees with {a.results}/*.csv: run `make perf-docs`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if new != old:
-        page.write_text(new)
-        print(f"wrote {page}")
+            stale.append(str(page))
+        else:
+            page.write_text(new)
+            print(f"wrote {page}")
+    if stale:
+        print(
+            f"\n{' and '.join(stale)} {'disagrees' if len(stale) == 1 else 'disagree'} with "
+            f"{a.results}/*.csv: run `make perf-docs`",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -1,8 +1,9 @@
 """Where the 2-worker sync phase goes (issue 17, item 3), a block of
-perfdocs.generate from benchmarks/results/bench_sync_breakdown.csv: per cycle time
-the medians over the repeats, then every timeline run, each split into what Horovod's
-timeline sees (negotiation, the allreduce and its MPI op) and the rest of the record's
-sync phase; a reading of the shares, computed from the valid rows.
+docs/performance-history.md (perfdocs.generate) from
+benchmarks/results/bench_sync_breakdown.csv: per cycle time the medians over the repeats,
+then every timeline run, each split into what Horovod's timeline sees (negotiation, the
+allreduce and its MPI op) and the rest of the record's sync phase; a reading of the
+shares, computed from the valid rows.
 """
 
 from __future__ import annotations
