@@ -96,7 +96,7 @@ bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin; one j
 bench-costmodel:  ## allreduce sweeps on the emulated two-node partition -> cost model fitted from <= 4 ranks, validated on 8 and 16 (root)
 	$(VENV)/bin/python benchmarks/bench_costmodel.py
 
-perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
+perf-docs:  ## regenerate the tables of docs/performance{,-history}.md from benchmarks/results/*.csv
 	cd benchmarks && $(abspath $(VENV))/bin/python -m perfdocs
 
 clean:  ## remove results and Snakemake state (keeps the envs)
