@@ -349,13 +349,14 @@ def test_resume_after_the_launcher_group_is_killed(tmp_path, train_data, workers
     check_plausible(rec, workers=workers, epochs=4)
     tr = [e["train_loss"] for e in rec["epochs"]]
     assert tr[2] < 1.25 * tr[1], f"restart spike: {tr}"  # continues, does not start over
-    # the same as an uninterrupted run (weights, optimizer state and shuffling restored)
+    # the same as an uninterrupted run, bit for bit (weights, optimizer state and shuffling
+    # restored): a rank's steps repeat exactly (1 thread, a seeded shuffle), and with two
+    # ranks every allreduced value is one sum of two numbers, whichever order the fused
+    # tensors take; measured: equal in every epoch with 1 and 2 ranks
     ref, _ = _run_ok(cfg, rid, train_data, tmp_path / "reference")
-    for a, b in zip(rec["epochs"], ref["epochs"]):
-        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=0.02)
-    assert rec["summary"]["final_test_loss"] == pytest.approx(
-        ref["summary"]["final_test_loss"], rel=0.02
-    )
+    for key in ("train_loss", "val_loss"):
+        assert [e[key] for e in rec["epochs"]] == [e[key] for e in ref["epochs"]], key
+    assert rec["summary"]["final_test_loss"] == ref["summary"]["final_test_loss"]
     assert rec["initial_weights_sha256"] == ref["initial_weights_sha256"]  # kept over resumes
     assert rec["epochs"][3]["elapsed_s"] > rec["epochs"][1]["elapsed_s"]
 
