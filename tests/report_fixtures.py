@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import hvdscale.analysis.stats as _stats
-from hvdscale.report.headline_text import HEADLINE_COLUMNS
+from hvdscale.analysis.columns import HEADLINE_COLUMNS
 
 # The stats helper's branch defines CI_METHOD (issue 16); until it is merged the tests
 # supply a placeholder (tests only: the report imports it without a fallback).
@@ -20,7 +20,7 @@ CI_METHOD = _stats.CI_METHOD
 
 def headline_row(**over) -> dict:
     """One headline.csv row: 2 workers at batch 75 reaching the target in every repeat;
-    ttt_speedup = epoch_speedup x epochs_ratio x fixed_factor (1.0 unless given),
+    speedup_ttt = epoch_speedup x epochs_ratio x fixed_factor (1.0 unless given),
     retained_fraction = ttt / epoch."""
     row = dict(
         partition="local",
@@ -34,8 +34,8 @@ def headline_row(**over) -> dict:
         epoch_hi=1.9,
         epochs_ratio=0.75,
         fixed_factor=1.0,
-        ttt_lo=1.2,
-        ttt_hi=1.7,
+        speedup_ttt_lo=1.2,
+        speedup_ttt_hi=1.7,
         reached=5,
         total=5,
         base_reached=5,
@@ -48,10 +48,10 @@ def headline_row(**over) -> dict:
     )
     row.update(over)
     row.setdefault("global_batch", row["batch_per_worker"] * row["workers"])
-    if "ttt_speedup" not in row:
-        row["ttt_speedup"] = row["epoch_speedup"] * row["epochs_ratio"] * row["fixed_factor"]
+    if "speedup_ttt" not in row:
+        row["speedup_ttt"] = row["epoch_speedup"] * row["epochs_ratio"] * row["fixed_factor"]
     if "retained_fraction" not in row:
-        e, t = row["epoch_speedup"], row["ttt_speedup"]
+        e, t = row["epoch_speedup"], row["speedup_ttt"]
         row["retained_fraction"] = t / e if math.isfinite(t) and math.isfinite(e) else math.nan
     return row
 
@@ -61,9 +61,9 @@ def censored_row(reached: int, total: int = 5, **over) -> dict:
     return headline_row(
         reached=reached,
         total=total,
-        ttt_speedup=math.nan,
-        ttt_lo=math.nan,
-        ttt_hi=math.nan,
+        speedup_ttt=math.nan,
+        speedup_ttt_lo=math.nan,
+        speedup_ttt_hi=math.nan,
         epochs_ratio=math.nan,
         fixed_factor=math.nan,
         note=f"{total - reached}/{total} censored: no median",

@@ -505,9 +505,10 @@ def _headline_study(tmp_path, n_censored=0):
 def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
     from hvdscale.analysis.headline import HEADLINE_COLUMNS, headline
     from hvdscale.analysis.stats import CI_METHOD
+    from hvdscale.analysis.tuning import select_tuned
 
     agg = _headline_study(tmp_path)
-    h = headline(agg.runs, agg.status)
+    h = headline(agg.runs, select_tuned(agg.runs, agg.status))
     assert list(h.columns) == HEADLINE_COLUMNS and len(h) == 1
     r = h.iloc[0]
     assert (r.workers, bool(r.tuned), r.global_batch) == (2, False, 150)
@@ -516,12 +517,12 @@ def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
     # the headline is the measured ratio of median times to target (summary.csv's), the
     # factors multiply to it with the fixed costs (warm-up epoch, validation) as the rest
     s = agg.summary.set_index("workers")
-    assert r.ttt_speedup == pytest.approx(s.loc[2, "speedup_ttt"])
-    assert r.ttt_speedup == pytest.approx(r.epoch_speedup * r.epochs_ratio * r.fixed_factor)
-    assert r.retained_fraction == pytest.approx(r.ttt_speedup / r.epoch_speedup)
+    assert r.speedup_ttt == pytest.approx(s.loc[2, "speedup_ttt"])
+    assert r.speedup_ttt == pytest.approx(r.epoch_speedup * r.epochs_ratio * r.fixed_factor)
+    assert r.retained_fraction == pytest.approx(r.speedup_ttt / r.epoch_speedup)
     assert (r.reached, r.total, r.base_reached, r.base_total) == (5, 5, 5, 5)
     assert r.epoch_lo < r.epoch_speedup < r.epoch_hi
-    assert r.ttt_lo < r.ttt_speedup < r.ttt_hi
+    assert r.speedup_ttt_lo < r.speedup_ttt < r.speedup_ttt_hi
     assert r.b_simple == pytest.approx(2000.0) and r.critical_batch == r.b_simple
     assert r.predicted_epochs_ratio == pytest.approx((1 + 75 / 2000) / (1 + 150 / 2000))
     assert r.ci_method == CI_METHOD and r.note == ""
@@ -529,11 +530,12 @@ def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
 
 def test_headline_says_why_a_censored_median_is_missing(tmp_path):
     from hvdscale.analysis.headline import headline
+    from hvdscale.analysis.tuning import select_tuned
 
     agg = _headline_study(tmp_path, n_censored=3)
-    r = headline(agg.runs, agg.status).iloc[0]
+    r = headline(agg.runs, select_tuned(agg.runs, agg.status)).iloc[0]
     assert (r.reached, r.total) == (2, 5)
-    assert math.isnan(r.ttt_speedup) and math.isnan(r.ttt_lo)
+    assert math.isnan(r.speedup_ttt) and math.isnan(r.speedup_ttt_lo)
     assert "3/5 censored: no median" in r.note
     assert r.epoch_speedup == pytest.approx(1 / 0.6)
 
@@ -557,4 +559,4 @@ def test_aggregate_cli_writes_headline(tmp_path):
     ]
     assert main(argv) == 0
     h = pd.read_csv(out / "headline.csv")
-    assert h.loc[0, "reached"] == 5 and h.loc[0, "ttt_speedup"] > 1
+    assert h.loc[0, "reached"] == 5 and h.loc[0, "speedup_ttt"] > 1

@@ -135,11 +135,18 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
     assert counts["val"] > 0
     # every run completed, with a valid record (calibration, tuning candidates and the
     # re-run of a selected candidate too)
+    with open(res / "scaling" / "selection.csv") as fh:
+        chosen = list(csv.DictReader(fh))
     with open(res / "scaling" / "tuned.csv") as fh:
         tuned = list(csv.DictReader(fh))
-    # tuned.csv is the checkpoint's selection: the winner's re-runs come after it
-    assert len(tuned) == 1 and tuned[0]["status"] in ("awaiting_reruns", "none_reached")
-    picked = tuned[0]["status"] == "awaiting_reruns"
+    # selection.csv is the checkpoint's selection, written before the winner's re-runs;
+    # tuned.csv (aggregate_runs) comes after them and holds their figures
+    assert len(chosen) == 1 and chosen[0]["status"] in ("selected", "none_reached")
+    picked = chosen[0]["status"] == "selected"
+    assert len(tuned) == 1 and tuned[0]["status"] == chosen[0]["status"]
+    assert tuned[0]["candidate"] == chosen[0]["candidate"]
+    if picked:
+        assert int(tuned[0]["n_repeats"]) >= 1  # the re-run's figures, reached or not
     reruns = [CANDIDATES[0].replace("_r0", "_rerun_r0")] if picked else []
     expected = RUN_IDS + CAL_IDS + CANDIDATES + reruns
     status = read_status(results_dir)

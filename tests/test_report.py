@@ -49,6 +49,12 @@ def pipeline(
     tables = ["--runs", o["runs"], "--summary", o["summary"]]
     aggregate_args = ["aggregate", "--runs-dir", str(runs_dir), "--config", str(full)]
     aggregate_args += ["--out-runs", o["runs"], "--out-summary", o["summary"]]
+    aggregate_args += [
+        "--out-tuned",
+        str(s / "tuned.csv"),
+        "--out-headline",
+        str(s / "headline.csv"),
+    ]
     assert main(aggregate_args + ["--out-status", o["status"], "--quiet"]) == 0
     fit = ["fit-costmodel", "--allreduce", *map(str, allreduce), *tables]
     assert main(fit + ["--out", o["costmodel"]]) == 0
@@ -355,14 +361,17 @@ def test_report_shows_speedup_at_equal_accuracy_with_intervals(tmp_path):
     F.write_study(tmp_path / "runs", cfg, train_samples=30000)
     ar = F.study_allreduce(tmp_path / "allreduce", cfg)
     out = pipeline(tmp_path, cfg, tmp_path / "runs", ar)
-    tuned_csv = tmp_path / "scaling" / "tuned.csv"
-    assert main(["select-tuned", "--runs", str(out["runs"]), "--out", str(tuned_csv)]) == 0
+    selection_csv = tmp_path / "scaling" / "selection.csv"
+    assert main(["select-tuned", "--runs", str(out["runs"]), "--out", str(selection_csv)]) == 0
     # the selected candidates' re-runs (fresh seeds) give the tuned figures, as the
     # select_tuned checkpoint requests them
-    assert F.write_reruns(tmp_path / "runs", cfg, read_tuned(tuned_csv), 3, train_samples=30000)
+    chosen = pd.read_csv(selection_csv, keep_default_na=False)
+    assert F.write_reruns(tmp_path / "runs", cfg, chosen, 3, train_samples=30000)
     out = pipeline(tmp_path, cfg, tmp_path / "runs", ar)
-    assert main(["select-tuned", "--runs", str(out["runs"]), "--out", str(tuned_csv)]) == 0
-    tuned = read_tuned(tuned_csv)
+    # the selection does not move with the re-runs; tuned.csv (aggregate) has their figures
+    assert main(["select-tuned", "--runs", str(out["runs"]), "--out", str(selection_csv)]) == 0
+    assert pd.read_csv(selection_csv, keep_default_na=False).equals(chosen)
+    tuned = read_tuned(tmp_path / "scaling" / "tuned.csv")
     assert len(tuned) == 4
     text = pdf_text(out["report"])
     flat = " ".join(text.split())

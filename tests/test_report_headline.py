@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import report_fixtures as RF
 
+from hvdscale.analysis.tables import read_headline
 from hvdscale.errors import UserError
 from hvdscale.report import fmt
 from hvdscale.report.equal_accuracy import CENSORED, censored_median, conclusion, ttt_rows
@@ -21,7 +22,6 @@ from hvdscale.report.headline_text import (
     batch_sentence,
     headline_sentence,
     headline_sentences,
-    read_headline,
 )
 from hvdscale.target import read_target
 
@@ -39,14 +39,16 @@ def test_sentence_when_the_target_is_reached():
 
 
 def test_sentence_when_slower_says_so():
-    s = headline_sentence(RF.headline_row(epochs_ratio=0.5, ttt_lo=0.8, ttt_hi=0.99))
+    s = headline_sentence(
+        RF.headline_row(epochs_ratio=0.5, speedup_ttt_lo=0.8, speedup_ttt_hi=0.99)
+    )
     assert "more slowly than 1 worker: speedup 0.90x" in s and "faster than" not in s
     assert "50 % of the epoch-time gain survives" in s
 
 
 def test_sentence_when_the_interval_holds_one_claims_neither_direction():
     for s_, lo, hi in ((0.99, 0.57, 1.36), (1.01, 0.88, 1.22), (1.0, 1.0, 1.3)):
-        s = headline_sentence(RF.headline_row(ttt_speedup=s_, ttt_lo=lo, ttt_hi=hi))
+        s = headline_sentence(RF.headline_row(speedup_ttt=s_, speedup_ttt_lo=lo, speedup_ttt_hi=hi))
         assert "neither clearly faster nor slower than 1 worker: speedup" in s, s
         assert f"{s_:.2f}x [{lo:.2f}{D}{hi:.2f}], the interval holds 1 (5/5 reached" in s
         assert "faster than 1 worker (" not in s and "more slowly" not in s
@@ -74,7 +76,7 @@ def test_sentence_when_censored_has_no_median_and_names_the_factor():
 
 def test_sentence_without_an_interval_says_why():
     s = headline_sentence(
-        RF.headline_row(total=2, base_total=2, reached=2, base_reached=2, ttt_lo=math.nan)
+        RF.headline_row(total=2, base_total=2, reached=2, base_reached=2, speedup_ttt_lo=math.nan)
     )
     assert "(2/2 reached; 1 worker 2/2; no interval: fewer than 3 repeats)" in s
     assert NO_INTERVAL == "no interval: fewer than 3 repeats"
@@ -120,7 +122,7 @@ def test_headline_reader_names_the_file_and_the_problem(tmp_path):
     good = RF.write_headline(tmp_path / "headline.csv", [RF.headline_row(), RF.censored_row(0)])
     df = read_headline(good)
     assert list(df["tuned"]) == [False, False] and df["reached"].tolist() == [5, 0]
-    assert math.isnan(df["ttt_speedup"].iloc[1])
+    assert math.isnan(df["speedup_ttt"].iloc[1])
     bad = tmp_path / "bad.csv"
     for text, needle in (
         (good.read_text().replace("ci_method", "method"), "missing column(s) ci_method"),

@@ -1,8 +1,10 @@
 """Archive and regenerate (issue 13): the real Snakemake report rules on synthetic run
 records (no training: report.allow_partial reads the records that exist), then
 `hvdscale export` (rule export_study), then a rebuild in a fresh directory with the
-workflow env alone gives identical bytes for every PDF, PNG and table; and strict=True
-fails the workflow on a regression."""
+workflow env alone gives identical bytes for every PDF, PNG and table, the tuning
+sweep's selection and tuned tables included (issue 31: the checkpoint's selection is
+written before the re-runs, tuned.csv after them); and strict=True fails the workflow
+on a regression."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from hvdscale.analysis.aggregate import aggregate
+from hvdscale.analysis.tuning import selection
 from hvdscale.figures.registry import FIGURE_NAMES
 from hvdscale.matrix.runtable import allreduce_jobs, run_table
 from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
@@ -58,7 +62,18 @@ STUDY = {
                 "lr_rules": ["none"],
             }
         ],
-        "tune": None,
+        # as the default config: tune the 2-worker runs, the winner re-run with fresh seeds
+        "tune": {
+            "partitions": ["local"],
+            "workers": [2],
+            "backends": ["mpi"],
+            "batch_sizes": [75],
+            "lr_rules": ["linear"],
+            "lr_multipliers": [0.5, 2],
+            "warmup_epochs": [1],
+            "repeats": 1,
+            "rerun_repeats": 3,
+        },
     },
 }
 
@@ -68,19 +83,24 @@ def study():
     """A finished study in RESULTS (3 repeats, so the references get intervals)."""
     res = ROOT / RESULTS
     shutil.rmtree(res, ignore_errors=True)
-    # the study: 2 backends x 1, 2 workers x 3 repeats, an absolute target (no calibration
-    # runs) and no tuning sweep, so the 12 simulated records are the whole run table
+    # the study: 2 backends x 1, 2 workers x 3 repeats and 2 tuning candidates, an absolute
+    # target (no calibration runs): the 14 simulated records are the whole run table
     res.mkdir(parents=True)
     (res / "study.yaml").write_text(yaml.safe_dump(STUDY))
     configs = ["config/config.yaml", "config/partial.yaml", f"{RESULTS}/study.yaml"]
     cfg = merged_config([ROOT / c for c in configs])
-    assert len(run_table(cfg)) == 12
+    assert len(run_table(cfg)) == 14
     # the study's target first, as the workflow fixes it before any run: the records
     # written after it are up to date (Snakemake keeps them; they are not retrained)
     first = f"{RESULTS}/scaling/target.json"
     out = snakemake("--configfile", *configs, "--config", f"results_dir={RESULTS}", "--", first)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     F.write_study(res / "runs", cfg)
+    # the winner's re-runs, as the checkpoint select_tuned will request them
+    agg = aggregate(res / "runs", cfg)
+    chosen = selection(agg.runs, agg.status)
+    assert list(chosen["status"]) == ["selected"]
+    assert len(F.write_reruns(res / "runs", cfg, chosen, 3)) == 3
     F.add_systems(res / "runs", skip=2)  # two records as before runs described the system
     # the allreduce sweeps under the names the rules expect ({partition}_{backend}_n_w)
     tables = {p.stem: p for p in F.study_allreduce(res / "tmp-allreduce", cfg)}
@@ -99,8 +119,9 @@ def study():
 
 def test_snakemake_prints_the_plan_and_checks_the_references(study):
     res, out, _ = study
-    assert "hvdscale plan: 12 training jobs, worst case 6.0 node-h" in out.stderr
-    assert "12 have a record" in out.stderr
+    # 12 scaling runs, 2 tuning candidates, the winner's 3 re-runs
+    assert "hvdscale plan: 17 training jobs, worst case 8.5 node-h" in out.stderr
+    assert "14 have a record" in out.stderr
     ref = pd.read_csv(res / "scaling" / "references.csv")
     assert set(ref["verdict"]) <= {"within", "better", "worse", "inconclusive", "not measured"}
     sync = ref[ref.quantity == "sync_share"].iloc[0]
@@ -118,9 +139,9 @@ def test_archive_holds_inputs_products_and_provenance(study):
     systems = pd.read_csv(io.BytesIO(members[f"{RESULTS}/scaling/systems.csv"]), dtype=str)
     assert list(systems["partition"]) == ["local"]
     row = systems.iloc[0]
-    assert (row["runs"], row["described"]) == ("12", "10")
+    assert (row["runs"], row["described"]) == ("17", "15")
     assert row["cpu_model"] == "Generic x86-64" and row["interfaces"] == "eth0 (192.0.2.2)"
-    assert len([n for n in names if n.endswith("/metrics.json")]) == 12
+    assert len([n for n in names if n.endswith("/metrics.json")]) == 17
     assert not [n for n in names if "checkpoint" in n]
     with tarfile.open(res / "study.tar.gz") as tar:
         assert {m.mtime for m in tar.getmembers()} == {0}
@@ -138,7 +159,9 @@ def test_rebuild_from_the_archive_alone_is_byte_identical(study, tmp_path):
         for ext in ("pdf", "png"):
             assert files[f"{RESULTS}/plots/{name}.{ext}"] == "identical", name
     assert files[f"{RESULTS}/report.pdf"] == "identical"
-    assert set(files.values()) == {"identical"}, files
+    for table in ("selection.csv", "tuned.csv", "headline.csv"):
+        assert files[f"{RESULTS}/scaling/{table}"] == "identical", table
+    assert set(files.values()) == {"identical"}, files  # `hvdscale rebuild` exits 0
     assert (tmp_path / "rebuilt" / RESULTS / "report.pdf").exists()
     # the report rules themselves, run by Snakemake; nothing of the training stage
     ran = set(re.findall(r"^(?:local)?rule (\w+):", "\n".join(out["log"]), re.M))

@@ -203,7 +203,8 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
         run_id=won["run_id"].str.replace(r"_r([0-9]+)$", r"_rerun_r\1", regex=True),
         time_to_target_s=won["time_to_target_s"] * 1.1,
     )
-    tuned = select_tuned(pd.concat([agg.runs, won], ignore_index=True), agg.status)
+    everything = pd.concat([agg.runs, won], ignore_index=True)
+    tuned = select_tuned(everything, agg.status)
     assert set(tuned["status"]) <= {"selected", "none_reached", "all_failed"}
     merged = tuned.merge(first, on=keys[:4], suffixes=("", "_first"))
     done = merged[merged["status"] == "selected"]
@@ -217,11 +218,17 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    from hvdscale.analysis.headline import headline
     from hvdscale.analysis.references import references_of
-    from hvdscale.figures.accuracy import fig_speedup_ttt, fig_tune_heatmap
+    from hvdscale.figures.accuracy import fig_speedup_ttt, fig_tune_heatmap, tuned_points
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None, references_of(None))
-    fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None, references_of(None))
+    head = headline(everything, tuned)
+    # the figure's tuned points are headline.csv's tuned rows, each series from 1 worker
+    pts = tuned_points(head)
+    n = int((head["tuned"] & head["speedup_ttt"].notna()).sum())
+    assert n >= 1 and len(pts) == n + len(pts[pts["workers"] == 1])
+    fig_speedup_ttt(agg.runs, agg.summary, agg.epochs, None, references_of(None), head)
 
 
 def test_rerun_records_never_enter_the_selection():
@@ -254,9 +261,9 @@ def test_headline_tuned_rows_come_from_the_reruns():
     # epochs to target = time / epoch time: medians 7.0 (1 worker) and 4.2 (2 workers)
     assert r.epochs_ratio == pytest.approx(7.0 / 4.2)
     assert r.epoch_speedup == pytest.approx(2.0)
-    assert r.ttt_speedup == pytest.approx(2.0 * 7.0 / 4.2)
+    assert r.speedup_ttt == pytest.approx(2.0 * 7.0 / 4.2)
     assert (r.reached, r.total) == (5, 5)
-    assert r.ttt_lo <= r.ttt_speedup <= r.ttt_hi
+    assert r.speedup_ttt_lo <= r.speedup_ttt <= r.speedup_ttt_hi
 
 
 def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
@@ -276,10 +283,10 @@ def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
         rows.append(r)
     h = headline(pd.DataFrame(rows))
     tuned = h[h["tuned"]].iloc[0]
-    assert tuned.ttt_speedup == pytest.approx(2.0 * 7.0 / 4.2)
+    assert tuned.speedup_ttt == pytest.approx(2.0 * 7.0 / 4.2)
     assert (tuned.reached, tuned.total, tuned.base_reached, tuned.base_total) == (5, 5, 5, 5)
     assert "untuned 1-worker runs" in tuned.note
-    assert tuned.ttt_lo <= tuned.ttt_speedup <= tuned.ttt_hi
+    assert tuned.speedup_ttt_lo <= tuned.speedup_ttt <= tuned.speedup_ttt_hi
     # a group whose candidates all missed the target says so, with 0/0 counts
     missed = [_run(2, "m2_wu0", 0, math.inf, epoch_time=0.5)] + rows[6:]
     t2 = headline(pd.DataFrame(missed))
@@ -290,6 +297,7 @@ def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
 def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
     """Figure 1's tuned series is the headline table's: with a sweep that tunes 2 workers
     only, the re-runs against the untuned 1-worker runs (not 'no 1-worker tuning group')."""
+    from hvdscale.analysis.headline import headline
     from hvdscale.figures.accuracy import tuned_points
 
     rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]
@@ -301,9 +309,9 @@ def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
         r = _run(1, "m1_wu0", k, t, epoch_time=1.0)
         r.update(run_id=f"local_gloo_n1_w1_b75_lrlinear_r{k}", candidate="")
         rows.append(r)
-    pts = tuned_points(pd.DataFrame(rows)).set_index("workers")
+    pts = tuned_points(headline(pd.DataFrame(rows))).set_index("workers")
     assert pts.loc[1, "speedup_ttt"] == 1.0
     assert pts.loc[2, "speedup_ttt"] == pytest.approx(2.0 * 7.0 / 4.2)
     assert pts.loc[2, "speedup_ttt_lo"] <= pts.loc[2, "speedup_ttt"] <= pts.loc[2, "speedup_ttt_hi"]
     # no re-run reached the target: no tuned point at all
-    assert tuned_points(pd.DataFrame(rows[6:])) is None
+    assert tuned_points(headline(pd.DataFrame(rows[6:]))) is None

@@ -72,7 +72,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "select-tuned": (
         "hvdscale.commands.select_tuned",
-        "pick the best learning-rate candidate per tuning group (tuned.csv)",
+        "pick the best learning-rate candidate per tuning group (selection.csv)",
     ),
     "fit-costmodel": (
         "hvdscale.commands.fit_costmodel",

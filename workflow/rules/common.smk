@@ -173,7 +173,7 @@ def _records(run_ids):
 
 def rerun_ids(wildcards):
     """The re-runs of the selected tuning candidates: known once checkpoint select_tuned
-    wrote tuned.csv (a group whose candidates all failed has none to re-run)."""
+    wrote selection.csv (a group whose candidates all failed has none to re-run)."""
     if not TUNING:
         return []
     with open(checkpoints.select_tuned.get().output[0], newline="") as fh:

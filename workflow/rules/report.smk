@@ -21,6 +21,11 @@ rule aggregate_runs:
         status=f"{RESULTS}/scaling/status.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
         headline=f"{RESULTS}/scaling/headline.csv",
+        tuned=report(
+            f"{RESULTS}/scaling/tuned.csv",
+            caption="../report/tuned.rst",
+            category="Tables",
+        ),
     log:
         f"{RESULTS}/logs/aggregate_runs.log",
     benchmark:
@@ -34,7 +39,7 @@ rule aggregate_runs:
         "{params.hvd} aggregate --runs-dir {params.runsdir} --config {input.config}"
         " --out-runs {output.runs} --out-summary {output.summary}"
         " --out-status {output.status} --out-epochs {output.epochs}"
-        " --out-headline {output.headline} > {log} 2>&1"
+        " --out-headline {output.headline} --out-tuned {output.tuned} > {log} 2>&1"
 
 
 rule fit_costmodel:
@@ -68,6 +73,7 @@ rule plot_scaling:
         summary=f"{RESULTS}/scaling/summary.csv",
         epochs=f"{RESULTS}/scaling/epochs.csv",
         costmodel=f"{RESULTS}/scaling/costmodel.json",
+        headline=f"{RESULTS}/scaling/headline.csv",
     output:
         pdf=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         png=[
@@ -91,7 +97,8 @@ rule plot_scaling:
         caption=caption_values(CFG),
     shell:
         "{params.hvd} plot --runs {input.runs} --summary {input.summary} --epochs {input.epochs}"
-        " --costmodel {input.costmodel} --config {input.config} --outdir {params.outdir}"
+        " --costmodel {input.costmodel} --headline {input.headline} --config {input.config}"
+        " --outdir {params.outdir}"
         " > {log} 2>&1"
 
 

@@ -4,8 +4,9 @@
 # the best candidate per (partition, backend, per-worker batch, workers) on validation
 # time to target (ties: best validation loss); the selected candidates then re-run with
 # fresh seeds (run ids _rerun_r{k}, scaling.tune.rerun_repeats each): train_run jobs
-# like any other, requested by aggregate_runs through this checkpoint's tuned.csv
-# (common.smk rerun_ids). Only the re-runs enter the tuned results.
+# like any other, requested by aggregate_runs through this checkpoint's selection.csv
+# (common.smk rerun_ids). Only the re-runs enter the tuned results: aggregate_runs
+# writes tuned.csv after them.
 
 
 checkpoint select_tuned:
@@ -14,11 +15,7 @@ checkpoint select_tuned:
         target=TARGET,
         records=candidate_records,
     output:
-        report(
-            f"{RESULTS}/scaling/tuned.csv",
-            caption="../report/tuned.rst",
-            category="Tables",
-        ),
+        f"{RESULTS}/scaling/selection.csv",
     log:
         f"{RESULTS}/logs/select_tuned.log",
     conda:

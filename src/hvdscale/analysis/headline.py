@@ -3,19 +3,19 @@
 One row per (partition, framework, backend, batch_per_worker, workers > 1, tuned
 False/True); the baseline is always of the same framework:
 
-  ttt_speedup     measured: median time to target of the 1-worker runs / of the n-worker
+  speedup_ttt     measured: median time to target of the 1-worker runs / of the n-worker
                   runs (censored runs count as +inf, a median exists while fewer than
                   half are censored), the same ratio as summary.csv's speedup_ttt, with
-                  its 95 % bootstrap interval (ttt_lo, ttt_hi)
+                  its 95 % bootstrap interval (speedup_ttt_lo, speedup_ttt_hi)
   epoch_speedup   median epoch time of the 1-worker runs / of the n-worker runs
                   (hardware: the phase split says where it goes), epoch_lo/epoch_hi
   epochs_ratio    median epochs to target of the 1-worker runs / of the n-worker runs
                   (statistics: a larger global batch usually needs more epochs)
-  fixed_factor    ttt_speedup / (epoch_speedup x epochs_ratio): what the two factors
+  fixed_factor    speedup_ttt / (epoch_speedup x epochs_ratio): what the two factors
                   leave out, the time to target that is no steady-state epoch (the
                   warm-up epoch's tracing and first collectives, the validation passes)
                   and the gap between a median of products and a product of medians
-  retained_fraction  ttt_speedup / epoch_speedup: how much of the parallel gain
+  retained_fraction  speedup_ttt / epoch_speedup: how much of the parallel gain
                   survives at equal accuracy
   reached/total, base_reached/base_total   runs that reached the target, per side
   b_simple, critical_batch   McCandlish et al.'s simple noise scale of the n-worker
@@ -23,7 +23,7 @@ False/True); the baseline is always of the same framework:
   predicted_epochs_ratio     (1 + B_1/B_crit) / (1 + B_n/B_crit), B = global batch
   note            why a value is missing; ci_method: analysis/stats.CI_METHOD
 
-ttt_speedup = epoch_speedup x epochs_ratio x fixed_factor holds by construction. The
+speedup_ttt = epoch_speedup x epochs_ratio x fixed_factor holds by construction. The
 headline is the measured ratio, never the product of the two factors alone: on short
 runs the warm-up epoch is a large part of the time to target, and a worker count whose
 first epoch costs more keeps less of its epoch-time gain than the factors suggest.
@@ -103,7 +103,7 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     )
     out["epochs_ratio"], _ = _median_ratio(base["epochs_to_target"], runs["epochs_to_target"])
     ttt, cnote = _median_ratio(base["time_to_target_s"], runs["time_to_target_s"])
-    out["ttt_speedup"] = ttt
+    out["speedup_ttt"] = ttt
     out["fixed_factor"] = ttt / (out["epoch_speedup"] * out["epochs_ratio"])
     out["retained_fraction"] = ttt / out["epoch_speedup"]
     tlo = thi = math.nan
@@ -112,7 +112,7 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
         tlo, thi, tnote = speedup_interval(
             base["time_to_target_s"], runs["time_to_target_s"], name + "/ttt", **reps
         )
-    out["ttt_lo"], out["ttt_hi"] = tlo, thi
+    out["speedup_ttt_lo"], out["speedup_ttt_hi"] = tlo, thi
     bc = noise_scale_of(runs)
     out["b_simple"] = out["critical_batch"] = bc
     # the epoch-time interval's note only where it says something else
@@ -155,9 +155,8 @@ TUNED_GAP = {
 }
 
 
-def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
-    tuned = select_tuned(runs, status)
-    if tuned.empty:
+def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> list[dict]:
+    if tuned is None or tuned.empty:
         return []
     re_ = candidate_runs(runs, "rerun")
     re_ = re_[re_["status"] == "completed"]
@@ -203,14 +202,18 @@ def _tuned(runs: pd.DataFrame, status: pd.DataFrame | None) -> list[dict]:
     return rows
 
 
-def headline(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
-    """headline.csv from runs.csv (and status.csv for the tuning groups)."""
+def headline(runs: pd.DataFrame, tuned: pd.DataFrame | None = None) -> pd.DataFrame:
+    """headline.csv from runs.csv and the tuned table of the same runs (tuned.csv;
+    None: analysis.tuning.select_tuned of ``runs``). aggregate writes both from one
+    tuned table, so they agree by construction."""
     if runs.empty:
         return pd.DataFrame(columns=HEADLINE_COLUMNS)
     if "kind" not in runs:
         runs = runs.assign(kind="")
     runs = with_framework(runs)
-    rows = _untuned(runs) + _tuned(runs, status)
+    if tuned is None:
+        tuned = select_tuned(runs)
+    rows = _untuned(runs) + _tuned(runs, tuned)
     out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
     bn = out["global_batch"].astype(float)
     b1 = out["batch_per_worker"].astype(float)

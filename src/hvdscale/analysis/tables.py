@@ -11,6 +11,7 @@ from hvdscale.analysis.columns import (
     CSV_FLOAT_FORMAT,
     EPOCH_COLUMNS,
     FRAMEWORK_DEFAULT,
+    HEADLINE_COLUMNS,
     RUNS_COLUMNS,
     STATUS_COLUMNS,
     STRING_COLUMNS,
@@ -93,3 +94,51 @@ def read_epochs(path) -> pd.DataFrame:
 
 def default_epochs_path(runs_csv: str | Path) -> Path:
     return Path(runs_csv).with_name("epochs.csv")
+
+
+_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned"]
+
+
+_COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
+
+
+def read_headline(path) -> pd.DataFrame:
+    """headline.csv as a frame (``tuned`` bool, counts int, the rest float); a
+    UserError naming the file, column and row where it is missing or malformed."""
+    path = Path(path)
+    what = f"headline table {path}"
+    try:
+        df = pd.read_csv(path, dtype={c: "str" for c in _TEXT})
+    except FileNotFoundError:
+        raise UserError(f"{what}: not found (written by 'hvdscale aggregate')") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what}: not a readable CSV file ({exc})") from None
+    if "framework" not in df and "partition" in df:  # written before issue 19: Horovod
+        df.insert(list(df.columns).index("partition") + 1, "framework", FRAMEWORK_DEFAULT)
+    missing = [c for c in HEADLINE_COLUMNS if c not in df.columns]
+    if missing:
+        raise UserError(f"{what}: missing column(s) {', '.join(missing)}")
+    tuned = df["tuned"].fillna("").str.strip().str.lower()
+    bad = ~tuned.isin(["true", "false"])
+    if bad.any():
+        row = int(bad.idxmax()) + 2
+        raise UserError(f"{what}, line {row}: column tuned must be True or False")
+    df["tuned"] = tuned.eq("true")
+    for c in HEADLINE_COLUMNS:
+        if c in _TEXT:
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = num.isna() & df[c].notna()
+        if c in _COUNTS:
+            bad |= num.isna() | (num < 0) | (num != num.round())
+        if bad.any():
+            row = int(bad.idxmax()) + 2
+            kind = "a count (integer >= 0)" if c in _COUNTS else "a number or empty"
+            raise UserError(
+                f"{what}, line {row}: column {c} must be {kind}, got {df[c][bad].iloc[0]!r}"
+            )
+        df[c] = num.astype(int) if c in _COUNTS else num.astype(float)
+    for c in ("note", "ci_method"):
+        df[c] = df[c].fillna("")
+    df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
+    return df

@@ -5,7 +5,7 @@ backend, per-worker batch, workers) is its own run (run_id component
 ``_m{mult}_wu{warmup}``), trained to the study-wide target validation loss or its budget
 (the record's target block: analysis/target.py).
 
-Selection (checkpoint select_tuned -> results/scaling/tuned.csv), from the candidate
+Selection (checkpoint select_tuned -> results/scaling/selection.csv), from the candidate
 runs only (kind ''): per tuning group the candidate with the smallest validation time to
 target (censored repeats +inf; median over its repeats: analysis/stats.censored_median);
 ties, and candidates without a median, by their median best validation loss. The test
@@ -16,7 +16,8 @@ listed (status none_reached), one whose candidates all failed or are missing too
 The winner of each group is re-run with fresh seeds (run ids ``..._rerun_r{k}``, kind
 ``rerun``): the tuned columns (times, losses, n_repeats, reached/total) and the tuned
 speedup come ONLY from those re-runs, never from the selection runs (winner's curse).
-Status ``awaiting_reruns``: selected, re-runs not there yet (tuned columns NaN). The
+tuned.csv is written by aggregate_runs, after the re-runs; status ``awaiting_reruns``
+there: selected, re-runs missing (tuned columns NaN). The
 tuned time-to-target speedup of a group is TTT(re-runs of the selected 1-worker
 candidate) / TTT(re-runs of the selected candidate), with a 95 % bootstrap interval
 (analysis/stats.py; re-runs of the same index share seeds: paired) from 3 re-runs on.
@@ -280,6 +281,39 @@ def stream_key(r) -> list:
     fw = getattr(r, "framework", FRAMEWORK_DEFAULT)
     head = [r.partition] + ([fw] if fw != FRAMEWORK_DEFAULT else [])
     return [*head, r.backend, r.batch_per_worker, r.workers]
+
+
+#: the checkpoint's table (selection.csv): which candidate of each group won on the
+#: selection runs and is re-run; no re-run figure (it is written before the re-runs)
+SELECTION_COLUMNS = [
+    *TUNE_KEYS,
+    "global_batch",
+    "status",
+    "n_candidates",
+    "n_candidates_completed",
+    "n_candidates_reached",
+    "lr_rule",
+    "candidate",
+    "lr_multiplier",
+    "warmup_epochs",
+    "learning_rate",
+    "selection_time_to_target_s",
+    "selection_best_val_loss",
+    "selection_n_repeats",
+]
+
+
+def selection(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
+    """selection.csv (checkpoint select_tuned): ``select_tuned`` on the selection runs
+    alone, whatever re-runs exist, so the table is the same before and after them (and
+    in a rebuild); status selected, none_reached or all_failed."""
+    if not runs.empty and "run_id" in runs:
+        runs = runs[runs["run_id"].map(run_kind) != "rerun"]
+    if status is not None and not status.empty:
+        status = status[status["run_id"].map(run_kind) != "rerun"]
+    out = select_tuned(runs, status)[SELECTION_COLUMNS].copy()
+    out["status"] = out["status"].replace({"awaiting_reruns": "selected"})
+    return out
 
 
 def read_tuned(path) -> pd.DataFrame:

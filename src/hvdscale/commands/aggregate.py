@@ -70,6 +70,7 @@ from hvdscale.analysis.tables import (
     default_epochs_path,
     write_csv,
 )
+from hvdscale.analysis.tuning import select_tuned
 from hvdscale.errors import UserError
 from hvdscale.matrix.config import load_config
 
@@ -98,6 +99,11 @@ def add_arguments(p):
         help="headline.csv: time-to-target speedup split into its two factors "
         "(analysis/headline.py); not written without it",
     )
+    p.add_argument(
+        "--out-tuned",
+        help="tuned.csv: the selected tuning candidates with their re-runs' figures "
+        "(analysis/tuning.py); not written without it",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary line on stdout")
 
 
@@ -115,8 +121,11 @@ def run(args) -> int:
     write_csv(agg.summary, args.out_summary)
     write_csv(agg.status, args.out_status)
     write_csv(agg.epochs, args.out_epochs or default_epochs_path(args.out_runs))
+    tuned = select_tuned(agg.runs, agg.status)
+    if args.out_tuned:
+        write_csv(tuned, args.out_tuned)
     if args.out_headline:
-        write_csv(headline(agg.runs, agg.status), args.out_headline)
+        write_csv(headline(agg.runs, tuned), args.out_headline)
     if not args.quiet:
         counts = agg.status["status"].value_counts()
         parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)

@@ -23,7 +23,13 @@ import sys
 from pathlib import Path
 
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.tables import default_epochs_path, read_epochs, read_runs, read_summary
+from hvdscale.analysis.tables import (
+    default_epochs_path,
+    read_epochs,
+    read_headline,
+    read_runs,
+    read_summary,
+)
 from hvdscale.figures.draw import FIGURES, load_costmodel, plot_all
 from hvdscale.matrix.config import load_config
 
@@ -37,6 +43,11 @@ def add_arguments(p):
         "--epochs", help="per-epoch table (default: epochs.csv next to --runs; optional)"
     )
     p.add_argument("--costmodel", help="costmodel.json from 'hvdscale fit-costmodel' (optional)")
+    p.add_argument(
+        "--headline",
+        help="headline.csv from 'hvdscale aggregate' (the tuned time-to-target speedups; "
+        "default: headline.csv next to --runs where it exists)",
+    )
     p.add_argument(
         "--config",
         help="the validated config JSON (results/config/full.json) for its references "
@@ -52,12 +63,17 @@ def run(args) -> int:
     epath = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
     epochs = read_epochs(epath) if epath.exists() else None
     cm = load_costmodel(args.costmodel)
+    hpath = Path(args.headline) if args.headline else Path(args.runs).with_name("headline.csv")
+    head = read_headline(hpath) if args.headline or hpath.exists() else None
     refs = references_of(load_config(args.config) if args.config else None)
 
     def warn(msg):
         print(f"hvdscale plot: warning: {msg}", file=sys.stderr)
 
-    result = plot_all(runs, summary, epochs, cm, args.outdir, names=args.only, warn=warn, refs=refs)
+    result = plot_all(
+        runs, summary, epochs, cm, args.outdir, names=args.only, warn=warn, refs=refs,
+        headline=head,
+    )  # fmt: skip
     for name, st in result.items():
         if st != "ok":
             warn(f"{name}: {st}")

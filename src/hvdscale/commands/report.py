@@ -29,6 +29,7 @@ from hvdscale.analysis.systems import read_systems
 from hvdscale.analysis.tables import (
     default_epochs_path,
     read_epochs,
+    read_headline,
     read_runs,
     read_status,
     read_summary,
@@ -36,7 +37,6 @@ from hvdscale.analysis.tables import (
 from hvdscale.analysis.tuning import read_tuned
 from hvdscale.figures.draw import load_costmodel
 from hvdscale.matrix.config import load_config
-from hvdscale.report.headline_text import read_headline
 from hvdscale.report.pdf import build_report
 from hvdscale.report.provenance import load_provenance
 from hvdscale.target import read_target
@@ -63,7 +63,9 @@ def add_arguments(p):
     )
     p.add_argument("--epochs", help="epochs.csv (default: next to --runs, when it exists)")
     p.add_argument(
-        "--tuned", help="tuned.csv of select-tuned (default: computed from --runs and --status)"
+        "--tuned",
+        help="tuned.csv of 'hvdscale aggregate --out-tuned' (default: next to --runs, when it "
+        "exists; without it the report has no tuned figures)",
     )
     p.add_argument("--plots-dir", default="results/plots", help="(default: %(default)s)")
     p.add_argument(
@@ -79,7 +81,7 @@ def add_arguments(p):
     p.add_argument(
         "--headline",
         help="headline.csv (the first page's headline and the factors of every speedup; "
-        "without it the first page says so)",
+        "default: next to --runs, when it exists; without it the first page says so)",
     )
     p.add_argument(
         "--target", help="target.json of calibrate_target (without it: the config's target)"
@@ -108,11 +110,13 @@ def run(args) -> int:
 
     epochs_path = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
     epochs = read_epochs(epochs_path) if epochs_path.exists() else None
-    tuned = read_tuned(args.tuned) if args.tuned else None
+    tuned_path = Path(args.tuned) if args.tuned else Path(args.runs).with_name("tuned.csv")
+    tuned = read_tuned(tuned_path) if args.tuned or tuned_path.exists() else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
 
-    inputs["headline"] = read_headline(args.headline) if args.headline else None
+    head = Path(args.headline) if args.headline else Path(args.runs).with_name("headline.csv")
+    inputs["headline"] = read_headline(head) if args.headline or head.exists() else None
     inputs["target"] = read_target(args.target) if args.target else None
     build_report(
         args.out,

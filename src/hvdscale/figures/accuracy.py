@@ -7,13 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.headline import headline
 from hvdscale.analysis.tuning import candidates
 from hvdscale.analysis.view import (
     PARTITION_NAME,
     NoData,
     framework_panels,
-    own_partitions,
     panel_backend,
     pref_lr,
 )
@@ -28,12 +26,12 @@ def _yerr(mid, lo, hi):
     return np.vstack([lo, hi]).clip(min=0)
 
 
-def fig_speedup_ttt(runs, summary, epochs, cm, refs):
+def fig_speedup_ttt(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib.pyplot as plt
 
     s = summary[summary["speedup_ttt"].notna()] if summary is not None else None
     # select on the partitions' own names (framework_panels labels them per framework)
-    tuned = framework_panels(tuned_points(own_partitions(runs))) if runs is not None else None
+    tuned = framework_panels(tuned_points(headline))
     t = tuned[tuned["speedup_ttt"].notna()] if tuned is not None and len(tuned) else None
     if (s is None or s.empty) and (t is None or t.empty):
         raise NoData(
@@ -58,17 +56,16 @@ def fig_speedup_ttt(runs, summary, epochs, cm, refs):
     return fig
 
 
-def tuned_points(runs):
+def tuned_points(headline):
     """The tuned time-to-target speedups of headline.csv (the winners' re-runs against
     the baseline the headline table uses: the tuned 1-worker re-runs, or the untuned
     1-worker runs where the sweep tunes n workers only) as points over workers, each
     series starting at 1 worker with speedup 1."""
-    h = headline(runs)
-    h = h[h["tuned"].astype(bool) & h["ttt_speedup"].notna()]
-    if h.empty:
+    if headline is None or headline.empty:
         return None
-    names = {"ttt_speedup": "speedup_ttt", "ttt_lo": "speedup_ttt_lo", "ttt_hi": "speedup_ttt_hi"}
-    pts = h.rename(columns=names)
+    pts = headline[headline["tuned"].astype(bool) & headline["speedup_ttt"].notna()]
+    if pts.empty:
+        return None
     keys = ["partition", "framework", "backend", "batch_per_worker"]
     one = (
         pts[keys]
@@ -126,7 +123,7 @@ def _ttt_errorbar(ax, g, **style):
     )
 
 
-def fig_tune_heatmap(runs, summary, epochs, cm, refs):
+def fig_tune_heatmap(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib.pyplot as plt
 
     c = candidates(runs) if runs is not None else None

@@ -148,7 +148,7 @@ def _panel_speedup(ax, pcol, cm, summary):
     ax.set_title(f"(c) speedup, batch {b}, LR {lr}", fontsize=8)
 
 
-def fig_costmodel(runs, summary, epochs, cm, refs):
+def fig_costmodel(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 

@@ -2,8 +2,8 @@
 
 The figures are those of the registry ``hvdscale.figures.registry`` (fixed names,
 {outdir}/{name}.pdf and .png, in its order; ``--only`` picks some), each drawn by its
-registry's draw function from runs.csv, summary.csv, epochs.csv, costmodel.json and the
-config's references (``--config``; without it the schema's defaults).
+registry's draw function from runs.csv, summary.csv, epochs.csv, costmodel.json,
+headline.csv and the config's references (``--config``; without it the schema's defaults).
 
 Where the scaling sweep has several per-worker batch sizes, the worker-scaling figures
 use the batch size with the most worker counts; where it has several LR rules and only
@@ -53,10 +53,19 @@ def draw_figure(figure: Figure, data: tuple, warn) -> tuple[object, str]:
 
 
 def plot_all(
-    runs, summary, epochs, cm, outdir: str | Path, names=None, warn=None, refs=None
+    runs,
+    summary,
+    epochs,
+    cm,
+    outdir: str | Path,
+    names=None,
+    warn=None,
+    refs=None,
+    headline=None,
 ) -> dict[str, str]:
     """Write every figure; returns {name: 'ok' | 'no data: reason' | 'error: ...'}.
-    ``refs``: the config's ``references`` (None: the schema's defaults)."""
+    ``refs``: the config's ``references`` (None: the schema's defaults); ``headline``:
+    headline.csv (None: no tuned speedups)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -66,7 +75,7 @@ def plot_all(
     outdir.mkdir(parents=True, exist_ok=True)
     warn = warn or (lambda msg: None)
     refs = references_of(None) if refs is None else refs
-    data = (runs, summary, epochs, cm, refs)
+    data = (runs, summary, epochs, cm, refs, headline)
     result = {}
     with plt.rc_context(STYLE):
         for name in names or FIGURES:

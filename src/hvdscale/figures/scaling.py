@@ -20,7 +20,7 @@ from hvdscale.figures.style import (
 )
 
 
-def fig_speedup_efficiency(runs, summary, epochs, cm, refs):
+def fig_speedup_efficiency(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib.pyplot as plt
 
     if summary is None or summary.empty or summary["n_completed"].sum() == 0:
@@ -77,7 +77,7 @@ def fig_speedup_efficiency(runs, summary, epochs, cm, refs):
     return fig
 
 
-def fig_sync_time(runs, summary, epochs, cm, refs):
+def fig_sync_time(runs, summary, epochs, cm, refs, headline=None):
     positive = None if summary is None else summary[summary["sync_step_s"] > 0]
     s, b, _ = main_rows(
         positive, "sync_step_s", "no completed run with a measured sync time", one_lr=False
@@ -108,7 +108,7 @@ def fig_sync_time(runs, summary, epochs, cm, refs):
     return fig
 
 
-def fig_epoch_time_batch(runs, summary, epochs, cm, refs):
+def fig_epoch_time_batch(runs, summary, epochs, cm, refs, headline=None):
     """Epoch time against the per-worker batch; the legend gives the epoch-time ratio
     between the batches of the config's references.batch_epoch_speedup where measured."""
     import matplotlib.pyplot as plt
@@ -162,7 +162,7 @@ def fig_epoch_time_batch(runs, summary, epochs, cm, refs):
     return fig
 
 
-def fig_utilisation(runs, summary, epochs, cm, refs):
+def fig_utilisation(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib.pyplot as plt
 
     s, b, lr = main_rows(summary, "utilisation", "no utilisation samples in the run records")

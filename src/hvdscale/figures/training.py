@@ -19,7 +19,7 @@ from hvdscale.figures.style import (
 )
 
 
-def fig_loss_vs_time(runs, summary, epochs, cm, refs):
+def fig_loss_vs_time(runs, summary, epochs, cm, refs, headline=None):
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -83,7 +83,7 @@ def fig_loss_vs_time(runs, summary, epochs, cm, refs):
     return fig
 
 
-def fig_time_breakdown(runs, summary, epochs, cm, refs):
+def fig_time_breakdown(runs, summary, epochs, cm, refs, headline=None):
     from matplotlib.patches import Patch
 
     s, b, lr = main_rows(summary, "step_time_s", "no completed run with per-phase timing")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.tuning import TUNE_KEYS, select_tuned
+from hvdscale.analysis.tuning import TUNE_KEYS
 from hvdscale.analysis.view import pref_lr
 from hvdscale.figures.registry import in_section
 from hvdscale.report import fmt
@@ -75,11 +75,7 @@ def with_ci(x, lo, hi) -> str:
 
 
 def tuned_table(r: ReportData) -> pd.DataFrame:
-    """The tuning table as of every record: tuned.csv is the checkpoint's selection,
-    written before the winners' re-runs (status awaiting_reruns), so the report selects
-    again from runs.csv, which holds the re-runs; tuned.csv only where no runs exist."""
-    if r.runs is not None and not r.runs.empty:
-        return select_tuned(r.runs, r.status)
+    """tuned.csv (written by aggregate_runs after the winners' re-runs); empty without it."""
     if getattr(r, "tuned", None) is not None:
         return r.tuned
     return pd.DataFrame(columns=TUNE_KEYS)

@@ -23,7 +23,7 @@ class ReportData:
     captions: dict[str, str] = field(default_factory=dict)  # figure name -> markup
     references: pd.DataFrame | None = None  # references.csv (hvdscale.analysis.references)
     epochs: pd.DataFrame | None = None  # epochs.csv (time to any target)
-    tuned: pd.DataFrame | None = None  # tuned.csv (select_tuned); None: computed from runs
+    tuned: pd.DataFrame | None = None  # tuned.csv (aggregate_runs, after the re-runs)
     systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section
     headline: pd.DataFrame | None = None  # headline.csv (report.headline.read_headline)
     target: dict | None = None  # target.json (hvdscale.target.read_target)

@@ -131,8 +131,8 @@ def ttt_table(d, runs, status) -> None:
 def factor_cells(x) -> list[str]:
     """A headline.csv row as a row of the factors table."""
     ttt = (
-        with_interval(x.ttt_speedup, x.ttt_lo, x.ttt_hi)
-        if fmt.isnum(x.ttt_speedup)
+        with_interval(x.speedup_ttt, x.speedup_ttt_lo, x.speedup_ttt_hi)
+        if fmt.isnum(x.speedup_ttt)
         else ("no median" if no_median(int(x.reached), int(x.total)) else fmt.MISSING)
     )
     epoch = (
@@ -199,8 +199,8 @@ def conclusion(x) -> str:
     label = f"Batch {int(x.batch_per_worker)}, {ws} ({x.partition}, {x.backend}"
     label += ", tuned)" if x.tuned else ")"
     e, m = x.epoch_speedup, x.epochs_ratio
-    if fmt.isnum(x.ttt_speedup):
-        text = f"{label}: time to target {fmt.speedup(x.ttt_speedup)}x"
+    if fmt.isnum(x.speedup_ttt):
+        text = f"{label}: time to target {fmt.speedup(x.speedup_ttt)}x"
         if fmt.isnum(e) and fmt.isnum(m):
             text += f" = epoch time {fmt.speedup(e)}x (hardware) x epochs ratio {fmt.speedup(m)}"
             text += (

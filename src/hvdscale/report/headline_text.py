@@ -16,70 +16,23 @@ Example
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from xml.sax.saxutils import escape
 
 import pandas as pd
 
 from hvdscale.analysis.columns import (
     FRAMEWORK_DEFAULT,
-    HEADLINE_COLUMNS,
     framework_label,
     names_framework,
     with_framework,
 )
-from hvdscale.errors import UserError
 from hvdscale.report import fmt
 
-_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned"]
-_COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
 NO_INTERVAL = f"no interval: fewer than {MIN_REPEATS} repeats"
 
 
 # ----------------------------------------------------------------------------- readers
-
-
-def read_headline(path) -> pd.DataFrame:
-    """headline.csv as a frame (``tuned`` bool, counts int, the rest float); a
-    UserError naming the file, column and row where it is missing or malformed."""
-    path = Path(path)
-    what = f"headline table {path}"
-    try:
-        df = pd.read_csv(path, dtype={c: "str" for c in _TEXT})
-    except FileNotFoundError:
-        raise UserError(f"{what}: not found (written by 'hvdscale aggregate')") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what}: not a readable CSV file ({exc})") from None
-    if "framework" not in df and "partition" in df:  # written before issue 19: Horovod
-        df.insert(list(df.columns).index("partition") + 1, "framework", FRAMEWORK_DEFAULT)
-    missing = [c for c in HEADLINE_COLUMNS if c not in df.columns]
-    if missing:
-        raise UserError(f"{what}: missing column(s) {', '.join(missing)}")
-    tuned = df["tuned"].fillna("").str.strip().str.lower()
-    bad = ~tuned.isin(["true", "false"])
-    if bad.any():
-        row = int(bad.idxmax()) + 2
-        raise UserError(f"{what}, line {row}: column tuned must be True or False")
-    df["tuned"] = tuned.eq("true")
-    for c in HEADLINE_COLUMNS:
-        if c in _TEXT:
-            continue
-        num = pd.to_numeric(df[c], errors="coerce")
-        bad = num.isna() & df[c].notna()
-        if c in _COUNTS:
-            bad |= num.isna() | (num < 0) | (num != num.round())
-        if bad.any():
-            row = int(bad.idxmax()) + 2
-            kind = "a count (integer >= 0)" if c in _COUNTS else "a number or empty"
-            raise UserError(
-                f"{what}, line {row}: column {c} must be {kind}, got {df[c][bad].iloc[0]!r}"
-            )
-        df[c] = num.astype(int) if c in _COUNTS else num.astype(float)
-    for c in ("note", "ci_method"):
-        df[c] = df[c].fillna("")
-    df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
-    return df
 
 
 # ----------------------------------------------------------------------------- sentences
@@ -107,7 +60,7 @@ def no_median(reached: int, total: int) -> bool:
 
 def _interval_gap(row: Mapping) -> str:
     """Why a finite speedup has no interval ('' where it has one)."""
-    if fmt.isnum(row["ttt_lo"]) and fmt.isnum(row["ttt_hi"]):
+    if fmt.isnum(row["speedup_ttt_lo"]) and fmt.isnum(row["speedup_ttt_hi"]):
         return ""
     if min(int(row["total"]), int(row["base_total"])) < MIN_REPEATS:
         return NO_INTERVAL
@@ -168,7 +121,7 @@ def _censored_clause(row: Mapping) -> str:
 
 def headline_sentence(row: Mapping) -> str:
     """The headline of one row of headline.csv (a configuration with n > 1 workers)."""
-    s = row["ttt_speedup"]
+    s = row["speedup_ttt"]
     if not fmt.isnum(s):
         return _censored_clause(row)
     w = int(row["workers"])
@@ -177,7 +130,7 @@ def headline_sentence(row: Mapping) -> str:
     gap = _interval_gap(row)
     if gap:
         counts += f"; {gap}"
-    lo, hi = row["ttt_lo"], row["ttt_hi"]
+    lo, hi = row["speedup_ttt_lo"], row["speedup_ttt_hi"]
     speed = with_interval(s, lo, hi)
     ws = workers_text(w)
     if fmt.isnum(lo) and fmt.isnum(hi) and float(lo) <= 1 <= float(hi):

@@ -30,6 +30,7 @@ OPTIONAL_PRODUCTS = (
     "scaling/systems.csv",
     "scaling/headline.csv",
     "scaling/tuned.csv",
+    "scaling/selection.csv",
 )
 # the study's target validation loss (rule calibrate_target): fixed before the scaling runs
 # and read by them, so it is an input of the report stage, archived as it was
