@@ -6,11 +6,13 @@ reference study's figures)."""
 from __future__ import annotations
 
 import fixtures_runs as F
+import pandas as pd
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import references_of
 from hvdscale.figures.registry import caption_values
 from hvdscale.matrix.config import validate_config
+from hvdscale.report import fmt
 from hvdscale.report.accuracy import batch_question
 from hvdscale.report.reference_section import reference_rows
 
@@ -71,9 +73,30 @@ def test_report_and_captions_follow_the_config(tmp_path):
     assert rows["Share of epoch time in data loading"]["reference"] == "10 %"
     batch = rows["Epoch speedup from batch 75 to 150"]
     assert batch["reference"] == "3x" and batch["ours"].endswith("x")
-    sentence = batch_question(summary, None, None, refs["batch_epoch_speedup"])
+    sentence = batch_question(summary, None, refs["batch_epoch_speedup"])
     assert sentence.startswith("Batch 75 -> 150 per worker") and "(reference study: 3x)" in sentence
-    assert batch_question(summary, None, None, None) is None
+    assert batch_question(summary, None, None) is None
+    # after re-tuning: the selected candidate's re-runs (tuned.csv), never the selection runs
+    x0 = summary[(summary.batch_per_worker == 75) & summary.time_to_target_s.notna()]
+    x0 = x0.sort_values("workers").iloc[-1]
+    row = {
+        "partition": x0.partition, "framework": "horovod-tf", "backend": x0.backend,
+        "batch_per_worker": 150, "workers": x0.workers, "lr_rule": "linear",
+        "lr_multiplier": 2.0, "warmup_epochs": 1, "n_repeats": 5,
+    }  # fmt: skip
+    ttt0 = x0.time_to_target_s
+    selected = pd.DataFrame([{**row, "status": "selected", "time_to_target_s": ttt0 / 2}])
+    s = batch_question(summary, selected, refs["batch_epoch_speedup"])
+    assert "after re-tuning (LR linear x2, warm-up 1; median of its 5 re-runs" in s
+    assert s.endswith(f"is 2.00x faster ({fmt.seconds(ttt0 / 2)} s).")
+    censored = selected.assign(time_to_target_s=float("nan"))
+    assert "did not reach it within the budget (censored)" in batch_question(
+        summary, censored, refs["batch_epoch_speedup"]
+    )
+    missed = selected.assign(status="none_reached")
+    assert "no re-tuning candidate at batch 150 reached it" in batch_question(
+        summary, missed, refs["batch_epoch_speedup"]
+    )
     values = caption_values(cfg)
     assert (values["ref_batch_from"], values["ref_batch_to"]) == (75, 150)
     assert values["ref_batch_speedup"] == "3"

@@ -8,13 +8,13 @@ generated sentence, and the figures of the registry's "accuracy" section."""
 
 from __future__ import annotations
 
-import math
 import re
 from xml.sax.saxutils import escape
 
 import pandas as pd
 
 from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
+from hvdscale.analysis.headline import TUNED_GAP
 from hvdscale.analysis.references import references_of
 from hvdscale.analysis.tuning import TUNE_KEYS
 from hvdscale.analysis.view import pref_lr
@@ -23,7 +23,7 @@ from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
-from hvdscale.target import TOO_LOOSE, describe, target_spec, time_to
+from hvdscale.target import TOO_LOOSE, describe, target_spec
 
 TTT_NOTE = (
     "Time to target counts the training wall time from the start of training until the end "
@@ -136,39 +136,24 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
     return rows
 
 
-def _best_at(runs, epochs, sel, target: float):
-    """(median time to ``target``, candidate label) of the best candidate among run rows
-    ``sel`` (grouped by LR rule and candidate); (NaN, '') where none reaches it."""
-    by_run = {
-        rid: g.sort_values("epoch").to_dict("records")
-        for rid, g in epochs.groupby("run_id", sort=False)
-    }
-    best = (math.nan, "")
-    for (lr, _cand), g in sel.groupby(["lr_rule", "candidate"]):
-        ttt = [time_to(by_run[rid], target)[0] for rid in g["run_id"] if rid in by_run]
-        ttt = [t for t in ttt if t is not None]
-        if len(ttt) < len(g) or not ttt:
-            continue
-        med = float(pd.Series(ttt).median())
-        if not math.isfinite(best[0]) or med < best[0]:
-            m, wu = g["lr_multiplier"].iloc[0], int(g["warmup_epochs"].iloc[0])
-            best = (med, f"LR {lr} x{m:g}, warm-up {wu}")
-    return best
+def _faster(t0: float, t1: float) -> str:
+    ratio = t0 / t1
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
 
 
 def batch_question(
     summary: pd.DataFrame,
-    runs: pd.DataFrame | None,
-    epochs: pd.DataFrame | None,
+    tuned: pd.DataFrame | None,
     ref: dict | None,
 ) -> str | None:
-    """One sentence answering the reference study's question, from the data: the
+    """One sentence answering the reference study's question, from the tables: the
     epoch-time speedup from batch b0 to b1 per worker (same partition, backend, workers,
-    LR rule as configured) and, at the same target test loss (that of batch b0), the
-    time-to-target speedup after re-tuning (the best candidate of the sweep at b1).
-    ``ref``: the config's references.batch_epoch_speedup (value, batch_from, batch_to);
-    None: no question."""
-    summary, runs = reference_framework(summary), reference_framework(runs)  # Horovod's
+    LR rule as configured; summary.csv) and, at the study's target, the time-to-target
+    speedup after re-tuning: the median of the selected candidate's re-runs at b1
+    (tuned.csv; never the selection runs), else the untuned b1 runs. ``ref``: the
+    config's references.batch_epoch_speedup (value, batch_from, batch_to); None: no
+    question."""
+    summary, tuned = reference_framework(summary), reference_framework(tuned)  # Horovod's
     if summary is None or summary.empty or not ref:
         return None
     b0, b1 = ref["batch_from"], ref["batch_to"]
@@ -196,46 +181,46 @@ def batch_question(
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
         return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
     text += f"; to the target loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
-    cand = runs[runs["candidate"] != ""] if runs is not None and "candidate" in runs else None
-    sel = (
-        cand[
-            (cand["status"] == "completed")
-            & (cand["partition"] == part)
-            & (cand["backend"] == be)
-            & (cand["workers"] == w)
-            & (cand["batch_per_worker"] == b1)
+    sel = pd.DataFrame()
+    if tuned is not None and len(tuned):
+        sel = tuned[
+            (tuned["partition"] == part)
+            & (tuned["backend"] == be)
+            & (tuned["workers"] == w)
+            & (tuned["batch_per_worker"] == b1)
         ]
-        if cand is not None
-        else None
-    )
-    if sel is not None and len(sel) and epochs is not None:
-        t1, label = _best_at(runs, epochs, sel, float(target))
-        if math.isfinite(t1):
-            ratio = ttt0 / t1
-            how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-            return text + (
-                f", batch {b1} after re-tuning (best candidate: {label}) is {how} "
-                f"({fmt.seconds(t1)} s)."
+    if len(sel):
+        x = sel.iloc[0]
+        if x["status"] == "selected":
+            label = (
+                f"LR {x['lr_rule']} x{float(x['lr_multiplier']):g}, "
+                f"warm-up {int(x['warmup_epochs'])}"
             )
-        return text + (
-            f", no re-tuning candidate at batch {b1} reached it within the sample budget: "
-            "those runs are censored (see the factors below for which factor stops them)."
+            n = int(x["n_repeats"]) if fmt.isnum(x["n_repeats"]) else 0
+            if fmt.isnum(x["time_to_target_s"]):
+                return text + (
+                    f", batch {b1} after re-tuning ({label}; median of its {n} re-run"
+                    f"{'s' if n != 1 else ''} with fresh seeds) is "
+                    f"{_faster(ttt0, float(x['time_to_target_s']))} "
+                    f"({fmt.seconds(x['time_to_target_s'])} s)."
+                )
+            return text + (
+                f", batch {b1} after re-tuning ({label}): half or more of its {n} re-run"
+                f"{'s' if n != 1 else ''} did not reach it within the budget (censored)."
+            )
+        if x["status"] == "none_reached":
+            return text + (
+                f", no re-tuning candidate at batch {b1} reached it within the budget: "
+                "those runs are censored (see the factors below for which factor stops them)."
+            )
+        return (
+            text + f", batch {b1} after re-tuning: {TUNED_GAP.get(str(x['status']), x['status'])}."
         )
-    ttt1 = pd.NA
-    if runs is not None and epochs is not None:
-        plain = runs[(runs["candidate"] == "") & (runs["status"] == "completed")]
-        plain = plain[
-            (plain["partition"] == part)
-            & (plain["backend"] == be)
-            & (plain["workers"] == w)
-            & (plain["batch_per_worker"] == b1)
-            & (plain["lr_rule"] == x0["lr_rule"])
-        ].assign(candidate="-", lr_multiplier=1.0)
-        ttt1, _ = _best_at(runs, epochs, plain, float(target)) if len(plain) else (math.nan, "")
-    if fmt.isnum(ttt1):
-        ratio = ttt0 / ttt1
-        how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-        return text + f", batch {b1} without re-tuning (no sweep there) is {how}."
+    if fmt.isnum(x1["time_to_target_s"]):
+        return text + (
+            f", batch {b1} without re-tuning (no sweep there) is "
+            f"{_faster(ttt0, float(x1['time_to_target_s']))}."
+        )
     return text + f", batch {b1} without re-tuning does not reach it within the budget."
 
 
@@ -295,7 +280,7 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
     else:
         _summary_table(d, r)
     ref = references_of(r.cfg)["batch_epoch_speedup"]
-    sentence = batch_question(summary, r.runs, getattr(r, "epochs", None), ref)
+    sentence = batch_question(summary, tuned_table(r), ref)
     if sentence:
         d.p(escape(sentence))
     for fig in in_section("accuracy"):
