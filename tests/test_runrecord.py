@@ -7,6 +7,8 @@ import csv
 import json
 import math
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -233,8 +235,21 @@ def test_failure_json(tmp_path):
 
 def test_environment_facts(tmp_path):
     commit = git_commit()
-    # a run record names the commit, and "+dirty" when tracked files differ from it
-    assert commit == "unknown" or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
+    # a run record names the commit, and "+dirty" when tracked files differ from it; in a
+    # git checkout (CI's fresh clone) that is HEAD, never "unknown"
+    root = Path(__file__).resolve().parents[1]
+    if (root / ".git").exists():
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert commit == head + ("+dirty" if dirty else "")
+        assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
+    else:  # an unpacked release without git
+        assert commit == "unknown"
     assert git_commit(tmp_path) == "unknown"
     v = mpi_version()
     assert v == "none" or "MPI" in v or "mpi" in v.lower()
@@ -401,6 +416,7 @@ def built_record(fault_delay=None, system=None):
 def test_build_record_matches_the_schema_and_the_runs_table():
     from hvdscale.analysis.columns import RUNS_COLUMNS, TARGET_COLUMNS
     from hvdscale.analysis.records import record_row
+
     rec = built_record()
     validate_record(rec)
     assert rec["config"]["global_batch"] == 150 and rec["config"]["samples_per_epoch"] == 4500

@@ -180,14 +180,36 @@ def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
         '  modules: ["TensorFlow/2.15.1 && touch PWNED"]\n',
     ],
 )
-def test_crafted_values_never_reach_sbatch_or_srun(tmp_path, override):
+def test_crafted_values_are_refused_at_validation(tmp_path, override):
     """A crafted partition, account or module name stops the workflow at validation,
-    before any job (sbatch, srun, module load) could see it."""
+    before any job (sbatch, srun, module load) is planned: no job, no file written."""
     bad = tmp_path / "crafted.yaml"
     bad.write_text(override)
     out = snakemake("-n", "--profile", "profiles/slurm", "--configfile", str(bad), cwd=ROOT)
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "pattern" in text or "matching" in text
-    assert "sbatch" not in text.lower() or "Job stats" not in text
+    assert "Job stats" not in text and "rule train_run" not in text
     assert not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()
+
+
+def test_site_values_that_pass_validation_reach_the_planned_sbatch_resources(tmp_path):
+    """The other side of the check above: a partition and an account the schema accepts
+    reach every planned training job's SLURM resources (the plugin's sbatch flags)
+    unchanged, and the run ids carry the partition."""
+    ok = tmp_path / "site.yaml"
+    ok.write_text(
+        "scaling:\n  partitions:\n    alpha-2:\n      cores_per_node: 2\n"
+        "      mem_mb_per_node: 100\n      account: p-123_x\n"
+        "  sweeps:\n  - {name: s, partitions: [alpha-2], workers: [1, 2], backends: [mpi],\n"
+        "     batch_sizes: [75], lr_rules: [none]}\n  tune: null\n"
+    )
+    out = snakemake("-n", "--profile", "profiles/slurm", "--configfile", str(ok), cwd=ROOT)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    jobs = text.split("rule train_run:")[1:]
+    assert jobs, text[-3000:]
+    for job in jobs:
+        resources = next(ln for ln in job.splitlines() if ln.strip().startswith("resources:"))
+        assert "slurm_partition=alpha-2," in resources and "slurm_account=p-123_x," in resources
+        assert "run_id=alpha-2_mpi_n" in job
