@@ -143,3 +143,41 @@ def test_the_check_sees_an_upward_import(tmp_path):
     p.write_text("from hvdscale.report.fmt import speedup\n")
     ((name, _),) = imports(p, top_level_only=True)
     assert level_of(resolve(name, MODULES), LEVELS) == 7 > LEVELS["errors"]
+
+
+def test_nothing_imports_the_commands():
+    """commands/ holds every subcommand's add_arguments/run; the library never imports
+    it (cli.py names the modules as strings; a __main__ entry point may import one)."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {mod} imports {name}"
+        for mod, path in MODULES.items()
+        if not mod.startswith("commands") and mod.split(".")[-1] != "__main__"
+        for name, line in imports(path, top_level_only=False)
+        if name == "commands" or name.startswith("commands.")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+# fragments of the run-id grammar: a regex with one of them parses run ids
+RUN_ID_FRAGMENTS = (r"_r[0-9]+$", r"_rerun_r", r"_cal_r", r"_wu[0-9]", r"_lr(")
+
+
+def test_run_ids_are_parsed_only_where_they_are_defined():
+    """matrix/runid.py defines and parses run ids; no other module carries a piece of
+    their grammar (the analysis and the report call run_id_parts, run_kind, config_id)."""
+    bad = []
+    for mod, path in MODULES.items():
+        if mod == "matrix.runid":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}  # docstrings
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docs
+            ):
+                hits = [f for f in RUN_ID_FRAGMENTS if f in node.value]
+                if hits:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {hits[0]!r}")
+    assert not bad, "run-id grammar outside matrix/runid.py:\n" + "\n".join(bad)

@@ -75,6 +75,7 @@ from hvdscale.analysis.schemas import SUMMARY_SCHEMA
 from hvdscale.analysis.summary import summarise
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.config import config_hash, validate_config
+from hvdscale.matrix.runid import run_kind
 from hvdscale.matrix.runtable import find_run, run_config, run_table
 
 
@@ -182,7 +183,7 @@ class SliceHash:
 
 def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
     """Whether ``run_id`` is a re-run (kind rerun) of a tuning candidate of the config."""
-    if "_rerun_r" not in run_id:
+    if run_kind(run_id) != "rerun":
         return False
     try:
         return find_run(cfg, run_id, table).kind == "rerun"

@@ -103,6 +103,12 @@ def run_candidate(run_id) -> str:
     return run_id_parts(run_id).get("candidate", "")
 
 
+def rerun_candidate_id(run_id) -> str:
+    """The selection run (repeat 0) of the tuning candidate a re-run id repeats:
+    ``..._m2_wu1_rerun_r3`` -> ``..._m2_wu1_r0``."""
+    return re.sub(r"_rerun_r[0-9]+$", "_r0", str(run_id))
+
+
 def config_id(run_id) -> str:
     """The run id without its repeat: the configuration the repeats share."""
     return re.sub(r"_r[0-9]+$", "", str(run_id))

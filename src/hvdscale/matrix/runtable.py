@@ -18,7 +18,11 @@ from dataclasses import asdict, dataclass
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix import backends
 from hvdscale.matrix.jobspec import JobSpec, nodes_for, workers_per_node_for
-from hvdscale.matrix.runid import format_multiplier, parse_run_id
+from hvdscale.matrix.runid import (
+    format_multiplier,
+    parse_run_id,
+    rerun_candidate_id,
+)
 from hvdscale.matrix.subset import parse as parse_selection
 from hvdscale.matrix.subset import run_selected, sweep_selected
 
@@ -245,7 +249,7 @@ def find_run(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> Run:
     d = parse_run_id(run_id)  # raises a clear error for a malformed id
     if d["kind"] == "rerun" and d["candidate"]:
         tune = cfg["scaling"].get("tune") or {}
-        cand_id = run_id.replace(f"_rerun_r{d['repeat']}", "_r0")
+        cand_id = rerun_candidate_id(run_id)
         if cand_id in runs and d["repeat"] < tune.get("rerun_repeats", 0):
             return dataclasses.replace(runs[cand_id], repeat=d["repeat"], kind="rerun")
     raise ConfigError(f"run_id {run_id!r}: not in the scaling matrix of this config")
