@@ -356,7 +356,7 @@ def test_split_error_of_a_real_looking_epoch():
 
 
 def built_record(fault_delay=None, system=None):
-    """A record made by runrecord.build_record (as hvdscale train makes it) for a run of a
+    """A record made by record.build.build_record (as hvdscale train makes it) for a run of a
     validated config."""
     from hvdscale.matrix.config import validate_config
     from hvdscale.matrix.runtable import find_run
@@ -424,7 +424,7 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     assert rec["epochs"][2]["test_loss"] is None  # non-finite -> null
     assert set(HISTORY_COLUMNS) <= set(rec["epochs"][0])
     row, epoch_rows = record_row(rec, "metrics.json")
-    # the target columns are resolved at aggregation time (analysis.target), not per record
+    # the target columns are resolved at aggregation time (hvdscale.target), not per record
     assert set(RUNS_COLUMNS) - {"config_hash_match", *TARGET_COLUMNS} <= set(row)
     assert len(epoch_rows) == 3
     c = rec["config"]

@@ -32,7 +32,7 @@ Definitions
                   time, adding up to 1 (as the run record's own summary); other_share is
                   the part of the epoch wall time outside the four phases (test
                   evaluation, launch overhead)
-  time to target  from each record's target block (analysis/target.py): training
+  time to target  from each record's target block (hvdscale/target.py): training
                   wall time (warm-up and validation included, start-up excluded) at the
                   end of the first epoch whose validation loss is at or below the
                   study-wide target fixed before training (results/scaling/target.json);

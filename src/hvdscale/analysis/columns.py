@@ -269,7 +269,7 @@ STRING_COLUMNS = [
     "ci_method",
 ]
 
-#: headline.csv (hvdscale aggregate --out-headline; analysis.headline, report.headline)
+#: headline.csv (hvdscale aggregate --out-headline; analysis.headline, report.headline_text)
 HEADLINE_COLUMNS = [
     "partition",
     "framework",

@@ -4,7 +4,7 @@ every group has 3 or more completed repeats), reference, verdict.
 The references come from the config (key ``references``; the defaults are the reference
 study's figures). Quantities and what counts as better:
 
-  speedup_per_gpu      per partition, the preferred group (analysis.select.preferred_group)
+  speedup_per_gpu      per partition, the preferred group (analysis.view.preferred_group)
                        slope of S(n) over n                                 higher is better
   sync_share           median over multi-worker configurations of the
                        gradient-synchronisation share of the step time     lower is better

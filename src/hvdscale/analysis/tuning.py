@@ -3,7 +3,7 @@
 Every candidate (LR rule x LR multiplier x warm-up epochs) of a tuning group (partition,
 backend, per-worker batch, workers) is its own run (run_id component
 ``_m{mult}_wu{warmup}``), trained to the study-wide target validation loss or its budget
-(the record's target block: analysis/target.py).
+(the record's target block: hvdscale/target.py).
 
 Selection (checkpoint select_tuned -> results/scaling/selection.csv), from the candidate
 runs only (kind ''): per tuning group the candidate with the smallest validation time to

@@ -25,7 +25,7 @@ class ReportData:
     epochs: pd.DataFrame | None = None  # epochs.csv (time to any target)
     tuned: pd.DataFrame | None = None  # tuned.csv (aggregate_runs, after the re-runs)
     systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section
-    headline: pd.DataFrame | None = None  # headline.csv (report.headline.read_headline)
+    headline: pd.DataFrame | None = None  # headline.csv (analysis.tables.read_headline)
     target: dict | None = None  # target.json (hvdscale.target.read_target)
 
     def figure(self, d, name: str) -> None:
