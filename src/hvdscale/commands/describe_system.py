@@ -4,7 +4,7 @@ interfaces (with their addresses; NCCL_SOCKET_IFNAME), node names, kernel, host 
 
 Used by ``hvdscale export`` (system.json in the archive: the machine the study was
 exported on) and by training: rank 0 puts ``collect_system(nodes=...)`` into the
-optional ``system`` object of metrics.json (``hvdscale.trainer.horovod_tf.main``), and aggregation
+optional ``system`` object of metrics.json (``hvdscale.trainer.rank``), and aggregation
 tabulates it per partition (``hvdscale.analysis.systems``, results/scaling/systems.csv).
 
 Standard library only, so both environments can import it. Nothing here raises: a probe
