@@ -6,10 +6,12 @@ torch-ddp runs with torchrun, or one srun task per rank with torch's own rendezv
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,7 @@ from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import allreduce_jobs, find_run, run_config, run_table
+from hvdscale.trainer.rank import check_framework, framework_for_run, load_framework
 
 SWEEP = {"partitions": ["local"], "workers": [1, 2], "batch_sizes": [75], "lr_rules": ["none"]}
 GPU = {
@@ -171,6 +174,54 @@ def test_the_registry_has_the_torch_backends_with_their_facts():
         backends.get("mpi", "torch-ddp")
     with pytest.raises(backends.UserError, match="framework 'jax'"):
         backends.get("gloo", "jax")
+
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "hvdscale"
+
+
+def _hvdscale_imports(path: Path) -> set[str]:
+    """The hvdscale modules a file imports (anywhere in it)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hvdscale"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("hvdscale"))
+    return out
+
+
+def test_each_framework_is_one_folder_with_its_trainer_named_by_the_registry():
+    """docs/extending.md, "A framework": matrix.backends.TRAINERS names each framework's
+    object (trainer/<folder>/framework.py: FRAMEWORK), which trainer.rank.train_rank runs;
+    no framework folder imports another's."""
+    assert list(backends.TRAINERS) == list(backends.FRAMEWORKS) == backends.frameworks()
+    folders = {}
+    for name, target in backends.TRAINERS.items():
+        module, attr = target.split(":")
+        *pkg, last = module.split(".")
+        assert pkg[:2] == ["hvdscale", "trainer"] and len(pkg) == 3, target
+        assert (last, attr) == ("framework", "FRAMEWORK"), target
+        folders[name] = ".".join(pkg)
+        assert (SRC / "trainer" / pkg[2] / "framework.py").is_file(), target
+    for name, folder in folders.items():
+        others = [f for n, f in folders.items() if n != name]
+        for path in (SRC / "trainer" / folder.split(".")[-1]).glob("*.py"):
+            imported = _hvdscale_imports(path)
+            bad = [m for m in imported for o in others if m == o or m.startswith(o + ".")]
+            assert not bad, f"{path.relative_to(SRC)} imports {bad}"
+    # the Horovod object loads in the workflow env (TensorFlow only when it trains)
+    hvd = load_framework("horovod-tf")
+    assert hvd.name == "horovod-tf" and framework_for_run("local_gloo_n1_w2_b75_lrnone_r0") is hvd
+    with pytest.raises(backends.UserError, match="framework 'jax'"):
+        load_framework("jax")
+
+
+def test_a_trainer_refuses_a_run_of_another_framework():
+    cfg = both()
+    torch_run = find_run(cfg, "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0")
+    with pytest.raises(backends.UserError, match="run of framework torch-ddp, not horovod-tf"):
+        check_framework(torch_run, load_framework("horovod-tf"))
+    check_framework(find_run(cfg, "local_gloo_n1_w2_b75_lrnone_r0"), load_framework("horovod-tf"))
 
 
 # --------------------------------------------------------------------------- launch spec
