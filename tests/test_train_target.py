@@ -94,7 +94,9 @@ def _run_ok(cfg, rid, data, out, *extra, env=None):
 
 
 def _target_file(path: Path, value: float) -> Path:
-    path.write_text(json.dumps({"mode": "absolute", "value": value, "percent": None}))
+    spec = {"mode": "absolute", "value": value, "percent": None, "calibration_runs": []}
+    spec.update(best_val_losses=[], median_best_val_loss=None)  # calibrate-target's keys
+    path.write_text(json.dumps(spec))
     return path
 
 
@@ -180,10 +182,11 @@ def test_budgets_censor_a_run_that_misses_the_target(tmp_path, train_data):
 def test_a_bad_target_file_is_a_clear_error(tmp_path, train_data):
     cfg = write_config(tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0))
     tfile = tmp_path / "target.json"
-    tfile.write_text(json.dumps({"mode": "absolute", "value": "low"}))
+    good = json.loads(_target_file(tfile, 0.1).read_text())
+    tfile.write_text(json.dumps({**good, "value": "low"}))
     r = launch(cfg, RUN_1W, train_data, tmp_path / "run", "--target", tfile)
     assert r.returncode != 0
-    assert f"--target {tfile}: key 'value' must be a finite number" in r.stdout + r.stderr
+    assert f"target file {tfile}: value must be a positive number" in r.stdout + r.stderr
 
 
 @pytest.mark.slow

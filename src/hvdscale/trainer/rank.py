@@ -19,8 +19,6 @@ rank's frame (``trainer.frame.run_rank``: pid file, signals, exit marker).
 from __future__ import annotations
 
 import importlib
-import json
-import math
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +39,7 @@ from hvdscale.record.build import (
     write_run_outputs,
 )
 from hvdscale.record.timing import timeline_check
+from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
 from hvdscale.trainer.fault import FaultDelay
@@ -154,7 +153,7 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     tcfg = cfg["training"]
     started_utc = utc_now()
 
-    target = read_target(args.target)
+    target = run_target(args.target)
     seed = run_.seed  # run_seed(config seed, repeat, kind)
     check_framework(run_, framework)
     rank = framework.start(args, run_, tcfg)  # Horovod: bind, hvd.init(), pin the device
@@ -267,24 +266,14 @@ def run_record(
     return record
 
 
-def read_target(path) -> dict:
-    """The study's validation-loss target from target.json ({"mode", "value", ...}); no
-    file: {"value": None, "mode": "none"} (train the budget)."""
+def run_target(path) -> dict:
+    """The run's target from ``--target`` (target.json, read and validated by
+    hvdscale.target.read_target); no file: {"value": None, "mode": "none"} (train the
+    budget)."""
     if path is None:
         return {"value": None, "mode": "none"}
-    try:
-        t = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--target {path}: cannot read the target file ({exc})") from None
-    value = t.get("value") if isinstance(t, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(
-            f"--target {path}: key 'value' must be a finite number (a validation loss); "
-            f"got {value!r}"
-        )
-    if value <= 0:
-        raise UserError(f"--target {path}: key 'value' must be > 0; got {value!r}")
-    return {"value": float(value), "mode": str(t.get("mode", "absolute"))}
+    spec = read_target(path)
+    return {"value": float(spec["value"]), "mode": str(spec["mode"])}
 
 
 def check_framework(run_, framework: Framework) -> None:
