@@ -183,8 +183,13 @@ def test_two_rank_step_equals_one_rank_step_on_the_whole_batch(tmp_path, timed):
     run_check("ddp-step", tmp_path / "two.npz", mode, torchrun_ranks=2)
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert one.files == two.files and len(one.files) == 8
+    # 1e-5, as the Horovod twin: the two ranks sum their halves of the batch and then
+    # each other's, one rank sums the whole batch, so float rounding differs; Adam
+    # divides each gradient by its own magnitude, so a weight whose gradient is near
+    # zero moves by up to lr x its relative rounding error (seen here: 5 of 115,200
+    # weights 5.3e-6 apart, with this code and with the code before issue 31 alike)
     for f in one.files:
-        np.testing.assert_allclose(two[f], one[f], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(two[f], one[f], rtol=0, atol=1e-5)
 
 
 def run_hvd_check(ranks: int, *args) -> None:
