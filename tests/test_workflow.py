@@ -108,8 +108,9 @@ def test_dry_run_test_config_plans_calibration():
     # 4 scaling runs and 1 calibration run, no tuning sweep
     assert _job_count(text, "train_run") == 5
     assert _job_count(text, "calibrate_target") == 1
-    # an empty tuned.csv for the report: no candidates, no re-runs
-    assert _job_count(text, "select_tuned") == 1
+    # no tuning sweep: no selection to make (tuned.csv, empty, comes from aggregate_runs)
+    assert _job_count(text, "select_tuned") is None
+    assert _job_count(text, "aggregate_runs") == 1
     runs = [
         line for line in text.splitlines() if "hvdscale.cli launch" in line and "--run-id" in line
     ]
