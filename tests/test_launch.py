@@ -81,6 +81,38 @@ def test_mpirun_passes_the_fault_hook_to_the_ranks(monkeypatch):
     assert "HVDSCALE_FAULT_DELAY" not in spec("mpirun", "mpi").argv
 
 
+@pytest.mark.parametrize(
+    "launcher, backend, framework",
+    [
+        ("horovodrun", "gloo", "horovod-tf"),
+        ("horovodrun", "mpi", "horovod-tf"),
+        ("mpirun", "mpi", "horovod-tf"),
+        ("srun", "mpi", "horovod-tf"),
+        ("srun", "gloo", "horovod-tf"),  # srun + Horovod's rendezvous (launch.gloo_slurm)
+        ("torchrun", "gloo", "torch-ddp"),
+        ("srun", "gloo", "torch-ddp"),  # one srun task per rank (launch.gloo_slurm)
+    ],
+)
+def test_every_launcher_passes_the_launch_stamp_to_the_ranks(launcher, backend, framework):
+    """Issue 30 item 7: the launcher's start reaches every rank as HVDSCALE_LAUNCH_START,
+    in the launcher's environment (horovodrun passes all of it, srun exports it, torchrun's
+    workers inherit it) and, for mpirun, as one of its -x variables."""
+    from hvdscale.record.startup import LAUNCH_START_ENV, launch_stamp
+
+    job = JobSpec("p", backend, 1, 2, 2, framework=framework)
+    kw = dict(launcher=launcher, job=job, program_argv=PROG, training=T, hosts=["localhost"])
+    kw.update(is_root_user=False, cpu_count=16)
+    s = build_launch(**kw, started_at=1_700_000_000.125)
+    assert s.launcher == launcher
+    assert s.env[LAUNCH_START_ENV] == "1700000000.125"
+    assert launch_stamp(s.env) == 1_700_000_000.125  # what a rank reads back
+    if launcher == "mpirun":
+        assert LAUNCH_START_ENV in [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
+    # nothing narrows srun's export of the launcher's environment
+    assert not [a for a in s.argv if a.startswith("--export") and a != "--export=ALL"]
+    assert LAUNCH_START_ENV not in build_launch(**kw).env  # no stamp given: none invented
+
+
 def test_mpirun_oversubscribes_when_ranks_exceed_cores():
     assert "--oversubscribe" in spec("mpirun", "mpi", workers=4, wpn=4, cpu_count=2).argv
 
@@ -311,6 +343,7 @@ def test_dry_run_prints_the_command_without_tensorflow(tmp_path):
     assert "horovodrun -np 2 -H localhost:2 --gloo" in line
     assert "HOROVOD_CPU_OPERATIONS=gloo" in line and "HOROVOD_TIMELINE=" in line
     assert "-m hvdscale.cli train" in line and "--run-id local_gloo_n1_w2_b75_lrnone_r0" in line
+    assert "HVDSCALE_LAUNCH_START=" in line  # the launcher's start, for the ranks' start-up
     assert not (tmp_path / "run").exists()  # a dry run starts and writes nothing
     r = _hvd(
         "launch",

@@ -355,7 +355,7 @@ def test_split_error_of_a_real_looking_epoch():
 # --------------------------------------------------------------------------- build_record
 
 
-def built_record(fault_delay=None, system=None):
+def built_record(fault_delay=None, system=None, attempts=None):
     """A record made by record.build.build_record (as hvdscale train makes it) for a run of a
     validated config."""
     from hvdscale.matrix.config import validate_config
@@ -398,7 +398,7 @@ def built_record(fault_delay=None, system=None):
         model_parameters=153441,
         steps_per_epoch=30,
         environment=env,
-        attempts=[{"started_utc": "2026-01-01T00:00:00Z", "start_epoch": 0}],
+        attempts=attempts or [{"started_utc": "2026-01-01T00:00:00Z", "start_epoch": 0}],
         epochs=eps,
         utilisation={"kind": "cpu", "interval_s": 0.25, "samples": []},
         timeline=None,
@@ -471,3 +471,77 @@ def test_system_block_never_raises(monkeypatch):
     bad = system_block(["n1"])
     assert bad["nodes"] == ["n1"] and "cores" in bad["errors"]["schema"]
     validate_record(built_record(system=bad))
+
+
+# --------------------------------------------------------------------------- start-up (issue 30)
+
+
+def test_startup_from_a_synthetic_launch_stamp():
+    """The launcher's stamp (HVDSCALE_LAUNCH_START) to the start of the epoch loop; no
+    stamp, a malformed one or a clock behind the launcher's: no figure (null), never a
+    wrong one."""
+    from hvdscale.record.startup import (
+        LAUNCH_START_ENV,
+        launch_stamp,
+        stamp_env,
+        startup_since,
+    )
+
+    env = stamp_env(1_700_000_000.25)
+    assert env == {LAUNCH_START_ENV: "1700000000.25"} and stamp_env(None) == {}
+    stamp = launch_stamp(env)
+    assert stamp == 1_700_000_000.25
+    assert startup_since(stamp, 1_700_000_005.5) == pytest.approx(5.25)
+    assert launch_stamp({}) is None and startup_since(None, 1_700_000_005.5) is None
+    assert launch_stamp({LAUNCH_START_ENV: "soon"}) is None
+    assert launch_stamp({LAUNCH_START_ENV: "nan"}) is None
+    assert startup_since(stamp, stamp - 1.0) is None
+
+
+def test_the_record_sums_startup_over_attempts_and_adds_it_to_the_time_to_target():
+    """timing.startup_s is the sum over the attempts; target.launch_to_target_s is the
+    start-up of the attempts up to the target epoch + the time to target (0.2 s here, the
+    end of epoch 1); a later attempt's start-up is not in it."""
+    from hvdscale.record.startup import launch_to_target
+    from hvdscale.trainer.checkpoint import ResumeState
+
+    progress = ResumeState()
+    progress.begin_attempt("2026-01-01T00:00:00Z")
+    progress.loop_started(4.5)
+    rec = built_record(attempts=progress.attempts)
+    validate_record(rec)
+    assert rec["resume"]["attempts"][0]["startup_s"] == 4.5
+    assert rec["timing"]["startup_s"] == 4.5
+    assert rec["target"]["launch_to_target_s"] == pytest.approx(4.5 + 0.2)
+
+    two = [
+        {"started_utc": "a", "start_epoch": 0, "startup_s": 4.0},
+        {"started_utc": "b", "start_epoch": 1, "startup_s": 6.0},
+        {"started_utc": "c", "start_epoch": 2, "startup_s": 5.0},
+    ]
+    rec = built_record(attempts=two)
+    validate_record(rec)
+    assert rec["resume"]["resumed"] and rec["timing"]["startup_s"] == pytest.approx(15.0)
+    assert rec["target"]["launch_to_target_s"] == pytest.approx(4.0 + 6.0 + 0.2)
+    assert launch_to_target(two, None, None) is None  # not reached
+    assert launch_to_target(two, 0, 0.1) == pytest.approx(4.1)
+
+
+def test_a_rank_without_the_stamp_records_null_and_older_records_stay_valid():
+    from hvdscale.record.startup import total_startup
+
+    no_stamp = [{"started_utc": "a", "start_epoch": 0, "startup_s": None}]
+    rec = built_record(attempts=no_stamp)
+    validate_record(rec)
+    assert rec["timing"]["startup_s"] is None and rec["target"]["launch_to_target_s"] is None
+    # an older checkpoint's attempt without the field: the total is unknown, not smaller
+    mixed = [
+        {"started_utc": "a", "start_epoch": 0},
+        {"started_utc": "b", "start_epoch": 1, "startup_s": 5.0},
+    ]
+    assert total_startup(mixed) is None
+    old = built_record()
+    del old["timing"]["startup_s"], old["target"]["launch_to_target_s"]
+    validate_record(old)  # records written before issue 30 item 7
+    with pytest.raises(RecordError, match="startup_s"):
+        validate_record({**old, "timing": {**old["timing"], "startup_s": -1.0}})

@@ -207,8 +207,15 @@ def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
     # an hour between checkpoints: the one after the last epoch is written all the same
     cfg = write_config(tmp_path / "config.json", base_config(epochs=4, checkpoint_every_s=3600))
     out = tmp_path / "run"
+    t0 = time.time()
     rec, r = _run_ok(cfg, "local_gloo_n1_w1_b75_lrnone_r0", train_data, out)
+    job_s = time.time() - t0
     check_plausible(rec, workers=1, epochs=4)
+    # issue 30 item 7: start-up from hvdscale launch's stamp to the epoch loop, inside the
+    # job's wall time and outside its training time
+    startup = rec["timing"]["startup_s"]
+    assert 0 < startup < job_s and rec["resume"]["attempts"][0]["startup_s"] == startup
+    assert startup + rec["epochs"][-1]["elapsed_s"] < job_s
     assert rec["config"]["launcher"] == "horovodrun" and rec["config"]["controller"] == "gloo"
     assert rec["config"]["data_in_device_memory"] is True
     rows = list(csv.DictReader((out / "history.csv").open()))
@@ -359,6 +366,10 @@ def test_resume_after_the_launcher_group_is_killed(tmp_path, train_data, workers
     assert rec["summary"]["final_test_loss"] == ref["summary"]["final_test_loss"]
     assert rec["initial_weights_sha256"] == ref["initial_weights_sha256"]  # kept over resumes
     assert rec["epochs"][3]["elapsed_s"] > rec["epochs"][1]["elapsed_s"]
+    # each attempt's own start-up (its own launcher's stamp); the record's is their sum
+    startups = [a["startup_s"] for a in attempts]
+    assert all(s > 0 for s in startups)
+    assert rec["timing"]["startup_s"] == pytest.approx(sum(startups))
 
 
 @pytest.mark.slow

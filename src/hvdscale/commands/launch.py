@@ -22,7 +22,9 @@ training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
 HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
 OMPI_MCA_mpi_yield_when_idle=1, training.gloo_yield_when_spinning (gloo, also torch-ddp's)
 LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
-training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
+training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json. Every rank gets
+HVDSCALE_LAUNCH_START, this command's start (hvdscale.record.startup: the run record's
+start-up and launch-to-target times count from it).
 
 The ranks' output streams to this command's stdout/stderr. Exit status 0 when the run
 completed with a valid record, and also when it stopped with a valid record of status
@@ -119,6 +121,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    started_at = time.time()  # the launcher's start: the ranks' start-up counts from it
     cfg = load_config(args.config)
     training = cfg["training"]
     launcher = args.launcher or training["launcher"]
@@ -139,6 +142,7 @@ def run(args) -> int:
         horovodrun=companion(python, "horovodrun"),
         mpirun="mpirun",
         srun="srun",
+        started_at=started_at,
     )
     if args.dry_run:
         print(spec.shell())

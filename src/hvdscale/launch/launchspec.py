@@ -18,6 +18,7 @@ from hvdscale.launch import gloo_slurm, timelimit
 from hvdscale.matrix import backends, site_settings
 from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.project import PROJECT_ROOT
+from hvdscale.record.startup import stamp_env
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun", "torchrun")
 #: the interpreter module torchrun is (`python -m torch.distributed.run` = `torchrun`)
@@ -189,9 +190,12 @@ def build_launch(
     timeline: bool | None = None,
     is_root_user: bool | None = None,
     cpu_count: int | None = None,
+    started_at: float | None = None,
 ) -> LaunchSpec:
     """The one place that turns (launcher, backend, workers, nodes, workers_per_node)
-    into the launcher's argv and the ranks' environment."""
+    into the launcher's argv and the ranks' environment. ``started_at``: the launcher's
+    start (time.time()), HVDSCALE_LAUNCH_START for every rank (hvdscale.record.startup:
+    the ranks' start-up is measured from it); None: no stamp."""
     if launcher not in LAUNCHERS:
         raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     notes: list[str] = []
@@ -199,6 +203,10 @@ def build_launch(
     controller = controller_for(launcher, job.backend, job.framework)
     cpu_count = (os.cpu_count() or 1) if cpu_count is None else cpu_count
     env = _launch_env(training, job, launcher, out_dir, timeline, job.node_cores or cpu_count)
+    # the launcher's start, in the launcher's environment: horovodrun passes all of it to
+    # the ranks, mpirun through -x (every key of env), srun exports it, torchrun's
+    # workers inherit it
+    env.update(stamp_env(started_at))
     if job.framework != backends.DEFAULT_FRAMEWORK:  # torch-ddp: torchrun or srun
         argv, env = _torch_launch(launcher, job, list(program_argv), env, hosts, srun, notes)
         return LaunchSpec(argv, env, controller=controller, launcher=launcher, notes=notes)

@@ -23,6 +23,7 @@ from hvdscale.matrix.config import RUN_SCHEMA
 from hvdscale.matrix.site_settings import nccl_env_now
 from hvdscale.project import git_commit
 from hvdscale.record.history import history_csv
+from hvdscale.record.startup import launch_to_target, total_startup
 from hvdscale.record.summary import noise_scale_block, summarise, target_block
 from hvdscale.record.timing import TIMING_METHOD, instrumentation_block, sync_block
 
@@ -344,7 +345,17 @@ def build_record(
     }
     if system is not None:
         record["system"] = system
+    _add_startup(record, attempts)
     return record
+
+
+def _add_startup(record: dict, attempts: list[dict]) -> None:
+    """Issue 30 item 7: ``timing.startup_s`` (the attempts' start-up, launcher's start to
+    epoch loop, summed) and ``target.launch_to_target_s`` (start-up up to the target epoch
+    plus the time to target); null where a figure is missing (hvdscale.record.startup)."""
+    record["timing"]["startup_s"] = total_startup(attempts)
+    tgt = record["target"]
+    tgt["launch_to_target_s"] = launch_to_target(attempts, tgt["epoch"], tgt["time_to_target_s"])
 
 
 # --------------------------------------------------------------------------- validation

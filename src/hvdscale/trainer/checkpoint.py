@@ -114,6 +114,12 @@ class ResumeState:
             }
         )
 
+    def loop_started(self, startup_s: float | None) -> None:
+        """This attempt's start-up: seconds from the launcher's start to its epoch loop
+        (hvdscale.record.startup; None without the launcher's stamp). Saved with every
+        checkpoint in the attempt's entry, so that a resumed run keeps each attempt's."""
+        self.attempts[-1]["startup_s"] = startup_s
+
     def epochs_this_attempt(self) -> int:
         return len(self.history) - self.start_epoch
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +39,7 @@ from hvdscale.record.build import (
     utc_now,
     write_run_outputs,
 )
+from hvdscale.record.startup import launch_stamp, startup_since
 from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
@@ -190,6 +192,9 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     )
     plan.timeline = framework.timeline_window(worker, tcfg, out_dir, progress.start_epoch)
     sampler = make_sampler(worker)
+    # start-up of this attempt: the launcher's start (HVDSCALE_LAUNCH_START) to here, the
+    # start of the epoch loop; rank 0's is recorded (null without the stamp)
+    progress.loop_started(startup_since(launch_stamp(), time.time()))
     result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
 
     facts = framework.label_facts(worker)  # before the framework shuts down
