@@ -3,11 +3,12 @@
 import circles (module-level and function-local imports alike) and the upward imports
 against the levels of docs/extending.md.
 
-    python scripts/layout_report.py [--root DIR] [--top N]
+    .venv/bin/python scripts/layout_report.py [--root DIR] [--top N]
 
-Standard library only, so it runs on any checkout (the tool behind the before/after
-figures of the layout redesign, issue 31). Exit status 1 when there is a circle or an
-upward import, 0 otherwise.
+The levels come from tests/test_levels.py's parser of the page (it imports pytest: run it
+with the workflow env); the rest is the standard library. The tool behind the
+before/after figures of the layout redesign (issue 31). Exit status 1 when there is a
+circle or an upward import, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -97,25 +98,15 @@ def circles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def doc_levels(root: Path) -> dict[str, int]:
+def doc_levels(root: Path):
+    """(levels, level_of) from tests/test_levels.py: the one parser of the page's levels."""
     sys.path.insert(0, str(root / "tests"))
     try:
-        from test_levels import doc_levels as parse  # the one parser of the page
+        import test_levels
     finally:
         sys.path.pop(0)
-    return parse((root / "docs" / "extending.md").read_text())
-
-
-def level_of(mod: str, levels: dict[str, int]) -> int | None:
-    if mod.split(".")[-1] == "__main__":
-        return max(levels.values())
-    best = None
-    for name, lv in levels.items():
-        if (mod == name or mod.startswith(name + ".")) and (
-            best is None or len(name) > len(best[0])
-        ):
-            best = (name, lv)
-    return best[1] if best else None
+    text = (root / "docs" / "extending.md").read_text()
+    return test_levels.doc_levels(text), test_levels.level_of
 
 
 def longest_functions(mods: dict[str, Path], top: int) -> list[tuple[int, str]]:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n## Import circles (function-local imports included)")
     print("\n".join(f"- {' <-> '.join(c)}" for c in found) or "none")
 
-    levels = doc_levels(root)
+    levels, level_of = doc_levels(root)
     upward = []
     for mod, targets in sorted(g.items()):
         mine = level_of(mod, levels)

@@ -1,55 +1,7 @@
 """Aggregate run records (results/runs/*/metrics.json) into the scaling tables.
 
-Every metrics.json is validated against workflow/schemas/run.schema.json, then the
-derived rows of all records are checked at once with a pandera schema. A malformed
-record is reported by path and field (a warning on stderr and a row in status.csv)
-and the other records still aggregate; partial results are normal.
-
-Outputs
-  runs.csv     one row per valid run record of the config's run table
-  summary.csv  one row per configuration (partition, framework, backend,
-               batch_per_worker, lr_rule, workers): medians and min/max over repeats,
-               speedup and efficiency against the 1-worker run of the same group (the
-               same framework too: never Horovod against DDP), speedup per GPU
-  status.csv   every run of the config's run table (plus any other run directory):
-               completed, nan_loss, failed, missing, malformed or mislabelled
-  epochs.csv   one row per epoch of every run in runs.csv (loss curves)
-  headline.csv (--out-headline) the time-to-target speedup of every multi-worker
-               configuration, untuned and tuned, split into epoch-time speedup x
-               epochs-to-target ratio, with the noise scale (analysis/headline.py)
-
-Definitions
-  framework       the record's config.framework (horovod-tf where absent: records before
-                  issue 19); a column of every table (after partition; epochs.csv: after
-                  run_id) and a group key, so every baseline is of the same framework
-  sync columns    runs.csv sync_allreduce_s, sync_comm_hook_s, sync_exposed_s,
-                  sync_no_comm_step_s: the record's timing.sync (per-step seconds; NaN
-                  where not measured); report/frameworks_section.py says which is which
-  epoch time      median wall time of the non-warm-up epochs of a run (rank 0)
-  throughput      median samples/s (all ranks) of the non-warm-up epochs
-  phase shares    sum of each phase (data, compute, sync, update) over the non-warm-up
-                  epochs divided by the sum of all four: shares of the training-step
-                  time, adding up to 1 (as the run record's own summary); other_share is
-                  the part of the epoch wall time outside the four phases (test
-                  evaluation, launch overhead)
-  time to target  from each record's target block (hvdscale/target.py): training
-                  wall time (warm-up and validation included, start-up excluded) at the
-                  end of the first epoch whose validation loss is at or below the
-                  study-wide target fixed before training (results/scaling/target.json);
-                  a censored run (budget reached first) counts as +inf, a median exists
-                  while fewer than half the repeats are censored, and n_reached_target /
-                  n_ttt_total go with every median; a run that meets the target in its
-                  first (warm-up) epoch is flagged target_in_warmup, and its configuration
-                  target_too_loose (no TTT speedup)
-  mislabelled     a record whose label_proof.ok is false: status mislabelled in
-                  status.csv and runs.csv with the proof's reasons, excluded from every
-                  statistic
-  S(n) = T(1)/T(n) with T the median over completed repeats; E(n) = S(n)/n;
-  95 % bootstrap intervals resampling both sides' repeats (analysis/stats.py);
-  speedup per GPU = slope of an ordinary least-squares line through (n, S(n)) of a
-  group (n = 1 included). A group without a completed 1-worker run keeps its rows,
-  with has_baseline false and NaN speedups.
-The command line is ``hvdscale aggregate`` (hvdscale.commands.aggregate).
+The command line, with what it reads and writes in full, is ``hvdscale aggregate``
+(hvdscale.commands.aggregate).
 """
 
 from __future__ import annotations

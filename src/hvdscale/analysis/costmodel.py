@@ -1,34 +1,7 @@
 """Fit the ring-allreduce cost model and predict synchronisation time and speedup.
 
-Model (one allreduce of n bytes over p ranks on m nodes, ring over the slowest link;
-``hvdscale.analysis.costmodel_links``):
-
-    T(p, m, n) = 2(p-1) * alpha_c + 2(p-1)/p * n / beta_c
-
-with c the inside-node link (m = 1) or the between-node link (m > 1). alpha_c (latency,
-s) and beta_c (bandwidth, B/s) are fitted per partition, backend and link class by
-weighted least squares over every message size and worker count of the allreduce
-sweep (results/allreduce/*.csv as written by `hvdscale measure-allreduce`: columns
-partition, backend, workers, nodes, bytes, time_s; p10/p90/algbw/busbw, also named
-p10_s/p90_s/algbw_Bps/busbw_Bps, are optional; rows with one worker carry no
-communication and are left out). The weights are 1/time, so the fit minimises relative
-residuals and small (latency-bound) and large (bandwidth-bound) messages count alike.
-A sweep with one node count fits the inside-node terms only (the between-node terms are
-unknown, and said so). With --fit-max-workers K the error table (costmodel.json
-"error_table") compares a fit from the sweeps with <= K ranks with the larger ones.
-
-Prediction per configuration group (partition, backend, batch_per_worker, lr_rule)
-with a measured 1-worker baseline (summary.csv): per-step time
-
-    T_step(p) = T_data + T_compute + T_update + T_other + T_sync(p)
-
-with the first four measured on the 1-worker run (T_other = step wall time not in a
-phase, usually small) and T_sync(p) = T(p, m(p), model_bytes) with m(p) the measured
-node count or the sequential fill of the one-node sweeps' largest rank count; epoch time
-T_epoch(p) = steps(1)/p * T_step(p); predicted speedup S(p) = T_epoch(1)/T_epoch(p).
-Where runs exist, the prediction is compared with the measured sync time per step and
-speedup: relative error (predicted - measured)/measured per point and its median.
-The command line is ``hvdscale fit-costmodel`` (hvdscale.commands.fit_costmodel).
+The command line, with what it reads and writes in full, is ``hvdscale fit-costmodel``
+(hvdscale.commands.fit_costmodel).
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """Reference values with tolerances: measured value (95 % bootstrap interval where
 every group has 3 or more completed repeats), reference, verdict.
 
-The references come from the config (key ``references``; the defaults are the reference
-study's figures). Quantities and what counts as better:
-
-  speedup_per_gpu      per partition, the preferred group (analysis.view.preferred_group)
-                       slope of S(n) over n                                 higher is better
-  sync_share           median over multi-worker configurations of the
-                       gradient-synchronisation share of the step time     lower is better
-  data_share           the same for data loading, over all configurations  lower is better
-  batch_epoch_speedup  epoch time at batch_from / at batch_to               higher is better
-
-Verdict: the band is reference +- tolerance. With an interval (analysis/stats.CI_METHOD),
-the verdict is better or worse only when the whole interval lies outside the band (the
-deviation is not noise), within only when it lies inside, and inconclusive when it
-straddles an edge of the band; without one, the measured value decides. not measured:
-nothing to compare.
-
-Outputs results/scaling/references.csv. ``--strict`` exits 1 when a verdict is worse
-(after writing the table); ``--check CSV`` only checks an existing table: rule
-enforce_references does that when the config key strict is true, so the table and the
-report are kept and the workflow still fails.
-The command line is ``hvdscale check-references`` (hvdscale.commands.check_references).
+The command line, with what it reads and writes in full, is ``hvdscale check-references``
+(hvdscale.commands.check_references).
 """
 
 from __future__ import annotations

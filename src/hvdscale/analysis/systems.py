@@ -6,13 +6,8 @@ kernel and OS; from each record's Horovod environment the cycle time the run had
 (``auto`` gives 1 worker and several workers different values); and whether a Gloo run's
 ranks had hvdscale.native's library (``config.gloo_epoll_yield``).
 
-One row per partition of runs.csv. A field lists every distinct value of the
-partition's runs ('; ' between them; node names are the union of the runs' hosts); ''
-where no run had it. Records written before runs described the system (no ``system``)
-still give nodes, CPU model and MPI from their ``environment``; ``described`` counts the
-runs that carried a description, ``errors`` names the probes that failed in any run.
-Only the records decide the bytes (no clock, no machine), so a rebuild is identical.
-The command line is ``hvdscale tabulate-systems`` (hvdscale.commands.tabulate_systems).
+The command line, with what it reads and writes in full, is ``hvdscale tabulate-systems``
+(hvdscale.commands.tabulate_systems).
 """
 
 from __future__ import annotations

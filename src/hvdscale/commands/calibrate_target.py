@@ -3,18 +3,9 @@
 Fixed before any scaling run or tuning candidate trains; every such run reads it
 (``hvdscale train --target FILE``) and stops when its validation loss reaches it.
 
-absolute   the loss training.target.value; no runs needed.
-calibrated target = (1 + x/100) * median over the calibration runs (run ids ending
-           ``_cal_r{k}``: training.target.calibration, 1 worker, a long budget, no stop
-           at a target) of each run's best validation loss; x = training.target.value.
-           A run's best validation loss is its record's ``target.best_val_loss``, else
-           the smallest finite ``val_loss`` of its epochs. A calibration run without a
-           record, failed, or without any validation loss is an error naming the run.
-
-Output (the contract of issue 16):
-  {"mode": "absolute"|"calibrated", "value": float, "percent": x|null,
-   "calibration_runs": [run_id...], "best_val_losses": [...],
-   "median_best_val_loss": float|null}
+absolute (training.target.value is the loss) or calibrated ((1 + x/100) x the median
+best validation loss of the calibration runs, x = training.target.value); the modes,
+the keys of target.json and how the calibration runs are read: hvdscale.target.
 
 Example
   hvdscale calibrate-target --config results/config/target.json \

@@ -1,12 +1,7 @@
 """Generate one shard of synthetic stress-strain curves (HDF5).
 
-Shard K of data.n_shards holds the contiguous sample ids [K*n//S, (K+1)*n//S). Each
-curve comes from 1-D elasto-plasticity with linear isotropic hardening (return mapping)
-along a loading/unloading strain path; see hvdscale.data.physics for the model and its
-conventions. Sample i depends only on (seed, i): the shard count, the block size and the
-machine do not change any value. The file is written atomically (temporary file, then
-rename).
-The command line is ``hvdscale generate-shard`` (hvdscale.commands.generate_shard).
+The command line, with what it reads and writes in full, is ``hvdscale generate-shard``
+(hvdscale.commands.generate_shard).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Split validated shards into train/val/test HDF5 shards, manifest.json and validation.json.
 
-Refuses to run unless every input shard has a passing validation report that matches it
-(same file: name, size and modification time, or else the same sha256; same seed and
-generator parameters) and the shards cover the sample ids 0..n-1 exactly once.
-
-Each sample's split comes from one uniform u hashed from (seed, sample id)
-(hvdscale.data.physics.split_assign): u < train_fraction x val_fraction: validation;
-u < train_fraction: train; else test. So the split does not depend on the shard layout,
-and the validation split is val_fraction of the train share. Each split is written as
-data.split_shards.{train,val,test} files
-``OUTDIR/{train,val,test}/shard-NNNN.h5`` holding consecutive runs of the split's samples in
-ascending sample id (shard sizes differ by at most one), in the same layout and with the
-same attributes as the generated shards. ``OUTDIR/manifest.json`` records counts, sha256
-checksums, the generator parameters and normalisation statistics of the train split
-(per-channel and per-label mean and std); ``OUTDIR/validation.json`` summarises the shard
-validations. Input is streamed block by block (memory stays small for 1M curves), and
-nothing is renamed into place unless every file was written.
-The command line is ``hvdscale split-dataset`` (hvdscale.commands.split_dataset).
+The command line, with what it reads and writes in full, is ``hvdscale split-dataset``
+(hvdscale.commands.split_dataset).
 """
 
 from __future__ import annotations

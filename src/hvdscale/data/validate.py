@@ -1,26 +1,7 @@
 """Validate a generated shard with pandera: every sample, every check.
 
-Each curve is reduced with vectorised numpy to per-sample features (whether all values
-are finite, the counts of flag values outside {0, 1} and of points whose flag
-contradicts the strain path, the largest strain, the stress excess over the physical
-bound, the labels, the sample id), and that per-sample table is validated with a
-pandera schema (lazy, so every failed check is reported). Checks:
-
-  all_values_finite                  curves and labels contain no NaN/inf
-  flag_in_0_1                        the flag channel is 0 or 1
-  first_point_at_origin              point 0 has strain 0 and flag 1
-  flag_consistent_with_strain_path   strain rises on loading points (flag 1) and falls
-                                     on unloading points (flag 0)
-  strain_within_max_strain           |strain| <= data.physics.max_strain
-  stress_within_physical_bound       |stress| <= sigma_y + H max|strain| + 6 noise_std (+ tol);
-                                     the model's noise is below 5.77 noise_std by construction
-  yield_stress_in_range, hardening_modulus_in_range   labels within the configured ranges
-  sample_id_in_range, sample_id_unique, sample_id_matches_shard   ids are the shard's range
-
-On success the report is written (atomically) to --out; on failure the command exits
-with status 2 naming the file, the failed checks and the first offending sample ids,
-and writes nothing.
-The command line is ``hvdscale validate-shard`` (hvdscale.commands.validate_shard).
+The command line, with what it reads and writes in full, is ``hvdscale validate-shard``
+(hvdscale.commands.validate_shard).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Draw the scaling figures, each as PDF and PNG, into --outdir.
 
-The figures are those of the registry ``hvdscale.figures.registry`` (fixed names,
-{outdir}/{name}.pdf and .png, in its order; ``--only`` picks some), each drawn by its
-registry's draw function from runs.csv, summary.csv, epochs.csv, costmodel.json,
-headline.csv and the config's references (``--config``; without it the schema's defaults).
-
-Where the scaling sweep has several per-worker batch sizes, the worker-scaling figures
-use the batch size with the most worker counts; where it has several LR rules and only
-one can be shown, 'none' is preferred (``hvdscale.analysis.view``). With missing data
-a figure is still written, with a centred "no data for this figure (reason)" note. The
-same inputs give byte-identical files.
-The command line is ``hvdscale plot`` (hvdscale.commands.plot).
+The command line, with what it reads and writes in full, is ``hvdscale plot``
+(hvdscale.commands.plot).
 """
 
 from __future__ import annotations

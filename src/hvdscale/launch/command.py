@@ -1,35 +1,7 @@
 """Start one training run (or an allreduce measurement) as N Horovod (or torch-ddp) ranks.
 
-Pure Python (no TensorFlow): runs from the workflow env and starts the ranks in the
-train env through the configured launcher:
-
-  horovodrun  horovodrun -np N -H host:slots[,...] --gloo|--mpi PYTHON -m hvdscale.cli ...
-  mpirun      mpirun -np N --bind-to none --map-by slot -x HOROVOD_... PYTHON -m hvdscale.cli ...
-  srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
-              (inside a SLURM allocation: nodes and tasks per node come from it)
-
-A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.trainer.torch_ddp``
-instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)
-under horovodrun/mpirun, one srun task per rank under srun (launch.gloo_slurm). torchrun
-exits 1 for any failing rank: the exit status is the failing rank's own (its exit marker).
-
-The collective backend of the run (from its run_id) selects the Horovod environment:
-gloo -> HOROVOD_CPU_OPERATIONS=gloo with horovodrun's Gloo controller (Gloo needs
-horovodrun's rendezvous, so gloo runs start with horovodrun --gloo whatever the
-launcher; inside SLURM with the allocation's hosts); mpi ->
-HOROVOD_CPU_OPERATIONS=mpi with the MPI controller; nccl -> HOROVOD_GPU_OPERATIONS=NCCL.
-training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
-HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
-OMPI_MCA_mpi_yield_when_idle=1, training.gloo_yield_when_spinning (gloo, also torch-ddp's)
-LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
-training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json.
-
-The ranks' output streams to this command's stdout/stderr. Exit status 0 when the run
-completed with a valid record, and also when it stopped with a valid record of status
-nan_loss (a diverged configuration is a result; an ERROR line says so). Otherwise the
-status is non-zero and OUT_DIR/failure.json (measure-allreduce: OUT.failure.json)
-records run_id, status "failed", the exit status, the tail of the output and the time.
-The command line is ``hvdscale launch`` (hvdscale.commands.launch).
+The command line, with what it reads and writes in full, is ``hvdscale launch``
+(hvdscale.commands.launch).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Typeset the scaling report (results/report.pdf) with reportlab.
 
-Sections: the headline (one generated sentence per per-worker batch from headline.csv),
-provenance (git commit, config file and hash, package versions of both
-environments, hosts and hardware, dates); the system description per partition
-(systems.csv, when given); how every time was measured; tables of
-speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
-never shown without the test loss it reached); the figures with numbered captions; a
-side-by-side comparison with the reference study; Horovod against PyTorch DDP where
-the records hold both (report/frameworks_section.py); the cost-model fit and its
-prediction error; the list of missing and failed runs. Written atomically.
-The command line is ``hvdscale report`` (hvdscale.commands.report).
+The command line, with what it reads and writes in full, is ``hvdscale report``
+(hvdscale.commands.report).
 """
 
 from __future__ import annotations
