@@ -55,7 +55,8 @@ def _run_dirs(runs_dir: Path) -> list[Path]:
 
 
 def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggregation:
-    """Read, validate and aggregate every run under ``runs_dir`` (see the module doc)."""
+    """Read, validate and aggregate every run under ``runs_dir`` (the tables:
+    hvdscale aggregate --help)."""
     warn = warn or (lambda msg: None)
     table = {r.run_id: r for r in run_table(cfg)} if cfg is not None else None
     slice_hash = SliceHash(cfg, table) if cfg is not None else None

@@ -48,7 +48,8 @@ def _ci(groups, stat):
 
 
 def verdict(measured, ci, reference: float, tolerance: float, better: str) -> str:
-    """within / better / worse / inconclusive / not measured (see the module doc)."""
+    """within / better / worse / inconclusive / not measured (the definitions:
+    hvdscale check-references --help)."""
     if measured is None or not math.isfinite(measured):
         return "not measured"
     lo, hi = ci if ci is not None else (measured, measured)

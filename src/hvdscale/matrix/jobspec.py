@@ -285,7 +285,7 @@ SIGNAL_NAME = "USR1"
 
 def signal_option(training: dict, workers: int = 2) -> str | None:
     """The sbatch option that asks for the warning, or None when it is turned off (and
-    for 1-worker jobs, see the module doc)."""
+    for 1-worker jobs, see hvdscale.launch.timelimit)."""
     margin = int(training.get("time_limit_margin_s", 120) or 0)
     return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 and workers > 1 else None
 
