@@ -51,6 +51,25 @@ def test_calibrated_target_is_percent_above_the_median_best_loss():
     assert tgt["calibration_runs"] == [r.run_id for r in calibration_runs(cfg)]
 
 
+def test_the_target_says_whether_the_calibration_runs_had_flattened():
+    """Issue 30: the last quarter of each calibration run's epochs either still improved
+    its best validation loss (the budget was too short: the target is looser than the
+    runs can reach) or not; target.json keeps the gains and describe() says which."""
+    from hvdscale.target import describe, last_quarter_gain
+
+    flat = [1.0, 0.5, 0.3, 0.25, 0.2, 0.2, 0.199, 0.2]  # last quarter: 0.199 vs 0.2
+    steep = [1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25]  # last quarter: 0.25 vs 0.35
+    assert last_quarter_gain(_record("x", flat)) == pytest.approx(0.001 / 0.199)
+    assert last_quarter_gain(_record("x", steep)) == pytest.approx(0.1 / 0.25)
+    assert last_quarter_gain(_record("x", [0.3, 0.2, 0.1])) is None  # too short to say
+    cfg = _cfg(value=10)
+    tgt = calibrate_target(cfg, _records(cfg, [flat, flat, flat]))
+    assert tgt["last_quarter_gains"] == pytest.approx([0.001 / 0.199] * 3)
+    assert "had flattened: the last quarter of their epochs improved" in describe(tgt)
+    tgt = calibrate_target(cfg, _records(cfg, [flat, steep, flat]))
+    assert "had NOT flattened" in describe(tgt) and "40.0 %" in describe(tgt)
+
+
 def test_record_target_best_loss_wins_and_nan_epochs_are_skipped():
     assert best_val_loss(_record("x", [0.3, 0.2], best=0.15)) == 0.15
     assert best_val_loss(_record("x", [float("nan"), 0.25, None])) == 0.25

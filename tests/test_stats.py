@@ -108,3 +108,62 @@ def test_median_interval_and_generic_ci():
     ci = bootstrap_ci([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]], lambda g: np.median(g[1], axis=-1))
     assert 2.0 <= ci[0] <= 4.0 <= ci[1] <= 6.0
     assert bootstrap_ci([[1.0, 2.0]], lambda g: np.median(g[0], axis=-1)) is None
+
+
+def test_the_censored_median_is_the_kaplan_meier_median():
+    """The proof the module doc promises: with every censored run censored after the last
+    observed time (one budget for all runs of a study), counting censored runs as +inf
+    gives the Kaplan-Meier median of scipy.stats.ecdf on CensoredData (odd repeat counts;
+    with an even count ours is the usual midpoint of the two middle values, KM's the
+    lower of them)."""
+    from scipy.stats import CensoredData, ecdf
+
+    def km_median(times, budget):
+        seen = [t for t in times if math.isfinite(t)]
+        cens = [budget] * (len(times) - len(seen))
+        sf = ecdf(CensoredData(uncensored=seen, right=cens)).sf
+        q = sf.quantiles[sf.evaluate(sf.quantiles) <= 0.5]
+        return float(q[0]) if q.size else math.inf
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.choice([3, 5, 7, 9]))
+        t = rng.lognormal(1.0, 0.4, size=n)
+        k = int(rng.integers(0, (n - 1) // 2 + 1))  # fewer than half censored
+        times = [*t[: n - k], *([math.inf] * k)]
+        budget = float(t.max()) * 1.5  # after every observed time
+        assert censored_median(times)[0] == km_median(times, budget), (trial, times)
+    even = [1.0, 2.0, 3.0, math.inf]
+    assert km_median(even, 10.0) == 2.0 <= censored_median(even)[0] == 2.5 <= 3.0
+
+
+def test_an_interval_end_is_open_where_a_resampled_median_is_censored():
+    """One censored repeat of five in the baseline: some replicates draw three of it, their
+    baseline median is +inf and so is the ratio; the upper end is then +inf (open), never
+    a number, and the lower end is finite."""
+    base = [10.0, 11.0, 12.0, math.inf, 10.5]
+    vals = [5.0, 5.5, 6.0, 5.2, 5.4]
+    lo, hi, note = speedup_interval(base, vals, "open")
+    assert 1.0 < lo < 2.5 and math.isinf(hi) and note == ""
+    # this side censored instead: the lower end is 0 (open), the upper finite
+    lo, hi, _ = speedup_interval(vals, base, "open")
+    assert lo == 0.0 and 0.4 < hi < 1.0
+
+
+def test_replicates_censored_on_both_sides_widen_the_interval_never_narrow_it():
+    """Both sides with two censored repeats of five: replicates where both medians are
+    +inf bound nothing, so they count as 0 for the lower end and +inf for the upper."""
+    base = [10.0, 11.0, math.inf, math.inf, 10.5]
+    vals = [5.0, math.inf, 6.0, 5.2, math.inf]
+    lo, hi = bootstrap_ratio(base, vals, rng=rng_for("both"))
+    assert lo == 0.0 and math.isinf(hi)
+    # no replicate censored on both sides: the two passes agree with one
+    lo2, hi2 = bootstrap_ratio([10.0, 11, 12, 13, 14], [5.0, 6, 7, 8, 9], rng=rng_for("x"))
+    assert 1.2 < lo2 < hi2 < 2.8
+
+
+def test_a_huge_log_ratio_does_not_overflow():
+    from hvdscale.analysis.stats import _from_log
+
+    assert _from_log(800.0) > 1e300 and math.isinf(_from_log(1e6))
+    assert _from_log(-1e6) == 0.0

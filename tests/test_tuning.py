@@ -266,41 +266,10 @@ def test_headline_tuned_rows_come_from_the_reruns():
     assert r.speedup_ttt_lo <= r.speedup_ttt <= r.speedup_ttt_hi
 
 
-def test_tuned_rows_without_a_1_worker_tuning_group_use_the_untuned_baseline():
-    """The default config tunes 2 workers only: the tuned 2-worker re-runs are compared
-    with the 1-worker scaling runs (base LR), unpaired (their seeds differ)."""
-    from hvdscale.analysis.headline import headline
-
+def _two_worker_tuning_only():
+    """Re-runs of a 2-worker tuning group and untuned 1-worker scaling runs: a sweep that
+    tunes 2 workers only."""
     rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]  # the selection run
-    rows += [
-        _run(2, "m2_wu0", k, t * 0.5, "rerun", epoch_time=0.5)
-        for k, t in enumerate([4.0, 4.5, 5.0, 3.5, 4.2])
-    ]
-    base = [6.0, 7.0, 8.0, 6.5, 7.5]
-    for k, t in enumerate(base):
-        r = _run(1, "m1_wu0", k, t, epoch_time=1.0)
-        r.update(run_id=f"local_gloo_n1_w1_b75_lrlinear_r{k}", candidate="")
-        rows.append(r)
-    h = headline(pd.DataFrame(rows))
-    tuned = h[h["tuned"]].iloc[0]
-    assert tuned.speedup_ttt == pytest.approx(2.0 * 7.0 / 4.2)
-    assert (tuned.reached, tuned.total, tuned.base_reached, tuned.base_total) == (5, 5, 5, 5)
-    assert "untuned 1-worker runs" in tuned.note
-    assert tuned.speedup_ttt_lo <= tuned.speedup_ttt <= tuned.speedup_ttt_hi
-    # a group whose candidates all missed the target says so, with 0/0 counts
-    missed = [_run(2, "m2_wu0", 0, math.inf, epoch_time=0.5)] + rows[6:]
-    t2 = headline(pd.DataFrame(missed))
-    t2 = t2[t2["tuned"]].iloc[0]
-    assert "no tuning candidate reached the target" in t2.note and t2.total == 0
-
-
-def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
-    """Figure 1's tuned series is the headline table's: with a sweep that tunes 2 workers
-    only, the re-runs against the untuned 1-worker runs (not 'no 1-worker tuning group')."""
-    from hvdscale.analysis.headline import headline
-    from hvdscale.figures.accuracy import tuned_points
-
-    rows = [_run(2, "m2_wu0", 0, 2.0, epoch_time=0.5)]
     rows += [
         _run(2, "m2_wu0", k, t * 0.5, "rerun", epoch_time=0.5)
         for k, t in enumerate([4.0, 4.5, 5.0, 3.5, 4.2])
@@ -309,9 +278,77 @@ def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
         r = _run(1, "m1_wu0", k, t, epoch_time=1.0)
         r.update(run_id=f"local_gloo_n1_w1_b75_lrlinear_r{k}", candidate="")
         rows.append(r)
+    return rows
+
+
+def test_tuned_rows_without_a_1_worker_tuning_group_have_no_tuned_speedup():
+    """Issue 30, like against like: a sweep that tunes 2 workers only gives no tuned
+    speedup (never tuned 2 workers against untuned 1 worker); the row says why and keeps
+    the 2-worker re-runs' counts."""
+    from hvdscale.analysis.headline import NO_TUNED_BASELINE, headline
+
+    rows = _two_worker_tuning_only()
+    h = headline(pd.DataFrame(rows))
+    tuned = h[h["tuned"]].iloc[0]
+    assert math.isnan(tuned.speedup_ttt) and math.isnan(tuned.speedup_ttt_lo)
+    assert (tuned.reached, tuned.total, tuned.base_reached, tuned.base_total) == (5, 5, 0, 0)
+    assert tuned.note == NO_TUNED_BASELINE
+    # a group whose candidates all missed the target says so, with 0/0 counts
+    missed = [_run(2, "m2_wu0", 0, math.inf, epoch_time=0.5)] + rows[6:]
+    t2 = headline(pd.DataFrame(missed))
+    t2 = t2[t2["tuned"]].iloc[0]
+    assert "no tuned 1-worker baseline" in t2.note and t2.base_total == 0
+
+
+def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
+    """Figure 1's tuned series is the headline table's: tuned 2 workers against tuned 1
+    worker; a sweep that tunes 2 workers only has no tuned point."""
+    from hvdscale.analysis.headline import headline
+    from hvdscale.figures.accuracy import tuned_points
+
+    rows = []
+    for w, e in ((1, 1.0), (2, 0.5)):
+        rows.append(_run(w, "m2_wu0", 0, 2.0 * e, epoch_time=e))
+        times = [6.0, 7.0, 8.0, 6.5, 7.5] if w == 1 else [4.0, 4.5, 5.0, 3.5, 4.2]
+        rows += [_run(w, "m2_wu0", k, t * e, "rerun", epoch_time=e) for k, t in enumerate(times)]
     pts = tuned_points(headline(pd.DataFrame(rows))).set_index("workers")
     assert pts.loc[1, "speedup_ttt"] == 1.0
     assert pts.loc[2, "speedup_ttt"] == pytest.approx(2.0 * 7.0 / 4.2)
     assert pts.loc[2, "speedup_ttt_lo"] <= pts.loc[2, "speedup_ttt"] <= pts.loc[2, "speedup_ttt_hi"]
-    # no re-run reached the target: no tuned point at all
-    assert tuned_points(headline(pd.DataFrame(rows[6:]))) is None
+    # tuned 2 workers only: no tuned point at all
+    assert tuned_points(headline(pd.DataFrame(_two_worker_tuning_only()))) is None
+
+
+def test_a_diverged_run_counts_as_not_reached_never_drops_out():
+    """Issue 30: a run whose loss became NaN (status nan_loss) never reaches the target; it
+    is censored like a run out of budget, in the headline's reached/total, its median and
+    interval, and in the selection of tuning candidates (a high learning rate that
+    diverges in 3 of 5 runs has no median; it does not win on its 2 lucky runs)."""
+    from hvdscale.analysis.headline import headline
+    from hvdscale.analysis.tuning import select_tuned
+
+    rows = []
+    for w, e in ((1, 1.0), (2, 0.5)):
+        times = [6.0, 7.0, 8.0, 6.5, 7.5] if w == 1 else [4.0, 4.5, 5.0, 3.5, 4.2]
+        for k, t in enumerate(times):
+            r = _run(w, "m1_wu0", k, t * e, "rerun", epoch_time=e)
+            rows.append(r)
+        rows.append(_run(w, "m1_wu0", 0, 2.0 * e, epoch_time=e))  # the selection run
+    # two of the 2-worker re-runs diverge: NaN loss, no time to target in the record
+    for r in rows:
+        if r["workers"] == 2 and r["kind"] == "rerun" and r["repeat"] in (1, 3):
+            r.update(status="nan_loss", reached_target=False, time_to_target_s=float("nan"))
+            r.update(epochs_to_target=float("nan"), epoch_time_s=float("nan"))
+    h = headline(pd.DataFrame(rows))
+    r = h[h["tuned"]].iloc[0]
+    assert (r.reached, r.total, r.base_reached, r.base_total) == (3, 5, 5, 5)
+    # the median of (4.0, 5.0, 4.2, inf, inf) x 0.5 is 2.5: 7.0 / 2.5
+    assert r.speedup_ttt == pytest.approx(7.0 / 2.5)
+    assert r.epoch_speedup == pytest.approx(2.0)  # the diverged runs carry no epoch time
+    # in the selection: a candidate diverging in 2 of 3 runs has no median and loses
+    sel = [_run(2, "m2_wu0", k, t, val=0.05) for k, t in enumerate([1.0, 1.1, 1.2])]
+    sel += [_run(2, "m1_wu0", k, t) for k, t in enumerate([2.0, 2.1, 2.2])]
+    for r in sel[:2]:
+        r.update(status="nan_loss", reached_target=False, time_to_target_s=float("nan"))
+    tuned = select_tuned(pd.DataFrame(sel))
+    assert list(tuned["candidate"]) == ["m1_wu0"]

@@ -92,7 +92,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
             "expected 'calibrated' or 'absolute'"
         )
     run_ids = [r.run_id for r in calibration_runs(cfg)]
-    losses = []
+    losses, gains = [], []
     for rid in run_ids:
         rec = records.get(rid)
         if rec is None:
@@ -112,6 +112,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
                 "(target.best_val_loss or the epochs' val_loss)"
             )
         losses.append(loss)
+        gains.append(last_quarter_gain(rec))
     median = float(statistics.median(losses))
     percent = float(tgt["value"])
     return {
@@ -121,7 +122,47 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
         "calibration_runs": run_ids,
         "best_val_losses": losses,
         "median_best_val_loss": median,
+        "last_quarter_gains": gains,
     }
+
+
+#: a calibration run has flattened when the last quarter of its epochs improved its best
+#: validation loss by less than this fraction (issue 30: the target means something)
+FLAT_GAIN = 0.02
+
+
+def last_quarter_gain(record: dict) -> float | None:
+    """How much the last quarter of a run's epochs improved its best validation loss, as
+    a fraction of the final best (0: flat); None with fewer than 4 epochs with a loss."""
+    vals = [
+        float(e["val_loss"])
+        for e in record.get("epochs") or []
+        if isinstance(e, dict) and _finite(e.get("val_loss"))
+    ]
+    if len(vals) < 4:
+        return None
+    cut = len(vals) - len(vals) // 4
+    before, best = min(vals[:cut]), min(vals)
+    return (before - best) / best if best > 0 else None
+
+
+def flattened_text(spec: dict) -> str:
+    """Whether the calibration runs had flattened, in words ('' without the figures)."""
+    gains = [g for g in spec.get("last_quarter_gains") or [] if _finite(g)]
+    if not gains:
+        return ""
+    worst = max(gains)
+    if worst < FLAT_GAIN:
+        return (
+            f"the calibration runs had flattened: the last quarter of their epochs improved "
+            f"the best validation loss by at most {100 * worst:.1f} %"
+        )
+    return (
+        f"the calibration runs had NOT flattened: the last quarter of their epochs still "
+        f"improved the best validation loss by up to {100 * worst:.1f} % (>= "
+        f"{100 * FLAT_GAIN:.0f} %), so a longer calibration budget "
+        "(training.target.calibration.max_epochs) would give a lower, tighter target"
+    )
 
 
 def read_records(paths) -> dict[str, dict]:
@@ -202,6 +243,7 @@ def describe(spec: dict) -> str:
             f"{_loss(spec['median_best_val_loss'])}, the median best validation loss of "
             f"{len(runs)} calibration run{'s' if len(runs) != 1 else ''} (1 worker, long "
             f"budget, target not applied{': ' + ', '.join(runs) if runs else ''})"
+            + (f"; {flat}" if (flat := flattened_text(spec)) else "")
         )
     return f"validation loss {_loss(value)} (absolute, set in the config)"
 

@@ -20,15 +20,23 @@ values takes only 5 values) and over-covers (99 %) independently. At n = 3 nothi
 reaches 95 % (paired 75 %, independent 90 %), so intervals from 3 or 4 repeats carry a
 note. Fewer than ``MIN_REPEATS`` repeats on either side: no interval, and a note says why.
 
-Censoring: a run that never reached the target has time to target +inf. Medians count
-it (``censored_median``: a median exists while fewer than half the repeats are censored,
-else NaN and the note "3/5 censored: no median"). In a bootstrap replicate a median can
-be +inf: the speedup is then +inf (baseline censored) or 0 (this side censored); where
-both are censored the replicate says nothing about the ratio and counts as 1.
+Censoring: a run that never reached the target (its budget ran out, or its loss
+diverged: analysis.columns.ttt_runs) has time to target +inf. Medians count it
+(``censored_median``: a median exists while fewer than half the repeats are censored,
+else NaN and the note "3/5 censored: no median"). This is the Kaplan-Meier median of the
+runs with every censored run censored after the last observed time, which holds here: a
+run is censored only when its budget ends, and the budget is the same for every run of
+a study (tests/test_stats.py checks the two against scipy.stats.ecdf on CensoredData). In
+a bootstrap replicate a median can be +inf: the speedup is then +inf (baseline censored)
+or 0 (this side censored), and the interval gets an open end ([0.8, inf), printed as
+such). Where both medians are +inf the replicate says nothing about the ratio: it counts
+as 0 for the lower end and as +inf for the upper end (the interval widens; it never
+narrows towards 1).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -42,7 +50,8 @@ MIN_REPEATS = 3
 FEW_REPEATS = 5  # below this the interval under-covers (see the module doc)
 CI_METHOD = (
     "percentile bootstrap (scipy.stats.bootstrap, 9999 resamples; paired repeats "
-    "resampled as pairs, else each side independently)"
+    "resampled as pairs, else each side independently; a run that did not reach the "
+    "target counts as +inf, so an interval may have an open end)"
 )
 _BIG = 1e6  # a log speedup standing for +-inf inside the percentile computation
 
@@ -83,12 +92,18 @@ def censor_note(reached: int, total: int) -> str:
     return ""
 
 
-def _log_ratio(b: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
-    mb, mv = np.median(b, axis=axis), np.median(v, axis=axis)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.log(mb) - np.log(mv)
-    r = np.where(np.isinf(mb) & np.isinf(mv), 0.0, r)
-    return np.clip(r, -_BIG, _BIG)
+def _log_ratio_as(undefined: float):
+    """The log speedup of a replicate, with ``undefined`` where both medians are +inf
+    (both sides censored: the replicate does not bound the ratio)."""
+
+    def stat(b: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
+        mb, mv = np.median(b, axis=axis), np.median(v, axis=axis)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log(mb) - np.log(mv)
+        r = np.where(np.isinf(mb) & np.isinf(mv), undefined, r)
+        return np.clip(r, -_BIG, _BIG)
+
+    return stat
 
 
 def _from_log(x: float) -> float:
@@ -96,7 +111,7 @@ def _from_log(x: float) -> float:
         return math.inf
     if x <= -_BIG / 2:
         return 0.0
-    return float(math.exp(x))
+    return float(math.exp(min(x, 700.0)))  # exp(709.8) overflows a float
 
 
 def _percentile(
@@ -141,14 +156,13 @@ def bootstrap_ratio(
     Works on a batch too: arrays of shape (trials, n) give arrays of intervals."""
     base = np.asarray(base, dtype=float)
     values = np.asarray(values, dtype=float)
-    lo, hi = _percentile(
-        (base, values),
-        _log_ratio,
-        paired=paired,
-        n_resamples=n_resamples,
-        level=level,
-        rng=rng if rng is not None else rng_for("ratio"),
-    )
+    rng = rng if rng is not None else rng_for("ratio")
+    again = copy.deepcopy(rng)  # the same resamples for the second end
+    kw = dict(paired=paired, n_resamples=n_resamples, level=level)
+    # the lower end counts a replicate with both sides censored as ratio 0, the upper
+    # end as +inf; without such replicates both calls give the same interval
+    lo, _ = _percentile((base, values), _log_ratio_as(-_BIG), rng=rng, **kw)
+    _, hi = _percentile((base, values), _log_ratio_as(_BIG), rng=again, **kw)
     if np.ndim(lo):
         return np.vectorize(_from_log)(lo), np.vectorize(_from_log)(hi)
     return _from_log(float(lo)), _from_log(float(hi))
@@ -242,6 +256,38 @@ def bootstrap_ci(
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
     return lo, hi
+
+
+def paired_interval(
+    columns: Sequence[Sequence[float]],
+    stat: Callable[..., np.ndarray],
+    *,
+    name: str,
+    n_resamples: int = N_RESAMPLES,
+    level: float = LEVEL,
+) -> tuple[float, float]:
+    """(lo, hi) of the percentile bootstrap interval of a positive statistic of repeats
+    whose i-th values in every column belong together (one run's sums: resampled as
+    one, ``paired``). ``stat(*columns, axis=-1)`` is vectorised over the last axis; its
+    values may be 0 or +inf (computed on their logarithm, clipped like the speedups, so
+    an end can be 0 or inf: an open end). The noise-scale interval over runs
+    (analysis/noise_scale.configuration_estimate) uses it; the caller checks the count."""
+    arrays = [np.asarray(c, dtype=float) for c in columns]
+
+    def log_stat(*xs, axis=-1):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log(stat(*xs, axis=axis))
+        return np.clip(r, -_BIG, _BIG)  # NaN stays NaN: no interval
+
+    lo, hi = _percentile(
+        arrays,
+        log_stat,
+        paired=True,
+        n_resamples=n_resamples,
+        level=level,
+        rng=rng_for(name),
+    )
+    return _from_log(float(lo)), _from_log(float(hi))
 
 
 def intervals_overlap(a: tuple | None, b: tuple | None) -> bool | None:

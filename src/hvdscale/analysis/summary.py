@@ -16,6 +16,7 @@ from hvdscale.analysis.columns import (
     STATUSES,
     SUMMARY_COLUMNS,
     SUMMARY_MEDIANS,
+    ttt_runs,
     with_framework,
 )
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
@@ -73,7 +74,7 @@ def _ttt_note(x: pd.Series) -> str:
 def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians (and min/max of the headline times) over the completed repeats; times and
     epochs to target count censored repeats as +inf (analysis/stats.censored_median)."""
-    done = runs[runs["status"] == "completed"]
+    done = ttt_runs(runs)  # completed and diverged: a diverged run is censored
     agg = {c: (c, "median") for c in SUMMARY_MEDIANS}
     for col, out, suffix in (
         ("epoch_time_s", "epoch_time", "_s"),
@@ -95,7 +96,7 @@ def _repeat_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         target_val_loss=("target_val_loss", "median"),
         best_val_loss=("best_val_loss", "median"),
         final_val_loss=("final_val_loss", "median"),
-        n_completed_rec=("run_id", "count"),
+        n_completed_rec=("status", lambda s: int((s == "completed").sum())),
     )
     stats = (
         done.groupby(CONFIG_KEYS).agg(**agg).reset_index()
@@ -161,8 +162,10 @@ def _with_baseline(out: pd.DataFrame) -> pd.DataFrame:
 
 
 def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """95 % bootstrap intervals of speedup, efficiency and TTT speedup (analysis/stats.py)."""
-    done = runs[runs["status"] == "completed"]
+    """95 % bootstrap intervals of speedup, efficiency and TTT speedup (analysis/stats.py):
+    epoch time over the completed runs, time to target over the completed and the
+    diverged ones (censored)."""
+    done = ttt_runs(runs)
     per = {k: g for k, g in done.groupby(CONFIG_KEYS, sort=False)}
     cols = {c: [] for c in ("n_repeats", "speedup_lo", "speedup_hi", "ttt_lo", "ttt_hi", "note")}
     for row in out.itertuples(index=False):
@@ -172,7 +175,14 @@ def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         g, b = per.get(key, empty), per.get(bkey, empty)
         name = "/".join(map(str, interval_key(dict(zip(CONFIG_KEYS, key)))))
         reps = dict(base_repeats=b["repeat"].tolist(), repeats=g["repeat"].tolist())
-        lo, hi, note = speedup_interval(b["epoch_time_s"], g["epoch_time_s"], name, **reps)
+        bt, gt = b[b["status"] == "completed"], g[g["status"] == "completed"]
+        lo, hi, note = speedup_interval(
+            bt["epoch_time_s"],
+            gt["epoch_time_s"],
+            name,
+            base_repeats=bt["repeat"].tolist(),
+            repeats=gt["repeat"].tolist(),
+        )
         if not row.has_baseline:
             note = "no interval: no completed 1-worker baseline"
         tlo, thi, tnote = speedup_interval(
@@ -186,7 +196,8 @@ def _intervals(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         notes = [note] if note else []
         if tnote and tnote != note:
             notes.append(tnote if tnote == TOO_LOOSE else "time to target: " + tnote)
-        for c, v in zip(cols, (len(g), lo, hi, tlo, thi, "; ".join(notes))):
+        n_done = int((g["status"] == "completed").sum())
+        for c, v in zip(cols, (n_done, lo, hi, tlo, thi, "; ".join(notes))):
             cols[c].append(v)
     out = out.copy()
     out["n_repeats"] = pd.Series(cols["n_repeats"], index=out.index, dtype="int64")
@@ -227,7 +238,7 @@ def _speedup_fits(out: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarise(runs: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
-    """summary.csv from runs.csv and status.csv (see the aggregate module's doc)."""
+    """summary.csv from runs.csv and status.csv (the definitions: hvdscale aggregate --help)."""
     runs, status = with_framework(runs), with_framework(status)
     if "candidate" in runs:
         runs = runs[runs["candidate"].fillna("").astype(str) == ""]

@@ -1,28 +1,7 @@
 """The learning-rate re-tuning sweep (scaling.tune): selection on validation, re-runs.
 
-Every candidate (LR rule x LR multiplier x warm-up epochs) of a tuning group (partition,
-backend, per-worker batch, workers) is its own run (run_id component
-``_m{mult}_wu{warmup}``), trained to the study-wide target validation loss or its budget
-(the record's target block: hvdscale/target.py).
-
-Selection (checkpoint select_tuned -> results/scaling/selection.csv), from the candidate
-runs only (kind ''): per tuning group the candidate with the smallest validation time to
-target (censored repeats +inf; median over its repeats: analysis/stats.censored_median);
-ties, and candidates without a median, by their median best validation loss. The test
-loss chooses nothing. A group none of whose candidates reached the target is still
-listed (status none_reached), one whose candidates all failed or are missing too
-(all_failed); none is dropped.
-
-The winner of each group is re-run with fresh seeds (run ids ``..._rerun_r{k}``, kind
-``rerun``): the tuned columns (times, losses, n_repeats, reached/total) and the tuned
-speedup come ONLY from those re-runs, never from the selection runs (winner's curse).
-tuned.csv is written by aggregate_runs, after the re-runs; status ``awaiting_reruns``
-there: selected, re-runs missing (tuned columns NaN). The
-tuned time-to-target speedup of a group is TTT(re-runs of the selected 1-worker
-candidate) / TTT(re-runs of the selected candidate), with a 95 % bootstrap interval
-(analysis/stats.py; re-runs of the same index share seeds: paired) from 3 re-runs on.
-``selection_*`` columns keep what the selection runs showed, for transparency only.
-The command line is ``hvdscale select-tuned`` (hvdscale.commands.select_tuned).
+The command line, with what it reads and writes in full, is ``hvdscale select-tuned``
+(hvdscale.commands.select_tuned).
 """
 
 from __future__ import annotations
@@ -32,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, ttt_runs, with_framework
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv
 from hvdscale.matrix.runid import run_candidate, run_id_parts, run_kind
@@ -109,7 +88,8 @@ def candidate_runs(runs: pd.DataFrame, kind: str = "") -> pd.DataFrame:
 
 
 def _group_stats(c: pd.DataFrame) -> pd.DataFrame:
-    """Medians over the completed repeats of each candidate (censored TTT = +inf)."""
+    """Medians over the repeats of each candidate that ended for a reason of training
+    (analysis.columns.ttt_runs: censored and diverged TTT = +inf)."""
     if c.empty:
         return pd.DataFrame(columns=CANDIDATE_KEYS + _STATS)
 
@@ -127,7 +107,7 @@ def _group_stats(c: pd.DataFrame) -> pd.DataFrame:
             warmup_epochs=("warmup_epochs", "first"),
             learning_rate=("learning_rate", "first"),
             global_batch=("global_batch", "first"),
-            n_repeats=("run_id", "count"),
+            n_repeats=("status", lambda s: int((s == "completed").sum())),
             n_reached_target=("reached_target", "sum"),
             n_ttt_total=("time_to_target_s", "count"),
             time_to_target_s=("time_to_target_s", med),
@@ -148,8 +128,7 @@ def _group_stats(c: pd.DataFrame) -> pd.DataFrame:
 def candidates(runs: pd.DataFrame, kind: str = "") -> pd.DataFrame:
     """One row per candidate of every tuning group: medians over its completed repeats
     (the selection runs; ``kind='rerun'``: the re-runs)."""
-    c = candidate_runs(runs, kind)
-    return _group_stats(c[c["status"] == "completed"])
+    return _group_stats(ttt_runs(candidate_runs(runs, kind)))
 
 
 def _rank(g: pd.DataFrame) -> pd.DataFrame:
@@ -218,7 +197,7 @@ def _row(key, exp, cands, reruns) -> dict:
 
 def select_tuned(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.DataFrame:
     """tuned.csv: the selected candidate of every tuning group with its re-runs' figures
-    (see the module doc)."""
+    (the definitions: hvdscale select-tuned --help)."""
     runs = with_framework(runs)
     cands, reruns = candidates(runs), candidates(runs, "rerun")
     expected = _expected(status, runs)
@@ -230,8 +209,7 @@ def select_tuned(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.D
 
 def _rerun_values(runs: pd.DataFrame, row, column: str) -> tuple[list, list]:
     """(values, repeat indices) of the completed re-runs of a selected candidate."""
-    c = candidate_runs(runs, "rerun")
-    c = c[c["status"] == "completed"]
+    c = ttt_runs(candidate_runs(runs, "rerun"))
     sel = _match(c, row._asdict(), CANDIDATE_KEYS)
     return sel[column].tolist(), sel["repeat"].tolist()
 
@@ -286,20 +264,8 @@ def stream_key(r) -> list:
 #: the checkpoint's table (selection.csv): which candidate of each group won on the
 #: selection runs and is re-run; no re-run figure (it is written before the re-runs)
 SELECTION_COLUMNS = [
-    *TUNE_KEYS,
-    "global_batch",
-    "status",
-    "n_candidates",
-    "n_candidates_completed",
-    "n_candidates_reached",
-    "lr_rule",
-    "candidate",
-    "lr_multiplier",
-    "warmup_epochs",
-    "learning_rate",
-    "selection_time_to_target_s",
-    "selection_best_val_loss",
-    "selection_n_repeats",
+    *TUNED_COLUMNS[: TUNED_COLUMNS.index("learning_rate") + 1],
+    *(c for c in TUNED_COLUMNS if c.startswith("selection_")),
 ]
 
 

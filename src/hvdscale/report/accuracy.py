@@ -29,16 +29,23 @@ TTT_NOTE = (
     "Time to target counts the training wall time from the start of training until the end "
     "of the first epoch whose validation loss is at or below the target: warm-up epochs and "
     "the validation evaluation after every epoch are included, the start-up (launch, "
-    "framework initialisation, data loading, graph compilation) is not. A run that reaches "
-    "its budget first is censored: shown as '> budget', counted as +infinity, never dropped."
+    "framework initialisation, data loading, graph compilation) is not. The launch-to-target "
+    "time ('with start-up' on the first page) adds it: each attempt's start-up, from the "
+    "launcher's start (hvdscale launch) to its first epoch, plus the training time to the end "
+    "of the target epoch; queue wait and the SLURM allocation are not included. A run that "
+    "reaches "
+    "its budget first, or whose loss diverges (NaN), is censored: shown as '> budget', "
+    "counted as +infinity (not reached), never dropped."
 )
 TABLE_NOTE = (
     "Speedup at equal accuracy. Epoch S: speedup of the median epoch time; TTT S: speedup "
-    "of the time to the target test loss; untuned: the LR rule as configured (against the "
-    "1-worker run of its group); tuned: the best candidate of the re-tuning sweep at this "
-    "worker count against the best 1-worker candidate. Brackets: 95 % bootstrap interval "
-    "over repeats, resampling the baseline's repeats too; n: completed repeats "
-    "(untuned/tuned). No interval with fewer than 3 repeats."
+    "of the time to the target validation loss; untuned: the LR rule as configured "
+    "(against the 1-worker runs of its group); tuned: the re-runs of the best candidate of "
+    "the re-tuning sweep at this worker count against the re-runs of the best 1-worker "
+    "candidate (tuned against tuned). Brackets: 95 % bootstrap interval over repeats, "
+    "resampling the baseline's repeats too; an open end ('inf)') where a resampled median "
+    "was censored; n: completed repeats (untuned/tuned). No interval with fewer than 3 "
+    "repeats."
 )
 HEADER = [
     "Partition",
@@ -66,12 +73,12 @@ def short_note(note: str) -> str:
 
 
 def with_ci(x, lo, hi) -> str:
-    """'1.85 [1.71-1.98]'; just the value without an interval."""
+    """'1.85 [1.71-1.98]', '1.85 [0.80, inf)' with an open end; just the value without
+    an interval (fmt.interval)."""
     if not fmt.isnum(x):
         return fmt.MISSING
-    if fmt.isnum(lo) and fmt.isnum(hi):
-        return f"{fmt.speedup(x)} [{fmt.speedup(lo)}{fmt.EN_DASH}{fmt.speedup(hi)}]"
-    return fmt.speedup(x)
+    ci = fmt.interval(lo, hi)
+    return f"{fmt.speedup(x)} {ci}" if ci else fmt.speedup(x)
 
 
 def tuned_table(r: ReportData) -> pd.DataFrame:
@@ -180,7 +187,10 @@ def batch_question(
     target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
         return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
-    text += f"; to the target loss {fmt.loss(target)} of batch {b0} ({fmt.seconds(ttt0)} s)"
+    text += (
+        f"; to the target validation loss {fmt.loss(target)}, batch {b0} takes "
+        f"{fmt.seconds(ttt0)} s"
+    )
     sel = pd.DataFrame()
     if tuned is not None and len(tuned):
         sel = tuned[
@@ -224,10 +234,31 @@ def batch_question(
     return text + f", batch {b1} without re-tuning does not reach it within the budget."
 
 
+def other_target_runs(runs: pd.DataFrame | None, target: dict | None) -> list[str]:
+    """Run ids whose record trained against another target value than target.json (a
+    run of an earlier calibration, kept by Snakemake): listed, never silently mixed."""
+    if runs is None or runs.empty or not target or "target_val_loss" not in runs:
+        return []
+    value = float(target["value"])
+    v = pd.to_numeric(runs["target_val_loss"], errors="coerce")
+    other = v.notna() & ((v - value).abs() > 1e-9 * max(abs(value), 1e-12))
+    if "kind" in runs:
+        other &= runs["kind"].fillna("").astype(str) != "cal"  # calibration runs set it
+    return sorted(runs.loc[other, "run_id"].astype(str))
+
+
 def _target_text(r: ReportData) -> str:
     target = getattr(r, "target", None)
     if target is not None:
-        return f"Target: {describe(target)} (results/scaling/target.json). "
+        text = f"Target: {describe(target)} (results/scaling/target.json). "
+        other = other_target_runs(r.runs, target)
+        if other:
+            text += (
+                f"{len(other)} run(s) trained against another target value than this one "
+                f"(an earlier target.json): {', '.join(other[:6])}"
+                f"{', ...' if len(other) > 6 else ''}; retrain them (delete their records). "
+            )
+        return text
     return f"Target: {describe(target_spec(r.cfg))} (from the config). "
 
 

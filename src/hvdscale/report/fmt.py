@@ -26,6 +26,44 @@ efficiency = speedup
 slope = speedup
 
 
+def has_interval(lo, hi) -> bool:
+    """An interval exists: both ends are numbers (an open end, 0 or +inf, included)."""
+    try:
+        return (
+            lo is not None
+            and hi is not None
+            and not (math.isnan(float(lo)) or math.isnan(float(hi)))
+        )
+    except (TypeError, ValueError):
+        return False
+
+
+def interval(lo, hi) -> str:
+    """A speedup's 95 % interval: '[1.20-1.70]' (en dash); an open end as such: '[0.80,
+    inf)' where the upper end is unbounded (a resampled baseline median was censored),
+    '(0, 1.20]' where the lower end is (this side's); '' without an interval."""
+    if not has_interval(lo, hi):
+        return ""
+    lo, hi = float(lo), float(hi)
+    left = "(0" if lo <= 0 else f"[{speedup(lo)}"
+    right = "inf)" if math.isinf(hi) else f"{speedup(hi)}]"
+    if lo <= 0 or math.isinf(hi):
+        return f"{left}, {right}"
+    return f"{left}{EN_DASH}{right}"
+
+
+def direction(lo, hi) -> str:
+    """'faster' where the whole interval lies above 1, 'slower' where it lies below 1,
+    '' where it holds 1 or there is none: the only words an interval supports."""
+    if not has_interval(lo, hi):
+        return ""
+    if float(lo) > 1:
+        return "faster"
+    if float(hi) < 1:
+        return "slower"
+    return ""
+
+
 def percent(x, digits: int = 1) -> str:
     """A share (0.281) as a percentage ('28.1 %')."""
     return f"{100 * float(x):.{digits}f} %" if isnum(x) else MISSING
