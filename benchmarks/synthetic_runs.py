@@ -337,6 +337,7 @@ def record_from_epochs(
     target_test_loss: float = 0.05,
     val_loss: list[float | None] | None = None,
     label_problems: list[str] | None = None,
+    startup_s: float | None = None,
     **kw,
 ) -> dict:
     """A record with exactly these epoch wall times (first ``warmup_epochs`` marked warm-up).
@@ -346,6 +347,8 @@ def record_from_epochs(
     ``test_loss`` values) decides the target block against ``target_test_loss`` (the
     target validation loss); the record keeps the test loss of the last epoch only (it
     is evaluated once, at the end). ``label_problems``: a failed label proof.
+    ``startup_s``: the start-up of its one attempt (issue 30 item 7, :func:`add_startup`);
+    None: a record of the older shape, without start-up fields.
     """
     rec = _base_record(
         run_id,
@@ -395,7 +398,27 @@ def record_from_epochs(
         rec["exit_status"], rec["error"] = 1, "RuntimeError: simulated failure"
     elif status == "nan_loss":
         rec["exit_status"], rec["error"] = 3, "non-finite loss"
-    return _finish(rec, utilisation)
+    return add_startup(_finish(rec, utilisation), startup_s)
+
+
+def add_startup(rec: dict, startup_s: float | list[float | None] | None) -> dict:
+    """The record's start-up fields (issue 30 item 7) as the trainer writes them: each
+    attempt's ``startup_s`` (one number: every attempt's), ``timing.startup_s`` and
+    ``target.launch_to_target_s`` (hvdscale.record.startup). None: leave the record of the
+    older shape (no start-up fields at all)."""
+    from hvdscale.record.startup import launch_to_target, total_startup
+
+    if startup_s is None:
+        return rec
+    attempts = rec["resume"]["attempts"]
+    values = startup_s if isinstance(startup_s, list) else [startup_s] * len(attempts)
+    for a, v in zip(attempts, values):
+        a["startup_s"] = v
+    rec.setdefault("timing", {})["startup_s"] = total_startup(attempts)
+    if rec.get("target") is not None:
+        t = rec["target"]
+        t["launch_to_target_s"] = launch_to_target(attempts, t["epoch"], t["time_to_target_s"])
+    return rec
 
 
 def simulate_record(
@@ -408,12 +431,14 @@ def simulate_record(
     stop_epoch: int | None = None,
     target_test_loss: float = 0.05,
     seed: int = 0,
+    startup_s: float | None = None,
     **kw,
 ) -> dict:
     """A realistic record from the performance and loss model above.
 
     ``status`` "nan_loss" or "failed" stops the run after ``stop_epoch`` epochs
-    (default: half of them); a nan_loss run's last test loss is null.
+    (default: half of them); a nan_loss run's last test loss is null. ``startup_s``:
+    the start-up of each attempt (:func:`add_startup`); None: no start-up fields.
     """
     p = _parse(run_id)
     w, b, nodes, part = p["workers"], p["batch"], p["nodes"], p["partition"]
@@ -491,6 +516,7 @@ def simulate_record(
                 "test_loss": None if test is None or e < n_epochs - 1 else test * 1.01,
                 "elapsed_s": elapsed,
                 "utilisation_mean": round(util * float(rng.uniform(0.97, 1.03)), 2),
+                **noise_epoch_fields(w, b, samples, steps, e < warmup_epochs),
             }
         )
     rec["status"] = status
@@ -513,7 +539,22 @@ def simulate_record(
             "g_global_sq": g2 + trace / (w * b),
         }
     interval = max(2.0, elapsed / 150)
-    return _finish(rec, util, interval_s=interval)
+    return add_startup(_finish(rec, util, interval_s=interval), startup_s)
+
+
+def noise_epoch_fields(workers: int, b: int, samples: int, steps: int, warmup: bool) -> dict:
+    """One epoch's noise-scale sums (means per update) at their expectations for
+    B_simple = NOISE_TRACE / NOISE_G2 = 2000, batches drawn without replacement from the
+    epoch's ``samples``: |G|^2 + tr(Sigma) (1/B - 1/N) (analysis/noise_scale). None for
+    1 worker and in warm-up epochs (the trainer's sums are over timed updates)."""
+    if workers <= 1 or warmup:
+        return {"noise_steps": 0, "g_local_sq": None, "g_global_sq": None}
+    inv_n = 1.0 / samples
+    return {
+        "noise_steps": int(steps),
+        "g_local_sq": NOISE_G2 + NOISE_TRACE * (1.0 / b - inv_n),
+        "g_global_sq": NOISE_G2 + NOISE_TRACE * (1.0 / (workers * b) - inv_n),
+    }
 
 
 def sync_block(framework: str, workers: int, allreduce_s: float, no_comm_s: float) -> dict:

@@ -472,8 +472,10 @@ def test_fast_and_reference_validators_agree(name, mutate):
 
 def _headline_study(tmp_path, n_censored=0):
     """5 paired repeats: 1 worker 1.0 s/epoch reaching the target in epoch 4 (5 epochs),
-    2 workers 0.6 s/epoch reaching it in epoch 5 (6 epochs); noise-scale sums of a
-    known B_simple = 2000 on the 2-worker runs."""
+    2 workers 0.6 s/epoch reaching it in epoch 5 (6 epochs); per-epoch noise-scale sums
+    on the 2-worker runs at their expectations (batches without replacement from the
+    epoch's 30,000 samples): near the target (epochs 3-5) B_simple 1,800-2,200 per repeat,
+    2,000 pooled; far from it (epochs 1-2) 200."""
     from fixtures_runs import NOISE_G2, NOISE_TRACE
 
     one = [0.5, 0.3, 0.2, 0.15, 0.10, 0.09]
@@ -491,6 +493,11 @@ def _headline_study(tmp_path, n_censored=0):
             test_loss=miss if r < n_censored else two,
             target_test_loss=0.105,
         )
+        trace, n = NOISE_TRACE * (1 + 0.05 * (r - 2)), rec["epochs"][0]["samples"]
+        for e in rec["epochs"][1:]:  # epoch 0 is the warm-up: no sums
+            g2 = NOISE_G2 if e["epoch"] >= 3 else 10 * NOISE_G2
+            e.update(noise_steps=10, g_local_sq=g2 + trace * (1 / 75 - 1 / n))
+            e.update(g_global_sq=g2 + trace * (1 / 150 - 1 / n))
         rec["noise_scale"] = {
             "b_local": 75,
             "b_global": 150,
@@ -508,7 +515,7 @@ def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
     from hvdscale.analysis.tuning import select_tuned
 
     agg = _headline_study(tmp_path)
-    h = headline(agg.runs, select_tuned(agg.runs, agg.status))
+    h = headline(agg.runs, select_tuned(agg.runs, agg.status), agg.epochs)
     assert list(h.columns) == HEADLINE_COLUMNS and len(h) == 1
     r = h.iloc[0]
     assert (r.workers, bool(r.tuned), r.global_batch) == (2, False, 150)
@@ -523,9 +530,45 @@ def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
     assert (r.reached, r.total, r.base_reached, r.base_total) == (5, 5, 5, 5)
     assert r.epoch_lo < r.epoch_speedup < r.epoch_hi
     assert r.speedup_ttt_lo < r.speedup_ttt < r.speedup_ttt_hi
+    # the noise scale near the target (epochs 3-5), not over all epochs (200 in 1-2)
     assert r.b_simple == pytest.approx(2000.0) and r.critical_batch == r.b_simple
+    assert 1800 < r.b_simple_lo < 2000 < r.b_simple_hi < 2200
     assert r.predicted_epochs_ratio == pytest.approx((1 + 75 / 2000) / (1 + 150 / 2000))
     assert r.ci_method == CI_METHOD and r.note == ""
+    # without the epochs table there is no estimate near the target, and the note says so
+    r = headline(agg.runs, select_tuned(agg.runs, agg.status)).iloc[0]
+    assert math.isnan(r.b_simple) and math.isnan(r.b_simple_lo)
+    assert "no noise scale (no per-epoch noise-scale sums near the target)" in r.note
+
+
+def test_headline_noise_scale_interval_needs_three_repeats(tmp_path):
+    from hvdscale.analysis.headline import headline
+
+    agg = _headline_study(tmp_path)
+    two = agg.runs[(agg.runs["workers"] == 1) | agg.runs["repeat"].isin([0, 1])]
+    r = headline(two, None, agg.epochs).iloc[0]
+    assert math.isfinite(r.b_simple)
+    assert math.isnan(r.b_simple_lo) and math.isnan(r.b_simple_hi)
+    assert "noise scale: no interval, fewer than 3 runs with noise-scale sums (2)" in r.note
+
+
+def test_epochs_csv_carries_the_noise_sums_and_old_tables_still_read(tmp_path):
+    from hvdscale.analysis.columns import EPOCH_COLUMNS, HEADLINE_COLUMNS
+    from hvdscale.analysis.tables import read_epochs, read_headline, write_csv
+
+    agg = _headline_study(tmp_path / "runs")
+    ep = agg.epochs.set_index(["run_id", "epoch"])
+    two = ep.loc[("local_gloo_n1_w2_b75_lrnone_r2", 4)]
+    assert two.noise_steps == 10 and two.g_local_sq > two.g_global_sq > 0
+    write_csv(
+        agg.epochs.drop(columns=["noise_steps", "g_local_sq", "g_global_sq"]), tmp_path / "e.csv"
+    )
+    old = read_epochs(tmp_path / "e.csv")
+    assert list(old.columns) == EPOCH_COLUMNS and old["g_local_sq"].isna().all()
+    h = pd.DataFrame([dict.fromkeys(HEADLINE_COLUMNS, 1)]).assign(tuned="False", note="")
+    write_csv(h.drop(columns=["b_simple_lo", "b_simple_hi"]), tmp_path / "h.csv")
+    back = read_headline(tmp_path / "h.csv")
+    assert back["b_simple_lo"].isna().all() and back["b_simple_hi"].isna().all()
 
 
 def test_headline_says_why_a_censored_median_is_missing(tmp_path):
@@ -533,7 +576,7 @@ def test_headline_says_why_a_censored_median_is_missing(tmp_path):
     from hvdscale.analysis.tuning import select_tuned
 
     agg = _headline_study(tmp_path, n_censored=3)
-    r = headline(agg.runs, select_tuned(agg.runs, agg.status)).iloc[0]
+    r = headline(agg.runs, select_tuned(agg.runs, agg.status), agg.epochs).iloc[0]
     assert (r.reached, r.total) == (2, 5)
     assert math.isnan(r.speedup_ttt) and math.isnan(r.speedup_ttt_lo)
     assert "3/5 censored: no median" in r.note
@@ -560,3 +603,5 @@ def test_aggregate_cli_writes_headline(tmp_path):
     assert main(argv) == 0
     h = pd.read_csv(out / "headline.csv")
     assert h.loc[0, "reached"] == 5 and h.loc[0, "speedup_ttt"] > 1
+    assert h.loc[0, "b_simple"] == pytest.approx(2000.0)  # from epochs.csv, near the target
+    assert h.loc[0, "b_simple_lo"] < 2000 < h.loc[0, "b_simple_hi"]

@@ -59,6 +59,9 @@ SYNC_FIELDS = {
     "sync_no_comm_step_s": "no_comm_step_s",
 }
 SYNC_COLUMNS = list(SYNC_FIELDS)
+#: runs.csv columns of the start-up (issue 30 item 7: timing.startup_s and
+#: target.launch_to_target_s of the record; appended at the end)
+STARTUP_COLUMNS = ["startup_s", "launch_to_target_s"]
 RUNS_COLUMNS = [
     "run_id",
     *RECORD_CONFIG_FIELDS,
@@ -119,6 +122,10 @@ RUNS_COLUMNS = [
     "record",
     # issue 19: the record's timing.sync (per-step seconds; NaN where not measured)
     *SYNC_COLUMNS,
+    # issue 30 item 7: start-up (launcher's start to the epoch loop) and start-up + time
+    # to target; NaN without a start-up figure (older records), launch to target +inf
+    # where the target was not reached
+    *STARTUP_COLUMNS,
 ]
 # the run record's per-epoch history (history.HISTORY_COLUMNS) without these
 _NOT_IN_EPOCHS = {
@@ -136,6 +143,10 @@ EPOCH_COLUMNS = [
 ]
 if "val_loss" not in EPOCH_COLUMNS:  # until the run record's history has it (issue 16)
     EPOCH_COLUMNS.insert(EPOCH_COLUMNS.index("test_loss"), "val_loss")
+#: the record epochs' gradient-noise-scale sums (issue 30: the noise scale near the target
+#: is estimated from epochs.csv; older epochs tables without them read as NaN)
+NOISE_EPOCH_COLUMNS = ["noise_steps", "g_local_sq", "g_global_sq"]
+EPOCH_COLUMNS += [c for c in NOISE_EPOCH_COLUMNS if c not in EPOCH_COLUMNS]
 # the configuration of a run as status.csv lists it
 STATUS_CONFIG_FIELDS = [
     "partition",
@@ -291,12 +302,71 @@ HEADLINE_COLUMNS = [
     "fixed_factor",
     "retained_fraction",
     "b_simple",
+    "b_simple_lo",  # issue 30: its 95 % bootstrap interval over runs (analysis/noise_scale)
+    "b_simple_hi",
     "critical_batch",
     "predicted_epochs_ratio",
     "global_batch",
     "note",
     "ci_method",
+    # issue 30: against the fastest 1-worker configuration to the target
+    "best1_baseline",
+    "speedup_ttt_best1",
+    "speedup_ttt_best1_lo",
+    "speedup_ttt_best1_hi",
+    # issue 30 item 7: the time-to-target speedup with the start-up counted (launch to target)
+    "speedup_launch_ttt",
+    "speedup_launch_ttt_lo",
+    "speedup_launch_ttt_hi",
 ]
+#: headline.csv columns added after the table first shipped: an older file reads with
+#: them empty (NaN, '' for text) instead of failing (analysis.tables.read_headline)
+HEADLINE_LATER = {
+    "b_simple_lo": float("nan"),  # issue 30: the noise-scale interval
+    "b_simple_hi": float("nan"),
+    "best1_baseline": "",
+    "speedup_ttt_best1": float("nan"),
+    "speedup_ttt_best1_lo": float("nan"),
+    "speedup_ttt_best1_hi": float("nan"),
+    "speedup_launch_ttt": float("nan"),  # issue 30 item 7: launch to target
+    "speedup_launch_ttt_lo": float("nan"),
+    "speedup_launch_ttt_hi": float("nan"),
+}
+
+
+#: how a run may end for a reason of training (issue 30): every time-to-target statistic
+#: counts these runs; a diverged run (nan_loss) that never reached the target is censored
+#: like one that ran out of budget. Failed, missing, malformed and mislabelled runs are
+#: infrastructure: excluded from the statistics, and listed.
+TRAINING_ENDS = ("completed", "nan_loss")
+#: the per-run columns a diverged run contributes nothing to (its epochs ended in NaN):
+#: epoch-time statistics stay over completed runs
+_DIVERGED_UNTIMED = ("epoch_time_s", "throughput", "step_time_s")
+
+
+def ttt_runs(runs):
+    """The runs of the time-to-target statistics: completed and diverged (``TRAINING_ENDS``).
+    A diverged run that did not reach the target has time and epochs to target +inf (not
+    reached, censored); its epoch-time columns are NaN, so medians of epoch time stay over
+    the completed runs."""
+    import math
+
+    if runs is None or runs.empty or "status" not in runs:
+        return runs
+    out = runs[runs["status"].isin(TRAINING_ENDS)].copy()
+    div = out["status"] == "nan_loss"
+    if div.any():
+        reached = out["reached_target"].astype(bool) if "reached_target" in out else False
+        lost = div & ~reached
+        for c in ("time_to_target_s", "epochs_to_target"):
+            if c in out:
+                out.loc[lost, c] = math.inf
+        if "reached_target" in out:
+            out.loc[lost, "reached_target"] = False
+        for c in _DIVERGED_UNTIMED:
+            if c in out:
+                out.loc[div, c] = math.nan
+    return out
 
 
 def with_framework(df):

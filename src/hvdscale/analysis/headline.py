@@ -6,42 +6,70 @@ False/True); the baseline is always of the same framework:
   speedup_ttt     measured: median time to target of the 1-worker runs / of the n-worker
                   runs (censored runs count as +inf, a median exists while fewer than
                   half are censored), the same ratio as summary.csv's speedup_ttt, with
-                  its 95 % bootstrap interval (speedup_ttt_lo, speedup_ttt_hi)
+                  its 95 % bootstrap interval (speedup_ttt_lo, speedup_ttt_hi); time
+                  to target is training time, start-up excluded
+  speedup_launch_ttt  the same ratio of launch-to-target times (runs.csv
+                  launch_to_target_s: start-up + time to target, from the launcher's
+                  start), with speedup_launch_ttt_lo/_hi; NaN without start-up figures
   epoch_speedup   median epoch time of the 1-worker runs / of the n-worker runs
                   (hardware: the phase split says where it goes), epoch_lo/epoch_hi
   epochs_ratio    median epochs to target of the 1-worker runs / of the n-worker runs
                   (statistics: a larger global batch usually needs more epochs)
   fixed_factor    speedup_ttt / (epoch_speedup x epochs_ratio): what the two factors
-                  leave out, the time to target that is no steady-state epoch (the
-                  warm-up epoch's tracing and first collectives, the validation passes)
-                  and the gap between a median of products and a product of medians
+                  leave out: the warm-up epochs' time beyond a steady-state epoch
+                  (tracing, first collectives) and the gap between a median of products
+                  and a product of medians (the validation pass after every epoch is
+                  inside the epoch time, so inside epoch_speedup)
   retained_fraction  speedup_ttt / epoch_speedup: how much of the parallel gain
                   survives at equal accuracy
   reached/total, base_reached/base_total   runs that reached the target, per side
-  b_simple, critical_batch   McCandlish et al.'s simple noise scale of the n-worker
-                  runs (hvdscale.analysis.noise_scale: local against allreduced gradient norms)
+  b_simple, critical_batch   McCandlish et al.'s simple noise scale of the completed
+                  n-worker runs near the target (the last 3 non-warm-up epochs up to the
+                  target epoch), with the finite-shard correction
+                  (hvdscale.analysis.noise_scale: local against allreduced gradient norms)
+  b_simple_lo, b_simple_hi   its 95 % bootstrap interval over the runs (NaN with fewer
+                  than 3 runs: note says so)
   predicted_epochs_ratio     (1 + B_1/B_crit) / (1 + B_n/B_crit), B = global batch
-  note            why a value is missing; ci_method: analysis/stats.CI_METHOD
+  best1_baseline, speedup_ttt_best1 (_lo, _hi)   the speedup against the fastest
+                  1-worker configuration to the target of the partition, framework and
+                  backend, whatever its batch and learning rate (untuned configurations
+                  and tuned winners' re-runs; ``fastest_1_worker``), named
+  note            why a value is missing, and a loose target (reached fewer than
+                  LOOSE_EPOCHS epochs after the warm-up); ci_method: analysis/stats.CI_METHOD
+
+Runs that diverged (nan_loss) count as not reached (censored), like runs out of budget
+(analysis.columns.ttt_runs); failed or mislabelled runs are excluded and listed.
 
 speedup_ttt = epoch_speedup x epochs_ratio x fixed_factor holds by construction. The
 headline is the measured ratio, never the product of the two factors alone: on short
 runs the warm-up epoch is a large part of the time to target, and a worker count whose
 first epoch costs more keeps less of its epoch-time gain than the factors suggest.
 
-Untuned rows use each group's preferred LR rule (analysis/select.pref_lr: 'none' where
-measured); tuned rows the selected candidates' re-runs only (analysis/tuning.py),
-against the selected 1-worker candidate's re-runs.
+Untuned rows use each group's preferred LR rule (analysis/view.pref_lr: 'none' where
+measured) against the 1-worker runs of the same batch and rule; tuned rows the selected
+candidates' re-runs only (analysis/tuning.py) against the selected 1-worker candidate's
+re-runs: tuned against tuned, never against untuned runs (a sweep that tunes n workers
+only gets no tuned speedup, and the note says so: NO_TUNED_BASELINE).
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, HEADLINE_COLUMNS, with_framework
-from hvdscale.analysis.noise_scale import estimate, predicted_epochs_ratio
+from hvdscale.analysis.columns import (
+    FRAMEWORK_DEFAULT,
+    HEADLINE_COLUMNS,
+    ttt_runs,
+    with_framework,
+)
+from hvdscale.analysis.noise_scale import (
+    WINDOW_COLUMNS,
+    configuration_estimate,
+    predicted_epochs_ratio,
+    window_sums,
+)
 from hvdscale.analysis.stats import (
     CI_METHOD,
     censor_note,
@@ -53,20 +81,32 @@ from hvdscale.analysis.view import pref_lr
 from hvdscale.matrix.runtable import SEED_KINDS
 
 
-def noise_scale_of(runs: pd.DataFrame) -> float:
-    """B_simple from the runs' noise-scale sums: step-weighted means of the squared
-    norms over runs (a ratio of means), then hvdscale.analysis.noise_scale.estimate."""
-    cols = ["ns_b_local", "ns_b_global", "ns_steps", "ns_g_local_sq", "ns_g_global_sq"]
-    if runs.empty or any(c not in runs for c in cols):
-        return math.nan
-    ns = runs[cols].apply(pd.to_numeric, errors="coerce").dropna()
-    ns = ns[ns["ns_steps"] > 0]
-    if ns.empty or ns["ns_b_local"].nunique() != 1 or ns["ns_b_global"].nunique() != 1:
-        return math.nan
-    w = ns["ns_steps"].to_numpy(float)
-    gl = float(np.average(ns["ns_g_local_sq"], weights=w))
-    gg = float(np.average(ns["ns_g_global_sq"], weights=w))
-    return estimate(ns["ns_b_local"].iloc[0], ns["ns_b_global"].iloc[0], gl, gg)[2]
+def noise_scale_of(runs: pd.DataFrame, name: str) -> tuple[float, float, float, str]:
+    """(B_simple, lo, hi, note) of one configuration's runs near the target: their
+    window sums (``with_window_sums``) pooled as a ratio of means with the finite-shard
+    correction, and the bootstrap interval over the runs
+    (analysis/noise_scale.configuration_estimate)."""
+    nan = math.nan
+    none = "no noise scale (no per-epoch noise-scale sums near the target)"
+    if runs.empty or any(c not in runs for c in WINDOW_COLUMNS):
+        return nan, nan, nan, none
+    b_small = pd.to_numeric(runs["batch_per_worker"], errors="coerce").dropna().unique()
+    b_big = pd.to_numeric(runs["global_batch"], errors="coerce").dropna().unique()
+    if len(b_small) != 1 or len(b_big) != 1:
+        return nan, nan, nan, "no noise scale (more than one batch size)"
+    b, lo, hi, note = configuration_estimate(b_small[0], b_big[0], runs[WINDOW_COLUMNS], name)
+    if not math.isfinite(b) and note.startswith("no noise-scale sums"):
+        note = none
+    elif not math.isfinite(b):
+        note = "; ".join(x for x in ("no noise scale (|G|^2 or S not positive)", note) if x)
+    return b, lo, hi, note
+
+
+def with_window_sums(runs: pd.DataFrame, epochs: pd.DataFrame | None) -> pd.DataFrame:
+    """``runs`` with every completed run's noise-scale sums over its near-target window
+    (analysis/noise_scale.window_sums, NaN where it has none; all NaN without epochs)."""
+    sums = window_sums(runs, epochs).set_index("run_id")
+    return runs.assign(**{c: runs["run_id"].map(sums[c]).astype(float) for c in WINDOW_COLUMNS})
 
 
 def _median_ratio(b: pd.Series, g: pd.Series) -> tuple[float, str]:
@@ -85,6 +125,20 @@ def _seed_ids(runs: pd.DataFrame) -> list[int]:
     share a seed (a paired design), never a re-run with a scaling run of the same index."""
     kinds = runs["kind"].fillna("").astype(str) if "kind" in runs else [""] * len(runs)
     return [SEED_KINDS.get(k, 9) * 1_000_000 + int(r) for k, r in zip(kinds, runs["repeat"])]
+
+
+#: a target reached within fewer epochs after the warm-up than this is loose: the time
+#: to target then measures start and warm-up, not convergence (issue 30, item 6)
+LOOSE_EPOCHS = 3
+
+
+def loose_count(runs: pd.DataFrame) -> int:
+    """Runs that reached the target fewer than LOOSE_EPOCHS epochs after their warm-up."""
+    if runs.empty or "target_epoch" not in runs:
+        return 0
+    warm = runs["warmup_epochs"] if "warmup_epochs" in runs else 0
+    after = pd.to_numeric(runs["target_epoch"], errors="coerce") + 1 - warm
+    return int((runs["reached_target"].astype(bool) & (after < LOOSE_EPOCHS)).sum())
 
 
 def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
@@ -113,19 +167,111 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
             base["time_to_target_s"], runs["time_to_target_s"], name + "/ttt", **reps
         )
     out["speedup_ttt_lo"], out["speedup_ttt_hi"] = tlo, thi
-    bc = noise_scale_of(runs)
+    out.update(launch_speedup(base, runs, name, reps))
+    bc, out["b_simple_lo"], out["b_simple_hi"], nnote = noise_scale_of(runs, name + "/noise")
     out["b_simple"] = out["critical_batch"] = bc
     # the epoch-time interval's note only where it says something else
     notes = [n for n in (tnote, "epoch time: " + enote if enote and enote != tnote else "") if n]
-    if not math.isfinite(bc):
-        notes.append("no noise scale (no multi-worker noise-scale record)")
+    if nnote:
+        notes.append(nnote)
+    nl, bl = loose_count(runs), loose_count(base)
+    if nl or bl:
+        notes.append(
+            f"target loose: reached fewer than {LOOSE_EPOCHS} epochs after the warm-up in "
+            f"{nl}/{out['total']} runs (1 worker {bl}/{out['base_total']})"
+        )
     out["note"] = "; ".join(dict.fromkeys(notes))
     return out
 
 
-def _untuned(runs: pd.DataFrame) -> list[dict]:
+def launch_speedup(base: pd.DataFrame, runs: pd.DataFrame, name: str, reps: dict) -> dict:
+    """Issue 30 item 7: the time-to-target speedup with the start-up counted
+    (runs.csv launch_to_target_s: the launcher's start to the target epoch's end),
+    computed exactly like speedup_ttt (censored median, the interval paired by seed);
+    NaN where a run of either side has no start-up figure (older records, ranks started
+    without the launcher's stamp): a part of the runs would be a different sample."""
+    col = "launch_to_target_s"
+    keys = ("speedup_launch_ttt", "speedup_launch_ttt_lo", "speedup_launch_ttt_hi")
+    out = dict.fromkeys(keys, math.nan)
+    if col not in base or col not in runs or base.empty or runs.empty:
+        return out
+    b, g = base[col].astype(float), runs[col].astype(float)
+    if b.isna().any() or g.isna().any():
+        return out
+    ratio, note = _median_ratio(b, g)
+    out["speedup_launch_ttt"] = ratio
+    if not note:
+        lo, hi, _ = speedup_interval(b, g, name + "/launch_ttt", **reps)
+        out["speedup_launch_ttt_lo"], out["speedup_launch_ttt_hi"] = lo, hi
+    return out
+
+
+def fastest_1_worker(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> dict:
+    """{(partition, framework, backend): (label, runs)}: the 1-worker configuration with
+    the smallest median time to target (censored runs +inf; no median: not a candidate),
+    whatever its per-worker batch and learning rate: the untuned configurations (scaling
+    runs per batch and LR rule) and the selected tuning candidates' re-runs (fresh seeds,
+    never the selection runs). Hoefler & Belli's baseline: the best 1-worker version."""
+    if "kind" not in runs:
+        runs = runs.assign(kind="")
+    done = ttt_runs(with_framework(runs))
+    one = done[done["workers"] == 1]
+    options: dict[tuple, list] = {}
+    plain = one[(one["candidate"].fillna("") == "") & (one["kind"].fillna("") == "")]
+    for (part, fw, be, bs, lr), g in plain.groupby(
+        ["partition", "framework", "backend", "batch_per_worker", "lr_rule"]
+    ):
+        options.setdefault((part, fw, be), []).append((f"batch {int(bs)}, LR {lr}", g))
+    if tuned is not None and not tuned.empty:
+        re_ = ttt_runs(candidate_runs(runs, "rerun"))
+        for r in tuned[(tuned["workers"] == 1) & (tuned["status"] == "selected")].itertuples(
+            index=False
+        ):
+            g = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
+            label = (
+                f"batch {int(r.batch_per_worker)}, tuned (LR {r.lr_rule} "
+                f"x{float(r.lr_multiplier):g}, warm-up {int(r.warmup_epochs)})"
+            )
+            options.setdefault((r.partition, r.framework, r.backend), []).append((label, g))
+    best = {}
+    for key, opts in options.items():
+        ranked = [
+            (censored_median(g["time_to_target_s"].tolist())[0], label, g)
+            for label, g in opts
+            if not g.empty
+        ]
+        ranked = [x for x in ranked if math.isfinite(x[0])]
+        if ranked:
+            _, label, g = min(ranked, key=lambda x: (x[0], x[1]))
+            best[key] = (label, g)
+    return best
+
+
+def _against_best(best: dict, key: tuple, g: pd.DataFrame, name: str) -> dict:
+    """The time-to-target speedup of n-worker runs ``g`` against the fastest 1-worker
+    configuration of their partition, framework and backend, with its interval."""
+    out = dict(best1_baseline="", speedup_ttt_best1=math.nan)
+    out.update(speedup_ttt_best1_lo=math.nan, speedup_ttt_best1_hi=math.nan)
+    if key not in best or g.empty:
+        return out
+    label, b = best[key]
+    ratio, note = _median_ratio(b["time_to_target_s"], g["time_to_target_s"])
+    out.update(best1_baseline=label, speedup_ttt_best1=ratio)
+    if not note:
+        lo, hi, _ = speedup_interval(
+            b["time_to_target_s"],
+            g["time_to_target_s"],
+            name + "/best1",
+            base_repeats=_seed_ids(b),
+            repeats=_seed_ids(g),
+        )
+        out.update(speedup_ttt_best1_lo=lo, speedup_ttt_best1_hi=hi)
+    return out
+
+
+def _untuned(runs: pd.DataFrame, best: dict) -> list[dict]:
     plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
-    done = plain[plain["status"] == "completed"]
+    done = ttt_runs(plain)  # completed and diverged (censored)
     rows = []
     keys = ["partition", "framework", "backend", "batch_per_worker"]
     for (part, fw, be, bs), grp in done.groupby(keys):
@@ -142,9 +288,16 @@ def _untuned(runs: pd.DataFrame) -> list[dict]:
             else:
                 tag = f"{part}/{fw}" if fw != FRAMEWORK_DEFAULT else part
                 row.update(factors(base, g, f"headline/{tag}/{be}/{bs}/{lr}/{w}"))
+            row.update(_against_best(best, (part, fw, be), g, f"headline/{part}/{be}/{bs}/{w}"))
             rows.append(row)
     return rows
 
+
+#: a tuned row of a sweep that tunes n workers only (issue 30: like against like)
+NO_TUNED_BASELINE = (
+    "no tuned 1-worker baseline: the tuning sweep has no 1-worker group, and tuned n "
+    "workers are compared only with tuned 1 worker (add 1 to scaling.tune.workers)"
+)
 
 #: why a tuned row has no figures, by the tuning group's status (tuned.csv)
 TUNED_GAP = {
@@ -155,17 +308,14 @@ TUNED_GAP = {
 }
 
 
-def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> list[dict]:
+def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None, best: dict) -> list[dict]:
     if tuned is None or tuned.empty:
         return []
-    re_ = candidate_runs(runs, "rerun")
-    re_ = re_[re_["status"] == "completed"]
+    re_ = ttt_runs(candidate_runs(runs, "rerun"))
     base = {
         (r.partition, r.framework, r.backend, r.batch_per_worker): r
         for r in tuned[tuned["workers"] == 1].itertuples(index=False)
     }
-    plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
-    plain1 = plain[(plain["status"] == "completed") & (plain["workers"] == 1)]
     rows = []
     for r in tuned[tuned["workers"] > 1].itertuples(index=False):
         row = dict(partition=r.partition, framework=r.framework, backend=r.backend)
@@ -173,22 +323,16 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> list[dict]:
         row["global_batch"] = r.global_batch
         b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
         name = "/".join(map(str, ["headline/tuned", *stream_key(r)]))
-        same = plain1[
-            (plain1["partition"] == r.partition)
-            & (plain1["framework"] == r.framework)
-            & (plain1["backend"] == r.backend)
-            & (plain1["batch_per_worker"] == r.batch_per_worker)
-        ]
-        if b is None and r.status == "selected" and not same.empty:
-            # no 1-worker group in the tuning sweep: the baseline is the 1-worker scaling
-            # runs at the base learning rate (one LR rule: with 1 worker they all agree)
-            same = same[same["lr_rule"] == pref_lr(same["lr_rule"])]
+        if b is None:
+            # like against like: a tuned n-worker result is never compared with untuned
+            # 1-worker runs (the 1-worker side would get none of the n-worker side's tuning)
             pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
-            row.update(factors(same, pick, name))
-            note = "baseline: the untuned 1-worker runs (base learning rate)"
-            row["note"] = "; ".join(n for n in (note, row.get("note", "")) if n)
-        elif b is None or b.status != "selected" or r.status != "selected":
-            worst = r.status if b is None or r.status != "selected" else b.status
+            row["note"] = NO_TUNED_BASELINE
+            row.update(base_reached=0, base_total=0)
+            row.update(reached=int(pick["reached_target"].astype(bool).sum()))
+            row.update(total=int(pick["epochs_to_target"].notna().sum()))
+        elif b.status != "selected" or r.status != "selected":
+            worst = r.status if r.status != "selected" else b.status
             side = "" if r.status != "selected" else "1 worker: "
             row["note"] = side + TUNED_GAP.get(str(worst), f"tuned: {worst}")
             row.update(reached=0, total=0, base_reached=0, base_total=0)
@@ -198,22 +342,29 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> list[dict]:
                 for x in (b, r)
             ]
             row.update(factors(pick[0], pick[1], name))
+        if r.status == "selected":
+            pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
+            row.update(_against_best(best, (r.partition, r.framework, r.backend), pick, name))
         rows.append(row)
     return rows
 
 
-def headline(runs: pd.DataFrame, tuned: pd.DataFrame | None = None) -> pd.DataFrame:
+def headline(
+    runs: pd.DataFrame, tuned: pd.DataFrame | None = None, epochs: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """headline.csv from runs.csv and the tuned table of the same runs (tuned.csv;
     None: analysis.tuning.select_tuned of ``runs``). aggregate writes both from one
-    tuned table, so they agree by construction."""
+    tuned table, so they agree by construction. ``epochs`` (epochs.csv of the same runs)
+    gives the noise scale near the target; without it there is none (said in ``note``)."""
     if runs.empty:
         return pd.DataFrame(columns=HEADLINE_COLUMNS)
     if "kind" not in runs:
         runs = runs.assign(kind="")
-    runs = with_framework(runs)
+    runs = with_window_sums(with_framework(runs), epochs)
     if tuned is None:
         tuned = select_tuned(runs)
-    rows = _untuned(runs) + _tuned(runs, tuned)
+    best = fastest_1_worker(runs, tuned)
+    rows = _untuned(runs, best) + _tuned(runs, tuned, best)
     out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
     bn = out["global_batch"].astype(float)
     b1 = out["batch_per_worker"].astype(float)
@@ -223,6 +374,9 @@ def headline(runs: pd.DataFrame, tuned: pd.DataFrame | None = None) -> pd.DataFr
     for c in ("reached", "total", "base_reached", "base_total"):
         out[c] = out[c].astype("Int64")
     out["note"] = out["note"].fillna("")
+    out["best1_baseline"] = out["best1_baseline"].astype(object).where(
+        out["best1_baseline"].notna(), ""
+    )
     out["ci_method"] = CI_METHOD
     return out.sort_values(
         ["partition", "framework", "backend", "batch_per_worker", "workers", "tuned"],

@@ -12,7 +12,10 @@ from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
     FRAMEWORK_DEFAULT,
     HEADLINE_COLUMNS,
+    HEADLINE_LATER,
+    NOISE_EPOCH_COLUMNS,
     RUNS_COLUMNS,
+    STARTUP_COLUMNS,
     STATUS_COLUMNS,
     STRING_COLUMNS,
     SUMMARY_COLUMNS,
@@ -58,6 +61,9 @@ def _issue19_columns(df: pd.DataFrame, required: list[str]) -> pd.DataFrame:
     for c in SYNC_COLUMNS:
         if c in required and c not in df:
             df[c] = float("nan")
+    for c in STARTUP_COLUMNS:  # written before issue 30 item 7: no start-up figure
+        if c in required and c not in df:
+            df[c] = float("nan")
     return df
 
 
@@ -89,14 +95,21 @@ def read_status(path) -> pd.DataFrame:
 
 
 def read_epochs(path) -> pd.DataFrame:
-    return _read_csv(path, "epochs table", EPOCH_COLUMNS)
+    """epochs.csv; one written before the noise-scale columns (issue 30) reads with them
+    NaN (no noise scale near the target from it)."""
+    required = [c for c in EPOCH_COLUMNS if c not in NOISE_EPOCH_COLUMNS]
+    df = _read_csv(path, "epochs table", required)
+    for c in NOISE_EPOCH_COLUMNS:
+        if c not in df:
+            df[c] = float("nan")
+    return df
 
 
 def default_epochs_path(runs_csv: str | Path) -> Path:
     return Path(runs_csv).with_name("epochs.csv")
 
 
-_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned"]
+_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned", "best1_baseline"]
 
 
 _COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
@@ -115,6 +128,9 @@ def read_headline(path) -> pd.DataFrame:
         raise UserError(f"{what}: not a readable CSV file ({exc})") from None
     if "framework" not in df and "partition" in df:  # written before issue 19: Horovod
         df.insert(list(df.columns).index("partition") + 1, "framework", FRAMEWORK_DEFAULT)
+    for c, empty in HEADLINE_LATER.items():  # written before the column existed
+        if c not in df.columns:
+            df[c] = empty
     missing = [c for c in HEADLINE_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"{what}: missing column(s) {', '.join(missing)}")
@@ -138,7 +154,7 @@ def read_headline(path) -> pd.DataFrame:
                 f"{what}, line {row}: column {c} must be {kind}, got {df[c][bad].iloc[0]!r}"
             )
         df[c] = num.astype(int) if c in _COUNTS else num.astype(float)
-    for c in ("note", "ci_method"):
+    for c in ("note", "ci_method", "best1_baseline"):
         df[c] = df[c].fillna("")
     df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
     return df

@@ -125,7 +125,7 @@ def run(args) -> int:
     if args.out_tuned:
         write_csv(tuned, args.out_tuned)
     if args.out_headline:
-        write_csv(headline(agg.runs, tuned), args.out_headline)
+        write_csv(headline(agg.runs, tuned, agg.epochs), args.out_headline)
     if not args.quiet:
         counts = agg.status["status"].value_counts()
         parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
