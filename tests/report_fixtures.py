@@ -41,6 +41,8 @@ def headline_row(**over) -> dict:
         base_reached=5,
         base_total=5,
         b_simple=1200.0,
+        b_simple_lo=500.0,  # holds the critical batch 600 an epochs ratio of 0.90 implies
+        b_simple_hi=2500.0,
         critical_batch=1200.0,
         predicted_epochs_ratio=0.94,
         note="",

@@ -54,6 +54,33 @@ def test_sentence_when_the_interval_holds_one_claims_neither_direction():
         assert "faster than 1 worker (" not in s and "more slowly" not in s
 
 
+def test_an_open_interval_end_is_printed_as_such_and_decides_the_words():
+    """Issue 30: a censored resample gives an interval end of +inf (or 0); it is printed
+    open, and "faster" is said only where the whole interval lies above 1."""
+    inf = float("inf")
+    s = headline_sentence(RF.headline_row(speedup_ttt=1.4, speedup_ttt_lo=1.1, speedup_ttt_hi=inf))
+    assert "1.40x [1.10, inf) faster than 1 worker" in s
+    s = headline_sentence(RF.headline_row(speedup_ttt=1.4, speedup_ttt_lo=0.8, speedup_ttt_hi=inf))
+    assert "1.40x [0.80, inf), the interval holds 1" in s and "faster than 1 worker (" not in s
+    s = headline_sentence(RF.headline_row(speedup_ttt=0.6, speedup_ttt_lo=0.0, speedup_ttt_hi=0.9))
+    assert "more slowly than 1 worker: speedup 0.60x (0, 0.90]" in s
+    s = headline_sentence(RF.headline_row(speedup_ttt=0.9, speedup_ttt_lo=0.0, speedup_ttt_hi=inf))
+    assert "(0, inf), the interval holds 1" in s and "slowly" not in s
+
+
+def test_no_interval_no_direction():
+    """Too few repeats for an interval: the speedup is given, a direction is not."""
+    nan = float("nan")
+    for s_ in (0.5, 1.6):
+        row = RF.headline_row(
+            speedup_ttt=s_, speedup_ttt_lo=nan, speedup_ttt_hi=nan, total=2, base_total=2,
+            reached=2, base_reached=2,
+        )  # fmt: skip
+        s = headline_sentence(row)
+        assert f"at a speedup of {s_:.2f}x over 1 worker, too few runs to say" in s, s
+        assert "faster than 1 worker (" not in s and "more slowly" not in s
+
+
 def test_sentence_without_a_faster_epoch_names_the_hardware_not_a_share():
     row = RF.headline_row(epoch_speedup=0.97, epoch_lo=0.8, epoch_hi=1.07, epochs_ratio=0.93)
     s = headline_sentence(row)
@@ -92,14 +119,51 @@ def test_sentences_per_batch_untuned_and_tuned_or_missing():
     out = headline_sentences(pd.DataFrame(rows))
     assert len(out) == 2
     b75, b1000 = out
-    assert b75.startswith("Batch 75 per worker (local, mpi): untuned, 2 workers reach")
-    assert ". Tuned (winners re-run with fresh seeds), 2 workers reach the target" in b75
+    # every number names its baseline (issue 30): untuned against untuned, tuned against tuned
+    assert b75.startswith(
+        "Batch 75 per worker (local, mpi): untuned (baseline: the 1-worker runs of this "
+        "batch and LR rule), 2 workers reach"
+    )
+    assert (
+        ". Tuned (winners re-run with fresh seeds; baseline: the tuned 1-worker re-runs), "
+        "2 workers reach the target"
+    ) in b75
     assert "1.62x" in b75  # 1.8 x 0.9
-    assert b1000.startswith("Batch 1000 per worker (local, mpi): untuned, 2 workers do not")
+    assert b1000.startswith("Batch 1000 per worker (local, mpi): untuned (baseline: the")
     assert b1000.endswith("Tuned: no re-runs of a tuned configuration (not in the tuning sweep).")
     assert batch_sentence(None, RF.headline_row(tuned=True)).startswith(
         "Batch 75 per worker (local, mpi): untuned: no configuration"
     )
+
+
+def test_the_fastest_1_worker_baseline_stands_beside_the_per_batch_one():
+    """Issue 30: beside each per-batch speedup, the one against the fastest 1-worker
+    configuration to the target, named, with its interval and only the words it supports."""
+    row = RF.headline_row(
+        best1_baseline="batch 1000, LR none",
+        speedup_ttt_best1=0.85, speedup_ttt_best1_lo=0.6, speedup_ttt_best1_hi=1.1,
+    )  # fmt: skip
+    s = batch_sentence(row, None)
+    want = "; against the fastest 1-worker configuration (batch 1000, LR none): "
+    assert want + f"0.85x [0.60{D}1.10], the interval holds 1" in s
+    row.update(speedup_ttt_best1_lo=0.5, speedup_ttt_best1_hi=0.9)
+    assert "(batch 1000, LR none): 0.85x [0.50" in batch_sentence(row, None)
+    assert "0.90], slower" in batch_sentence(row, None)
+    row.update(best1_baseline="")
+    assert "fastest 1-worker" not in batch_sentence(row, None)
+
+
+def test_a_tuned_row_without_a_tuned_1_worker_baseline_says_so():
+    from hvdscale.analysis.headline import NO_TUNED_BASELINE
+
+    nan = float("nan")
+    row = RF.headline_row(
+        tuned=True, speedup_ttt=nan, speedup_ttt_lo=nan, speedup_ttt_hi=nan, base_total=0,
+        base_reached=0, note=NO_TUNED_BASELINE,
+    )  # fmt: skip
+    s = headline_sentence(row)
+    assert s.startswith("no tuned 1-worker baseline: the tuning sweep has no 1-worker group")
+    assert "faster" not in s
 
 
 def test_conclusions_follow_from_the_numbers():
@@ -297,10 +361,9 @@ def _text(pdf, *pages) -> str:
 def test_rendered_report_first_page_and_equal_accuracy(rendered):
     pdf, bad, n_gloo2, _ = rendered
     first = _text(pdf, 1, 1)
-    assert "Batch 75 per worker (local, gloo): untuned, 2 workers reach the target" in first
-    assert (
-        "Batch 75 per worker (local, mpi): untuned, 2 workers reach the target in only 1/5" in first
-    )
+    untuned = "untuned (baseline: the 1-worker runs of this batch and LR rule), 2 workers"
+    assert f"Batch 75 per worker (local, gloo): {untuned} reach the target" in first
+    assert f"Batch 75 per worker (local, mpi): {untuned} reach the target in only 1/5" in first
     assert "Tuned: no re-runs of a tuned configuration" in first  # gloo has no tuned row
     assert f"epoch time 1.80x [1.70{D}1.90]" in first
     assert "1 run is mislabelled" in first
@@ -325,27 +388,48 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
     assert "buys no faster convergence" not in text
 
 
-def test_noise_sentence_states_a_batch_limit_only_where_the_prediction_holds():
+def test_noise_sentence_states_a_batch_limit_only_where_interval_and_ratio_agree():
+    """Issue 30 item 9: the limit sentence appears only where the critical batch the
+    measured epochs ratio implies lies inside the B_simple interval (no 10 % rule on two
+    point estimates); without an interval never."""
     from types import SimpleNamespace
 
     from hvdscale.report.equal_accuracy import noise_sentence
 
+    limit = "adding workers still pays at equal accuracy up to a global batch of about 1,200."
+    no_limit = (
+        "the noise-scale estimate does not predict the epochs to target here, and no "
+        "global-batch limit is read from it."
+    )
+
     def sentence(**over):
         return noise_sentence(SimpleNamespace(**RF.headline_row(**over)))
 
-    agree = sentence(epochs_ratio=0.90, predicted_epochs_ratio=0.94)  # B_crit 1,200 at 75/150
-    assert "predicted epochs ratio 0.94, measured 0.90, which the same model gives for a " in agree
-    assert "critical batch of about 600" in agree  # (0.9 x 150 - 75) / (1 - 0.9)
-    assert agree.endswith("up to a global batch of about 1,200.")
+    # measured 0.90 at 75/150 implies B_crit (0.9 x 150 - 75) / (1 - 0.9) = 600
+    agree = sentence(epochs_ratio=0.90, predicted_epochs_ratio=0.94)  # interval 500-2,500
+    assert f"B_simple = 1,200 [500{D}2,500]; predicted epochs ratio 0.94, measured 0.90" in agree
+    assert "which the same model gives for a critical batch of about 600, inside" in agree
+    assert agree.endswith(limit)
+    # the same point estimates with a narrower interval that misses 600: no limit, although
+    # the predicted ratio 0.94 is within 10 % of the measured 0.90
+    narrow = sentence(epochs_ratio=0.90, b_simple_lo=900.0, b_simple_hi=1500.0)
+    assert "about 600, outside the interval: " in narrow and narrow.endswith(no_limit)
+    assert "still pays" not in narrow
+    # a wide interval with an open end holds even a measured "no epoch cost"
+    open_ = sentence(epochs_ratio=1.02, b_simple_lo=700.0, b_simple_hi=math.inf)
+    assert f"[700{D}inf)" in open_ and "no epoch cost" in open_ and open_.endswith(limit)
+    assert sentence(epochs_ratio=1.02).endswith(no_limit)  # 500-2,500 does not hold inf
+    # fewer than 3 runs: no interval, so no limit, whatever the point estimates say
+    none = sentence(epochs_ratio=0.90, b_simple_lo=math.nan, b_simple_hi=math.nan)
+    assert "B_simple = 1,200 (no interval; the note says why)" in none
+    assert "with no interval to compare: " in none and none.endswith(no_limit)
     # the default run's case: B_simple 3 predicts 0.51, the runs needed only 1.23x the epochs
     miss = sentence(
-        b_simple=3.0, critical_batch=3.0, predicted_epochs_ratio=0.51, epochs_ratio=0.81
-    )
-    assert "B_simple = 3; predicted epochs ratio 0.51, measured 0.81" in miss
-    assert "critical batch of about 245" in miss and "still pays" not in miss
-    assert miss.endswith("does not predict the epochs to target here, and no global-batch "
-                         "limit is read from it.")  # fmt: skip
-    assert "no epoch cost" in sentence(epochs_ratio=1.02)
+        b_simple=3.0, b_simple_lo=2.0, b_simple_hi=5.0, critical_batch=3.0,
+        predicted_epochs_ratio=0.51, epochs_ratio=0.81,
+    )  # fmt: skip
+    assert f"B_simple = 3 [2{D}5]; predicted epochs ratio 0.51, measured 0.81" in miss
+    assert "critical batch of about 245, outside" in miss and miss.endswith(no_limit)
     assert "not measured" in sentence(epochs_ratio=math.nan)
     assert sentence(b_simple=math.nan, critical_batch=math.nan) is None
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import framework_short, names_framework, with_framework
-from hvdscale.analysis.noise_scale import implied_critical_batch
+from hvdscale.analysis.noise_scale import NEAR_TARGET_EPOCHS, agrees, implied_critical_batch
 from hvdscale.matrix.runid import config_id, run_kind
 from hvdscale.report import fmt
 from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
@@ -36,8 +36,10 @@ FACTOR_NOTE = (
     "the Results table). Epoch S: speedup of the epoch time (hardware; where it goes: the "
     "phase split, sync and data shares in the Results tables and the time-per-step figure). "
     "Epochs ratio: median epochs to target of 1 worker / of n workers (statistics: a larger "
-    "global batch needs more epochs). Fixed: the rest, time to target that is no "
-    "steady-state epoch (the warm-up epoch, the validation passes). Retained: TTT S / epoch "
+    "global batch needs more epochs). Fixed: the rest, the warm-up epochs' time beyond a "
+    "steady-state epoch (tracing, first collectives) and the gap between a median of "
+    "products and a product of medians; the validation pass after every epoch is part of "
+    "the epoch time, so of epoch S. Retained: TTT S / epoch "
     "S, the share of the epoch-time gain that survives at equal accuracy. Reached: n-worker "
     "runs / 1-worker runs that reached the target. Brackets: 95 % bootstrap intervals."
 )
@@ -156,19 +158,36 @@ def factor_cells(x) -> list[str]:
     ]
 
 
+def batch_interval(lo, hi) -> str:
+    """A B_simple interval: '[900–1,500]'; an open end as such: '[900–inf)' (a
+    resample whose |G|^2 was not positive), '[0–1,500]'; '' without one."""
+    try:
+        lo, hi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(lo) or math.isnan(hi):
+        return ""
+    right = "inf)" if math.isinf(hi) else f"{fmt.rate(hi)}]"
+    return f"[{fmt.rate(lo) if lo > 0 else '0'}{fmt.EN_DASH}{right}"
+
+
 def noise_sentence(x) -> str | None:
-    """The critical batch size a configuration's gradient noise scale predicts, against
-    the measured epochs ratio and the critical batch that ratio implies under the same
-    model; a global-batch limit is stated only where prediction and measurement agree
-    (within 10 %). None without an estimate."""
+    """The critical batch size a configuration's gradient noise scale near the target
+    predicts, with its 95 % interval over runs, against the measured epochs ratio and
+    the critical batch that ratio implies under the same model; a global-batch limit is
+    stated only where that implied critical batch lies inside the B_simple interval
+    (analysis/noise_scale.agrees). None without an estimate."""
     if not fmt.isnum(x.b_simple) and not fmt.isnum(x.critical_batch):
         return None
     crit = float(x.critical_batch if fmt.isnum(x.critical_batch) else x.b_simple)
     b_1, b_n = int(x.batch_per_worker), int(x.global_batch)
+    lo, hi = getattr(x, "b_simple_lo", math.nan), getattr(x, "b_simple_hi", math.nan)
+    ci = batch_interval(lo, hi)
     head = (
         f"Batch {b_1} per worker, {workers_text(x.workers)} "
         f"({x.partition}, {x.backend}{', tuned' if x.tuned else ''}; global batch "
         f"{b_n}): B_simple = {fmt.rate(x.b_simple)}"
+        + (f" {ci}" if ci else " (no interval; the note says why)")
     )
     p, m = x.predicted_epochs_ratio, x.epochs_ratio
     pred = f"predicted epochs ratio {fmt.speedup(p)}" if fmt.isnum(p) else "no prediction"
@@ -182,14 +201,15 @@ def noise_sentence(x) -> str | None:
     else:
         at = f"a critical batch of about {fmt.rate(implied)}"
     text = f"{head}; {pred}, measured {fmt.speedup(m)}, which the same model gives for {at}"
-    if fmt.isnum(p) and abs(p - m) <= 0.1 * abs(m):
+    if agrees(lo, hi, implied):
         return text + (
-            f": adding workers still pays at equal accuracy up to a global batch of about "
-            f"{fmt.rate(crit)}."
+            f", inside the interval: adding workers still pays at equal accuracy up to a "
+            f"global batch of about {fmt.rate(crit)}."
         )
+    why = "outside the interval" if ci else "with no interval to compare"
     return text + (
-        ": the noise-scale estimate does not predict the epochs to target here, and no "
-        "global-batch limit is read from it."
+        f", {why}: the noise-scale estimate does not predict the epochs to target here, "
+        "and no global-batch limit is read from it."
     )
 
 
@@ -260,9 +280,17 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
                 "squared norms of each worker's local gradient and of the allreduced "
                 "gradient, approximates the critical batch size: below it a larger batch "
                 "needs hardly more epochs, above it the epochs to target grow with the batch "
-                "(epochs proportional to 1 + B/B_crit). Each estimate is checked against the "
-                "measured epochs ratio; a limit on the global batch is stated only where the "
-                "two agree within 10 %."
+                "(epochs proportional to 1 + B/B_crit). It is estimated near the target: "
+                f"over each completed run's last {NEAR_TARGET_EPOCHS} non-warm-up epochs up "
+                "to and including the epoch that reached the target (a run that never "
+                f"reached it: its last {NEAR_TARGET_EPOCHS} non-warm-up epochs), pooling the "
+                "runs' sums (a ratio of means). Batches are drawn without replacement from "
+                "the N samples of an epoch, so both batch sizes' noise terms carry the "
+                "finite-population factor (1 - B/N). Brackets: 95 % percentile bootstrap "
+                "interval over the runs (the runs resampled, B_simple recomputed from "
+                "their sums; none with fewer than 3 runs; inf: an open end). A limit on the "
+                "global batch is stated only where the critical batch that the measured "
+                "epochs ratio implies under the same model lies inside that interval."
             )
         )
         d.bullets([escape(s) for s in noise])
