@@ -134,6 +134,11 @@ def test_archive_holds_inputs_products_and_provenance(study):
     members = read_archive(res / "study.tar.gz")
     names = set(members)
     assert {"MANIFEST.json", "system.json", *configs, "envs/workflow.lock.txt"} <= names
+    # in merge order, each once: the Snakefile's configfile is merged first, so a rebuild
+    # that replays the list gets the study's tuning sweep, not the default config's
+    import json
+
+    assert json.loads(members["MANIFEST.json"])["config_files"] == configs
     assert f"{RESULTS}/report.pdf" in names and f"{RESULTS}/scaling/references.csv" in names
     assert f"{RESULTS}/scaling/systems.csv" in names  # issue 13 item 5
     systems = pd.read_csv(io.BytesIO(members[f"{RESULTS}/scaling/systems.csv"]), dtype=str)

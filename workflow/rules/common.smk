@@ -224,9 +224,16 @@ def allreduce_tables(wildcards):
 
 
 def config_files(wildcards):
-    """The config files of this invocation, in merge order (for the report's provenance),
-    relative to the working directory (the project root; a rebuild's --directory)."""
-    return " ".join(shlex.quote(os.path.relpath(str(p), os.getcwd())) for p in workflow.configfiles)
+    """The config files of this invocation, in merge order (for the report's provenance
+    and a rebuild's --configfiles), relative to the working directory (the project root;
+    a rebuild's --directory). Snakemake lists the Snakefile's `configfile:` after the
+    command line's files but merges it first; a file given twice counts where it was
+    merged last, so a rebuild that replays the list merges the same config."""
+    cli = [os.path.abspath(str(p)) for p in workflow.overwrite_configfiles]
+    rest = [os.path.abspath(str(p)) for p in workflow.configfiles]
+    rest = [p for p in rest if p not in cli]
+    order = [p for i, p in enumerate(rest + cli) if p not in (rest + cli)[i + 1 :]]
+    return " ".join(shlex.quote(os.path.relpath(p, os.getcwd())) for p in order)
 
 
 def model_bytes(wildcards):
