@@ -19,6 +19,8 @@ import pytest
 import yaml
 from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture used by name)
 
+from hvdscale.report import fmt
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -187,7 +189,30 @@ def test_local_pipeline_end_to_end_then_partial_report(results_dir, tmp_path):
         for ext in ("pdf", "png"):
             assert (res / "plots" / f"{name}.{ext}").stat().st_size > 1000
     text = pdftext(res / "report.pdf")
-    assert "local_mpi_n1_w2_b75_lrnone_r0" in text or "mpi" in text
+    # the measured numbers of summary.csv in their rows of the report's configuration
+    # table: each backend's group header with its speedup per GPU, and the 2-worker row's
+    # first cells (workers, nodes, runs, epoch time, samples/s, speedup)
+    flat = " ".join(text.split())
+    for r in rows:
+        head = (
+            f"local / {r['backend']} / batch 75 per worker / LR none | speedup per GPU "
+            f"{fmt.slope(r['speedup_per_gpu'])} | baseline ok"
+        )
+        assert head in flat, head
+        block = flat.split(head, 1)[1]
+        cells = [
+            "2",
+            r["nodes"],
+            f"{r['n_completed']}/{r['n_expected']}",
+            fmt.spread(
+                fmt.seconds(r["epoch_time_s"]),
+                fmt.seconds(r["epoch_time_min_s"]),
+                fmt.seconds(r["epoch_time_max_s"]),
+            ),
+            fmt.rate(r["throughput"]),
+            fmt.speedup(r["speedup"]),
+        ]
+        assert " ".join(cells) in block, (cells, block[:300])
     assert "0.53" in text and "0.74" in text  # the side-by-side with the reference study
     # the tuning sweep: its candidates' record, tuned.csv and the report's section
     assert recs[CANDIDATES[0]]["config"]["warmup_epochs"] == 1
