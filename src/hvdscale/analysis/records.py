@@ -150,6 +150,23 @@ def _loss_fields(rec: dict) -> dict:
     }
 
 
+def _startup_fields(rec: dict, time_to_target: float) -> dict:
+    """Issue 30 item 7: the start-up (timing.startup_s: the launcher's start to the epoch
+    loop, summed over attempts) and the launch-to-target time (target.launch_to_target_s:
+    start-up + time to target). Without a start-up figure (older records, ranks started
+    without the launcher's stamp) both are NaN; with one, a run that did not reach the
+    target has launch to target +inf, like its time to target."""
+    nan = math.nan
+    s = (rec.get("timing") or {}).get("startup_s")
+    startup = float(s) if _finite(s) else nan
+    if math.isnan(startup) or math.isnan(time_to_target):
+        return {"startup_s": startup, "launch_to_target_s": nan}
+    if math.isinf(time_to_target):
+        return {"startup_s": startup, "launch_to_target_s": math.inf}
+    l2t = (rec.get("target") or {}).get("launch_to_target_s")
+    return {"startup_s": startup, "launch_to_target_s": float(l2t) if _finite(l2t) else nan}
+
+
 def _study_fields(rec: dict) -> dict:
     """Kind, seed, label proof and the noise-scale sums of one record (issue 16)."""
     c = rec["config"]
@@ -241,6 +258,7 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     row["utilisation"] = float(np.mean(util)) if util else math.nan
     row["utilisation_kind"] = rec["utilisation"]["kind"]
     row.update(_loss_fields(rec))
+    row.update(_startup_fields(rec, row["time_to_target_s"]))
     row["target_test_loss"] = row["target_val_loss"]  # the old name: now a validation loss
     row.update(_study_fields(rec))
     if label_failure(rec):

@@ -155,6 +155,9 @@ RUNS_SCHEMA = pa.DataFrameSchema(
         "final_train_loss": _num(Check.ge(0)),
         "time_to_target_s": _num(Check.ge(0)),
         "train_time_s": _num(Check.ge(0)),
+        # issue 30 item 7: NaN without a start-up figure, +inf where not reached
+        "startup_s": _num(Check.ge(0)),
+        "launch_to_target_s": _num(Check.ge(0)),
         "model_bytes": _int(1),
     },
     checks=[

@@ -15,9 +15,10 @@ module measures it from one stamp:
 * The record's ``timing.startup_s`` is the sum over the attempts, and
   ``target.launch_to_target_s`` adds the start-up of the attempts up to the target
   epoch to the time to target: from the launcher's start to the end of the target epoch,
-  less what lies between epochs (checkpoint writes), as the time to target. Neither counts the queue wait or the SLURM allocation, nor an attempt that ended
-  without a checkpoint (its entry is lost with it); both are null where any of their
-  attempts has no start-up figure.
+  less what lies between epochs (checkpoint writes), as in the time to target. Neither
+  counts the queue wait or the SLURM allocation, nor an attempt that ended without a
+  checkpoint (its entry is lost with it); both are null where any of their attempts has
+  no start-up figure.
 
 Pure Python: the trainer, the record and the tests use it.
 """

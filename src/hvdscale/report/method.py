@@ -75,6 +75,16 @@ def equal_accuracy_bullets(
         "target is censored: '&gt; budget', counted as +infinity, never dropped. A median "
         "time to target exists while fewer than half of the repeats are censored; every time "
         "to target comes with reached/total.",
+        "<b>Start-up</b>: time to target is training time, start-up excluded: the "
+        "interpreter and framework import, the framework's initialisation, reading the rank's "
+        "data, building the model and the first compilation happen before the first epoch. "
+        "The launch-to-target time includes it: rank 0 records each attempt's start-up from "
+        "the launcher's start (hvdscale launch stamps it, HVDSCALE_LAUNCH_START) to the start "
+        "of its epoch loop, and the launch-to-target time is that start-up plus the training "
+        "time to the end of the target epoch; queue wait and the SLURM allocation are not "
+        "included. Its speedup ('with start-up') is computed like the time-to-target speedup "
+        "(censored medians, the same paired interval); a run without the launcher's stamp has "
+        "no such figure.",
         "<b>Tuned figures</b>: the candidates of each tuning group are selected on validation "
         "time to target (ties: best validation loss); the winner is re-run with fresh seeds"
         + (f" ({reruns} re-runs, scaling.tune.rerun_repeats)" if reruns else "")

@@ -150,7 +150,8 @@ def _method_bullets(warm) -> list[str]:
         "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
         "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
         "<b>Time to target</b>: training wall time from the start of training (warm-up "
-        "epochs and validation evaluation included, start-up excluded) until the end of the "
+        "epochs and validation evaluation included, start-up excluded: the launch-to-target "
+        "time, 'with start-up', adds it) until the end of the "
         "first epoch whose validation loss is at or below the target; its speedup S_ttt(n) "
         "uses the same baseline and splits into epoch-time speedup x ratio of epochs to "
         "target; a target met in the warm-up epoch is flagged (target too loose), not shown "
