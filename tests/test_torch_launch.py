@@ -56,6 +56,7 @@ def test_launch_trains_a_torch_run_with_torchrun(tmp_path, setup, workers):
     assert rec["config"]["launcher"] == "torchrun" and rec["config"]["controller"] == "gloo"
     assert rec["label_proof"]["ok"], rec["label_proof"]["problems"]
     assert rec["label_proof"]["process_group_world_size"] == workers
+    assert rec["timing"]["startup_s"] > 0  # the launcher's stamp reached torchrun's workers
     assert not (out / "failure.json").exists()
 
 

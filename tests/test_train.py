@@ -250,6 +250,7 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     )
     check_plausible(rec, workers=2, epochs=4)
     assert rec["config"]["launcher"] == launcher
+    assert rec["timing"]["startup_s"] > 0  # the launcher's stamp reached rank 0 (issue 30)
     assert rec["config"]["controller"] == ("gloo" if backend == "gloo" else "mpi")
     assert rec["config"]["horovod_env"]["HOROVOD_CPU_OPERATIONS"] == backend
     assert rec["config"]["global_batch"] == 150
