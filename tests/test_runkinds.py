@@ -42,15 +42,16 @@ def test_run_ids_with_kind_roundtrip():
     for rid in (
         "local_mpi_n1_w1_b75_lrlinear_cal_r2",
         "local_mpi_n1_w2_b1000_lrlinear_m0p5_wu1_rerun_r4",
-        "local_mpi_n1_w2_b75_lrlinear_m2_wu1_r0",
+        "local_mpi_n1_w1_b1000_lrlinear_m2_wu1_r0",
     ):
         d = parse_run_id(rid)
         assert find_run(cfg, rid).run_id == rid
         assert d["kind"] == ("cal" if "_cal_" in rid else "rerun" if "_rerun_" in rid else "")
     # a re-run only of a candidate of the sweep, within rerun_repeats
     for bad in (
-        "local_mpi_n1_w2_b75_lrlinear_m3_wu1_rerun_r0",
-        "local_mpi_n1_w2_b75_lrlinear_m2_wu1_rerun_r5",
+        "local_mpi_n1_w2_b1000_lrlinear_m3_wu1_rerun_r0",
+        "local_mpi_n1_w2_b1000_lrlinear_m2_wu1_rerun_r5",
+        "local_mpi_n1_w2_b75_lrlinear_m2_wu1_rerun_r0",  # batch 75 is not re-tuned
         "local_mpi_n1_w2_b75_lrlinear_rerun_r0",
         "local_mpi_n1_w2_b75_lrlinear_cal_r0",
     ):
@@ -96,8 +97,8 @@ def test_rerun_runs_follow_the_selected_candidates():
         {
             "partition": "local",
             "backend": "mpi",
-            "batch_per_worker": "75",
-            "workers": "2",
+            "batch_per_worker": "1000",
+            "workers": "1",
             "lr_rule": "linear",
             "candidate": "m0p5_wu1",
         },
@@ -105,10 +106,11 @@ def test_rerun_runs_follow_the_selected_candidates():
     reruns = rerun_runs(cfg, rows)
     assert len(reruns) == 2 * cfg["scaling"]["tune"]["rerun_repeats"]
     assert {r.kind for r in reruns} == {"rerun"}
-    by_batch = {b: [r for r in reruns if r.batch == b] for b in (75, 1000)}
-    assert [r.repeat for r in by_batch[1000]] == list(range(5))
-    assert {(r.lr_mult, r.tune_warmup, r.workers) for r in by_batch[1000]} == {(2.0, 1, 2)}
-    assert {r.lr_mult for r in by_batch[75]} == {0.5}
+    by_workers = {w: [r for r in reruns if r.workers == w] for w in (1, 2)}
+    assert [r.repeat for r in by_workers[2]] == list(range(5))
+    assert {(r.lr_mult, r.tune_warmup, r.batch) for r in by_workers[2]} == {(2.0, 1, 1000)}
+    assert {r.lr_mult for r in by_workers[1]} == {0.5}
+    by_batch = {1000: by_workers[2]}
     # fresh seeds: not the candidate's, not the scaling runs'
     assert by_batch[1000][0].seed != cand.seed
     assert by_batch[1000][0].run_id == "local_mpi_n1_w2_b1000_lrlinear_m2_wu1_rerun_r0"

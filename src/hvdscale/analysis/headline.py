@@ -374,8 +374,8 @@ def headline(
     for c in ("reached", "total", "base_reached", "base_total"):
         out[c] = out[c].astype("Int64")
     out["note"] = out["note"].fillna("")
-    out["best1_baseline"] = out["best1_baseline"].astype(object).where(
-        out["best1_baseline"].notna(), ""
+    out["best1_baseline"] = (
+        out["best1_baseline"].astype(object).where(out["best1_baseline"].notna(), "")
     )
     out["ci_method"] = CI_METHOD
     return out.sort_values(

@@ -43,10 +43,10 @@ def _x(v) -> str:
 
 
 def with_interval(v, lo, hi) -> str:
-    """'1.40x [1.20-1.70]' (en dash); '1.40x' without an interval."""
-    if fmt.isnum(lo) and fmt.isnum(hi):
-        return f"{_x(v)} [{fmt.speedup(lo)}{fmt.EN_DASH}{fmt.speedup(hi)}]"
-    return _x(v)
+    """'1.40x [1.20-1.70]' (en dash), '1.40x [0.80, inf)' with an open end; '1.40x'
+    without an interval."""
+    ci = fmt.interval(lo, hi)
+    return f"{_x(v)} {ci}" if ci else _x(v)
 
 
 def workers_text(n: int) -> str:
@@ -60,7 +60,7 @@ def no_median(reached: int, total: int) -> bool:
 
 def _interval_gap(row: Mapping) -> str:
     """Why a finite speedup has no interval ('' where it has one)."""
-    if fmt.isnum(row["speedup_ttt_lo"]) and fmt.isnum(row["speedup_ttt_hi"]):
+    if fmt.has_interval(row["speedup_ttt_lo"], row["speedup_ttt_hi"]):
         return ""
     if min(int(row["total"]), int(row["base_total"])) < MIN_REPEATS:
         return NO_INTERVAL
@@ -101,7 +101,8 @@ def _censored_clause(row: Mapping) -> str:
     if t == 0:
         return f"{ws}: {row.get('note') or 'no completed run'}"
     if bt == 0:
-        return f"no completed 1-worker run, so no baseline ({ws} {r}/{t} reached)"
+        why = str(row.get("note") or "no completed 1-worker run, so no baseline")
+        return f"{why} ({ws} {r}/{t} reached)"
     if no_median(r, t):
         head = (
             f"{ws} do not reach the target within the budget ({r}/{t} reached)"
@@ -133,20 +134,28 @@ def headline_sentence(row: Mapping) -> str:
     lo, hi = row["speedup_ttt_lo"], row["speedup_ttt_hi"]
     speed = with_interval(s, lo, hi)
     ws = workers_text(w)
-    if fmt.isnum(lo) and fmt.isnum(hi) and float(lo) <= 1 <= float(hi):
-        # the interval holds 1: neither "faster" nor "slower" can be defended
-        text = (
-            f"{ws} reach the target validation loss neither clearly faster nor slower than "
-            f"1 worker: speedup {speed}, the interval holds 1 ({counts})"
-        )
-    elif float(s) >= 1:
+    way = fmt.direction(lo, hi)  # a direction only where the whole interval supports it
+    if way == "faster":
         text = f"{ws} reach the target validation loss {speed} faster than 1 worker ({counts})"
-    else:
+    elif way == "slower":
         text = (
             f"{ws} reach the target validation loss more slowly than 1 worker: speedup "
             f"{speed} ({counts})"
         )
+    elif fmt.has_interval(lo, hi):
+        text = (
+            f"{ws} reach the target validation loss neither clearly faster nor slower than "
+            f"1 worker: speedup {speed}, the interval holds 1 ({counts})"
+        )
+    else:
+        text = (
+            f"{ws} reach the target validation loss at a speedup of {speed} over 1 worker, "
+            f"too few runs to say faster or slower ({counts})"
+        )
     text += f"; {_epoch_clause(row)}"
+    loose = [n for n in str(row.get("note") or "").split("; ") if n.startswith("target loose")]
+    if loose:
+        text += f"; {loose[0]}: the time to target says little about convergence"
     rf = row["retained_fraction"]
     if fmt.isnum(rf):
         text += f"; {survival_clause(rf, row['epoch_speedup'])}"
@@ -203,6 +212,29 @@ def startup_note(runs: pd.DataFrame | None) -> str:
     return f"{CLOCKS_NOTE} {told}."
 
 
+def best1_clause(row: Mapping) -> str:
+    """'; against the fastest 1-worker configuration (batch 1000, LR none): 0.85x
+    [0.60-1.10], the interval holds 1' ('' where the row has none)."""
+    label = str(row.get("best1_baseline") or "")
+    s = row.get("speedup_ttt_best1")
+    if not label or not fmt.isnum(s):
+        return ""
+    lo, hi = row.get("speedup_ttt_best1_lo"), row.get("speedup_ttt_best1_hi")
+    way = fmt.direction(lo, hi)
+    if way == "faster":
+        word = "faster"
+    elif way == "slower":
+        word = "slower"
+    elif fmt.has_interval(lo, hi):
+        word = "the interval holds 1"
+    else:
+        word = "no interval"
+    return (
+        f"; against the fastest 1-worker configuration ({label}): "
+        f"{with_interval(s, lo, hi)}, {word}"
+    )
+
+
 def batch_sentence(
     untuned: Mapping | None, tuned: Mapping | None, name_framework: bool = False
 ) -> str:
@@ -214,13 +246,20 @@ def batch_sentence(
         raise ValueError("batch_sentence needs at least one row")
     parts = []
     if untuned is not None:
-        parts.append(f"untuned, {headline_sentence(untuned)}{launch_clause(untuned)}")
+        parts.append(
+            "untuned (baseline: the 1-worker runs of this batch and LR rule), "
+            + headline_sentence(untuned)
+            + launch_clause(untuned)
+            + best1_clause(untuned)
+        )
     else:
         parts.append("untuned: no configuration in the sweep")
     if tuned is not None:
         parts.append(
-            f"tuned (winners re-run with fresh seeds), {headline_sentence(tuned)}"
+            "tuned (winners re-run with fresh seeds; baseline: the tuned 1-worker re-runs), "
+            + headline_sentence(tuned)
             + launch_clause(tuned)
+            + best1_clause(tuned)
         )
     else:
         parts.append("tuned: no re-runs of a tuned configuration (not in the tuning sweep)")
