@@ -522,7 +522,7 @@ def test_headline_splits_the_ttt_speedup_into_its_two_factors(tmp_path):
     assert r.epoch_speedup == pytest.approx(1 / 0.6)
     assert r.epochs_ratio == pytest.approx(5 / 6)
     # the headline is the measured ratio of median times to target (summary.csv's), the
-    # factors multiply to it with the fixed costs (warm-up epoch, validation) as the rest
+    # factors multiply to it with the warm-up epochs beyond a steady-state epoch as the rest
     s = agg.summary.set_index("workers")
     assert r.speedup_ttt == pytest.approx(s.loc[2, "speedup_ttt"])
     # the fixed factor from its own definition, not from the product (true by

@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 import report_fixtures as RF
 
+from hvdscale.analysis.stats import censored_median
 from hvdscale.analysis.tables import read_headline
 from hvdscale.errors import UserError
 from hvdscale.report import fmt
-from hvdscale.report.equal_accuracy import CENSORED, censored_median, conclusion, ttt_rows
+from hvdscale.report.equal_accuracy import CENSORED, conclusion, ttt_rows
 from hvdscale.report.headline_text import (
     NO_INTERVAL,
     batch_sentence,
@@ -174,7 +175,7 @@ def test_conclusions_follow_from_the_numbers():
     # the measured speedup keeps the fixed costs the two factors leave out
     slow_start = c(fixed_factor=0.8)
     assert "time to target 1.08x = epoch time 1.80x" in slow_start
-    assert "x 0.80 (fixed costs: the warm-up epoch, the validation)" in slow_start
+    assert "x 0.80 (the rest: the warm-up epochs beyond a steady-state epoch)" in slow_start
     assert "60 % of the epoch-time gain" in slow_start
     cens = conclusion(pd.DataFrame([RF.censored_row(1)]).iloc[0])
     assert "budget was hit (1/5 reached)" in cens and "epochs-to-target factor" in cens
@@ -225,8 +226,9 @@ def test_target_reader_and_description(tmp_path):
 
 
 def test_censored_median_and_every_time_to_target():
-    assert censored_median([10, 11, 12, math.nan, math.nan]) == 12  # 2/5 censored: a median
-    assert math.isnan(censored_median([10, 11, math.nan, math.nan, math.nan]))  # 3/5: none
+    inf = math.inf  # the table's medians are the analysis' (analysis.stats.censored_median)
+    assert censored_median([10, 11, 12, inf, inf])[0] == 12  # 2/5 censored: a median
+    assert math.isnan(censored_median([10, 11, inf, inf, inf])[0])  # 3/5: none
     ids = [f"local_mpi_n1_w2_b75_lrnone_r{k}" for k in range(5)]
     ids += ["local_mpi_n1_w2_b75_lrnone_m2p0_wu1_r0"]  # a selection run: not listed
     ids += ["local_mpi_n1_w2_b75_lrnone_m2p0_wu1_rerun_r0", "local_mpi_n1_w1_b75_lrnone_cal_r0"]
@@ -258,6 +260,12 @@ def test_censored_median_and_every_time_to_target():
     each = f"{fmt.seconds(10.0)}, {fmt.seconds(11.0)}, {CENSORED}, {CENSORED}"
     assert plain["each"] == each and math.isnan(plain["median"])  # 2/4 censored: no median
     assert rerun["tuned"] and rerun["median"] == 9.0
+    # a diverged run is listed as not reached, never dropped (issue 30)
+    runs.loc[1, "status"] = status.loc[1, "status"] = "nan_loss"  # lost before the target
+    runs.loc[1, ["time_to_target_s", "reached_target"]] = [math.nan, False]
+    plain = ttt_rows(runs, status)[0]
+    assert (plain["reached"], plain["total"]) == (1, 4)
+    assert plain["each"] == f"{fmt.seconds(10.0)}, {CENSORED}, {CENSORED}, {CENSORED}"
 
 
 def test_method_text_states_the_rules():

@@ -10,11 +10,17 @@ from __future__ import annotations
 import math
 from xml.sax.saxutils import escape
 
-import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import framework_short, names_framework, with_framework
+from hvdscale.analysis.columns import (
+    TRAINING_ENDS,
+    framework_short,
+    names_framework,
+    ttt_runs,
+    with_framework,
+)
 from hvdscale.analysis.noise_scale import NEAR_TARGET_EPOCHS, agrees, implied_critical_batch
+from hvdscale.analysis.stats import censored_median
 from hvdscale.matrix.runid import config_id, run_kind
 from hvdscale.report import fmt
 from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
@@ -65,24 +71,17 @@ def framework_backend(frameworks, backends_) -> list[str]:
     return [f"{framework_short(f)} {b}" for f, b in zip(frameworks, backends_)]
 
 
-def censored_median(times) -> float:
-    """Median of times to target with NaN/inf (censored) as +infinity; NaN where half or
-    more are censored (no median)."""
-    x = np.array([float(t) if fmt.isnum(t) else math.inf for t in times], dtype=float)
-    if x.size == 0 or 2 * int(np.isinf(x).sum()) >= x.size:
-        return math.nan
-    return float(np.median(x))
-
-
 def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dict]:
-    """One row per configuration (untuned runs and tuned re-runs) of the completed runs."""
+    """One row per configuration (untuned runs and tuned re-runs) of the runs that ended
+    for a reason of training: a diverged run is listed as not reached (censored), never
+    dropped (analysis.columns.ttt_runs); the median is the analysis' censored median."""
     if runs is None or runs.empty:
         return []
     ok = runs
     if status is not None and len(status):
-        done = set(status.loc[status["status"] == "completed", "run_id"])
+        done = set(status.loc[status["status"].isin(TRAINING_ENDS), "run_id"])
         ok = runs[runs["run_id"].isin(done)]
-    ok = ok[ok["status"] == "completed"].copy()
+    ok = ttt_runs(ok).copy()
     ok["kind"] = ok["run_id"].map(run_kind)
     cand = ok["candidate"].fillna("").astype(str) if "candidate" in ok else ""
     ok = ok[(ok["kind"] == "rerun") | ((ok["kind"] == "") & (cand == ""))]
@@ -103,7 +102,7 @@ def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dic
                 "tuned": g["kind"].iloc[0] == "rerun",
                 "reached": int(reached.sum()),
                 "total": len(g),
-                "median": censored_median(times),
+                "median": censored_median(times)[0],
                 "each": ", ".join(each),
             }
         )
@@ -230,7 +229,10 @@ def conclusion(x) -> str:
             )
             f = x.fixed_factor
             if fmt.isnum(f):
-                text += f" x {fmt.speedup(f)} (fixed costs: the warm-up epoch, the validation)"
+                text += (
+                    f" x {fmt.speedup(f)} (the rest: the warm-up epochs beyond a "
+                    "steady-state epoch)"
+                )
         if fmt.isnum(x.retained_fraction):
             text += f"; {survival_clause(x.retained_fraction, e)}"
         return text + "."
