@@ -28,12 +28,13 @@ from hvdscale.report.headline_text import no_median, survival_clause, with_inter
 CENSORED = "> budget"
 
 TTT_TABLE_NOTE = (
-    "Time to the target validation loss of every completed run, per configuration (run id "
-    "without its repeat): median over repeats with a censored run counted as +infinity (a "
-    "median exists while fewer than half are censored), reached/total, and each repeat's "
-    f"time in repeat order; '{CENSORED}': the run hit its budget first (censored, kept). "
+    "Time to the target validation loss of every run that ended for a reason of training, "
+    "per configuration (run id without its repeat): median over repeats with a censored run "
+    "counted as +infinity (a median exists while fewer than half are censored), "
+    "reached/total, and each repeat's time in repeat order; "
+    f"'{CENSORED}': the run hit its budget first or its loss diverged (censored, kept). "
     "Tuned configurations (kind rerun) are the winners of the tuning sweep re-run with fresh "
-    "seeds; tuning selection runs and calibration runs are not listed. Failed, nan_loss and "
+    "seeds; tuning selection runs and calibration runs are not listed. Failed and "
     "mislabelled runs are excluded and listed in the last section."
 )
 FACTOR_NOTE = (
