@@ -76,7 +76,7 @@ from hvdscale.analysis.stats import (
     censored_median,
     speedup_interval,
 )
-from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, select_tuned, stream_key
+from hvdscale.analysis.tuning import candidate_runs, reruns_of, select_tuned, stream_key
 from hvdscale.analysis.view import pref_lr
 from hvdscale.matrix.runtable import SEED_KINDS
 
@@ -227,7 +227,7 @@ def fastest_1_worker(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> dict:
         for r in tuned[(tuned["workers"] == 1) & (tuned["status"] == "selected")].itertuples(
             index=False
         ):
-            g = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
+            g = reruns_of(re_, r)
             label = (
                 f"batch {int(r.batch_per_worker)}, tuned (LR {r.lr_rule} "
                 f"x{float(r.lr_multiplier):g}, warm-up {int(r.warmup_epochs)})"
@@ -323,28 +323,23 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None, best: dict) -> list[d
         row["global_batch"] = r.global_batch
         b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
         name = "/".join(map(str, ["headline/tuned", *stream_key(r)]))
+        mine = reruns_of(re_, r)
         if b is None:
             # like against like: a tuned n-worker result is never compared with untuned
             # 1-worker runs (the 1-worker side would get none of the n-worker side's tuning)
-            pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
             row["note"] = NO_TUNED_BASELINE
             row.update(base_reached=0, base_total=0)
-            row.update(reached=int(pick["reached_target"].astype(bool).sum()))
-            row.update(total=int(pick["epochs_to_target"].notna().sum()))
+            row.update(reached=int(mine["reached_target"].astype(bool).sum()))
+            row.update(total=int(mine["epochs_to_target"].notna().sum()))
         elif b.status != "selected" or r.status != "selected":
             worst = r.status if r.status != "selected" else b.status
             side = "" if r.status != "selected" else "1 worker: "
             row["note"] = side + TUNED_GAP.get(str(worst), f"tuned: {worst}")
             row.update(reached=0, total=0, base_reached=0, base_total=0)
         else:
-            pick = [
-                re_[(re_[CANDIDATE_KEYS] == [getattr(x, k) for k in CANDIDATE_KEYS]).all(axis=1)]
-                for x in (b, r)
-            ]
-            row.update(factors(pick[0], pick[1], name))
+            row.update(factors(reruns_of(re_, b), mine, name))
         if r.status == "selected":
-            pick = re_[(re_[CANDIDATE_KEYS] == [getattr(r, k) for k in CANDIDATE_KEYS]).all(axis=1)]
-            row.update(_against_best(best, (r.partition, r.framework, r.backend), pick, name))
+            row.update(_against_best(best, (r.partition, r.framework, r.backend), mine, name))
         rows.append(row)
     return rows
 

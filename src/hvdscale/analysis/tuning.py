@@ -167,6 +167,12 @@ def _match(df: pd.DataFrame, row: dict, keys: list[str]) -> pd.DataFrame:
     return df[(df[keys] == pd.Series([row[k] for k in keys], index=keys)).all(axis=1)]
 
 
+def reruns_of(reruns: pd.DataFrame, group) -> pd.DataFrame:
+    """The rows of ``reruns`` of one tuning group's selected candidate (``group``: a row
+    of tuned.csv, as itertuples gives it)."""
+    return _match(reruns, group._asdict(), CANDIDATE_KEYS)
+
+
 def _row(key, exp, cands, reruns) -> dict:
     """The tuned.csv row of one tuning group."""
     g = _match(cands, dict(zip(TUNE_KEYS, key)), TUNE_KEYS)
@@ -209,8 +215,7 @@ def select_tuned(runs: pd.DataFrame, status: pd.DataFrame | None = None) -> pd.D
 
 def _rerun_values(runs: pd.DataFrame, row, column: str) -> tuple[list, list]:
     """(values, repeat indices) of the completed re-runs of a selected candidate."""
-    c = ttt_runs(candidate_runs(runs, "rerun"))
-    sel = _match(c, row._asdict(), CANDIDATE_KEYS)
+    sel = reruns_of(ttt_runs(candidate_runs(runs, "rerun")), row)
     return sel[column].tolist(), sel["repeat"].tolist()
 
 
