@@ -22,39 +22,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def modules(src: Path) -> dict[str, Path]:
-    out = {}
-    for p in sorted(src.rglob("*.py")):
-        parts = p.relative_to(src).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        if parts:
-            out[".".join(parts)] = p
-    return out
+def checker(root: Path):
+    """tests/test_levels.py of ``root``: the one parser of the page's levels and of the
+    package's modules and imports, shared with the test that enforces them."""
+    sys.path.insert(0, str(root / "tests"))
+    try:
+        import test_levels
+    finally:
+        sys.path.pop(0)
+    return test_levels
 
 
-def imported(path: Path) -> list[str]:
-    """hvdscale names imported anywhere in one file (module-level and inside functions)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hvdscale"):
-            base = node.module[len("hvdscale") :].lstrip(".")
-            out += [f"{base}.{a.name}" if base else a.name for a in node.names]
-        elif isinstance(node, ast.Import):
-            out += [a.name[9:] for a in node.names if a.name.startswith("hvdscale.")]
-    return out
-
-
-def resolve(name: str, mods: dict[str, Path]) -> str | None:
-    while name and name not in mods:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+def graph(mods: dict[str, Path], tl) -> dict[str, set[str]]:
+    """Module -> the modules it imports, function-local imports included."""
     g = {}
     for mod, path in mods.items():
-        targets = {resolve(n, mods) for n in imported(path)} - {None, mod}
+        names = [n for n, _ in tl.imports(path, top_level_only=False)]
+        targets = {tl.resolve(n, mods) for n in names} - {None, mod}
         # a package's own __init__ is not an edge to its children
         g[mod] = {t for t in targets if not mod.startswith(t + ".")}
     return g
@@ -98,17 +82,6 @@ def circles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def doc_levels(root: Path):
-    """(levels, level_of) from tests/test_levels.py: the one parser of the page's levels."""
-    sys.path.insert(0, str(root / "tests"))
-    try:
-        import test_levels
-    finally:
-        sys.path.pop(0)
-    text = (root / "docs" / "extending.md").read_text()
-    return test_levels.doc_levels(text), test_levels.level_of
-
-
 def longest_functions(mods: dict[str, Path], top: int) -> list[tuple[int, str]]:
     found = []
     for mod, path in mods.items():
@@ -140,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = args.root.resolve()
     src = root / "src" / "hvdscale"
-    mods = modules(src)
+    tl = checker(root)
+    mods = tl.modules(src)
 
     print("## Files and lines per folder")
     print("| folder | files | lines |\n|---|---:|---:|")
@@ -155,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     for n, name in longest_functions(mods, args.top):
         print(f"- {name}: {n}")
 
-    g = graph(mods)
+    g = graph(mods, tl)
     found = circles(g)
     print("\n## Import circles (function-local imports included)")
     print("\n".join(f"- {' <-> '.join(c)}" for c in found) or "none")
 
-    levels, level_of = doc_levels(root)
+    levels = tl.doc_levels((root / "docs" / "extending.md").read_text())
+    level_of = tl.level_of
     upward = []
     for mod, targets in sorted(g.items()):
         mine = level_of(mod, levels)

@@ -49,10 +49,11 @@ def level_of(module: str, levels: dict[str, int]) -> int | None:
     return best[1] if best else None
 
 
-def modules() -> dict[str, Path]:
+def modules(src: Path = SRC) -> dict[str, Path]:
+    """{dotted module name below hvdscale: its file} of the package under ``src``."""
     out = {}
-    for p in sorted(SRC.rglob("*.py")):
-        parts = p.relative_to(SRC).with_suffix("").parts
+    for p in sorted(src.rglob("*.py")):
+        parts = p.relative_to(src).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         if parts:
