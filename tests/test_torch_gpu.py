@@ -63,8 +63,17 @@ def test_nccl_without_a_cuda_build_names_the_run_backend_and_what_was_found():
 
 
 def test_nccl_with_fewer_gpus_than_local_ranks_is_refused():
-    with pytest.raises(UserError, match=r"local rank 1 uses GPU 1.*found torch 2.11.0, 1 GPU\b"):
+    refused = r"run r: backend nccl: this rank \(local rank 2 on its node\) sees 2 GPUs"
+    with pytest.raises(UserError, match=refused):
+        choose_device("nccl", 2, "r", CudaFacts("2.11.0", True, 2))
+    # one GPU that nothing bound to this task (CUDA_VISIBLE_DEVICES unset): not shared
+    with pytest.raises(UserError, match=r"local rank 1 on its node\) sees 1 GPU .*share"):
         choose_device("nccl", 1, "r", CudaFacts("2.11.0", True, 1))
+
+
+def test_nccl_uses_the_one_gpu_slurm_bound_to_the_task():
+    # srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES holds this task's one GPU
+    assert choose_device("nccl", 1, "r", CudaFacts("2.11.0", True, 1, visible="1")) == "cuda:0"
 
 
 def test_an_unknown_backend_is_refused():

@@ -1,9 +1,14 @@
 """Where this rank runs: its local rank (from the launcher's environment), its CPU cores,
-and its TensorFlow device. All of it happens before any TensorFlow op runs."""
+and its TensorFlow device. All of it happens before any TensorFlow op runs.
+
+``gpu_for_rank`` (which visible GPU a rank uses), ``visible_gpu_id`` and ``gpu_label`` (the
+record's name of it) are pure and framework-free: the torch-ddp trainer's device choice
+(``trainer.torch_ddp.device``) uses them too."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from hvdscale.errors import UserError
 from hvdscale.trainer.worker import WorkerInfo
@@ -67,8 +72,74 @@ def bind_cpus(
     return mine
 
 
+def gpu_for_rank(
+    local_rank: int,
+    local_size: int | None,
+    n_visible: int,
+    rank: int | None,
+    visible: str | None = None,
+) -> int | None:
+    """The index, among the GPUs this process sees, of the one this rank uses; None for the
+    CPU (no GPU visible).
+
+    ``n_visible``: how many GPUs the framework lists; ``visible``: the CUDA_VISIBLE_DEVICES
+    value (None when unset); ``local_size`` and ``rank`` only name the rank in the error
+    (None: not known). Several visible: GPU ``local_rank`` (one GPU per local rank,
+    the Horovod convention). Exactly one visible and CUDA_VISIBLE_DEVICES names exactly one
+    id (SLURM's ``--gpus-per-task=1`` or ``--gpu-bind=single:1`` bound that GPU to this
+    task): that GPU, whatever the local rank. A UserError when the rank has no GPU of its
+    own: more local ranks than visible GPUs, or a local rank above 0 that sees one GPU not
+    bound to it alone (CUDA_VISIBLE_DEVICES unset or naming several ids: the node's local
+    ranks would share it).
+    """
+    if n_visible <= 0:
+        return None
+    if local_rank < n_visible:
+        return local_rank
+    if n_visible == 1 and len(_ids(visible)) == 1:
+        return 0
+    who = "this rank" if rank is None else f"rank {rank}"
+    of = "" if local_size is None else f" of {local_size}"
+    cvd = "CUDA_VISIBLE_DEVICES unset" if visible is None else f"CUDA_VISIBLE_DEVICES={visible}"
+    found = (
+        f"{who} (local rank {local_rank}{of} on its node) sees {n_visible} "
+        f"GPU{'s' if n_visible != 1 else ''} ({cvd})"
+    )
+    if n_visible == 1:
+        problem = "it would share that GPU with local rank 0"
+    else:
+        problem = f"one GPU per local rank needs GPU {local_rank}, which it does not see"
+    raise UserError(
+        f"{found}: {problem}; start one worker per GPU (at most {n_visible} per node), or "
+        "give each task its own GPU (srun --gpus-per-task=1 or --gpu-bind=single:1)"
+    )
+
+
+def visible_gpu_id(index: int, env: Mapping[str, str]) -> str:
+    """The id of visible GPU ``index`` as the node knows it: entry ``index`` of
+    CUDA_VISIBLE_DEVICES (an ordinal, a UUID or a MIG id) when that is set, else the index."""
+    ids = _ids(env.get("CUDA_VISIBLE_DEVICES"))
+    return ids[index] if index < len(ids) else str(index)
+
+
+def _ids(visible: str | None) -> list[str]:
+    """The ids a CUDA_VISIBLE_DEVICES value names ([] when unset or empty)."""
+    return [v.strip() for v in (visible or "").split(",") if v.strip()]
+
+
+def gpu_label(index: int, name: str, env: Mapping[str, str]) -> str:
+    """The record's name of visible GPU ``index`` (``environment.devices``):
+    ``GPU:{id} ({name})`` with ``id`` the node's (``visible_gpu_id``), and the
+    CUDA_VISIBLE_DEVICES value before the name when it is set, e.g.
+    ``GPU:3 (CUDA_VISIBLE_DEVICES=3; NVIDIA A100-SXM4-40GB)``."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    detail = name if value is None else f"CUDA_VISIBLE_DEVICES={value}; {name}"
+    return f"GPU:{visible_gpu_id(index, env)} ({detail})"
+
+
 def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
-    """One device per local rank; thread pools sized before any TensorFlow op runs.
+    """One device per rank (``gpu_for_rank``); thread pools sized before any TensorFlow
+    op runs.
 
     Returns (TF device string, description for the record).
     """
@@ -77,19 +148,21 @@ def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        if worker.local_rank >= len(gpus):
-            raise UserError(
-                f"rank {worker.rank}: local rank {worker.local_rank} but only {len(gpus)} GPU(s) "
-                "on this node; start one worker per GPU"
-            )
-        gpu = gpus[worker.local_rank]  # HVD: one GPU per local rank
+    index = gpu_for_rank(
+        worker.local_rank,
+        worker.local_size,
+        len(gpus),
+        worker.rank,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    if index is not None:
+        gpu = gpus[index]  # HVD: one GPU per rank
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")  # HVD: pin the rank to its GPU
         try:
             name = tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
         except Exception:
             name = "GPU"
-        return "/GPU:0", f"GPU:{worker.local_rank} ({name})"
+        return "/GPU:0", gpu_label(index, name, os.environ)
     tf.config.set_visible_devices([], "GPU")
     return "/CPU:0", f"CPU ({threads} thread{'s' if threads > 1 else ''})"

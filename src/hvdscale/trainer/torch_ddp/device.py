@@ -1,53 +1,74 @@
-"""Where a torch-ddp rank computes: ``cuda:{LOCAL_RANK}`` with the ``nccl`` backend (one
-GPU per rank, the Horovod trainer's pinning), the CPU with ``gloo``; and the device
-helpers the steps need (``synchronize`` at timing boundaries, the record's device name).
+"""Where a torch-ddp rank computes: with the ``nccl`` backend the GPU the Horovod trainer
+would pin (``trainer.device.gpu_for_rank``: ``cuda:{LOCAL_RANK}`` when the rank sees
+several GPUs, ``cuda:0`` when SLURM bound one GPU to the task), the CPU with ``gloo``; and
+the device helpers the steps need (``synchronize`` at timing boundaries, the record's
+device name).
 
 ``choose_device`` is a pure function of the backend, the local rank and what torch finds
-(``CudaFacts``: a CUDA build, the number of visible GPUs) that returns the device's name
-(``torch.device(name)``), so that it and its errors are tested on a CPU without torch;
-torch is imported only by the helpers that need it.
+(``CudaFacts``: a CUDA build, the number of visible GPUs, CUDA_VISIBLE_DEVICES) that
+returns the device's name (``torch.device(name)``), so that it and its errors are tested on
+a CPU without torch; torch is imported only by the helpers that need it.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdscale.errors import UserError
+from hvdscale.trainer.device import gpu_for_rank, gpu_label
 
 
 @dataclass(frozen=True)
 class CudaFacts:
     """What this process's torch can use: its version, whether it is a CUDA build with a
-    driver (``torch.cuda.is_available()``) and how many GPUs it sees."""
+    driver (``torch.cuda.is_available()``), how many GPUs it sees and the
+    CUDA_VISIBLE_DEVICES value that chose them (None when unset)."""
 
     torch_version: str
     available: bool
     count: int
+    visible: str | None = None
 
     @classmethod
     def probe(cls) -> CudaFacts:
         import torch  # reason: the train env only
 
         available = bool(torch.cuda.is_available())
-        return cls(torch.__version__, available, torch.cuda.device_count() if available else 0)
+        count = torch.cuda.device_count() if available else 0
+        return cls(torch.__version__, available, count, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def choose_device(backend: str, local_rank: int, run_id: str, cuda: CudaFacts) -> str:
-    """``cuda:{local_rank}`` for ``nccl``, ``cpu`` for ``gloo``; a UserError naming the run,
-    the backend and what was found when nccl has no GPU for this rank."""
+def choose_device(
+    backend: str,
+    local_rank: int,
+    run_id: str,
+    cuda: CudaFacts,
+    *,
+    rank: int | None = None,
+    local_size: int | None = None,
+) -> str:
+    """``cpu`` for ``gloo``; for ``nccl`` ``cuda:{i}`` with ``i`` from ``gpu_for_rank`` (the
+    local rank, or 0 when the rank sees the one GPU SLURM bound to it). A UserError naming
+    the run, the backend and what was found when nccl finds no GPU, or (``gpu_for_rank``'s,
+    naming ``rank`` when given) no GPU of this rank's own."""
     if backend == "gloo":
         return "cpu"
     if backend != "nccl":
         raise UserError(f"run {run_id}: torch-ddp backend {backend!r}; expected gloo or nccl")
-    if not cuda.available or cuda.count <= local_rank:
+    if not cuda.available or cuda.count < 1:
         raise UserError(
-            f"run {run_id}: backend nccl needs a CUDA build of torch and a GPU per rank "
-            f"(local rank {local_rank} uses GPU {local_rank}); found torch "
-            f"{cuda.torch_version}, {cuda.count} GPU{'s' if cuda.count != 1 else ''}"
+            f"run {run_id}: backend nccl needs a CUDA build of torch and a GPU per rank; "
+            f"found torch {cuda.torch_version}, {cuda.count} GPU{'s' if cuda.count != 1 else ''}"
             + ("" if cuda.available else " (torch.cuda.is_available() is False)")
             + "; run gloo on CPU partitions (scaling.sweeps[].backends)"
         )
-    return f"cuda:{local_rank}"
+    try:
+        index = gpu_for_rank(local_rank, local_size, cuda.count, rank, cuda.visible)
+    except UserError as exc:
+        raise UserError(f"run {run_id}: backend nccl: {exc}") from None
+    return f"cuda:{index}"
 
 
 def bind_device(device) -> None:
@@ -75,12 +96,15 @@ def _no_sync() -> None:
     return None
 
 
-def device_label(device) -> str:
-    """The record's name of the device (a torch.device), as the Horovod trainer writes it:
-    ``GPU:{index} ({name})`` or ``CPU:0`` (``labelproof`` counts GPU vs CPU by the prefix)."""
+def device_label(device, env: Mapping[str, str] | None = None) -> str:
+    """The record's name of the device (a torch.device), as the Horovod trainer writes it
+    (``trainer.device.gpu_label``: ``GPU:{id} ({name})`` with the node's id of the GPU, from
+    CUDA_VISIBLE_DEVICES in ``env``, this process's environment by default) or ``CPU:0``
+    (``labelproof`` counts GPU vs CPU by the prefix)."""
     if device.type == "cuda":
         import torch  # reason: the train env only
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"GPU:{index} ({torch.cuda.get_device_name(index)})"
+        name = torch.cuda.get_device_name(index)
+        return gpu_label(index, name, os.environ if env is None else env)
     return "CPU:0"

@@ -1,0 +1,111 @@
+"""GPU binding per task (issue 29, "run where users are"): which visible GPU a rank uses
+(``trainer.device.gpu_for_rank``, shared by the Horovod-TF and torch-ddp trainers) and the
+record's name of it (``visible_gpu_id``, ``gpu_label``). Pure functions: no GPU, no
+TensorFlow, no torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdscale.errors import UserError
+from hvdscale.trainer.device import gpu_for_rank, gpu_label, visible_gpu_id
+from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device
+
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+# --------------------------------------------------------------------------- one GPU per task
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_one_bound_gpu_is_used_whatever_the_local_rank(local_rank):
+    # srun --gpus-per-task=1 (or --gpu-bind=single:1): each task sees only its own GPU
+    env = {"CUDA_VISIBLE_DEVICES": "3"}
+    index = gpu_for_rank(local_rank, 2, 1, rank=4 + local_rank, visible="3")
+    assert index == 0
+    assert visible_gpu_id(index, env) == "3"
+    assert gpu_label(index, A100, env) == f"GPU:3 (CUDA_VISIBLE_DEVICES=3; {A100})"
+
+
+def test_one_bound_gpu_by_uuid_is_named_by_its_uuid():
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-8f3a2c1e"}
+    assert gpu_for_rank(1, 2, 1, 1, env["CUDA_VISIBLE_DEVICES"]) == 0
+    assert (
+        gpu_label(0, A100, env) == f"GPU:GPU-8f3a2c1e (CUDA_VISIBLE_DEVICES=GPU-8f3a2c1e; {A100})"
+    )
+
+
+def test_torch_nccl_uses_the_one_bound_gpu():
+    cuda = CudaFacts("2.11.0+cu128", True, 1, visible="2")
+    assert choose_device("nccl", 0, "r", cuda, rank=0, local_size=2) == "cuda:0"
+    assert choose_device("nccl", 1, "r", cuda, rank=1, local_size=2) == "cuda:0"
+
+
+# --------------------------------------------------------------------------- several visible
+
+
+def test_several_visible_gpus_one_per_local_rank():
+    for lr in range(4):
+        assert gpu_for_rank(lr, 4, 4, rank=8 + lr, visible=None) == lr
+        assert gpu_for_rank(lr, 4, 4, rank=8 + lr, visible="4,5,6,7") == lr
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert visible_gpu_id(2, env) == "6"
+    assert gpu_label(2, A100, env) == f"GPU:6 (CUDA_VISIBLE_DEVICES=4,5,6,7; {A100})"
+
+
+def test_without_cuda_visible_devices_the_record_names_the_index():
+    assert visible_gpu_id(1, {}) == "1"
+    assert gpu_label(1, A100, {}) == f"GPU:1 ({A100})"  # as before issue 29
+
+
+def test_torch_nccl_takes_the_gpu_of_its_local_rank_among_several():
+    cuda = CudaFacts("2.11.0+cu128", True, 4, visible="0,1,2,3")
+    assert [choose_device("nccl", lr, "r", cuda) for lr in range(4)] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:2",
+        "cuda:3",
+    ]
+
+
+# --------------------------------------------------------------------------- no GPU of its own
+
+
+def test_more_local_ranks_than_gpus_names_the_rank_the_count_and_the_fix():
+    with pytest.raises(UserError) as exc:
+        gpu_for_rank(2, 4, 2, rank=6, visible="0,1")
+    msg = str(exc.value)
+    assert "rank 6 (local rank 2 of 4 on its node) sees 2 GPUs" in msg
+    assert "CUDA_VISIBLE_DEVICES=0,1" in msg
+    assert "one worker per GPU" in msg and "--gpus-per-task=1" in msg
+
+
+def test_an_unbound_single_gpu_is_not_shared_by_two_local_ranks():
+    # CUDA_VISIBLE_DEVICES unset (nothing bound the node's one GPU to this task), or naming
+    # more ids than the rank sees: local rank 1 would share the GPU with local rank 0
+    for visible in (None, "0,1"):
+        with pytest.raises(
+            UserError, match=r"rank 1 \(local rank 1 of 2 on its node\) sees 1 GPU "
+        ):
+            gpu_for_rank(1, 2, 1, rank=1, visible=visible)
+    with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES unset"):
+        gpu_for_rank(1, 2, 1, rank=1, visible=None)
+    assert gpu_for_rank(0, 2, 1, rank=0, visible=None) == 0  # local rank 0 keeps it
+
+
+def test_torch_nccl_error_names_the_run_and_the_rank():
+    cuda = CudaFacts("2.11.0+cu128", True, 2, visible="0,1")
+    with pytest.raises(UserError) as exc:
+        choose_device("nccl", 3, "run-x", cuda, rank=7, local_size=4)
+    msg = str(exc.value)
+    assert msg.startswith("run run-x: backend nccl: rank 7 (local rank 3 of 4 on its node)")
+    assert "sees 2 GPUs (CUDA_VISIBLE_DEVICES=0,1)" in msg
+
+
+# --------------------------------------------------------------------------- no GPU
+
+
+def test_no_visible_gpu_is_the_cpu():
+    assert gpu_for_rank(0, 1, 0, rank=0) is None
+    assert gpu_for_rank(3, 4, 0, rank=3, visible="") is None  # CUDA_VISIBLE_DEVICES=""
+    assert choose_device("gloo", 1, "r", CudaFacts("2.13.0+cpu", False, 0)) == "cpu"
