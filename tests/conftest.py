@@ -6,6 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from required_layers import (  # noqa: F401  (hooks: HVDSCALE_REQUIRE_LAYERS, issue 29)
+    pytest_configure,
+    pytest_report_header,
+    pytest_runtest_makereport,
+)
 
 from hvdscale.matrix.config import data_section, validate_config
 
