@@ -18,12 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
+from required_layers import layer_skipif
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TRAIN_PY = PROJECT_ROOT / ".venv-train" / "bin" / "python"
 HVD = [sys.executable, "-m", "hvdscale.cli"]  # the workflow env's CLI
 
-needs_train_env = pytest.mark.skipif(not TRAIN_PY.exists(), reason="train env .venv-train missing")
+needs_train_env = layer_skipif(
+    "train-env", None if TRAIN_PY.exists() else "train env .venv-train missing"
+)
 
 # a config whose scaling matrix has every run the tests start
 SWEEP = {

@@ -13,7 +13,8 @@ module with::
 ``slurm_cluster`` is session-scoped: the first test that needs it runs ``up`` (one
 node); at the end of the session the cluster is put back the way it was found (left
 up if it was up before, otherwise ``down``). Tests skip with a clear reason when
-not run as root or when SLURM/munge are not installed.
+not run as root or when SLURM/munge are not installed (layers ``slurm`` and
+``multinode`` of tests/required_layers.py: CI fails instead).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from required_layers import require_layer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = PROJECT_ROOT / "scripts" / "slurm-cluster.sh"
@@ -270,9 +272,7 @@ def run_plugin(
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """A running one-node local SLURM cluster; yields the environment for its clients."""
-    reason = slurm_skip_reason(1)
-    if reason:
-        pytest.skip(reason)
+    require_layer("slurm", slurm_skip_reason(1))
     before = cluster_mode()
     try:
         env = bring_up(1)
@@ -286,9 +286,7 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 def slurm_cluster_two_nodes() -> Iterator[dict[str, str]]:
     """The local cluster in two-node mode (node1/node2 in their own network
     namespaces); afterwards it is put back into the mode it had before."""
-    reason = slurm_skip_reason(2)
-    if reason:
-        pytest.skip(reason)
+    require_layer("multinode", slurm_skip_reason(2))
     before = cluster_mode()
     try:
         env = bring_up(2)

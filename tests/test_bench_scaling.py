@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest_train import needs_train_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -226,9 +227,7 @@ def test_the_ceiling_check_accepts_a_possible_ceiling():
 
 @pytest.mark.slow
 @pytest.mark.horovod
-@pytest.mark.skipif(
-    not (ROOT / ".venv-train" / "bin" / "python").exists(), reason="needs the train env"
-)
+@needs_train_env
 def test_quick_mode_writes_the_summary_and_the_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run(

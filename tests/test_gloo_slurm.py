@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from conftest_train import TRAIN_PY
+from required_layers import layer_skipif
 from slurm_support import horovod_skip_reason
 
 from hvdscale.errors import UserError
@@ -19,10 +20,7 @@ from hvdscale.launch import gloo_slurm
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix.jobspec import JobSpec
 
-needs_horovod = pytest.mark.skipif(
-    TRAIN_PY.exists() is False or horovod_skip_reason() is not None,
-    reason="Horovod is not installed in .venv-train",
-)
+needs_horovod = layer_skipif("horovod", horovod_skip_reason())
 PROG = [str(TRAIN_PY), "-m", "hvdscale.cli", "train", "--run-id", "X"]
 T = {"threads_per_worker": 1, "timeline": False, "horovod": {}}
 

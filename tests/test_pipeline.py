@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from required_layers import require_layer
 from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture used by name)
 
 from hvdscale.report import fmt
@@ -29,9 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
 @pytest.fixture(autouse=True)
 def _needs_horovod():
-    reason = horovod_skip_reason()
-    if reason:
-        pytest.skip(reason)
+    require_layer("horovod", horovod_skip_reason())
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 import yaml
+from required_layers import require_layer
 from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture)
 from test_pipeline import ROOT, read_status, records, results_dir, snakemake  # noqa: F401
 from test_torch_ddp import needs_torch
@@ -28,9 +29,7 @@ TORCH_IDS = ["local_torch-ddp_gloo_n1_w1_b75_lrnone_r0", "local_torch-ddp_gloo_n
 
 @pytest.fixture(autouse=True)
 def _needs_horovod():
-    reason = horovod_skip_reason()
-    if reason:
-        pytest.skip(reason)
+    require_layer("horovod", horovod_skip_reason())
 
 
 def test_local_pipeline_trains_both_frameworks_to_records_and_summary(results_dir):

@@ -13,6 +13,7 @@ import fixtures_runs as F
 import pandas as pd
 import pytest
 import report_fixtures  # noqa: F401  (CI_METHOD placeholder until the stats branch lands)
+from required_layers import layer_skipif, require_layer
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tables import read_summary
@@ -24,8 +25,8 @@ from hvdscale.project import PROJECT_ROOT
 from hvdscale.report import fmt
 from hvdscale.report.reference_section import reference_rows
 
-needs_poppler = pytest.mark.skipif(
-    shutil.which("pdftotext") is None, reason="poppler-utils not installed"
+needs_poppler = layer_skipif(
+    "poppler", "poppler-utils not installed" if shutil.which("pdftotext") is None else None
 )
 CONFIG_FILE = PROJECT_ROOT / "config" / "config.yaml"
 
@@ -224,8 +225,7 @@ def test_report_from_no_runs(tmp_path, capsys):
 @needs_poppler
 def test_first_pages_render(complete):
     _, out = complete
-    if shutil.which("pdftoppm") is None:
-        pytest.skip("pdftoppm missing")
+    require_layer("poppler", "pdftoppm missing" if shutil.which("pdftoppm") is None else None)
     subprocess.run(
         [
             "pdftoppm",

@@ -15,6 +15,7 @@ import fixtures_runs as F
 import pandas as pd
 import pytest
 import yaml
+from required_layers import layer_skipif
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.columns import (
@@ -33,8 +34,8 @@ from hvdscale.project import PROJECT_ROOT
 
 TORCH = F.TORCH
 HVD = "horovod-tf"
-needs_poppler = pytest.mark.skipif(
-    shutil.which("pdftotext") is None, reason="poppler-utils not installed"
+needs_poppler = layer_skipif(
+    "poppler", "poppler-utils not installed" if shutil.which("pdftotext") is None else None
 )
 
 

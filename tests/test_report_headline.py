@@ -12,6 +12,7 @@ import subprocess
 import pandas as pd
 import pytest
 import report_fixtures as RF
+from required_layers import layer_skipif
 
 from hvdscale.analysis.stats import censored_median
 from hvdscale.analysis.tables import read_headline
@@ -365,7 +366,9 @@ def _text(pdf, *pages) -> str:
     return " ".join(res.stdout.split())
 
 
-@pytest.mark.skipif(shutil.which("pdftotext") is None, reason="poppler-utils not installed")
+@layer_skipif(
+    "poppler", "poppler-utils not installed" if shutil.which("pdftotext") is None else None
+)
 def test_rendered_report_first_page_and_equal_accuracy(rendered):
     pdf, bad, n_gloo2, _ = rendered
     first = _text(pdf, 1, 1)

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from required_layers import require_layer
 from slurm_support import (  # noqa: F401  (fixtures are used by name)
     HOROVOD_ALLREDUCE,
     PARTITION,
@@ -44,9 +45,7 @@ def _hvd_lines(text: str) -> list[dict[str, str]]:
 
 @pytest.fixture
 def needs_horovod():
-    reason = horovod_skip_reason()
-    if reason:
-        pytest.skip(reason)
+    require_layer("horovod", horovod_skip_reason())
 
 
 def test_cluster_is_up(slurm_cluster):

@@ -33,6 +33,7 @@ import sys
 
 import pytest
 import yaml
+from required_layers import require_layer
 from slurm_support import (
     PROJECT_ROOT,
     cluster_env,
@@ -57,9 +58,8 @@ GPUS, CPUS, MEM_MB = 8, 48, 990000  # per emulated alpha node (slurm-cluster.sh 
 
 @pytest.fixture(scope="module")
 def alpha_cluster():
-    reason = slurm_skip_reason(2) or horovod_skip_reason()
-    if reason:
-        pytest.skip(reason)
+    require_layer("multinode", slurm_skip_reason(2))
+    require_layer("horovod", horovod_skip_reason())
     before = cluster_mode()
     up = run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -27,6 +27,7 @@ from conftest_train import (
     wait_for,
     write_config,
 )
+from required_layers import layer_skipif
 
 from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
@@ -56,7 +57,7 @@ def has_torch() -> bool:
     return r.returncode == 0
 
 
-needs_torch = pytest.mark.skipif(not has_torch(), reason="torch missing in .venv-train")
+needs_torch = layer_skipif("torch", None if has_torch() else "torch missing in .venv-train")
 
 
 def train_env() -> dict:
