@@ -66,7 +66,9 @@ def test_the_target_says_whether_the_calibration_runs_had_flattened():
     tgt = calibrate_target(cfg, _records(cfg, [flat, flat, flat]))
     assert tgt["last_quarter_gains"] == pytest.approx([0.001 / 0.199] * 3)
     assert "had flattened: the last quarter of their epochs improved" in describe(tgt)
-    tgt = calibrate_target(cfg, _records(cfg, [flat, steep, flat]))
+    assert tgt["calibration_epochs"] == [8, 8, 8] and "trained 8, 8, 8 epochs" in describe(tgt)
+    tgt = calibrate_target(cfg, _records(cfg, [flat, steep, flat[:6]]))
+    assert tgt["calibration_epochs"] == [8, 8, 6] and "trained 8, 8, 6 epochs" in describe(tgt)
     assert "had NOT flattened" in describe(tgt) and "40.0 %" in describe(tgt)
 
 

@@ -58,6 +58,8 @@ def test_empty_config_is_valid_and_complete():
         "lr_rule": "none",
         "seeds": 3,
         "max_epochs": 2 * cfg["training"]["max_epochs"],
+        "until_flat": True,  # stop once flat, after min_epochs (issue 30)
+        "min_epochs": 32,
     }
     assert validate_config(cfg) == cfg  # a validated config validates to itself
 

@@ -52,6 +52,36 @@ def test_loop_plan_stop_decision():
     assert plan.stop_reason(3, 0.0, 1.0) is None
 
 
+def test_a_calibration_run_with_until_flat_stops_once_flat_and_no_other_run_does():
+    from hvdscale.target import has_flattened, last_quarter_gain
+    from hvdscale.trainer.loop import LoopPlan
+
+    cfg = {
+        "training": {
+            "max_epochs": 200, "warmup_epochs": 1, "steps_per_execution": 4,
+            "instrument_every": 10, "shuffle": True, "stop_at_target": False,
+            "max_train_s": None,
+            "target": {"calibration": {"until_flat": True, "min_epochs": 8}},
+        }
+    }  # fmt: skip
+    cal = LoopPlan.from_config(cfg, "local_mpi_n1_w1_b75_lrlinear_cal_r0", 10, 75, 1)
+    scaling = LoopPlan.from_config(cfg, "local_mpi_n1_w1_b75_lrlinear_r0", 10, 75, 1)
+    assert cal.flat_min_epochs == 8 and scaling.flat_min_epochs is None
+    falling = [1.0 / (k + 1) for k in range(8)]  # still halving: not flat
+    plateau = [1.0, 0.5, 0.4, 0.35, 0.34, 0.34, 0.341, 0.3405]  # last quarter: 0 % gain
+    assert not has_flattened(falling, 8) and has_flattened(plateau, 8)
+    assert not has_flattened(plateau[:6], 8)  # before min_epochs a plateau is no convergence
+    assert cal.stop_reason(7, plateau[-1], 3.0, plateau) == "flat"
+    assert cal.stop_reason(7, falling[-1], 3.0, falling) is None
+    assert scaling.stop_reason(7, plateau[-1], 3.0, plateau) is None
+    # the stop rule is the report's "had flattened" rule (target.last_quarter_gain < 2 %)
+    rec = {"epochs": [{"val_loss": v} for v in plateau]}
+    assert last_quarter_gain(rec) < 0.02
+    cfg["training"]["target"]["calibration"]["until_flat"] = False
+    off = LoopPlan.from_config(cfg, "local_mpi_n1_w1_b75_lrlinear_cal_r0", 10, 75, 1)
+    assert off.stop_reason(7, plateau[-1], 3.0, plateau) is None
+
+
 def test_a_resumed_run_whose_checkpoint_already_ends_it_stops_at_once():
     from hvdscale.trainer.checkpoint import ResumeState
     from hvdscale.trainer.loop import LoopPlan, _resumed_stop

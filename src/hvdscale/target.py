@@ -8,8 +8,10 @@ budget runs out. The test loss is never used to choose anything: it is reported 
 
 absolute   the loss training.target.value; no runs needed.
 calibrated target = (1 + x/100) * median over the calibration runs (run ids ending
-           ``_cal_r{k}``: training.target.calibration, 1 worker, a long budget, no stop
-           at a target) of each run's best validation loss; x = training.target.value.
+           ``_cal_r{k}``: training.target.calibration, 1 worker, no stop at a target;
+           each trains until it has flattened (``has_flattened``, after ``min_epochs``)
+           or its ``max_epochs`` run out) of each run's best validation loss;
+           x = training.target.value.
            A run's best validation loss is its record's ``target.best_val_loss``, else
            the smallest finite ``val_loss`` of its epochs. A calibration run without a
            record, failed, or without any validation loss is an error naming the run.
@@ -17,7 +19,8 @@ calibrated target = (1 + x/100) * median over the calibration runs (run ids endi
 target.json (the contract of issue 16):
   {"mode": "absolute"|"calibrated", "value": float, "percent": x|null,
    "calibration_runs": [run_id...], "best_val_losses": [...],
-   "median_best_val_loss": float|null}
+   "median_best_val_loss": float|null}, and since issue 30 "last_quarter_gains" and
+  "calibration_epochs" (per calibration run: how flat it ended, how long it trained)
 
 Time to target is the training wall time (``elapsed_s``: warm-up epochs and validation
 included, start-up excluded) at the end of the first epoch whose validation loss is at
@@ -92,7 +95,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
             "expected 'calibrated' or 'absolute'"
         )
     run_ids = [r.run_id for r in calibration_runs(cfg)]
-    losses, gains = [], []
+    losses, gains, epochs = [], [], []
     for rid in run_ids:
         rec = records.get(rid)
         if rec is None:
@@ -113,6 +116,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
             )
         losses.append(loss)
         gains.append(last_quarter_gain(rec))
+        epochs.append(len(rec.get("epochs") or []))
     median = float(statistics.median(losses))
     percent = float(tgt["value"])
     return {
@@ -123,6 +127,7 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
         "best_val_losses": losses,
         "median_best_val_loss": median,
         "last_quarter_gains": gains,
+        "calibration_epochs": epochs,
     }
 
 
@@ -134,16 +139,32 @@ FLAT_GAIN = 0.02
 def last_quarter_gain(record: dict) -> float | None:
     """How much the last quarter of a run's epochs improved its best validation loss, as
     a fraction of the final best (0: flat); None with fewer than 4 epochs with a loss."""
-    vals = [
-        float(e["val_loss"])
-        for e in record.get("epochs") or []
-        if isinstance(e, dict) and _finite(e.get("val_loss"))
-    ]
+    return quarter_gain(
+        e.get("val_loss") for e in record.get("epochs") or [] if isinstance(e, dict)
+    )
+
+
+def quarter_gain(val_losses) -> float | None:
+    """``last_quarter_gain`` of a sequence of per-epoch validation losses (non-finite ones
+    left out)."""
+    vals = [float(v) for v in val_losses if _finite(v)]
     if len(vals) < 4:
         return None
     cut = len(vals) - len(vals) // 4
     before, best = min(vals[:cut]), min(vals)
     return (before - best) / best if best > 0 else None
+
+
+def has_flattened(val_losses, min_epochs: int) -> bool:
+    """Whether a calibration run may stop (training.target.calibration.until_flat): at
+    least ``min_epochs`` epochs and the last quarter of them improved the best validation
+    loss by less than FLAT_GAIN. The same rule as the report's "had flattened", so a run
+    that stops here is reported flat; one that runs into max_epochs is judged by it too."""
+    vals = list(val_losses)
+    if len(vals) < max(min_epochs, 4):
+        return False
+    gain = quarter_gain(vals)
+    return gain is not None and gain < FLAT_GAIN
 
 
 def flattened_text(spec: dict) -> str:
@@ -241,11 +262,18 @@ def describe(spec: dict) -> str:
         return (
             f"validation loss {_loss(value)} = (1 + {spec['percent']:g} %) x "
             f"{_loss(spec['median_best_val_loss'])}, the median best validation loss of "
-            f"{len(runs)} calibration run{'s' if len(runs) != 1 else ''} (1 worker, long "
-            f"budget, target not applied{': ' + ', '.join(runs) if runs else ''})"
+            f"{len(runs)} calibration run{'s' if len(runs) != 1 else ''} (1 worker, "
+            f"{_trained(spec)}, target not applied{': ' + ', '.join(runs) if runs else ''})"
             + (f"; {flat}" if (flat := flattened_text(spec)) else "")
         )
     return f"validation loss {_loss(value)} (absolute, set in the config)"
+
+
+def _trained(spec: dict) -> str:
+    """How long the calibration runs trained, in words (target.json's calibration_epochs,
+    absent from files written before it)."""
+    eps = [int(e) for e in spec.get("calibration_epochs") or [] if _finite(e)]
+    return f"trained {', '.join(map(str, eps))} epochs" if eps else "long budget"
 
 
 def first_epoch_at(epochs: list[dict], target: float | None) -> tuple[int, dict] | None:

@@ -289,7 +289,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     tgt = sub["training"].pop("target", None) or {}
     sub["training"].pop("target_test_loss", None)
     if run.kind == "cal":
-        # a calibration run: the long budget, no stop at a target (there is none yet)
+        # a calibration run: until flat (or its max_epochs), no stop at a target (none yet)
         cal = copy.deepcopy(tgt["calibration"])
         if cal.get("framework") == backends.DEFAULT_FRAMEWORK:
             del cal["framework"]  # Horovod calibration runs: the slice as before issue 19

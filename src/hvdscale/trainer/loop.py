@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from hvdscale.launch import timelimit
+from hvdscale.matrix.runid import run_kind
 from hvdscale.record.build import epoch_entry, finite_or_none
 from hvdscale.record.timing import PHASES, EpochTimer
+from hvdscale.target import has_flattened
 from hvdscale.trainer.checkpoint import Checkpointer, ResumeState
 from hvdscale.trainer.metrics import EpochMetrics
 from hvdscale.trainer.step import Optimiser, Steps
@@ -24,7 +26,8 @@ class NanLoss(Exception):
 
 
 #: why a run's training loop ended (the record's target.stop_reason)
-STOP_REASONS = ("target", "max_epochs", "max_train_s", "nan_loss", "time_limit")
+#: (flat: a calibration run that has flattened, training.target.calibration.until_flat)
+STOP_REASONS = ("target", "flat", "max_epochs", "max_train_s", "nan_loss", "time_limit")
 
 
 @dataclass
@@ -65,12 +68,16 @@ class LoopPlan:
     stop_at_target: bool = True
     max_train_s: float | None = None
     timeline: TimelineWindow | None = None
+    # a calibration run with until_flat: stop once flat after this many epochs (else None)
+    flat_min_epochs: int | None = None
 
     @classmethod
     def from_config(
         cls, cfg: dict, run_id: str, steps: int, global_batch: int, seed: int, target=None
     ) -> LoopPlan:
         t = cfg["training"]
+        cal = (t.get("target") or {}).get("calibration") or {}
+        flat = run_kind(run_id) == "cal" and cal.get("until_flat", False)
         return cls(
             run_id=run_id,
             max_epochs=t["max_epochs"],
@@ -84,17 +91,21 @@ class LoopPlan:
             target=target,
             stop_at_target=t["stop_at_target"],
             max_train_s=t["max_train_s"],
+            flat_min_epochs=int(cal.get("min_epochs") or 0) if flat else None,
         )
 
     @property
     def epochs(self) -> int:  # the budget (before issue 16: every run trained this many)
         return self.max_epochs
 
-    def stop_reason(self, epoch: int, val_loss: float | None, elapsed_s: float) -> str | None:
+    def stop_reason(
+        self, epoch: int, val_loss: float | None, elapsed_s: float, val_history=()
+    ) -> str | None:
         """Whether to stop after ``epoch`` (the same on every rank: reduced values). Never
         at the target inside the warm-up epochs: a record needs one timed epoch for its
         epoch time (time to target still counts from the first crossing, flagged as in
-        the warm-up by the aggregation)."""
+        the warm-up by the aggregation). ``val_history``: the validation losses of every
+        epoch so far, this one included (a calibration run's flat rule reads them)."""
         if (
             self.stop_at_target
             and self.target is not None
@@ -103,6 +114,8 @@ class LoopPlan:
             and epoch >= self.warmup_epochs
         ):
             return "target"
+        if self.flat_min_epochs is not None and has_flattened(val_history, self.flat_min_epochs):
+            return "flat"
         if epoch + 1 >= self.max_epochs:
             return "max_epochs"
         if self.max_train_s is not None and elapsed_s >= self.max_train_s:
@@ -202,7 +215,9 @@ def train_epochs(
                     f"{m.val_loss}); learning rate {optim.lr:g} is too large for "
                     "this configuration"
                 )
-            result.stop_reason = plan.stop_reason(epoch, m.val_loss, m.elapsed)
+            result.stop_reason = plan.stop_reason(
+                epoch, m.val_loss, m.elapsed, _val_history(progress)
+            )
             if result.stop_reason is None and timelimit.stop_requested(
                 worker, epoch, plan.max_epochs
             ):  # SIGUSR1 before the limit
@@ -233,7 +248,12 @@ def _resumed_stop(plan: LoopPlan, progress: ResumeState) -> str | None:
         return None
     last = progress.history[-1]
     val = last.get("val_loss")
-    return plan.stop_reason(last["epoch"], val, last["elapsed_s"])
+    return plan.stop_reason(last["epoch"], val, last["elapsed_s"], _val_history(progress))
+
+
+def _val_history(progress: ResumeState) -> list:
+    """Every recorded epoch's validation loss (all attempts), in order."""
+    return [h.get("val_loss") for h in progress.history]
 
 
 def _final_test(program, worker, progress, result, log) -> None:
