@@ -343,6 +343,90 @@ def test_captions_come_from_the_rst_files_with_config_values(complete):
     assert "up to 2 in this study" in text  # the run table's largest worker count
     assert "{{" not in text and "**" not in text and "``" not in text
     assert FIGURE_NAMES == FIGURES
+    # the calibration figure's caption: the flat rule and the target's configured percent
+    percent = cfg["training"]["target"]["value"]
+    assert "improved its best validation loss by less than 2 % of the final best" in text
+    assert f"(1 + {percent:g}/100) times the median of the calibration runs' best" in text
+
+
+def _calibration_frames(val_loss=True):
+    """runs and epochs of two calibration runs (r0 flat, r1 still improving in its last
+    quarter) and two scaling runs that trained against the target 0.025."""
+    rows, eps = [], []
+    curves = {
+        "r0": [0.5, 0.2, 0.1, 0.05, 0.03, 0.022, 0.0205, 0.0202, 0.0201, 0.0201, 0.0203, 0.0200],
+        "r1": [0.5, 0.3, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05, 0.04],
+    }
+    for k, curve in curves.items():
+        rid = f"local_mpi_n1_w1_b75_lrnone_cal_{k}"
+        rows.append(dict(run_id=rid, kind="cal", target_test_loss=math.nan))
+        for e, v in enumerate(curve, start=1):
+            eps.append(dict(run_id=rid, epoch=e, val_loss=v if val_loss else math.nan))
+    for w in (1, 2):
+        rid = f"local_mpi_n1_w{w}_b75_lrnone_r0"
+        rows.append(dict(run_id=rid, kind="", target_test_loss=0.025))
+        eps.append(dict(run_id=rid, epoch=1, val_loss=0.1))
+    runs = pd.DataFrame(rows).assign(
+        partition="local", backend="mpi", batch_per_worker=75, lr_rule="none", status="completed"
+    )
+    return runs, pd.DataFrame(eps)
+
+
+def test_calibration_figure_shows_each_run_flat_or_not_and_the_target():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from hvdscale.analysis.view import NoData
+    from hvdscale.figures.accuracy import fig_calibration
+    from hvdscale.figures.registry import BY_NAME, in_section
+    from hvdscale.target import FLAT_GAIN, last_quarter_gain
+
+    assert BY_NAME["calibration"] in in_section("accuracy")  # the PDF report shows it there
+    runs, epochs = _calibration_frames()
+    gains = {
+        rid: last_quarter_gain({"epochs": [{"val_loss": v} for v in g["val_loss"]]})
+        for rid, g in epochs[epochs.run_id.str.contains("_cal_")].groupby("run_id")
+    }
+    assert [g < FLAT_GAIN for g in gains.values()] == [True, False]  # r0 flat, r1 not
+    fig = fig_calibration(runs, None, epochs, None, {})
+    (ax,) = fig.axes
+    by_gid = {}
+    for line in ax.get_lines():
+        by_gid.setdefault(line.get_gid(), []).append(line)
+    assert len(by_gid["best"]) == len(by_gid["val_loss"]) == len(gains) == 2
+    assert len(by_gid["last_quarter"]) == 2
+    assert all(line.get_drawstyle() == "steps-post" for line in by_gid["best"])
+    # the best so far is the running minimum; its last-quarter part ends at the run's best
+    r1 = epochs[epochs.run_id.str.endswith("cal_r1")]["val_loss"]
+    assert list(by_gid["best"][1].get_ydata()) == list(r1.cummin())
+    assert by_gid["last_quarter"][1].get_ydata()[-1] == r1.min()
+    (target,) = by_gid["target"]
+    assert set(target.get_ydata()) == {0.025}
+    assert ax.get_yscale() == "log"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    r0, r1_ = (f"{100 * g:.1f} %" for g in gains.values())
+    assert any("cal r0" in t and r0 in t and ": flat)" in t for t in legend), legend
+    assert any("cal r1" in t and r1_ in t and "NOT flat" in t for t in legend), legend
+    assert any(t.startswith("target 0.025") for t in legend), legend
+    assert fig.get_suptitle() == "1 of 2 flattened"
+    plt.close(fig)
+    # runs that trained against different targets: no target line, the title says so
+    runs2 = runs.copy()
+    runs2.loc[runs2.run_id.str.contains("_w2_"), "target_test_loss"] = 0.03
+    fig = fig_calibration(runs2, None, epochs, None, {})
+    assert not [x for x in fig.axes[0].get_lines() if x.get_gid() == "target"]
+    assert "2 different targets" in fig.axes[0].get_title()
+    plt.close(fig)
+    # no calibration run (absolute target), or no finite validation loss: no figure
+    with pytest.raises(NoData, match="no calibration runs"):
+        fig_calibration(runs[runs.kind != "cal"], None, epochs, None, {})
+    with pytest.raises(NoData, match="no finite validation loss"):
+        fig_calibration(runs, None, None, None, {})
+    runs3, epochs3 = _calibration_frames(val_loss=False)
+    with pytest.raises(NoData, match="no finite validation loss"):
+        fig_calibration(runs3, None, epochs3, None, {})
 
 
 def test_report_date_comes_from_the_inputs(monkeypatch):

@@ -1,6 +1,8 @@
 """Figures of the speedup at equal accuracy: time-to-target speedup untuned and tuned
-against the number of workers, and the tuning heat map (best validation loss over LR
-multiplier x global batch). Draw functions of the figure registry."""
+against the number of workers, the tuning heat map (best validation loss over LR
+multiplier x global batch), and the calibration runs' validation loss per epoch (has
+the budget that sets the target flattened them?). Draw functions of the figure
+registry."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from hvdscale.analysis.view import (
     panel_backend,
     pref_lr,
 )
-from hvdscale.figures.style import WIDTH, layout, legend_below, workers_axis
+from hvdscale.figures.style import WIDTH, layout, legend_below, log_y, workers_axis
+from hvdscale.matrix.runid import run_kind
+from hvdscale.target import FLAT_GAIN, last_quarter_gain
 
 _COLORS = ["#1b6ca8", "#d1495b", "#3a7d44", "#edae49", "#66a182", "#8d6a9f"]
 
@@ -177,3 +181,128 @@ def _heat_panel(fig, ax, cell, title):
     ax.set_ylabel("LR multiplier")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="log10 best validation loss")
+
+
+def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
+    """The calibration runs' validation loss per epoch (issue 30: the calibration budget
+    is long enough when the 1-worker runs have flattened): per run the loss of each
+    epoch (thin), the best so far (steps, thick over the last quarter of its epochs, the
+    part ``hvdscale.target.last_quarter_gain`` judges), its last-quarter gain against
+    ``FLAT_GAIN`` in the legend, and the target the other runs trained against."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    cal = _calibration_rows(runs)
+    if cal.empty:
+        raise NoData(
+            "no calibration runs (training.target.mode absolute: the configured value is the "
+            "target)"
+        )
+    e = epochs[epochs["run_id"].isin(cal["run_id"])] if epochs is not None else None
+    if e is not None and not e.empty:
+        v = pd.to_numeric(e["val_loss"], errors="coerce")
+        e = e.assign(val_loss=v)[np.isfinite(v) & (v > 0)]
+    if e is None or e.empty:
+        raise NoData("no finite validation loss in the calibration runs' records")
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.3))
+    handles, labels, n_flat, n_judged = [], [], 0, 0
+    for i, (rid, g) in enumerate(e.sort_values("epoch").groupby("run_id", sort=True)):
+        color = _COLORS[i % len(_COLORS)]
+        x, y = g["epoch"].to_numpy(float), g["val_loss"].to_numpy(float)
+        ax.plot(x, y, color=color, lw=0.6, alpha=0.45, gid="val_loss")
+        best = np.minimum.accumulate(y)
+        (h,) = ax.step(x, best, where="post", color=color, lw=1.2, gid="best")
+        gain = last_quarter_gain({"epochs": [{"val_loss": float(v)} for v in y]})
+        if gain is not None:  # the last quarter of the epochs, as last_quarter_gain cuts it
+            cut = len(y) - len(y) // 4
+            ax.step(
+                x[cut - 1 :],
+                best[cut - 1 :],
+                where="post",
+                color=color,
+                lw=4,
+                alpha=0.35,
+                solid_capstyle="butt",
+                gid="last_quarter",
+            )
+            n_judged += 1
+            n_flat += gain < FLAT_GAIN
+        handles.append(h)
+        labels.append(f"{_cal_name(rid)}: {_gain_text(gain, len(y))}")
+    ax.set_xlim(left=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    log_y(ax)
+    target = _trained_target(runs)
+    if isinstance(target, float):
+        ax.axhline(target, color="k", lw=0.9, ls=(0, (5, 3)), gid="target")
+        handles.append(Line2D([], [], color="k", lw=0.9, ls=(0, (5, 3))))
+        labels.append(f"target {target:.4g} (the runs trained against it)")
+    handles += [
+        Line2D([], [], color="0.45", lw=0.6, alpha=0.6),
+        Line2D([], [], color="0.45", lw=1.2, drawstyle="steps-post"),
+        Line2D([], [], color="0.45", lw=4, alpha=0.35),
+    ]
+    labels += [
+        "validation loss per epoch",
+        "best so far",
+        "best so far, last quarter of the epochs",
+    ]
+    first = cal.iloc[0]
+    ax.set_title(
+        f"{first['partition']}, {first['backend']}, batch {int(first['batch_per_worker'])}, "
+        f"LR {first['lr_rule']}, 1 worker" + ("" if isinstance(target, float) else f" ({target})")
+    )
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation loss (MSE, log)")
+    n = e["run_id"].nunique()
+    fig.suptitle(
+        f"{n_flat} of {n} flattened"
+        + (f", {n - n_judged} too short to tell" if n_judged < n else "")
+    )
+    rows = legend_below(fig, handles, labels, ncol=2)
+    layout(fig, rows)
+    return fig
+
+
+def _calibration_rows(runs) -> pd.DataFrame:
+    """The calibration runs of runs.csv (kind cal; from the run id where there is no kind)."""
+    if runs is None or runs.empty:
+        return pd.DataFrame(columns=["run_id"])
+    kind = runs["kind"].fillna("").astype(str) if "kind" in runs else ""
+    kind = np.where(kind != "", kind, runs["run_id"].map(run_kind))
+    return runs[kind == "cal"].sort_values("run_id")
+
+
+def _cal_name(run_id) -> str:
+    """'cal r0' for a calibration run id ``..._cal_r0``."""
+    return "cal " + str(run_id).rsplit("_cal_", 1)[-1]
+
+
+def _gain_text(gain, n_epochs: int) -> str:
+    if gain is None:
+        return f"{n_epochs} epochs, too few to judge (4 needed)"
+    verdict = "flat" if gain < FLAT_GAIN else "NOT flat"
+    sign = "<" if gain < FLAT_GAIN else ">="
+    return (
+        f"{n_epochs} epochs, last quarter improved best by {100 * gain:.1f} % "
+        f"({sign} {100 * FLAT_GAIN:g} %: {verdict})"
+    )
+
+
+def _trained_target(runs) -> float | str:
+    """The target validation loss the runs other than the calibration runs trained
+    against (one value), else why there is none to draw."""
+    other = runs[~runs["run_id"].isin(_calibration_rows(runs)["run_id"])]
+    for col in ("target_val_loss", "target_test_loss"):
+        if col in other:
+            v = pd.to_numeric(other[col], errors="coerce")
+            v = v[np.isfinite(v) & (v > 0)]
+            if len(v):
+                break
+    else:
+        return "no run trained against a target yet"
+    lo, hi = float(v.min()), float(v.max())
+    if hi - lo > 1e-9 * hi:
+        return f"runs trained against {v.nunique()} different targets: none drawn"
+    return lo

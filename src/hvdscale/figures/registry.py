@@ -28,6 +28,7 @@ from xml.sax.saxutils import escape
 from hvdscale.matrix.config import count_parameters
 from hvdscale.matrix.runtable import run_table
 from hvdscale.project import PROJECT_ROOT
+from hvdscale.target import FLAT_GAIN
 
 CAPTION_DIR = PROJECT_ROOT / "workflow" / "report"
 
@@ -83,6 +84,12 @@ FIGURES = (
     ),
     Figure("utilisation", "Device utilisation", f"{_SCALING}:fig_utilisation", "results"),
     Figure(
+        "calibration",
+        "Calibration runs' validation loss",
+        "hvdscale.figures.accuracy:fig_calibration",
+        "accuracy",
+    ),
+    Figure(
         "speedup_ttt",
         "Speedup at equal accuracy",
         "hvdscale.figures.accuracy:fig_speedup_ttt",
@@ -133,7 +140,16 @@ def caption_values(cfg: dict | None) -> dict:
         "max_extrapolation_workers": cfg["report"]["max_extrapolation_workers"],
         "batch_min": batches[0],
         "batch_max": batches[-1],
+        "flat_percent": f"{100 * FLAT_GAIN:g}",  # hvdscale.target: a flattened run
     }
+    if tgt["mode"] == "calibrated":  # the calibration runs (figure calibration)
+        cal = tgt["calibration"]
+        values["target_percent"] = f"{tgt['value']:g}"
+        values["calibration_seeds"] = cal["seeds"]
+        values["calibration_max_epochs"] = cal["max_epochs"]
+        # they stop once flat, after at least min_epochs (where that is below the budget)
+        if cal.get("until_flat") and (cal.get("min_epochs") or 0) < cal["max_epochs"]:
+            values["calibration_min_epochs"] = cal.get("min_epochs") or 4
     if ref:  # the reference study's batch question (config references.batch_epoch_speedup)
         values["ref_batch_from"] = ref["batch_from"]
         values["ref_batch_to"] = ref["batch_to"]
