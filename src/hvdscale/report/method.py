@@ -17,7 +17,7 @@ OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation
 
 def _target(cfg: dict | None, target: dict | None) -> str:
     if target is not None:
-        return describe(target) + ", fixed before the scaling runs"
+        return describe(target) + "; the target was fixed before the scaling runs"
     if not (cfg or {}).get("training", {}).get("target"):
         return "as configured (training.target)"
     return describe(target_spec(cfg)) + " (results/scaling/target.json not given to the report)"
