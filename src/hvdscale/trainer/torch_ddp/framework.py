@@ -53,7 +53,14 @@ class TorchDDP:
         torch.set_num_threads(int(tcfg["threads_per_worker"]))
         check_backend(run_, getattr(args, "backend", None))
         device = torch.device(
-            choose_device(run_.backend, r["local_rank"], run_.run_id, CudaFacts.probe())
+            choose_device(
+                run_.backend,
+                r["local_rank"],
+                run_.run_id,
+                CudaFacts.probe(),
+                rank=r["rank"],
+                local_size=r["local_size"],
+            )
         )
         worker = TorchWorker.init(run_.backend, device)  # nccl: set_device, then the group
         summary = (
