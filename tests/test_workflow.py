@@ -143,9 +143,12 @@ def test_sdm_conda_runs_the_cli_of_the_rules_conda_env(tmp_path):
     get the train env."""
     (tmp_path / "conda").write_text(FAKE_CONDA)
     (tmp_path / "conda").chmod(0o755)
+    conda_cfg = tmp_path / "conda.yaml"  # --sdm conda needs deployment conda (issue 29)
+    conda_cfg.write_text("environment:\n  deployment: conda\n")
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
     out = subprocess.run(
-        [*SNAKEMAKE, "-n", "-p", "--sdm", "conda", "--config", "results_dir=results-dryrun-test"],
+        [*SNAKEMAKE, "-n", "-p", "--sdm", "conda", "--configfile", str(conda_cfg)]
+        + ["--config", "results_dir=results-dryrun-test"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -168,6 +171,25 @@ def test_bad_config_stops_snakemake_with_readable_message(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "training.launcher" in text and "'ssh'" in text
+
+
+def test_deployment_that_disagrees_with_sdm_stops_the_dry_run(tmp_path):
+    """environment.deployment env-modules without --sdm env-modules: Snakemake would
+    ignore the envmodules directive and the ranks would run the login shell's python.
+    Refused at parse time, naming the key, its value and the flags."""
+    cfg = tmp_path / "modules.yaml"
+    cfg.write_text("environment:\n  deployment: env-modules\n  modules: [OpenMPI/4.1.4]\n")
+    out = snakemake("-n", "--configfile", str(cfg), "--config", "results_dir=results-dryrun-test")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "environment.deployment is 'env-modules' but Snakemake runs with no --sdm" in text
+    assert "Add `--sdm env-modules`" in text
+    assert "Job stats" not in text and "rule train_run" not in text
+    ok = snakemake(
+        "-n", "--sdm", "env-modules", "--configfile", str(cfg),
+        "--config", "results_dir=results-dryrun-test",
+    )  # fmt: skip
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
 
 
 @pytest.mark.parametrize(

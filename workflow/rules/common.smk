@@ -16,6 +16,7 @@ os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.matrix.runid import ALLREDUCE_ID_WILDCARD
 from hvdscale.matrix.config import count_parameters, data_section, validate_config
+from hvdscale.matrix.deployment import deployment_problem
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import (
@@ -38,6 +39,17 @@ try:
     CFG = validate_config(config)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+
+# environment.deployment against --sdm: refused here, so `snakemake -n` stops before any
+# job (without --sdm env-modules Snakemake ignores `envmodules:` and the ranks would run
+# the login shell's python)
+_problem = deployment_problem(
+    CFG["environment"]["deployment"],
+    CFG["environment"]["modules"],
+    [m.item_to_choice() for m in workflow.deployment_settings.deployment_method],
+)
+if _problem:
+    raise WorkflowError(_problem)
 
 RESULTS = CFG["results_dir"]
 RUNS = run_table(CFG)  # the selected runs (config key select)
