@@ -43,10 +43,12 @@ Examples:
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 from hvdscale import native
+from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm
 from hvdscale.launch.command import (
     allreduce_outcome,
@@ -66,6 +68,7 @@ from hvdscale.launch.launchspec import (
     default_train_python,
 )
 from hvdscale.matrix.config import load_config
+from hvdscale.matrix.deployment import module_load_problem
 from hvdscale.record.build import write_failure
 
 
@@ -120,6 +123,20 @@ def add_arguments(p):
     )
 
 
+def check_modules_loaded(cfg: dict, environ=None) -> None:
+    """For environment.deployment env-modules: stop (UserError, no rank started) when a
+    module of environment.modules is not in LOADEDMODULES. Snakemake 9 runs the job as
+    `module purge && module load A B; hvdscale launch ...`, so a failed load does not
+    stop it by itself."""
+    envc = cfg.get("environment") or {}
+    if envc.get("deployment") != "env-modules":
+        return
+    environ = os.environ if environ is None else environ
+    problem = module_load_problem(envc.get("modules", []), environ.get("LOADEDMODULES"))
+    if problem:
+        raise UserError(problem)
+
+
 def run(args) -> int:
     started_at = time.time()  # the launcher's start: the ranks' start-up counts from it
     cfg = load_config(args.config)
@@ -143,12 +160,14 @@ def run(args) -> int:
         mpirun="mpirun",
         srun="srun",
         started_at=started_at,
+        environment=cfg.get("environment"),
     )
     if args.dry_run:
         print(spec.shell())
         for n in spec.notes:
             print(f"# {n}")
         return 0
+    check_modules_loaded(cfg)  # env-modules: Snakemake runs us whatever `module load` said
     native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
     clear_stale(args.program, out_dir, failure_path)
     print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)

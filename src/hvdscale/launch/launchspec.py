@@ -71,6 +71,23 @@ def default_train_python(cfg: dict, root: str | Path = PROJECT_ROOT) -> str:
     return "python"
 
 
+def rank_path_env(
+    environment: dict | None,
+    root: str | Path = PROJECT_ROOT,
+    environ: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """PYTHONPATH of the ranks: for an env-modules or conda deployment ROOT/src (the
+    project's package) ahead of the PYTHONPATH inherited from the loaded modules or the
+    conda env, so their `python` (TensorFlow, Horovod, no hvdscale) runs ``-m
+    hvdscale.cli``; nothing for a venv deployment (.venv-train has hvdscale installed)."""
+    if (environment or {}).get("deployment", "venv") == "venv":
+        return {}
+    environ = os.environ if environ is None else environ
+    src = str(Path(root).resolve() / "src")
+    inherited = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    return {"PYTHONPATH": os.pathsep.join([src, *inherited])}
+
+
 def gloo_env(training: dict, backend: str, framework: str = backends.DEFAULT_FRAMEWORK) -> dict:
     """LD_PRELOAD of hvdscale.native's library for ranks whose collectives are Gloo's
     (Horovod's Gloo operations, torch.distributed's gloo backend), unless
@@ -191,11 +208,14 @@ def build_launch(
     is_root_user: bool | None = None,
     cpu_count: int | None = None,
     started_at: float | None = None,
+    environment: dict | None = None,
 ) -> LaunchSpec:
     """The one place that turns (launcher, backend, workers, nodes, workers_per_node)
     into the launcher's argv and the ranks' environment. ``started_at``: the launcher's
     start (time.time()), HVDSCALE_LAUNCH_START for every rank (hvdscale.record.startup:
-    the ranks' start-up is measured from it); None: no stamp."""
+    the ranks' start-up is measured from it); None: no stamp. ``environment``: the
+    config's environment section (env-modules/conda: the project's src on the ranks'
+    PYTHONPATH, rank_path_env)."""
     if launcher not in LAUNCHERS:
         raise UserError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     notes: list[str] = []
@@ -207,6 +227,7 @@ def build_launch(
     # the ranks, mpirun through -x (every key of env), srun exports it, torchrun's
     # workers inherit it
     env.update(stamp_env(started_at))
+    env.update(rank_path_env(environment))
     if job.framework != backends.DEFAULT_FRAMEWORK:  # torch-ddp: torchrun or srun
         argv, env = _torch_launch(launcher, job, list(program_argv), env, hosts, srun, notes)
         return LaunchSpec(argv, env, controller=controller, launcher=launcher, notes=notes)
