@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest_train import base_config
 
-from hvdscale.commands.launch import check_modules_loaded
+from hvdscale.commands.launch import check_modules_loaded, check_train_python
 from hvdscale.errors import UserError
+from hvdscale.launch.command import train_python_problem
 from hvdscale.launch.launchspec import build_launch, rank_path_env
 from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.deployment import deployment_problem, missing_modules, module_load_problem
@@ -192,3 +193,35 @@ def test_launch_stops_on_a_module_that_did_not_load(tmp_path):
     assert r.returncode != 0
     assert "TensorFlow/2.15.1 not loaded" in r.stderr, r.stderr
     assert not (out_dir / "failure.json").exists()
+
+
+def _bare_python(tmp_path: Path) -> str:
+    """A Python without site-packages (-S), standing in for a module's Python that has
+    none of hvdscale's dependencies."""
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    return str(bare)
+
+
+def test_train_python_problem_names_what_the_ranks_python_lacks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ranks = {**env, **rank_path_env({"deployment": "env-modules"}, ROOT, env)}
+    assert train_python_problem(sys.executable, ranks) is None  # the workflow env has all
+    bare = _bare_python(tmp_path)
+    msg = train_python_problem(bare, ranks)  # hvdscale from src, its dependencies missing
+    assert "cannot import numpy, h5py, pyyaml, jsonschema:" in msg and bare in msg
+    assert "--system-site-packages" in msg
+    assert "cannot import hvdscale, numpy" in train_python_problem(bare, env)  # no src
+    assert "not on PATH" in train_python_problem(str(tmp_path / "nopython"), env)
+
+
+def test_check_train_python_only_outside_venv(tmp_path):
+    missing = str(tmp_path / "nopython")
+    check_train_python(_cfg("venv"), missing, {})  # .venv-train: not checked
+    for dep in ("env-modules", "conda"):
+        with pytest.raises(UserError, match="not on PATH"):
+            check_train_python(_cfg(dep), missing, {})
+    check_train_python(
+        _cfg("env-modules"), sys.executable, rank_path_env({"deployment": "env-modules"})
+    )

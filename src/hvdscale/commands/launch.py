@@ -60,6 +60,7 @@ from hvdscale.launch.command import (
     torchrun_status,
     train_outcome,
     train_program,
+    train_python_problem,
 )
 from hvdscale.launch.launchspec import (
     LAUNCHERS,
@@ -137,6 +138,18 @@ def check_modules_loaded(cfg: dict, environ=None) -> None:
         raise UserError(problem)
 
 
+def check_train_python(cfg: dict, python: str, rank_env: dict, environ=None) -> None:
+    """For an env-modules or conda deployment: stop (UserError, no rank started) when the
+    ranks' `python` does not find hvdscale and its dependencies in the ranks'
+    environment (the venv deployment's .venv-train has them installed)."""
+    if (cfg.get("environment") or {}).get("deployment", "venv") == "venv":
+        return
+    environ = os.environ if environ is None else environ
+    problem = train_python_problem(python, {**environ, **rank_env})
+    if problem:
+        raise UserError(problem)
+
+
 def run(args) -> int:
     started_at = time.time()  # the launcher's start: the ranks' start-up counts from it
     cfg = load_config(args.config)
@@ -168,6 +181,7 @@ def run(args) -> int:
             print(f"# {n}")
         return 0
     check_modules_loaded(cfg)  # env-modules: Snakemake runs us whatever `module load` said
+    check_train_python(cfg, python, spec.env)  # env-modules/conda: imports hvdscale?
     native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
     clear_stale(args.program, out_dir, failure_path)
     print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)

@@ -37,6 +37,57 @@ def companion(python: str, tool: str) -> str:
     return shutil.which(tool) or tool
 
 
+#: what the ranks import besides TensorFlow, Horovod or torch: hvdscale and its own
+#: dependencies (pyproject.toml), import name -> package name
+RANK_IMPORTS = {
+    "hvdscale": "hvdscale",
+    "numpy": "numpy",
+    "h5py": "h5py",
+    "yaml": "pyyaml",
+    "jsonschema": "jsonschema",
+}
+_FIND_SPECS = (
+    "import importlib.util as u, sys\n"
+    "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))\n"
+    "print(sys.executable, sys.version.split()[0])"
+)
+
+
+def train_python_problem(python: str, env: dict[str, str]) -> str | None:
+    """Whether the ranks' interpreter ``python`` (env-modules/conda: the `python` of the
+    loaded modules or the conda env), in the ranks' environment ``env``, finds hvdscale
+    and its dependencies; the message naming what it lacks, or None. Imports nothing
+    (importlib.util.find_spec), so it costs a Python start-up, not TensorFlow's."""
+    try:
+        out = subprocess.run(
+            [python, "-c", _FIND_SPECS, *RANK_IMPORTS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except FileNotFoundError:
+        return (
+            f"the train env's interpreter {python!r} is not on PATH: environment.modules "
+            "(or the conda env) gives the training jobs no Python"
+        )
+    if out.returncode != 0:
+        return f"the train env's interpreter {python!r} did not start: {out.stderr.strip()[-500:]}"
+    missing, _, which = out.stdout.partition("\n")
+    if not missing.strip():
+        return None
+    packages = ", ".join(RANK_IMPORTS[m] for m in missing.split())
+    return (
+        f"the train env's {python} ({which.strip()}) cannot import {packages}: the ranks "
+        "run `-m hvdscale.cli` with the project's src on PYTHONPATH, so hvdscale's own "
+        "dependencies (numpy, h5py, pyyaml, jsonschema) must come with environment.modules "
+        "(or the conda env). Load modules that provide them, or make a venv on top of the "
+        "module's Python (python -m venv --system-site-packages DIR; DIR/bin/pip install "
+        "pyyaml jsonschema; DIR/bin/pip install --no-deps -e .) and use deployment venv "
+        "with environment.venv: DIR (a path inside the project)"
+    )
+
+
 # =========================================================================== running
 
 
