@@ -209,6 +209,26 @@ def test_budgets_censor_a_run_that_misses_the_target(tmp_path, train_data):
 @pytest.mark.slow
 @pytest.mark.horovod
 @needs_train_env
+def test_a_real_calibration_run_stops_once_flat_and_a_scaling_run_does_not(tmp_path, train_data):
+    """A learning rate of 1e-12 leaves the validation loss where it starts: the calibration
+    run (until_flat, min_epochs 4) stops after exactly 4 epochs with stop reason flat; the
+    same config's scaling run (no target file) trains its whole budget."""
+    cal = {"batch": 150, "until_flat": True, "min_epochs": 4, "max_epochs": 12}
+    cfg = write_config(
+        tmp_path / "config.json",
+        base_config(epochs=6, learning_rate=1e-12, target={"calibration": cal}),
+    )
+    rec = _run_ok(cfg, "local_gloo_n1_w1_b150_lrnone_cal_r0", train_data, tmp_path / "cal")
+    vals = [e["val_loss"] for e in rec["epochs"]]
+    assert rec["target"]["stop_reason"] == "flat" and len(vals) == 4
+    assert max(vals) - min(vals) <= 1e-6 * min(vals)  # nothing learnt: flat from the start
+    rec = _run_ok(cfg, RUN_1W, train_data, tmp_path / "scaling")
+    assert rec["target"]["stop_reason"] == "max_epochs" and len(rec["epochs"]) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
 def test_a_bad_target_file_is_a_clear_error(tmp_path, train_data):
     cfg = write_config(tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0))
     tfile = tmp_path / "target.json"
