@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdscale.errors import UserError
+from hvdscale.errors import ConfigError, UserError
 from hvdscale.launch.command import job_for
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix.config import load_config, validate_config
@@ -101,6 +101,83 @@ def test_cpu_partition_account_and_constraint():
     # multi-rank jobs ask for SIGUSR1 before the time limit (training.time_limit_margin_s)
     assert res["slurm_extra"] == "--ntasks-per-node=4 --exclusive --signal=USR1@120"
     assert job.local_threads == 24  # the whole node (6 ranks x 3 threads = 18 < 24 cores)
+
+
+def _site_config(flags: str) -> dict:
+    part = {"cores_per_node": 4, "mem_mb_per_node": 8000, "workers_per_node": 2}
+    sweep = {"partitions": ["haswell"], "workers": [1, 2], "backends": ["mpi"],
+             "batch_sizes": [75], "lr_rules": ["none"]}  # fmt: skip
+    return {"scaling": {"partitions": {"haswell": {**part, "sbatch_flags": flags}},
+                        "sweeps": [sweep]}}  # fmt: skip
+
+
+def test_site_sbatch_flags_reach_every_job_of_the_partition():
+    """scaling.partitions.<name>.sbatch_flags: appended to the slurm_extra of training
+    runs (1 and 2 workers) and allreduce sweeps; not in a run's or sweep's config slice."""
+    from hvdscale.matrix.runtable import allreduce_config, allreduce_jobs, run_config
+
+    cfg = validate_config(_site_config("  --mail-type=FAIL   --mail-user=me@example.org "))
+    two = JobSpec.for_workers(cfg, "haswell", "mpi", 2).slurm_resources()["slurm_extra"]
+    assert two == (
+        "--ntasks-per-node=2 --exclusive --signal=USR1@120 "
+        "--mail-type=FAIL --mail-user=me@example.org"
+    )
+    one = JobSpec.for_workers(cfg, "haswell", "mpi", 1).slurm_extra
+    assert one == "--ntasks-per-node=1 --exclusive --mail-type=FAIL --mail-user=me@example.org"
+    (sweep,) = allreduce_jobs(cfg)
+    assert JobSpec.for_allreduce_id(cfg, sweep["id"]).slurm_extra.endswith(
+        "--signal=USR1@120 --mail-type=FAIL --mail-user=me@example.org"
+    )
+    # none set: slurm_extra as before
+    plain = validate_config(_site_config(""))
+    assert JobSpec.for_workers(plain, "haswell", "mpi", 2).slurm_extra == (
+        "--ntasks-per-node=2 --exclusive --signal=USR1@120"
+    )
+    # how a job is queued is not what it computes: the slices (config.json) leave it out
+    for run in run_table(cfg):
+        sliced = run_config(cfg, run.run_id)["scaling"]["partitions"]["haswell"]
+        assert "sbatch_flags" not in sliced
+        assert run_config(cfg, run.run_id) == run_config(plain, run.run_id)
+    assert allreduce_config(cfg, sweep["id"]) == allreduce_config(plain, sweep["id"])
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        ("--partition=gpu", r"'--partition=gpu' sets --partition, which is set by the partition"),
+        ("--part=gpu", r"sets --partition"),
+        ("--mail-type=FAIL -p gpu", r"'-p' sets --partition"),
+        ("-pgpu", r"'-pgpu' sets --partition"),
+        ("--ntasks=4", r"sets --ntasks, which is set by hvdscale"),
+        ("--nodes 2", r"sets --nodes"),
+        ("-N2", r"sets --nodes"),
+        ("--gpus=2", r"scaling.partitions.haswell.gpus_per_node"),
+        ("--account=x", r"scaling.partitions.haswell.account"),
+        ("--qos=normal", r"sets --qos, which is set by the profile \(plugin setting slurm-qos"),
+        ("--comment=x", r"sets --comment, which is set by the executor plugin"),
+        ("--exclusive=user", r"sets --exclusive"),
+        ("--signal=USR2@60", r"training.time_limit_margin_s"),
+        ("mail", r"got 'mail'; expected sbatch flags"),
+    ],
+)
+def test_site_sbatch_flags_that_clash_are_refused(flags, match):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_site_config(flags))
+    assert "config key scaling.partitions.haswell.sbatch_flags: " in str(err.value)
+    assert re.search(match, str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("flags", ["--mail-type=FAIL\n--x", "--comment='a b'", "--x;touch y"])
+def test_site_sbatch_flags_are_one_line_without_shell_characters(flags):
+    with pytest.raises(ConfigError, match=r"scaling\.partitions\.haswell\.sbatch_flags"):
+        validate_config(_site_config(flags))
+
+
+def test_harmless_site_sbatch_flags_pass():
+    flags = "--mail-type=FAIL,END --mail-user=me@example.org --reservation=p_x_42 --nice=5"
+    flags += " --begin=2026-01-01T10:00 --exclude=node1,node2 --time-min=30 --mem-bind=local"
+    cfg = validate_config(_site_config(flags))
+    assert JobSpec.for_workers(cfg, "haswell", "mpi", 2).slurm_extra.endswith(flags)
 
 
 def test_runtime_per_attempt(thesis):

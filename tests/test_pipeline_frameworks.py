@@ -74,9 +74,13 @@ def test_local_pipeline_trains_both_frameworks_to_records_and_summary(results_di
 
 # --------------------------------------------------------------------------- real SLURM
 
+# the partition's site sbatch flags (issue 29) reach the training job: scontrol shows them
+SITE_FLAGS = "--mail-type=FAIL --mail-user=hvdscale-site-flag@example.invalid"
+
 TORCH_ONLY = {
     "training": {"launcher": "srun"},
     "scaling": {
+        "partitions": {"local": {"sbatch_flags": SITE_FLAGS}},
         "sweeps": [
             {
                 "name": "torch",
@@ -87,7 +91,7 @@ TORCH_ONLY = {
                 "batch_sizes": [75],
                 "lr_rules": ["none"],
             }
-        ]
+        ],
     },
 }
 
@@ -123,6 +127,8 @@ def test_a_two_rank_torch_run_through_the_slurm_plugin(slurm_cluster, results_di
         env={**os.environ, **slurm_cluster},
     ).stdout
     assert "JobState=COMPLETED" in show and "NumTasks=2" in show and rid in show
+    assert "MailUser=hvdscale-site-flag@example.invalid" in show, show
+    assert "MailType=FAIL" in show, show
     log = (ROOT / results_dir / "logs" / "train_run" / f"{rid}.log").read_text()
     assert "srun --mpi=none" in log and "exec --framework torch-ddp" in log
     assert "torch.distributed.run" not in log and "MASTER_PORT=" in log

@@ -19,6 +19,7 @@ import yaml
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
+from hvdscale.matrix.jobspec import sbatch_flag_problems
 from hvdscale.matrix.runtable import run_table
 from hvdscale.matrix.subset import check as check_selection
 from hvdscale.matrix.subset import describe as describe_selection
@@ -251,6 +252,8 @@ def _check_semantics(cfg: dict) -> None:
             f"expected fewer than training.max_epochs ({tr['max_epochs']})"
         )
     parts = cfg["scaling"]["partitions"]
+    for name, part in parts.items():
+        problems += sbatch_flag_problems(name, part.get("sbatch_flags") or "")
     problems += _calibration_problems(cfg)
     for i, sweep in enumerate(cfg["scaling"]["sweeps"]):
         for p in sweep["partitions"]:

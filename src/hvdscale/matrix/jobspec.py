@@ -98,6 +98,7 @@ class JobSpec:
     srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
     node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
     framework: str = DEFAULT_FRAMEWORK  # what the ranks run (hvdscale.matrix.backends.FRAMEWORKS)
+    sbatch_flags: str = ""  # the partition's site flags (appended to slurm_extra)
 
     # ----------------------------------------------------------------- construction
 
@@ -142,6 +143,7 @@ class JobSpec:
             srun_mpi=cfg["training"].get("srun_mpi") or "pmix",
             node_cores=int(part["cores_per_node"]),
             framework=framework,
+            sbatch_flags=part.get("sbatch_flags") or "",
         )
 
     @classmethod
@@ -220,8 +222,12 @@ class JobSpec:
     @property
     def slurm_extra(self) -> str:
         # --ntasks-per-node here: the plugin's tasks_per_node cannot be combined with tasks
-        extra = f"--ntasks-per-node={self.workers_per_node} --exclusive"
-        return f"{extra} {self.signal}" if self.signal else extra
+        extra = [f"--ntasks-per-node={self.workers_per_node}", "--exclusive"]
+        extra += [self.signal] if self.signal else []
+        # the partition's site flags last (scaling.partitions.<name>.sbatch_flags): a rule's
+        # slurm_extra replaces the profile's default-resources one, so they come from here
+        extra += self.sbatch_flags.split()
+        return " ".join(extra)
 
     @property
     def local_threads(self) -> int:
@@ -288,6 +294,88 @@ def signal_option(training: dict, workers: int = 2) -> str | None:
     for 1-worker jobs, see hvdscale.launch.timelimit)."""
     margin = int(training.get("time_limit_margin_s", 120) or 0)
     return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 and workers > 1 else None
+
+
+# sbatch options a partition's sbatch_flags must not set: hvdscale sets them (the job
+# layout, --exclusive, --signal), the executor plugin sets them (and refuses them in
+# slurm_extra, plugin 2.8 validation.get_forbidden_slurm_options), or another config key
+# or profile setting does. Long name -> what sets it instead.
+RESERVED_SBATCH_OPTIONS = {
+    "--partition": "the partition name (the key under scaling.partitions)",
+    "--account": "scaling.partitions.<name>.account",
+    "--constraint": "scaling.partitions.<name>.constraint",
+    "--clusters": "scaling.partitions.<name>.cluster",
+    "--time": "scaling.partitions.<name>.runtime_min",
+    "--mem": "scaling.partitions.<name>.mem_mb_per_node",
+    "--mem-per-cpu": "scaling.partitions.<name>.mem_mb_per_node",
+    "--mem-per-gpu": "scaling.partitions.<name>.mem_mb_per_node",
+    "--nodes": "hvdscale (the run's workers)",
+    "--ntasks": "hvdscale (the run's workers)",
+    "--ntasks-per-node": "hvdscale (the run's workers)",
+    "--ntasks-per-gpu": "hvdscale (the run's workers)",
+    "--cpus-per-task": "scaling.partitions.<name>.cores_per_node",
+    "--cpus-per-gpu": "scaling.partitions.<name>.cores_per_node",
+    "--gres": "scaling.partitions.<name>.gpus_per_node",
+    "--gpus": "scaling.partitions.<name>.gpus_per_node",
+    "--gpus-per-node": "scaling.partitions.<name>.gpus_per_node",
+    "--gpus-per-task": "scaling.partitions.<name>.gpus_per_node",
+    "--exclusive": "hvdscale (every training job takes whole nodes)",
+    "--signal": "training.time_limit_margin_s",
+    "--qos": "the profile (plugin setting slurm-qos, or default-resources qos)",
+    "--job-name": "the executor plugin (profile: slurm-jobname-prefix)",
+    "--comment": "the executor plugin",
+    "--output": "the executor plugin",
+    "--error": "the executor plugin",
+    "--parsable": "the executor plugin",
+    "--export": "the executor plugin",
+    "--chdir": "the executor plugin",
+    "--workdir": "the executor plugin",
+    "--wrap": "the executor plugin",
+}
+RESERVED_SHORT_OPTIONS = {
+    "-p": "--partition",
+    "-A": "--account",
+    "-C": "--constraint",
+    "-M": "--clusters",
+    "-t": "--time",
+    "-N": "--nodes",
+    "-n": "--ntasks",
+    "-c": "--cpus-per-task",
+    "-G": "--gpus",
+    "-J": "--job-name",
+    "-o": "--output",
+    "-e": "--error",
+    "-D": "--chdir",
+    "-q": "--qos",
+}
+
+
+def sbatch_flag_problems(partition: str, flags: str) -> list[str]:
+    """What is wrong with the ``sbatch_flags`` of ``partition`` (one text per flag, each
+    naming the config key and the flag); the schema already limited the characters."""
+    key = f"config key scaling.partitions.{partition}.sbatch_flags"
+    problems = []
+    tokens = flags.split()
+    if tokens and not tokens[0].startswith("-"):
+        problems.append(f"{key}: got {tokens[0]!r}; expected sbatch flags (starting with '-')")
+    for token in tokens:
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            # sbatch (getopt_long) also takes an unambiguous prefix: --part=x is --partition
+            reserved = [
+                opt
+                for opt in RESERVED_SBATCH_OPTIONS
+                if opt == name or (len(name) > 4 and opt.startswith(name))
+            ]
+        elif token.startswith("-") and token[:2] in RESERVED_SHORT_OPTIONS:
+            reserved = [RESERVED_SHORT_OPTIONS[token[:2]]]
+        else:
+            continue
+        if reserved:
+            opt = name if token.startswith("--") and name in reserved else reserved[0]
+            where = RESERVED_SBATCH_OPTIONS[opt].replace("<name>", partition)
+            problems.append(f"{key}: {token!r} sets {opt}, which is set by {where}; remove it")
+    return problems
 
 
 def runtime_for(partition: dict, attempt: int) -> int:

@@ -298,7 +298,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
         sub["training"]["max_train_s"] = None
         sub["training"]["stop_at_target"] = False
     sub["scaling"] = {
-        "partitions": {run.partition: copy.deepcopy(cfg["scaling"]["partitions"][run.partition])},
+        "partitions": {run.partition: _partition_slice(cfg, run.partition)},
         "sweeps": [
             {
                 "name": "run",
@@ -333,6 +333,15 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     return sub
 
 
+def _partition_slice(cfg: dict, partition: str) -> dict:
+    """A partition's keys in a run's or sweep's config slice: not its site sbatch flags
+    (mail, reservation: how the job is queued, not what it computes), so editing them
+    retrains nothing and the slices of earlier configs stay as they were."""
+    part = copy.deepcopy(cfg["scaling"]["partitions"][partition])
+    part.pop("sbatch_flags", None)
+    return part
+
+
 def _frameworks_key(run: Run) -> dict:
     """The sweep key ``frameworks`` of a run's config slice: only for a framework other
     than the default, so the slices (and config hashes) of Horovod runs stay as they were."""
@@ -357,9 +366,7 @@ def allreduce_config(cfg: dict, allreduce_id: str) -> dict:
         "environment": copy.deepcopy(cfg["environment"]),
         "training": {k: copy.deepcopy(cfg["training"][k]) for k in ALLREDUCE_TRAINING_KEYS},
         "scaling": {
-            "partitions": {
-                job.partition: copy.deepcopy(cfg["scaling"]["partitions"][job.partition])
-            },
+            "partitions": {job.partition: _partition_slice(cfg, job.partition)},
             "sweeps": [
                 {
                     "name": "allreduce",
