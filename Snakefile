@@ -2,6 +2,8 @@
 # to a typeset report. See README.md; every config key: config/README.md.
 from snakemake.utils import min_version, validate
 
+from hvdscale.matrix.slurmsite import slurm_partition_problem
+
 min_version("9.0")
 
 
@@ -51,3 +53,15 @@ localrules:
     check_references,
     enforce_references,
     export_study,
+
+
+# Under the SLURM executor, partitions of the study that `sinfo` does not list are refused
+# before any job is queued (issue 29). A hook, as the executor is known only once the
+# workflow is parsed; not in a dry run, nor in the job step inside a SLURM job.
+onstart:
+    if workflow.is_main_process and getattr(workflow.executor_plugin, "name", "") == "slurm":
+        _problem = slurm_partition_problem(
+            [(job.partition, job.cluster) for job in JOBS.values()], config_files(None)
+        )
+        if _problem:
+            raise WorkflowError(_problem)
