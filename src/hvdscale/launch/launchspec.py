@@ -17,6 +17,7 @@ from hvdscale.errors import UserError
 from hvdscale.launch import gloo_slurm, timelimit
 from hvdscale.matrix import backends, site_settings
 from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.record.startup import stamp_env
 
@@ -283,7 +284,10 @@ def _launch_env(
             "HVDSCALE_LAUNCHER": launcher,
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"),
-            "OMP_NUM_THREADS": str(training.get("threads_per_worker", 1)),
+            # threads per rank (auto: the launcher's SLURM_CPUS_PER_TASK, else 1)
+            "OMP_NUM_THREADS": str(
+                threads_for_rank(training.get("threads_per_worker", 1), os.environ)
+            ),
         }
     )
     # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's

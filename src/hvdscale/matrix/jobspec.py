@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from hvdscale.errors import UserError
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK, is_gpu_partition
 from hvdscale.matrix.runid import allreduce_id_pattern
+from hvdscale.matrix.threads import planned_threads
 
 # A value None leaves the resource unset (no sbatch flag).
 RESOURCE_KEYS = (
@@ -91,7 +92,7 @@ class JobSpec:
     runtime_min: int | None = None  # time limit of one attempt
     account: str = ""
     constraint: str = ""
-    threads_per_worker: int = 1
+    threads_per_worker: int = 1  # as planned: auto counts as 1 (matrix.threads)
     cluster: str = ""  # the partition's SLURM cluster (sbatch --clusters), "" for the default
     runtime_min_retry: int | None = None  # time limit of attempts 2, 3, ... (None: runtime_min)
     signal: str | None = None  # sbatch --signal=... before the time limit (launch.timelimit)
@@ -136,7 +137,7 @@ class JobSpec:
             runtime_min=part["runtime_min"],
             account=part.get("account", ""),
             constraint=part.get("constraint", ""),
-            threads_per_worker=cfg["training"].get("threads_per_worker", 1),
+            threads_per_worker=planned_threads(cfg["training"].get("threads_per_worker", 1)),
             cluster=part.get("cluster") or "",
             runtime_min_retry=part.get("runtime_min_retry"),
             signal=signal_option(cfg["training"], workers),

@@ -21,6 +21,7 @@ from hvdscale import native
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.matrix.config import RUN_SCHEMA
 from hvdscale.matrix.site_settings import nccl_env_now
+from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.project import git_commit
 from hvdscale.record.history import history_csv
 from hvdscale.record.startup import launch_to_target, total_startup
@@ -216,7 +217,8 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
         "max_train_s": tcfg["max_train_s"],
         "stop_at_target": tcfg["stop_at_target"],
         "warmup_epochs": tcfg["warmup_epochs"],
-        "threads_per_worker": tcfg["threads_per_worker"],
+        # the threads the rank used (auto resolved in the rank's environment: an integer)
+        "threads_per_worker": threads_for_rank(tcfg["threads_per_worker"], os.environ),
         "launcher": launcher,
         "cpu_binding": tcfg.get("cpu_binding", "auto"),
         "controller": controller,

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hvdscale.matrix import backends
+from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.record.labelproof import prove
 from hvdscale.trainer.device import bind_cpus, pin_device
 from hvdscale.trainer.horovod_tf.optim import Optimisation
@@ -48,7 +49,8 @@ class HorovodTF:
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
         dynamic_timeline(tcfg, args.no_horovod)  # before hvd.init
         worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
-        device, desc = pin_device(worker, tcfg["threads_per_worker"])  # HVD: one per rank
+        threads = threads_for_rank(tcfg["threads_per_worker"], os.environ)
+        device, desc = pin_device(worker, threads)  # HVD: one per rank
         summary = f"{worker.size} worker(s), controller {worker.controller}, {desc}"
         return Started(worker, device, desc, bound, summary)
 

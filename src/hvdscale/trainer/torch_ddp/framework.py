@@ -3,16 +3,18 @@ DistributedDataParallel run (``FRAMEWORK``, named in ``matrix.backends.TRAINERS`
 19). The run, its rows, seeds, loop, checkpoints and record are the Horovod trainer's.
 
 A rank binds its CPUs from torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, takes
-``threads_per_worker`` torch threads, picks its device (``device.choose_device``: the CPU
-with gloo, ``cuda:LOCAL_RANK`` with nccl) and joins the process group (``dist.TorchWorker``)
-(``start``); the network, KerasAdam and the LR of every update come from ``net``, the DDP
-steps from ``step``. The record says ``config.framework`` = ``torch-ddp``, has no Horovod
-timeline, and its label proof adds what torch.distributed reports (backend, world size)
-to the hosts. The module imports torch (train env only).
+``threads_per_worker`` torch threads (``matrix.threads``: auto is SLURM_CPUS_PER_TASK),
+picks its device (``device.choose_device``: the CPU with gloo, ``cuda:LOCAL_RANK`` with
+nccl) and joins the process group (``dist.TorchWorker``) (``start``); the network,
+KerasAdam and the LR of every update come from ``net``, the DDP steps from ``step``. The
+record says ``config.framework`` = ``torch-ddp``, has no Horovod timeline, and its label
+proof adds what torch.distributed reports (backend, world size) to the hosts. The module
+imports torch (train env only).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 import torch.distributed
 
 from hvdscale.errors import UserError
+from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.record.labelproof import prove
 from hvdscale.trainer.device import bind_cpus
 from hvdscale.trainer.rank import Started
@@ -50,7 +53,7 @@ class TorchDDP:
     def start(self, args, run_, tcfg: dict) -> Started:
         r = torch_rank_env()
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
-        torch.set_num_threads(int(tcfg["threads_per_worker"]))
+        torch.set_num_threads(threads_for_rank(tcfg["threads_per_worker"], os.environ))
         check_backend(run_, getattr(args, "backend", None))
         device = torch.device(
             choose_device(
