@@ -1,40 +1,50 @@
 #!/usr/bin/env bash
-# Set up hvdscale on a Debian machine: system packages, the workflow env (.venv) and
-# the train env (.venv-train, with Horovod 0.28.1 built against TensorFlow 2.15.1).
+# Set up hvdscale: system pieces (installed as root on Debian, else checked on PATH), the
+# workflow env (.venv) and the train env (.venv-train, with Horovod 0.28.1 built against
+# TensorFlow 2.15.1 and the MPI, compilers and CUDA on the user's PATH).
 #
 # Idempotent: a second run only checks. The Horovod wheel is cached (default
 # ~/.cache/hvdscale/wheels, override with HVD_WHEEL_CACHE) so a second setup on the
-# same machine installs it in seconds instead of compiling it again.
+# same machine installs it in seconds instead of compiling it again. The cache directory
+# is keyed by TensorFlow, MPI implementation + version and CUDA, e.g.
+# tf-2.15.1_openmpi-4.1.4_cuda-none, with build-info.txt (what the build used) beside it.
 set -euo pipefail
 
 usage() {
     cat <<'EOF'
-Usage: scripts/setup.sh [--workflow-only] [--help]
+Usage: scripts/setup.sh [--workflow-only] [--check-only] [--help]
 
-Installs what hvdscale needs on a Debian 12 machine:
-  1. Debian packages (build tools, OpenMPI, SLURM + munge for the tests, poppler).
-     As root they are installed with apt-get; otherwise the exact apt-get line is
-     printed and setup stops.
+Installs what hvdscale needs:
+  1. System pieces. As root on Debian the Debian packages (build tools, OpenMPI,
+     SLURM + munge for the tests, poppler) are installed with apt-get. Otherwise
+     (ordinary user, or not Debian) no root is needed: the pieces must be on PATH,
+     from the OS or from modules: a C and C++ compiler, MPI (mpicc, mpirun), cmake,
+     Python 3.11 with venv and headers, pdftoppm/pdftotext (report tests). What is
+     missing is named in one message with what provides it (the apt-get line to run
+     as root, or a module, e.g. module load GCC OpenMPI CMake Python/3.11).
   2. .venv        workflow env: Snakemake 9, SLURM executor plugin, pandas, pandera,
                   matplotlib, h5py, reportlab, pytest (envs/workflow.lock.txt).
   3. .venv-train  train env: tensorflow-cpu 2.15.1, numpy 1.26.4, h5py, torch 2.13.0 (CPU) and Horovod
                   0.28.1 compiled with MPI and Gloo (envs/train.lock.txt).
 
 Options:
-  --workflow-only   set up .venv only (enough for dry runs: snakemake -n)
+  --workflow-only   set up .venv only (enough for dry runs: snakemake -n; needs Python only)
+  --check-only      check the system pieces, list them (or what is missing) and exit
   --help            show this help
 
 Environment:
   PYTHON            interpreter for both envs (default: python3; must be 3.11)
   HVD_WHEEL_CACHE   where the built Horovod wheel is cached (default ~/.cache/hvdscale/wheels)
-  HVD_SKIP_APT=1    do not check Debian packages (e.g. non-Debian clusters with modules)
+  HVD_SKIP_APT=1    as root on Debian, do not install Debian packages (only check the pieces)
 EOF
 }
 
 WORKFLOW_ONLY=0
+CHECK_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         --workflow-only) WORKFLOW_ONLY=1 ;;
+        --check-only) CHECK_ONLY=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "setup: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
@@ -47,15 +57,19 @@ WHEEL_CACHE="${HVD_WHEEL_CACHE:-$HOME/.cache/hvdscale/wheels}"
 HOROVOD_VERSION=0.28.1
 log() { printf '[setup] %s\n' "$*"; }
 
-# --------------------------------------------------------------------------- 1. Debian packages
-# binary -> package, for what the pipeline, the Horovod build and the tests need.
+# --------------------------------------------------------------------------- 1. system pieces
+# As root on Debian (unless HVD_SKIP_APT=1) the Debian packages are installed as before.
+# Everyone else needs only the pieces themselves on PATH, from the OS or from modules;
+# slurm-wlm and munge are for the SLURM tests only, not for setup.
 APT_PACKAGES=(build-essential cmake git openmpi-bin libopenmpi-dev slurm-wlm munge
               poppler-utils iproute2 procps python3-venv python3-dev)
+HAS_DPKG=0; command -v dpkg-query >/dev/null 2>&1 && HAS_DPKG=1
+python_is_system() { [[ "$("$PYTHON" -c 'import sys; print(sys.prefix)' 2>/dev/null)" == /usr ]]; }
 missing_packages() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do
         # python3-venv/-dev are only needed when PYTHON is Debian's own python3
-        if [[ "$pkg" == python3-* ]] && [[ "$("$PYTHON" -c 'import sys; print(sys.prefix)')" != /usr ]]; then
+        if [[ "$pkg" == python3-* ]] && ! python_is_system; then
             continue
         fi
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -63,37 +77,151 @@ missing_packages() {
     echo "${missing[@]:-}"
 }
 
-if [[ "${HVD_SKIP_APT:-0}" != 1 ]]; then
-    if ! command -v dpkg-query >/dev/null; then
-        log "not a Debian system (no dpkg-query): install the equivalents of: ${APT_PACKAGES[*]}"
-        log "then rerun with HVD_SKIP_APT=1"
-        exit 1
-    fi
+if [[ "$CHECK_ONLY" == 0 && "${HVD_SKIP_APT:-0}" != 1 && "$(id -u)" == 0 && "$HAS_DPKG" == 1 ]]; then
     MISSING="$(missing_packages)"
     if [[ -n "$MISSING" ]]; then
-        if [[ "$(id -u)" == 0 ]]; then
-            log "installing Debian packages: $MISSING"
-            export DEBIAN_FRONTEND=noninteractive
-            apt-get update -qq
-            # shellcheck disable=SC2086
-            apt-get install -y -q --no-install-recommends $MISSING
-        else
-            echo "setup: missing Debian packages. Install them with:" >&2
-            echo "  sudo apt-get install -y $MISSING" >&2
-            echo "then run this script again." >&2
-            exit 1
-        fi
+        log "installing Debian packages: $MISSING"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        # shellcheck disable=SC2086
+        apt-get install -y -q --no-install-recommends $MISSING
     else
         log "Debian packages: all present"
     fi
 fi
 
-# --------------------------------------------------------------------------- Python
-PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-if [[ "$PYVER" != 3.11 ]]; then
-    echo "setup: $PYTHON is Python $PYVER; hvdscale needs Python 3.11 (TensorFlow 2.15 supports" >&2
-    echo "  at most 3.11, Snakemake 9 at least 3.11). Set PYTHON=/path/to/python3.11." >&2
+# first line of a command's output (stdout and stderr), empty when it fails to run
+first_line() { local out; out="$("$@" 2>&1)" || true; printf '%s\n' "${out%%$'\n'*}"; }
+
+# check_pieces: what setup needs, found on PATH. Fills MISSING_DESC (one line per missing
+# piece), MISSING_APT (the Debian packages that provide them) and FOUND_DESC.
+MISSING_DESC=(); MISSING_APT=(); FOUND_DESC=()
+need() {  # need "description" "apt packages" "module" cmd-alternatives... (one of them suffices)
+    local desc="$1" apt="$2" module="$3" cmd
+    shift 3
+    for cmd in "$@"; do
+        if command -v "$cmd" >/dev/null 2>&1; then
+            FOUND_DESC+=("$desc: $(command -v "$cmd")")
+            return 0
+        fi
+    done
+    if [[ "$HAS_DPKG" == 1 ]]; then
+        MISSING_DESC+=("$desc [$*]: as root: apt-get install -y $apt; or load a module, e.g. module load $module")
+    else
+        MISSING_DESC+=("$desc [$*]: load a module, e.g. module load $module (Debian package: $apt)")
+    fi
+    MISSING_APT+=("$apt")
+}
+check_python() {
+    local problem=""
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        problem="not found"
+    else
+        PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo "?")"
+        if [[ "$PYVER" != 3.11 ]]; then
+            problem="is Python $PYVER; TensorFlow 2.15 supports at most 3.11, Snakemake 9 at least 3.11: set PYTHON=/path/to/python3.11"
+        elif ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+            problem="has no venv/ensurepip module"
+        elif [[ "$WORKFLOW_ONLY" == 0 ]] && ! "$PYTHON" -c \
+                'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+            problem="has no C headers (Python.h; the Horovod build needs them)"
+        fi
+    fi
+    if [[ -z "$problem" ]]; then
+        FOUND_DESC+=("Python 3.11: $(command -v "$PYTHON")")
+        return 0
+    fi
+    if [[ "$HAS_DPKG" == 1 ]] && { python_is_system || [[ "$PYTHON" == python3 ]]; }; then
+        MISSING_DESC+=("Python 3.11 ($PYTHON $problem): as root: apt-get install -y python3 python3-venv python3-dev; or load a module, e.g. module load Python/3.11")
+        MISSING_APT+=("python3 python3-venv python3-dev")
+    else
+        MISSING_DESC+=("Python 3.11 ($PYTHON $problem): load a module, e.g. module load Python/3.11, or set PYTHON to a Python 3.11 with venv and headers")
+    fi
+}
+check_pieces() {
+    check_python
+    [[ "$WORKFLOW_ONLY" == 1 ]] && return 0
+    need "C compiler" build-essential GCC cc gcc
+    need "C++ compiler" build-essential GCC c++ g++
+    need "MPI compiler wrapper" libopenmpi-dev OpenMPI mpicc
+    need "MPI launcher" openmpi-bin OpenMPI mpirun
+    need "cmake (Horovod build)" cmake CMake cmake
+    need "pdftoppm (report tests)" poppler-utils poppler pdftoppm
+    need "pdftotext (report tests)" poppler-utils poppler pdftotext
+}
+
+# The MPI and CUDA the Horovod build uses (the user's PATH): they key the wheel cache.
+sanitize() { tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9.+]+/-/g; s/^-+//; s/-+$//'; }
+mpi_line() {
+    local line
+    line="$(first_line mpicc -showme:version)"
+    [[ "$line" == *"Open MPI"* ]] || line="$(first_line mpirun --version)"
+    printf '%s\n' "$line"
+}
+mpi_key() {
+    local line all
+    line="$(mpi_line)"
+    all="$(mpirun --version 2>&1 || true)"
+    if [[ "$line" =~ Open\ MPI\)?\ ([0-9][^ ]*) ]]; then
+        echo "openmpi-${BASH_REMATCH[1]}" | sanitize
+    elif [[ "$all" =~ Intel\(R\)\ MPI\ Library.*Version\ ([0-9][^ ,]*) ]]; then
+        echo "intelmpi-${BASH_REMATCH[1]}" | sanitize
+    elif [[ "$all" == *HYDRA* || "$all" == *MPICH* ]] && [[ "$all" =~ Version:[[:space:]]*([0-9][^[:space:]]*) ]]; then
+        echo "mpich-${BASH_REMATCH[1]}" | sanitize
+    else
+        printf '%s\n' "${line:-unknown}" | sanitize | cut -c1-40
+    fi
+}
+nvcc_release() { nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n1 || true; }
+# Horovod compiles CUDA code only when a HOROVOD_GPU* variable asks for GPU operations
+# (this project's CPU build does not; nvcc on PATH alone changes nothing in the wheel).
+cuda_key() {
+    local var rel
+    for var in $(compgen -v HOROVOD_GPU || true); do
+        if [[ -n "${!var}" ]]; then
+            rel="$(nvcc_release)"; echo "cuda-${rel:-unknown}"; return 0
+        fi
+    done
+    echo "cuda-none"
+}
+build_info() {  # what the Horovod build on this PATH uses
+    local nvcc="none" cc cxx
+    cc="$(command -v cc || command -v gcc)"; cxx="$(command -v c++ || command -v g++)"
+    command -v nvcc >/dev/null 2>&1 && nvcc="$(command -v nvcc), release $(nvcc_release)"
+    echo "horovod: $HOROVOD_VERSION"
+    echo "tensorflow: $TF_VERSION"
+    echo "cache key: $CACHE_KEY"
+    echo "mpicc: $(command -v mpicc) ($(mpi_line))"
+    echo "mpirun: $(command -v mpirun) ($(first_line mpirun --version))"
+    echo "cc: $cc ($(first_line "$cc" --version))"
+    echo "c++: $cxx ($(first_line "$cxx" --version))"
+    echo "cmake: $HVD_CMAKE ($(first_line "$HVD_CMAKE" --version))"
+    echo "cuda: $(cuda_key) (nvcc on PATH: $nvcc)"
+    echo "PATH: $BUILD_PATH"
+}
+HVD_CMAKE="$(command -v cmake || true)"  # the user's cmake, not a pip cmake 4 in the venv (breaks gloo)
+BUILD_PATH="$ROOT/.venv-train/bin:$PATH"
+
+check_pieces
+if [[ ${#MISSING_DESC[@]} -gt 0 ]]; then
+    {
+        echo "setup: missing what hvdscale needs (looked on PATH=$PATH):"
+        printf '  - %s\n' "${MISSING_DESC[@]}"
+        if [[ ${#MISSING_APT[@]} -gt 0 && "$HAS_DPKG" == 1 ]]; then
+            # shellcheck disable=SC2046
+            echo "Install them as root with: apt-get install -y --no-install-recommends" \
+                $(printf '%s\n' "${MISSING_APT[@]}" | tr ' ' '\n' | sort -u)
+        fi
+        [[ "$HAS_DPKG" == 1 ]] && printf 'or load' || printf 'Load'
+        echo " modules that provide them, e.g. module load GCC OpenMPI CMake Python/3.11; then run scripts/setup.sh again."
+    } >&2
     exit 1
+fi
+if [[ "$CHECK_ONLY" == 1 ]]; then
+    log "all pieces present:"
+    printf '  %s\n' "${FOUND_DESC[@]}"
+    [[ "$WORKFLOW_ONLY" == 1 ]] || log "Horovod wheel cache key: tf-<TensorFlow>_$(mpi_key)_$(cuda_key)"
+    exit 0
 fi
 
 # stamp-based idempotence: reinstall an env only when its lock file changed
@@ -136,24 +264,49 @@ else
     .venv-train/bin/python -m pip install -q wheel==0.48.0 setuptools==84.2.1
     .venv-train/bin/python -m pip install -q --no-deps -e .
 
-    # Horovod: build once against this exact TensorFlow, cache the wheel.
+    # Horovod: build once against this exact TensorFlow and the MPI/CUDA on PATH, cache the wheel.
     TF_VERSION="$(.venv-train/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
-    CACHE_DIR="$WHEEL_CACHE/tf-$TF_VERSION"
-    WHEEL="$(ls "$CACHE_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+    MPI_KEY="$(mpi_key)"
+    CUDA_KEY="$(cuda_key)"
+    CACHE_KEY="$(echo "tf-$TF_VERSION" | sanitize)_${MPI_KEY}_${CUDA_KEY}"
+    CACHE_DIR="$WHEEL_CACHE/$CACHE_KEY"
+    find_wheel() { ls "$1"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true; }
+    WHEEL="$(find_wheel "$CACHE_DIR")"
+    OLD_WHEEL="$(find_wheel "$WHEEL_CACHE/tf-$TF_VERSION")"
+    if [[ -z "$WHEEL" && -n "$OLD_WHEEL" && "$MPI_KEY" == openmpi-4.1.4 && "$CUDA_KEY" == cuda-none ]]; then
+        # a cache from before the key named MPI and CUDA: those wheels were built with the
+        # Debian 12 OpenMPI 4.1.4 and no GPU operations, which is what this build would use
+        log "adopting the cached wheel $OLD_WHEEL as $CACHE_KEY (built with OpenMPI 4.1.4, no CUDA)"
+        if ! { mkdir -p "$CACHE_DIR" && cp -p "$OLD_WHEEL" "$CACHE_DIR/"; }; then
+            log "cannot write $CACHE_DIR: using $OLD_WHEEL where it is"
+            CACHE_DIR="$WHEEL_CACHE/tf-$TF_VERSION"
+        elif [[ ! -f "$CACHE_DIR/build-info.txt" ]]; then
+            { echo "adopted from $WHEEL_CACHE/tf-$TF_VERSION (a cache from before build info was recorded;"
+              echo "  built by setup.sh with PATH=/usr/local/bin:/usr/bin:/bin: Debian's OpenMPI 4.1.4, no CUDA)"
+              echo "this setup's tools:"
+              build_info; } > "$CACHE_DIR/build-info.txt"
+        fi
+        WHEEL="$(find_wheel "$CACHE_DIR")"
+    fi
     if [[ -z "$WHEEL" ]]; then
         log "building Horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (a few minutes; cached in $CACHE_DIR)"
         mkdir -p "$CACHE_DIR"
+        build_info > "$CACHE_DIR/build-info.txt.partial"
+        sed 's/^/[setup]   /' "$CACHE_DIR/build-info.txt.partial"
         # Pitfalls (see DEVELOPERS.md): no build isolation (it must see this TF); the
-        # system cmake 3.25, not pip's cmake 4 (breaks Horovod's vendored gloo).
-        env PATH="$ROOT/.venv-train/bin:/usr/local/bin:/usr/bin:/bin" \
+        # user's cmake (Debian's 3.25), not pip's cmake 4 (breaks Horovod's vendored gloo);
+        # the user's PATH (module MPI, compilers, CUDA), the venv's bin first.
+        env PATH="$BUILD_PATH" \
             HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
             HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-            HOROVOD_CMAKE="$(command -v cmake)" MAKEFLAGS="-j$(nproc)" \
+            HOROVOD_CMAKE="$HVD_CMAKE" MAKEFLAGS="-j$(nproc)" \
             .venv-train/bin/python -m pip wheel --no-build-isolation --no-deps \
                 -w "$CACHE_DIR" "horovod==$HOROVOD_VERSION"
-        WHEEL="$(ls "$CACHE_DIR"/horovod-"$HOROVOD_VERSION"-*.whl | head -n1)"
+        mv "$CACHE_DIR/build-info.txt.partial" "$CACHE_DIR/build-info.txt"
+        WHEEL="$(find_wheel "$CACHE_DIR")"
     else
         log "using cached Horovod wheel $WHEEL"
+        if [[ -f "$CACHE_DIR/build-info.txt" ]]; then sed 's/^/[setup]   /' "$CACHE_DIR/build-info.txt"; fi
     fi
     .venv-train/bin/python -m pip install -q --no-deps --force-reinstall "$WHEEL"
     echo "$TR_HASH" > .venv-train/.hvdscale-stamp

@@ -1,0 +1,134 @@
+"""scripts/setup.sh --check-only: the system pieces setup needs, checked on PATH (no root,
+no dpkg), one message naming what is missing and what provides it, and the MPI/CUDA part
+of the Horovod wheel cache key. Fast: nothing is installed or built."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / "scripts" / "setup.sh"
+
+pytestmark = pytest.mark.skipif(
+    not all(shutil.which(c) for c in ("mpicc", "mpirun", "cc", "c++", "cmake", "dpkg-query")),
+    reason="needs the Debian machine's compilers, MPI and cmake on PATH",
+)
+
+
+def _path_without(tmp_path, leave_out, extra=None):
+    """A PATH of one folder: symlinks to /usr/bin and /bin less `leave_out`, plus `extra`
+    (name -> script text)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for folder in ("/usr/bin", "/bin"):
+        for entry in os.scandir(folder):
+            if entry.name in leave_out or (bin_ / entry.name).exists():
+                continue
+            (bin_ / entry.name).symlink_to(entry.path)
+    for name, text in (extra or {}).items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    return str(bin_)
+
+
+MPI = {"mpicc", "mpirun", "mpiexec", "mpicxx", "mpic++", "mpiCC", "orterun"}
+
+
+def _check(*args, path=None, **env):
+    full = {**os.environ, "PYTHON": sys.executable, **env}
+    if path is not None:
+        full["PATH"] = path
+    return subprocess.run(
+        ["bash", str(SETUP), "--check-only", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_check_only_with_everything_on_path():
+    r = _check()
+    assert r.returncode == 0, r.stderr
+    assert "all pieces present" in r.stdout
+    for piece in ("Python 3.11", "C compiler", "C++ compiler", "MPI compiler wrapper", "cmake"):
+        assert piece in r.stdout
+    # this machine's build: Debian's OpenMPI, no GPU operations asked for
+    assert "_openmpi-4.1.4_cuda-none" in r.stdout
+
+
+def test_missing_mpi_is_one_message_with_apt_and_module_hints(tmp_path):
+    r = _check(path=_path_without(tmp_path, MPI))
+    assert r.returncode == 1
+    assert r.stderr.count("setup: missing") == 1
+    assert "MPI compiler wrapper [mpicc]" in r.stderr
+    assert "MPI launcher [mpirun]" in r.stderr
+    assert "as root: apt-get install -y libopenmpi-dev" in r.stderr
+    assert "apt-get install -y --no-install-recommends libopenmpi-dev openmpi-bin" in r.stderr
+    assert "module load GCC OpenMPI" in r.stderr
+    # nothing else is reported missing
+    assert len([line for line in r.stderr.splitlines() if line.startswith("  - ")]) == 2
+
+
+def test_off_debian_gives_module_hints_only(tmp_path):
+    r = _check(path=_path_without(tmp_path, MPI | {"dpkg-query", "dpkg"}))
+    assert r.returncode == 1
+    assert "load a module, e.g. module load OpenMPI (Debian package: libopenmpi-dev)" in r.stderr
+    assert "as root" not in r.stderr
+    assert "Load modules that provide them" in r.stderr
+
+
+def test_workflow_only_needs_python_only(tmp_path):
+    r = _check("--workflow-only", path=_path_without(tmp_path, MPI | {"cmake", "c++", "g++"}))
+    assert r.returncode == 0, r.stderr
+    assert "MPI" not in r.stdout
+
+
+def test_wrong_python_is_named(tmp_path):
+    r = _check(path=_path_without(tmp_path, set()), PYTHON="/nonexistent/python3.11")
+    assert r.returncode == 1
+    assert "Python 3.11 (/nonexistent/python3.11 not found)" in r.stderr
+    assert "module load Python/3.11" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "mpicc, mpirun, key",
+    [
+        (
+            "echo 'mpicc: Open MPI 5.0.3 (Language: C)'",
+            "echo 'mpirun (Open MPI) 5.0.3'",
+            "openmpi-5.0.3",
+        ),
+        (
+            "echo 'mpicc for MPICH version 4.1.2' >&2; exit 1",
+            "printf 'HYDRA build details:\\n    Version:                                 4.1.2\\n'",
+            "mpich-4.1.2",
+        ),
+        (
+            "exit 1",
+            "echo 'Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619'",
+            "intelmpi-2021.10",
+        ),
+    ],
+)
+def test_cache_key_names_the_mpi_on_path(tmp_path, mpicc, mpirun, key):
+    path = _path_without(
+        tmp_path,
+        MPI,
+        {"mpicc": f"#!/bin/sh\n{mpicc}\n", "mpirun": f"#!/bin/sh\n{mpirun}\n"},
+    )
+    r = _check(path=path)
+    assert r.returncode == 0, r.stderr
+    assert f"tf-<TensorFlow>_{key}_cuda-none" in r.stdout
+
+
+def test_cache_key_names_cuda_only_for_a_gpu_build(tmp_path):
+    nvcc = "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n"
+    path = _path_without(tmp_path, {"nvcc"}, {"nvcc": nvcc})
+    assert "_cuda-none" in _check(path=path).stdout  # nvcc alone: a CPU build
+    r = _check(path=path, HOROVOD_GPU_OPERATIONS="NCCL")
+    assert "_openmpi-4.1.4_cuda-12.4" in r.stdout
