@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hvdscale.launch.launchspec import horovod_env
-from hvdscale.record.labelproof import EXPECTED, main, prove
+from hvdscale.record.labelproof import EXPECTED, gpu_id, main, parse_cores, prove
 from hvdscale.trainer.horovod_tf.step import host_reduction
 
 
@@ -130,3 +130,61 @@ def test_mpi_and_gloo_reduce_on_the_host_on_a_gpu(device, env, host):
 @pytest.mark.parametrize("backend,host", [("mpi", True), ("gloo", True), ("nccl", False)])
 def test_the_launchers_variables_say_which_backend_reduces_on_the_host(backend, host):
     assert host_reduction("/GPU:0", horovod_env({}, backend)) is host
+
+
+# ------------------------------------------------- issue 29: GPUs and cores per rank
+
+
+def with_devices(devices, hosts=None, cores=None, backend="nccl"):
+    n = len(devices)
+    rec = record(backend, n, len(set(hosts or ["h1"])), n, hosts=hosts)
+    rec["environment"]["devices"] = list(devices)
+    if cores is not None:
+        rec["environment"]["cores"] = list(cores)
+    return rec
+
+
+def test_gpu_ids_come_from_the_device_labels():
+    assert gpu_id("GPU:3 (CUDA_VISIBLE_DEVICES=3; NVIDIA A100-SXM4-40GB)") == "3"
+    assert gpu_id("GPU:1 (CUDA_VISIBLE_DEVICES=0,1; NVIDIA A100)") == "1"  # the physical id
+    assert gpu_id("GPU:0 (NVIDIA H100)") == "0" and gpu_id("GPU:2") == "2"
+    assert gpu_id("GPU:GPU-5a1c (CUDA_VISIBLE_DEVICES=GPU-5a1c; A100)") == "GPU-5a1c"
+    assert gpu_id("CPU (1 thread)") is None and gpu_id("CPU:0") is None
+
+
+def test_two_ranks_on_one_host_with_the_same_gpu_are_a_problem():
+    p = prove(with_devices(["GPU:0 (A100)", "GPU:0 (A100)"], hosts=["n1", "n1"]))
+    assert not p["ok"] and "ranks 0 and 1 on host n1 share GPU 0" in p["problems"], p
+    assert p["gpu_ids"] == ["0", "0"]
+    # each task bound to its own GPU by SLURM: local index 0 each, physical ids differ
+    labels = ["GPU:2 (CUDA_VISIBLE_DEVICES=2; A100)", "GPU:3 (CUDA_VISIBLE_DEVICES=3; A100)"]
+    p = prove(with_devices(labels, hosts=["n1", "n1"]))
+    assert p["ok"] and p["gpu_ids"] == ["2", "3"], p
+    same = ["GPU:3 (CUDA_VISIBLE_DEVICES=3; A100)"] * 2
+    p = prove(with_devices(same, hosts=["n1", "n1"]))
+    assert p["problems"] == ["ranks 0 and 1 on host n1 share GPU 3"], p
+
+
+def test_the_same_gpu_id_on_different_hosts_is_fine():
+    rec = with_devices(["GPU:0 (A100)", "GPU:0 (A100)"], hosts=["n1", "n2"])
+    rec["config"]["workers_per_node"] = 1
+    p = prove(rec)
+    assert p["ok"], p["problems"]
+
+
+def test_cpu_ranks_have_no_gpu_and_no_gpu_problem():
+    p = prove(record("gloo"))
+    assert p["ok"] and p["gpu_ids"] == [None, None]
+    assert p["cores"] is None and p["core_overlaps"] == []  # records before issue 29
+
+
+def test_cores_and_their_overlaps_are_information_not_problems():
+    p = prove(with_devices(["CPU:0"] * 3, cores=["0-3", "4-7", "8-11"], backend="gloo"))
+    assert p["ok"] and p["cores"] == ["0-3", "4-7", "8-11"] and p["core_overlaps"] == []
+    p = prove(with_devices(["CPU:0"] * 2, cores=["0-7", "0-7"], backend="gloo"))
+    assert p["ok"], p["problems"]  # the OS placed them: allowed
+    assert p["core_overlaps"] == ["ranks 0 and 1 on host h1 share cores 0,1,2,3,4,5,6,7"]
+    rec = with_devices(["CPU:0"] * 2, hosts=["a", "b"], cores=["0-3", "0-3"], backend="gloo")
+    rec["config"]["workers_per_node"] = 1
+    assert prove(rec)["core_overlaps"] == []  # different hosts
+    assert parse_cores("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11} and parse_cores("") == set()

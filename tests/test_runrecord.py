@@ -545,3 +545,51 @@ def test_a_rank_without_the_stamp_records_null_and_older_records_stay_valid():
     validate_record(old)  # records written before issue 30 item 7
     with pytest.raises(RecordError, match="startup_s"):
         validate_record({**old, "timing": {**old["timing"], "startup_s": -1.0}})
+
+
+# --------------------------------------------------------- issue 29: cores per rank
+
+
+def test_compact_core_strings():
+    from hvdscale.record.labelproof import parse_cores
+    from hvdscale.trainer.device import compact_cores
+
+    assert compact_cores([0, 1, 2, 3]) == "0-3" and compact_cores([2, 0]) == "0,2"
+    assert compact_cores([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11" and compact_cores([]) == ""
+    assert compact_cores({5}) == "5"
+    for cores in ([0, 1, 2, 3], [0, 2], [1, 2, 3, 7, 9, 10]):
+        assert parse_cores(compact_cores(cores)) == set(cores)
+
+
+def test_each_ranks_cores_are_in_the_record(monkeypatch):
+    """describe_environment gathers (host, device, cores) in its one collective; rank 0's
+    environment block has environment.cores (this process's affinity), which validates;
+    records without it (before issue 29) stay valid."""
+    import os
+
+    from hvdscale.trainer import rank
+    from hvdscale.trainer.device import compact_cores
+    from hvdscale.trainer.worker import WorkerInfo
+
+    calls = []
+    worker = WorkerInfo(hostname="n1")
+    real = worker.allgather_object
+    monkeypatch.setattr(worker, "allgather_object", lambda o, name=None: calls.append(o) or real(o))
+    monkeypatch.setattr(rank, "system_block", lambda hosts: None)
+
+    class Fw:
+        def versions(self):
+            return {"tensorflow": "t", "horovod": "h"}
+
+    env, _ = rank.describe_environment(worker, "CPU (1 thread)", "abc", {"started_utc": "s"}, Fw())
+    assert len(calls) == 1  # still one collective
+    want = compact_cores(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else ""
+    assert env["cores"] == [want] and env["hostnames"] == ["n1"]
+    assert env["devices"] == ["CPU (1 thread)"]
+    rec = record()
+    assert "cores" not in rec["environment"]
+    validate_record(rec)  # an older record without environment.cores
+    rec["environment"]["cores"] = ["0-3", "4-7"]
+    validate_record(rec)
+    with pytest.raises(RecordError, match="cores"):
+        validate_record({**rec, "environment": {**rec["environment"], "cores": [0, 1]}})

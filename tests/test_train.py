@@ -254,6 +254,9 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     assert rec["config"]["controller"] == ("gloo" if backend == "gloo" else "mpi")
     assert rec["config"]["horovod_env"]["HOROVOD_CPU_OPERATIONS"] == backend
     assert rec["config"]["global_batch"] == 150
+    cores = rec["environment"]["cores"]  # issue 29: each rank's affinity after binding
+    assert len(cores) == 2 and all(cores) and rec["label_proof"]["cores"] == cores
+    assert rec["label_proof"]["gpu_ids"] == [None, None]
     # each rank read only its own two whole shards
     assert [row[0] for row in rec["data"]["rank0_train_rows"]] == [
         "train/shard-0000.h5",

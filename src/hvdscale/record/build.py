@@ -81,10 +81,13 @@ def environment_block(
     tensorflow: str,
     horovod: str,
     started_utc: str,
+    cores: list[str] | None = None,
 ) -> dict:
+    """The record's ``environment``; ``cores`` (each rank's CPU affinity as
+    ``trainer.device.compact_cores`` writes it, rank order) only when given."""
     import numpy
 
-    return {
+    env = {
         "hostnames": list(hostnames),
         "python": platform.python_version(),
         "tensorflow": tensorflow,
@@ -103,6 +106,9 @@ def environment_block(
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
     }
+    if cores is not None:
+        env["cores"] = list(cores)
+    return env
 
 
 def system_block(nodes: list[str]) -> dict:

@@ -6,6 +6,10 @@ and, when the run wrote one, Horovod's timeline:
 - world size = workers of the label; distinct hosts = nodes; ranks per host follow the
   sequential fill (workers_per_node on each node but the last), in rank order;
 - device per rank (GPU or CPU), and that an nccl run ran on GPUs;
+- no two ranks on one host used the same GPU (the id in each rank's device label,
+  ``GPU:{id} (...)``: the node's id, from CUDA_VISIBLE_DEVICES where set); each rank's
+  cores (``environment.cores``, records since issue 29) and the ranks of a host whose cores
+  overlap, as information only (a launcher may leave placement to the OS);
 - the controller Horovod reports (gloo/mpi) matches the backend;
 - the collective that carried the gradients: the activity names Horovod's timeline
   records inside each ALLREDUCE of the ``grads`` tensors (MPI_ALLREDUCE, GLOO_ALLREDUCE,
@@ -76,6 +80,61 @@ def expected_ranks_per_host(workers: int, per_node: int) -> list[int]:
     return out
 
 
+def gpu_id(label: str) -> str | None:
+    """The GPU id in a device label (``GPU:3 (CUDA_VISIBLE_DEVICES=3; NVIDIA A100)`` -> ``3``,
+    the token after ``GPU:`` up to the first space); None for a CPU rank."""
+    label = str(label)
+    if not label.startswith("GPU:"):
+        return None
+    return label[4:].split(" ", 1)[0] or None
+
+
+def parse_cores(text: str) -> set[int]:
+    """The core ids of a compact core string (``0-3,8`` -> {0, 1, 2, 3, 8};
+    ``trainer.device.compact_cores`` writes them); empty for ``""``."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def shared_gpus(hosts: list[str], gpus: list[str | None]) -> list[str]:
+    """One problem per pair of ranks on the same host with the same GPU id."""
+    problems, first = [], {}
+    for rank, (host, gpu) in enumerate(zip(hosts, gpus)):
+        if gpu is None:
+            continue
+        if (host, gpu) in first:
+            problems.append(f"ranks {first[host, gpu]} and {rank} on host {host} share GPU {gpu}")
+        else:
+            first[host, gpu] = rank
+    return problems
+
+
+def core_overlaps(hosts: list[str], cores: list[str]) -> list[str]:
+    """Pairs of ranks on the same host whose cores overlap (information, not a problem)."""
+    sets = []
+    for c in cores:
+        try:
+            sets.append(parse_cores(c))
+        except ValueError:
+            sets.append(set())
+    out = []
+    for i in range(len(sets)):
+        for j in range(i + 1, min(len(sets), len(hosts))):
+            common = sets[i] & sets[j] if hosts[i] == hosts[j] else set()
+            if common:
+                out.append(
+                    f"ranks {i} and {j} on host {hosts[i]} share cores "
+                    f"{','.join(map(str, sorted(common)))}"
+                )
+    return out
+
+
 def prove(record: dict, timeline: str | Path | None = None) -> dict:
     cfg, env = record["config"], record.get("environment") or {}
     backend, workers, nodes = cfg["backend"], cfg["workers"], cfg["nodes"]
@@ -96,6 +155,10 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
     entry = backends.get(backend, cfg.get("framework") or backends.DEFAULT_FRAMEWORK)
     if entry.needs_gpu and kinds.get("CPU"):
         problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
+    gpus = [gpu_id(d) for d in devices]
+    problems += shared_gpus(hosts, gpus)
+    cores = env.get("cores")
+    overlaps = core_overlaps(hosts, cores) if cores is not None else []
     controller = cfg.get("controller")
     if entry.controller is not None and controller != entry.controller:
         problems.append(f"backend {backend} but Horovod's controller was {controller}")
@@ -115,6 +178,9 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
         "hosts": order,
         "ranks_per_host": dict(zip(order, per_host)),
         "devices": dict(kinds),
+        "gpu_ids": gpus,
+        "cores": None if cores is None else list(cores),
+        "core_overlaps": overlaps,
         "controller": controller,
         "collective": collective,
         "collective_counts": counts,

@@ -72,6 +72,27 @@ def bind_cpus(
     return mine
 
 
+def compact_cores(cores) -> str:
+    """A set of core ids as the record writes it (``environment.cores``): sorted, runs of
+    consecutive ids as ``a-b``, joined by commas, e.g. ``0-3,8,10-11``; ``""`` for none."""
+    ids = sorted(set(int(c) for c in cores))
+    runs: list[list[int]] = []
+    for c in ids:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def affinity() -> str:
+    """The cores this process may run on now (after ``bind_cpus``), as ``compact_cores``
+    writes them; ``""`` where the platform cannot tell (no ``os.sched_getaffinity``)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ""
+    return compact_cores(os.sched_getaffinity(0))
+
+
 def gpu_for_rank(
     local_rank: int,
     local_size: int | None,

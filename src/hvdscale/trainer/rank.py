@@ -44,6 +44,7 @@ from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
+from hvdscale.trainer.device import affinity
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.frame import run_rank
 from hvdscale.trainer.loop import LoopPlan, TimelineWindow, train_epochs
@@ -321,15 +322,16 @@ def announce_fault(fault: FaultDelay) -> FaultDelay:
 def describe_environment(
     worker: WorkerInfo, device_desc: str, chash: str, first_attempt: dict, framework: Framework
 ):
-    """Every rank's host and device (all ranks take part); rank 0 gets the environment
-    block (with the framework's versions) and the system description now, so that writing
-    the record at the end is quick. (None, None) on other ranks."""
+    """Every rank's host, device and cores (its CPU affinity after ``bind_cpus``; all ranks
+    take part, one collective); rank 0 gets the environment block (with the framework's
+    versions) and the system description now, so that writing the record at the end is
+    quick. (None, None) on other ranks."""
     gathered = worker.allgather_object(
-        (worker.hostname, device_desc), name="hosts"
+        (worker.hostname, device_desc, affinity()), name="hosts"
     )  # HVD: allgather_object
     if not worker.is_root:
         return None, None
-    hosts = [h for h, _ in gathered]
+    hosts = [g[0] for g in gathered]
     # issue 13: rank 0 describes the system (CPU, GPUs, CUDA/cuDNN/NCCL, MPI, network,
     # nodes) now; never raises (what failed is in system.errors)
     system = system_block(hosts)
@@ -337,7 +339,8 @@ def describe_environment(
     environment = environment_block(
         config_hash=chash,
         hostnames=hosts,
-        devices=[d for _, d in gathered],
+        devices=[g[1] for g in gathered],
+        cores=[g[2] for g in gathered],
         tensorflow=versions.pop("tensorflow", "none"),
         horovod=versions.pop("horovod", "none"),
         started_utc=first_attempt["started_utc"],
