@@ -551,8 +551,7 @@ def test_a_rank_without_the_stamp_records_null_and_older_records_stay_valid():
 
 
 def test_compact_core_strings():
-    from hvdscale.record.labelproof import parse_cores
-    from hvdscale.trainer.device import compact_cores
+    from hvdscale.record.labelproof import compact_cores, parse_cores
 
     assert compact_cores([0, 1, 2, 3]) == "0-3" and compact_cores([2, 0]) == "0,2"
     assert compact_cores([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11" and compact_cores([]) == ""
@@ -567,8 +566,8 @@ def test_each_ranks_cores_are_in_the_record(monkeypatch):
     records without it (before issue 29) stay valid."""
     import os
 
+    from hvdscale.record.labelproof import compact_cores
     from hvdscale.trainer import rank
-    from hvdscale.trainer.device import compact_cores
     from hvdscale.trainer.worker import WorkerInfo
 
     calls = []

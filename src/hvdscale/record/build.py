@@ -84,7 +84,7 @@ def environment_block(
     cores: list[str] | None = None,
 ) -> dict:
     """The record's ``environment``; ``cores`` (each rank's CPU affinity as
-    ``trainer.device.compact_cores`` writes it, rank order) only when given."""
+    ``record.labelproof.compact_cores`` writes it, rank order) only when given."""
     import numpy
 
     env = {

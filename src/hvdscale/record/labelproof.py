@@ -89,9 +89,23 @@ def gpu_id(label: str) -> str | None:
     return label[4:].split(" ", 1)[0] or None
 
 
+def compact_cores(cores) -> str:
+    """A set of core ids as the record writes it (``environment.cores``, read back by
+    ``parse_cores``): sorted, runs of consecutive ids as ``a-b``, joined by commas, e.g.
+    ``0-3,8,10-11``; ``""`` for none."""
+    ids = sorted(set(int(c) for c in cores))
+    runs: list[list[int]] = []
+    for c in ids:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def parse_cores(text: str) -> set[int]:
     """The core ids of a compact core string (``0-3,8`` -> {0, 1, 2, 3, 8};
-    ``trainer.device.compact_cores`` writes them); empty for ``""``."""
+    ``compact_cores`` writes them); empty for ``""``."""
     out: set[int] = set()
     for part in str(text).split(","):
         part = part.strip()

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from hvdscale.errors import UserError
+from hvdscale.record.labelproof import compact_cores
 from hvdscale.trainer.worker import WorkerInfo
 
 
@@ -70,19 +71,6 @@ def bind_cpus(
         return None
     os.sched_setaffinity(0, mine)
     return mine
-
-
-def compact_cores(cores) -> str:
-    """A set of core ids as the record writes it (``environment.cores``): sorted, runs of
-    consecutive ids as ``a-b``, joined by commas, e.g. ``0-3,8,10-11``; ``""`` for none."""
-    ids = sorted(set(int(c) for c in cores))
-    runs: list[list[int]] = []
-    for c in ids:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def affinity() -> str:
