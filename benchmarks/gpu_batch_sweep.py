@@ -15,7 +15,19 @@ and its run record. From the record, per batch size:
   device          the record's ``environment.devices[0]`` (``GPU:0 (name)``)
 
 and ``epoch_ratio_75_to_1000`` = epoch_s(75) / epoch_s(1000) (the reference study
-measured about 7x), the same on every row. Writes benchmarks/results/gpu_batch_sweep.csv
+measured about 7x), the same on every row of a variant.
+
+Variants (issue 32's settings, ``--variants``): the eager fp32 sweep over every batch size
+comes first; then, at ``--variant-batches`` (75 and 1000), each further
+``COMPILE/PRECISION`` pair (``training.compile`` off|default|max, ``training.precision``
+fp32|tf32|bf16|fp16), each its own config and run folder (``runs/VARIANT/RUN_ID``; the
+run id does not name them). A row adds the variant, ``warm_up_s`` (the compilation before
+the epoch loop, in no epoch time) and the torch.compile mode. A run that fails (e.g.
+Inductor cannot compile here) becomes a row with status ``failed`` and its error, and the
+sweep goes on. ``--budget-s``: no run starts after that many seconds of the sweep (the
+device time is short); the CSV is written after every run.
+
+Writes benchmarks/results/gpu_batch_sweep.csv
 with the provenance and load columns of benchmarks/_results.py (``machine`` adds the GPU
 name). A machine without CUDA stops it before anything runs (exit 2, with what was found).
 
@@ -27,6 +39,8 @@ carry it (benchmarks/out/ is not tracked):
   .venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only      # CPU machine
   PYTHONPATH=src python3 benchmarks/gpu_batch_sweep.py               # GPU machine
       [--batches 75,150,300,600,1000,2000,5000] [--epochs 4] [--samples 16000]
+      [--variants off/fp32,off/tf32,off/bf16,default/fp32,max/fp32,max/bf16]
+      [--variant-batches 75,1000] [--budget-s 420] [--records DIR]
       [--commit SHA]  (the tree copied to the GPU machine may have no .git)
 
 The torch trainer imports numpy, torch, h5py, PyYAML and jsonschema (config and record
@@ -39,6 +53,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +75,9 @@ from _results import (  # noqa: E402
 )
 
 BATCHES = [75, 150, 300, 600, 1000, 2000, 5000]
+#: COMPILE/PRECISION pairs; the first is the full sweep, the others run at VARIANT_BATCHES
+VARIANTS = ["off/fp32", "off/tf32", "off/bf16", "default/fp32", "max/fp32", "max/bf16"]
+VARIANT_BATCHES = [75, 1000]
 WORK = ROOT / "benchmarks" / "out" / "gpu_batch_sweep"
 PARTITION = "gpu"
 #: what ``python -m hvdscale.trainer.torch_ddp`` imports (top level or while it runs)
@@ -93,11 +111,36 @@ def check_cuda() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def sweep_config(a) -> dict:
+def parse_variant(v: str) -> tuple[str, str]:
+    """``COMPILE/PRECISION`` -> (compile, precision), checked against the config schema."""
+    comp, _, prec = v.partition("/")
+    if comp not in ("off", "default", "max") or prec not in ("fp32", "tf32", "bf16", "fp16"):
+        raise SystemExit(
+            f"gpu_batch_sweep: variant {v!r}; expected COMPILE/PRECISION with COMPILE off, "
+            f"default or max and PRECISION fp32, tf32, bf16 or fp16"
+        )
+    return comp, prec
+
+
+def variant_name(v: str) -> str:
+    return v.replace("/", "-")
+
+
+def plan(a) -> list[tuple[str, int]]:
+    """(variant, batch) in run order: the first variant at every batch, then the others
+    at the variant batches (those of them in --batches)."""
+    runs = [(a.variants[0], b) for b in a.batches]
+    for v in a.variants[1:]:
+        runs += [(v, b) for b in a.variant_batches]
+    return runs
+
+
+def sweep_config(a, variant: str | None = None) -> dict:
     """A small study: partition ``gpu`` (1 GPU per node), torch-ddp over nccl, 1 worker,
     every batch size, no LR scaling, exactly ``epochs`` epochs, no checkpoints
     (``--backend gloo``: partition ``cpu`` without GPUs, for a smoke test on a CPU)."""
     gpus = 1 if a.backend == "nccl" else 0
+    comp, prec = parse_variant(variant or a.variants[0])
     return {
         "seed": 20240601,
         "data": {
@@ -116,6 +159,8 @@ def sweep_config(a) -> dict:
             "threads_per_worker": 1,
             "checkpoint": False,
             "instrument_every": 10,
+            "precision": prec,
+            "compile": comp,
         },
         "scaling": {
             "partitions": {
@@ -133,7 +178,7 @@ def sweep_config(a) -> dict:
                     "workers": [1],
                     "backends": [a.backend],
                     "frameworks": ["torch-ddp"],
-                    "batch_sizes": list(a.batches),
+                    "batch_sizes": sorted(set(a.batches) | set(a.variant_batches)),
                     "lr_rules": ["none"],
                 }
             ],
@@ -162,20 +207,23 @@ def cli(*args) -> None:
         raise SystemExit(f"hvdscale {' '.join(map(str, args[:1]))} failed:\n{r.stderr[-2000:]}")
 
 
-def prepare(a, work: Path) -> tuple[Path, Path]:
-    """The validated config (config.json) and the data (data/, cached) in ``work``."""
+def prepare(a, work: Path) -> tuple[dict, Path]:
+    """The validated config of every variant (config-VARIANT.json; {variant: path}) and the
+    data (data/, cached) in ``work``."""
     from hvdscale.matrix.config import validate_config
     from hvdscale.matrix.runtable import find_run
 
     work.mkdir(parents=True, exist_ok=True)
-    cfg = validate_config(sweep_config(a))
-    for b in a.batches:
-        find_run(cfg, run_id(b, a.backend))  # the ids exist in the matrix
-    cfg_path = work / "config.json"
-    cfg_path.write_text(json.dumps(cfg, indent=1))
+    paths = {}
+    for v in a.variants:
+        cfg = validate_config(sweep_config(a, v))
+        for b in set(a.batches) | set(a.variant_batches):
+            find_run(cfg, run_id(b, a.backend))  # the ids exist in the matrix
+        paths[v] = work / f"config-{variant_name(v)}.json"
+        paths[v].write_text(json.dumps(cfg, indent=1))
     data = work / f"data{a.samples}"
     if (data / "manifest.json").is_file():
-        return cfg_path, data
+        return paths, data
     if importlib.util.find_spec("pandera") is None:
         raise Unfit(
             f"no data in {data} and no pandera here to validate new shards: run "
@@ -193,13 +241,13 @@ def prepare(a, work: Path) -> tuple[Path, Path]:
         vals.append(va)
     cli("split-dataset", "--config", dcfg, "--shards", *shards, "--validations", *vals,
         "--outdir", data)  # fmt: skip
-    return cfg_path, data
+    return paths, data
 
 
-def run_one(a, cfg_path: Path, data: Path, batch: int) -> dict:
+def run_one(a, cfg_path: Path, data: Path, batch: int, variant: str) -> dict:
     """One training run (one rank on cuda:0); its record."""
     rid = run_id(batch, a.backend)
-    out = a.work / "runs" / rid
+    out = a.work / "runs" / variant_name(variant) / rid
     argv = [sys.executable, "-m", "hvdscale.trainer.torch_ddp", "--config", cfg_path,
             "--run-id", rid, "--data-dir", data, "--out-dir", out,
             "--backend", a.backend]  # fmt: skip
@@ -210,10 +258,16 @@ def run_one(a, cfg_path: Path, data: Path, batch: int) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def row_of(batch: int, rec: dict) -> dict:
+def row_of(batch: int, rec: dict, variant: str) -> dict:
     eps = [e for e in rec["epochs"] if not e["warmup"]] or rec["epochs"]
     util = [e["utilisation_mean"] for e in eps if e.get("utilisation_mean") is not None]
+    comp, prec = parse_variant(variant)
     return {
+        "variant": variant,
+        "compile": comp,
+        "precision": prec,
+        "compile_mode": rec["config"].get("compile_mode"),
+        "warm_up_s": rec.get("timing", {}).get("warm_up_s"),
         "batch": batch,
         "run_id": rec["run_id"],
         "status": rec["status"],
@@ -230,13 +284,24 @@ def row_of(batch: int, rec: dict) -> dict:
     }
 
 
-def add_ratio(rows: list[dict]) -> float | None:
-    """epoch_s(75) / epoch_s(1000) on every row (None when either is missing)."""
-    by = {r["batch"]: r.get("epoch_s") for r in rows}
-    ratio = by[75] / by[1000] if by.get(75) and by.get(1000) else None
-    for r in rows:
-        r["epoch_ratio_75_to_1000"] = ratio
-    return ratio
+def failed_row(batch: int, variant: str, error: str) -> dict:
+    comp, prec = parse_variant(variant)
+    last = error.strip().splitlines()[-1][:300] if error.strip() else ""
+    return {"variant": variant, "compile": comp, "precision": prec, "batch": batch,
+            "status": "failed", "error": last}  # fmt: skip
+
+
+def add_ratio(rows: list[dict]) -> dict:
+    """epoch_s(75) / epoch_s(1000) per variant on each of its rows (None when either is
+    missing); returns {variant: ratio}."""
+    ratios = {}
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == v]
+        by = {r["batch"]: r.get("epoch_s") for r in mine}
+        ratios[v] = by[75] / by[1000] if by.get(75) and by.get(1000) else None
+        for r in mine:
+            r["epoch_ratio_75_to_1000"] = ratios[v]
+    return ratios
 
 
 def parse_args(argv):
@@ -248,6 +313,15 @@ def parse_args(argv):
     ap.add_argument("--work", type=Path, default=WORK, help="config, data and runs")
     ap.add_argument("--out", type=Path, default=None, help="CSV (default: benchmarks/results)")
     ap.add_argument("--run-timeout", type=float, default=300, help="seconds per run")
+    ap.add_argument("--variants", default=",".join(VARIANTS), type=lambda s: s.split(","),
+                    help="COMPILE/PRECISION pairs; the first at every batch size")  # fmt: skip
+    ap.add_argument("--variant-batches", default=",".join(map(str, VARIANT_BATCHES)),
+                    type=lambda s: [int(x) for x in s.split(",")],
+                    help="batch sizes of the other variants")  # fmt: skip
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no run after this many seconds")  # fmt: skip
+    ap.add_argument("--records", type=Path, default=None,
+                    help="copy every run's record and history here (VARIANT/RUN_ID/)")  # fmt: skip
     ap.add_argument("--prepare-only", action="store_true",
                     help="build config and data (workflow env, no GPU) and stop")  # fmt: skip
     ap.add_argument("--commit", default=None,
@@ -266,29 +340,57 @@ def main(argv=None) -> int:
         gpu = check_cuda()
     if not a.prepare_only and missing_modules():
         raise Unfit(f"the torch trainer needs the modules {missing_modules()} (missing)")
-    cfg_path, data = prepare(a, a.work)
+    for v in a.variants:
+        parse_variant(v)
+    cfg_paths, data = prepare(a, a.work)
     if a.prepare_only:
-        print(f"prepared {cfg_path} and {data}", flush=True)
+        print(f"prepared {', '.join(map(str, cfg_paths.values()))} and {data}", flush=True)
         return 0
     configure_quiet(a)
     if a.max_load is None:  # a many-core GPU node: a one-rank run leaves load ~1 behind
         GUARD.max_load = max(GUARD.max_load, 0.25 * (os.cpu_count() or 1))
-    print(f"gpu_batch_sweep on {gpu}: batches {a.batches}, {a.epochs} epochs", flush=True)
-    rows = []
-    for b in a.batches:
-        t0 = time.time()
-        with Measured(f"torch-ddp nccl b{b}") as m:
-            rec = run_one(a, cfg_path, data, b)
-        row = {**row_of(b, rec), **m.fields(), "wall_s": round(time.time() - t0, 1)}
-        rows.append(row)
-        print(f"  b{b:5d}: epoch {row['epoch_s']:.3f} s, {row['throughput']:9.0f} samples/s, "
-              f"util {row['gpu_util_mean']}", flush=True)  # fmt: skip
-    ratio = add_ratio(rows)
-    print(f"epoch time ratio 75 -> 1000: {ratio} (reference study: about 7x)", flush=True)
+    print(f"gpu_batch_sweep on {gpu}: batches {a.batches}, variants {a.variants}, "
+          f"{a.epochs} epochs", flush=True)  # fmt: skip
     common = {"machine": f"{machine()}, GPU {gpu}", **({"commit": a.commit} if a.commit else {})}
     out = a.out or (a.work / "gpu_batch_sweep_gloo.csv" if a.backend == "gloo" else None)
-    write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], out)
+    rows, started = [], time.time()
+    for v, b in plan(a):
+        if a.budget_s is not None and time.time() - started > a.budget_s:
+            print(f"  budget of {a.budget_s:.0f} s spent: {v} b{b} and later not run", flush=True)
+            break
+        t0 = time.time()
+        try:
+            with Measured(f"torch-ddp {a.backend} {v} b{b}") as m:
+                rec = run_one(a, cfg_paths[v], data, b, v)
+            row = {**row_of(b, rec, v), **m.fields()}
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            row = failed_row(b, v, str(exc))
+        row["wall_s"] = round(time.time() - t0, 1)
+        rows.append(row)
+        if row["status"] == "failed":
+            print(f"  {v:13s} b{b:5d}: FAILED {row['error']}", flush=True)
+        else:
+            print(f"  {v:13s} b{b:5d}: epoch {row['epoch_s']:.4f} s, "
+                  f"{row['throughput']:9.0f} samples/s, util {row['gpu_util_mean']}, "
+                  f"warm-up {row['warm_up_s']} s", flush=True)  # fmt: skip
+        copy_records(a, v, b)
+        add_ratio(rows)
+        write_csv("gpu_batch_sweep", [{**common, **r} for r in rows], out)  # after every run
+    for v, ratio in add_ratio(rows).items():
+        print(f"epoch time ratio 75 -> 1000, {v}: {ratio} (reference study: about 7x)", flush=True)
     return 0
+
+
+def copy_records(a, variant: str, batch: int) -> None:
+    """The run's metrics.json, history.csv and log into --records (for the CPU machine)."""
+    if a.records is None:
+        return
+    src = a.work / "runs" / variant_name(variant) / run_id(batch, a.backend)
+    dst = a.records / variant_name(variant) / src.name
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.json", "history.csv", "train.log", "rank-0.log"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
 
 
 if __name__ == "__main__":

@@ -382,3 +382,36 @@ def test_config_readme_documents_every_key():
         "report.allow_partial",
     ):
         assert f"`{key}`" in text
+
+
+def _torch_sweep(partition: str, backend: str) -> dict:
+    return {"partitions": [partition], "workers": [1], "backends": [backend],
+            "frameworks": ["torch-ddp"], "batch_sizes": [75], "lr_rules": ["none"]}  # fmt: skip
+
+
+GPU_PART = {"gpus_per_node": 1, "cores_per_node": 8, "mem_mb_per_node": 8000}
+
+
+def test_precision_and_compile_are_checked_against_the_runs_of_the_matrix():
+    """Issue 32: fp16/tf32 need a GPU partition; precision and compile other than fp32/off
+    only for torch-ddp (the default config's horovod-tf runs refuse them)."""
+    ok = validate_config({"training": {"precision": "bf16", "compile": "max"},
+                          "scaling": {"sweeps": [_torch_sweep("local", "gloo")]}})  # fmt: skip
+    assert (ok["training"]["precision"], ok["training"]["compile"]) == ("bf16", "max")
+    assert validate_config({})["training"]["precision"] == "fp32"
+    assert validate_config({})["training"]["compile"] == "off"
+    gpu = {"partitions": {"gpu": GPU_PART}, "sweeps": [_torch_sweep("gpu", "nccl")]}
+    cfg = validate_config({"training": {"precision": "tf32"}, "scaling": gpu})
+    assert cfg["training"]["precision"] == "tf32"
+    with pytest.raises(ConfigError) as e:
+        validate_config({"training": {"precision": "fp16"},
+                         "scaling": {"sweeps": [_torch_sweep("local", "gloo")]}})  # fmt: skip
+    assert "training.precision: got 'fp16', which needs a GPU" in str(e.value)
+    assert "partition 'local' has gpus_per_node 0; on a CPU use fp32 or bf16" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # the default sweeps run horovod-tf
+        validate_config({"training": {"compile": "default"}})
+    assert "training.compile: got 'default', but the horovod-tf trainer has only 'off'" in str(
+        e.value
+    )
+    with pytest.raises(ConfigError, match="training.precision.*one of|fp8"):
+        validate_config({"training": {"precision": "fp8"}})

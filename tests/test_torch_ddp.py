@@ -293,6 +293,64 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     check_sync_block(rec, workers)
 
 
+@pytest.mark.slow
+@needs_torch
+def test_a_compiled_bf16_run_keeps_ddp_and_records_its_settings(tmp_path, tiny_run_setup):
+    """Issue 32: training.compile default and precision bf16 on 2 gloo ranks: DDP's
+    communication hook still times every synchronising step (DDP wraps the compiled
+    network), the compilation is in timing.warm_up_s (not in an epoch), Inductor's cache
+    lands in the study's results folder, and the record states the settings."""
+    config, data = tiny_run_setup
+    cfg = json.loads(config.read_text())
+    cfg["training"].update(
+        precision="bf16", compile="default", instrument_every=2, steps_per_execution=2
+    )  # plain and timed calls in every epoch
+    # horovod-tf has neither setting: a config with its sweeps is refused (test_config)
+    cfg["scaling"]["sweeps"] = [s for s in cfg["scaling"]["sweeps"] if s["name"] == "torch"]
+    cfg["training"]["target"]["calibration"]["framework"] = "torch-ddp"  # also its runs
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    rid = "local_torch-ddp_gloo_n1_w2_b8_lrnone_r0"
+    out = tmp_path / "results" / "runs" / rid
+    r = subprocess.run(torchrun_cmd(2, config, rid, data, out), capture_output=True,
+                       text=True, timeout=400, env=train_env())  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = load_record(out)
+    check_plausible(rec, 2, epochs=3)
+    assert (rec["config"]["precision"], rec["config"]["compile"]) == ("bf16", "default")
+    assert rec["config"]["compile_mode"] == "default"
+    assert rec["timing"]["warm_up_s"] > 1.0  # Inductor compiled before the epoch loop
+    assert "precision bf16, compile default (mode default" in r.stdout + r.stderr
+    assert list((tmp_path / "results" / "cache" / "torchinductor").iterdir())
+    check_sync_block(rec, 2)
+
+
+@needs_torch
+def test_fp16_and_tf32_are_refused_on_the_cpu_and_bf16_is_not(tmp_path):
+    """The CPU refusal at the rank (speed.check_precision), for a config that got past
+    the matrix check (which refuses them for partitions without GPUs)."""
+    code = (
+        "import torch\n"
+        "from hvdscale.errors import UserError\n"
+        "from hvdscale.trainer.torch_ddp.speed import check_precision, compile_mode\n"
+        "cpu = torch.device('cpu')\n"
+        "for p in ('fp16', 'tf32'):\n"
+        "    try:\n"
+        "        check_precision(p, cpu, 'RID')\n"
+        "    except UserError as e:\n"
+        "        assert 'run RID' in str(e) and 'needs a GPU' in str(e), e\n"
+        "    else:\n"
+        "        raise SystemExit(p + ' accepted on the CPU')\n"
+        "check_precision('bf16', cpu, 'RID'); check_precision('fp32', cpu, 'RID')\n"
+        "assert compile_mode('max', cpu) == 'max-autotune-no-cudagraphs'\n"
+        "assert compile_mode('max', torch.device('cuda', 0)) == 'reduce-overhead'\n"
+        "assert compile_mode('off', cpu) is None\n"
+    )
+    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
+                       env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def check_sync_block(rec: dict, workers: int) -> None:
     """timing.sync (issue 19 item 2): with 2 ranks a measured comm-hook time, a no-comm
     step and a finite exposed time that is the plain step minus it; 1 rank: 0 / null."""

@@ -175,11 +175,35 @@ def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_pat
     assert [(r.framework, r.backend, r.workers, r.batch) for r in runs] == [
         ("torch-ddp", "nccl", 1, 75), ("torch-ddp", "nccl", 1, 1000)
     ]  # fmt: skip
-    rows = [{"batch": 75, "epoch_s": 7.0}, {"batch": 1000, "epoch_s": 2.0}]
-    assert sweep.add_ratio(rows) == 3.5
-    assert [r["epoch_ratio_75_to_1000"] for r in rows] == [3.5, 3.5]
-    assert sweep.add_ratio([{"batch": 75, "epoch_s": 1.0}]) is None
+    rows = [{"variant": "off/fp32", "batch": 75, "epoch_s": 7.0},
+            {"variant": "off/fp32", "batch": 1000, "epoch_s": 2.0},
+            {"variant": "max/bf16", "batch": 75, "epoch_s": 3.0},
+            {"variant": "max/bf16", "batch": 1000, "epoch_s": 1.5}]  # fmt: skip
+    assert sweep.add_ratio(rows) == {"off/fp32": 3.5, "max/bf16": 2.0}
+    assert [r["epoch_ratio_75_to_1000"] for r in rows] == [3.5, 3.5, 2.0, 2.0]
+    assert sweep.add_ratio([{"variant": "off/fp32", "batch": 75, "epoch_s": 1.0}]) == {
+        "off/fp32": None
+    }
     json.dumps(cfg)  # the snapshot the runs read
+
+
+def test_the_sweep_plan_runs_the_first_variant_at_every_batch_then_the_others(tmp_path):
+    from hvdscale.errors import ConfigError
+    from hvdscale.matrix.config import validate_config
+
+    sweep = sweep_module()
+    a = sweep.parse_args(["--batches", "75,300,1000", "--variants", "off/fp32,max/bf16,off/tf32"])
+    assert sweep.plan(a) == [("off/fp32", 75), ("off/fp32", 300), ("off/fp32", 1000),
+                             ("max/bf16", 75), ("max/bf16", 1000),
+                             ("off/tf32", 75), ("off/tf32", 1000)]  # fmt: skip
+    cfg = validate_config(sweep.sweep_config(a, "max/bf16"))
+    assert (cfg["training"]["compile"], cfg["training"]["precision"]) == ("max", "bf16")
+    with pytest.raises(SystemExit):
+        sweep.parse_variant("fast/fp8")
+    # tf32 needs a GPU: the gloo (CPU partition) config of that variant is refused
+    a = sweep.parse_args(["--backend", "gloo", "--variants", "off/fp32,off/tf32"])
+    with pytest.raises(ConfigError, match="training.precision.*'tf32'.*gpus_per_node 0"):
+        validate_config(sweep.sweep_config(a, "off/tf32"))
 
 
 @pytest.mark.slow
@@ -189,22 +213,39 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     record's figures, the CSV) with the gloo backend; on a GPU it is the same with nccl."""
     work, csv = tmp_path / "w", tmp_path / "sweep.csv"
     common = ["--backend", "gloo", "--work", str(work), "--samples", "2000", "--epochs", "2",
-              "--batches", "75,1000", "--commit", "abc123"]  # fmt: skip
+              "--batches", "75,1000", "--commit", "abc123", "--variants", "off/fp32,default/bf16",
+              "--variant-batches", "75", "--records", str(tmp_path / "rec")]  # fmt: skip
     r = subprocess.run([sys.executable, str(SWEEP), "--prepare-only", *common],
                        capture_output=True, text=True, env=train_env(), timeout=240)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     cmd = [str(TRAIN_PY), str(SWEEP), *common, "--out", str(csv), "--max-load", "100"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=280)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     import csv as csvmod
 
     rows = list(csvmod.DictReader(csv.open()))
-    assert [int(x["batch"]) for x in rows] == [75, 1000]
+    assert [(x["variant"], int(x["batch"])) for x in rows] == [
+        ("off/fp32", 75), ("off/fp32", 1000), ("default/bf16", 75)
+    ]  # fmt: skip
     for x in rows:
         assert x["status"] == "completed" and x["device"] == "CPU:0" and x["commit"] == "abc123"
         assert float(x["epoch_s"]) > 0 and float(x["throughput"]) > 0 and x["load_before"]
     ratio = float(rows[0]["epoch_s"]) / float(rows[1]["epoch_s"])
     assert float(rows[0]["epoch_ratio_75_to_1000"]) == pytest.approx(ratio, rel=1e-4)
+    eager, comp = rows[0], rows[2]
+    assert eager["compile_mode"] == "" and float(eager["warm_up_s"]) < 1.0  # nothing compiled
+    assert comp["compile_mode"] == "default" and float(comp["warm_up_s"]) > 1.0  # Inductor
+    assert comp["epoch_ratio_75_to_1000"] == ""  # no batch 1000 run of that variant
+    rec = json.loads(
+        (tmp_path / "rec" / "default-bf16" / sweep_rid(75) / "metrics.json").read_text()
+    )
+    assert (rec["config"]["precision"], rec["config"]["compile"]) == ("bf16", "default")
+    assert rec["summary"]["final_val_loss"] is not None
+    assert rec["timing"]["warm_up_s"] == pytest.approx(float(comp["warm_up_s"]))
+
+
+def sweep_rid(batch: int) -> str:
+    return f"cpu_torch-ddp_gloo_n1_w1_b{batch}_lrnone_r0"
 
 
 @needs_cpu_torch

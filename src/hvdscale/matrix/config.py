@@ -276,6 +276,8 @@ def _check_semantics(cfg: dict) -> None:
     problems += _tune_problems(cfg)
     problems = list(dict.fromkeys(problems))  # a problem of both frameworks once
     if not problems:
+        problems += _precision_problems(cfg)
+    if not problems:
         problems += _check_select(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
@@ -333,6 +335,37 @@ def _calibration_problems(cfg: dict) -> list[str]:
             f"config key training.target.calibration.max_epochs: got {cal['max_epochs']!r}; "
             f"expected more than training.warmup_epochs ({cfg['training']['warmup_epochs']})"
         )
+    return problems
+
+
+#: training.precision values that need a GPU (issue 32): fp16 autocast and TF32 matmuls
+GPU_PRECISIONS = ("fp16", "tf32")
+
+
+def _precision_problems(cfg: dict) -> list[str]:
+    """training.precision and training.compile against the runs of the matrix: fp16 and
+    tf32 only on partitions with GPUs; anything but fp32 / off only for torch-ddp (the
+    Horovod-TF trainer has neither yet)."""
+    tr = cfg["training"]
+    prec, comp = tr["precision"], tr["compile"]
+    if prec == "fp32" and comp == "off":
+        return []
+    parts = cfg["scaling"]["partitions"]
+    problems = []
+    for fw, part in sorted({(r.framework, r.partition) for r in run_table(cfg)}):
+        if prec in GPU_PRECISIONS and not parts[part]["gpus_per_node"]:
+            problems.append(
+                f"config key training.precision: got {prec!r}, which needs a GPU, but "
+                f"partition {part!r} has gpus_per_node 0; on a CPU use fp32 or bf16"
+            )
+        if fw != "torch-ddp":
+            for key, value, plain in (("precision", prec, "fp32"), ("compile", comp, "off")):
+                if value != plain:
+                    problems.append(
+                        f"config key training.{key}: got {value!r}, but the {fw} trainer "
+                        f"has only {plain!r} so far (runs of partition {part!r}); "
+                        f"{key} {value!r} needs frameworks: [torch-ddp]"
+                    )
     return problems
 
 

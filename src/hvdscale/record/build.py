@@ -233,6 +233,8 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
         "seed_base": cfg["seed"],
         "kind": kind,
         "data_in_device_memory": tcfg["data_in_device_memory"],
+        "precision": tcfg.get("precision", "fp32"),  # issue 32
+        "compile": tcfg.get("compile", "off"),
         "target_test_loss": tcfg.get("target_test_loss"),
         "timeline_steps": tcfg["timeline_steps"],
     }

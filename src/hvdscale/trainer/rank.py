@@ -187,7 +187,9 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
         fault=fault,
     )  # fmt: skip
     data.release()
-    program.warm_up(tcfg["steps_per_execution"])
+    warm_up_started = time.perf_counter()
+    program.warm_up(tcfg["steps_per_execution"])  # tracing / compilation: no epoch's time
+    warm_up_s = time.perf_counter() - warm_up_started
     plan = LoopPlan.from_config(
         cfg, run_.run_id, data.steps, run_.batch * worker.size, seed, target["value"]
     )
@@ -210,6 +212,8 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
         run_, cfg, worker, optim, data, progress, result, sampler, fault, environment,
         system, seed=seed, target=target, framework=framework,
     )  # fmt: skip
+    record["timing"]["warm_up_s"] = round(warm_up_s, 4)
+    record["config"].update(getattr(program, "record_config", {}))  # e.g. compile_mode
     record["label_proof"] = framework.label_proof(record, facts, out_dir)
     write_run_outputs(out_dir, record)
     log(f"wrote {out_dir / 'metrics.json'} (status {result.status})")

@@ -29,6 +29,7 @@ from hvdscale.trainer.rank import Started
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device, device_label
 from hvdscale.trainer.torch_ddp.dist import TorchWorker, detect_torch_launcher, torch_rank_env
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
+from hvdscale.trainer.torch_ddp.speed import check_precision, compile_mode, use_compile_cache
 from hvdscale.trainer.torch_ddp.step import TorchStepProgram
 
 NAME = "torch-ddp"
@@ -65,10 +66,16 @@ class TorchDDP:
                 local_size=r["local_size"],
             )
         )
+        check_precision(tcfg["precision"], device, run_.run_id)  # before the group
+        cache = (
+            use_compile_cache(getattr(args, "out_dir", None)) if tcfg["compile"] != "off" else None
+        )
         worker = TorchWorker.init(run_.backend, device)  # nccl: set_device, then the group
         summary = (
             f"{worker.size} rank(s), torch {torch.__version__} DDP over {worker.backend} on "
-            f"{device_label(device)}, {torch.get_num_threads()} thread(s)"
+            f"{device_label(device)}, {torch.get_num_threads()} thread(s), precision "
+            f"{tcfg['precision']}, compile {tcfg['compile']}"
+            + (f" (mode {compile_mode(tcfg['compile'], device)}, cache {cache})" if cache else "")
         )
         # the device as the Horovod trainer names it: GPU:i (name) or CPU:0
         return Started(worker, device, device_label(device), bound, summary)

@@ -72,6 +72,17 @@ from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.step import EVAL_BATCH
 from hvdscale.trainer.torch_ddp.device import synchronizer
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
+from hvdscale.trainer.torch_ddp.speed import (
+    autocast,
+    compile_mode,
+    compiled,
+    grad_scaler,
+    set_matmul_precision,
+)
+
+#: forward/backward passes ``warm_up`` runs through a compiled model (CUDA graph trees
+#: record on the second and replay from the third)
+WARM_UP_PASSES = 3
 
 
 def mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -184,7 +195,15 @@ class TorchStepProgram:
         self.device = getattr(worker, "device", None) or torch.device("cpu")
         self.sync = synchronizer(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.net, device_ids=ids)  # no buffers to sync
+        # issue 32: the step's arithmetic and compilation (trainer.torch_ddp.speed); DDP
+        # wraps the compiled network (the speed module says why not the other way round)
+        self.precision = training.get("precision", "fp32")
+        self.compile = training.get("compile", "off")
+        set_matmul_precision(self.precision)
+        self.scaler = grad_scaler(self.precision, self.device)
+        self.model = compiled(self.net, self.compile, self.device)
+        self.record_config = {"compile_mode": compile_mode(self.compile, self.device)}
+        self.ddp = DistributedDataParallel(self.model, device_ids=ids)  # no buffers to sync
         self.hook_timer: CommHookTimer | None = None
         if worker.distributed:
             self.hook_timer = CommHookTimer(
@@ -225,9 +244,22 @@ class TorchStepProgram:
         idx = self.perm[j * self.batch : (j + 1) * self.batch]
         return self.x[idx], self.y[idx]
 
+    def _loss(self, x, y) -> torch.Tensor:
+        with autocast(self.precision, self.device):
+            return mse(self.ddp(x), y)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (
+            loss / self.bpps if self.scaler is None else self.scaler.scale(loss / self.bpps)
+        ).backward()
+
     def _update(self) -> None:
         self.optim.set_lr()
-        self.optim.optimizer.step()
+        if self.scaler is None:
+            self.optim.optimizer.step()
+        else:  # unscale, skip an update with non-finite gradients, adapt the scale
+            self.scaler.step(self.optim.optimizer)
+            self.scaler.update()
         self.optim.optimizer.zero_grad(set_to_none=True)
 
     def _plain_step(self, j: int) -> None:
@@ -235,12 +267,12 @@ class TorchStepProgram:
         self.micro += 1
         last = self.micro % self.bpps == 0
         if last:
-            loss = mse(self.ddp(x), y)
-            (loss / self.bpps).backward()  # DDP: the allreduce overlaps this pass
+            loss = self._loss(x, y)
+            self._backward(loss)  # DDP: the allreduce overlaps this pass
         else:
             with self.ddp.no_sync():
-                loss = mse(self.ddp(x), y)
-                (loss / self.bpps).backward()
+                loss = self._loss(x, y)
+                self._backward(loss)
         self.loss_sum += loss.detach().double()
         if last:
             if self.hook_timer is not None:
@@ -256,8 +288,8 @@ class TorchStepProgram:
         t1 = time.perf_counter()
         self.micro += 1
         with self.ddp.no_sync():
-            loss = mse(self.ddp(x), y)
-            (loss / self.bpps).backward()
+            loss = self._loss(x, y)
+            self._backward(loss)
         self.loss_sum += loss.detach().double()
         self.sync()
         self._delay("compute")
@@ -286,7 +318,9 @@ class TorchStepProgram:
         grads = [p.grad for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         t = time.perf_counter()
-        local_sq = float(torch.sum(flat.double() ** 2))
+        # fp16: the gradients are still scaled here (GradScaler unscales in the update)
+        inv2 = 1.0 if self.scaler is None else float(self.scaler.get_scale()) ** -2
+        local_sq = float(torch.sum(flat.double() ** 2)) * inv2
         noise = time.perf_counter() - t
         self.worker.dist.all_reduce(flat)
         flat /= self.worker.size
@@ -295,7 +329,7 @@ class TorchStepProgram:
             g.copy_(flat[at : at + g.numel()].view_as(g))
             at += g.numel()
         t = time.perf_counter()
-        self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)), 1.0)
+        self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)) * inv2, 1.0)
         self._delay("noise")
         return noise + time.perf_counter() - t
 
@@ -308,7 +342,28 @@ class TorchStepProgram:
         gc.collect()
 
     def warm_up(self, spe: int) -> None:
-        """Nothing to compile (eager)."""
+        """Compile the model (``training.compile``) before the epoch loop, so no epoch
+        time holds compilation: ``WARM_UP_PASSES`` forward and backward passes of the
+        first batch rows, synchronised as a plain step synchronises, then the gradients
+        are dropped (weights, optimizer state and loss scale stay as they were; every
+        rank runs them, so the allreduces pair up). Eager: nothing."""
+        if self.model is self.net:
+            return
+        self.net.train()
+        x, y = self.x[: self.batch], self.y[: self.batch]
+        for _ in range(WARM_UP_PASSES):
+            loss = self._loss(x, y)
+            self._backward(loss)
+            if self.hook_timer is not None:
+                self.hook_timer.end_step()
+            self.optim.optimizer.zero_grad(set_to_none=True)
+        with self.ddp.no_sync():  # the timed steps' path
+            self._backward(self._loss(x, y))
+        self.optim.optimizer.zero_grad(set_to_none=True)
+        self.sync()
+        if self.hook_timer is not None:
+            self.hook_timer.flush()
+            self.hook_timer.samples = []
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.perm = torch.from_numpy(np.asarray(perm, dtype=np.int64)).to(self.device)
