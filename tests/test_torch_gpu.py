@@ -268,3 +268,38 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
     r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
                        env=train_env(), timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
+
+
+PROFILE = PROJECT_ROOT / "benchmarks" / "gpu_step_profile.py"
+
+
+@needs_cpu_torch
+def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
+    """benchmarks/gpu_step_profile.py: exit 2 naming what it found on a machine without a
+    GPU; with --device cpu (gloo) the same step parts and columns (no GPU figures)."""
+    csv = tmp_path / "p.csv"
+    r = subprocess.run([str(TRAIN_PY), str(PROFILE), "--out", str(csv)], capture_output=True,
+                       text=True, env=train_env(), timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "needs a CUDA build of torch and a GPU" in r.stderr, r.stderr
+    assert not csv.exists()
+    cmd = [str(TRAIN_PY), str(PROFILE), "--device", "cpu", "--steps", "5", "--batches", "75",
+           "--variants", "off/fp32", "--out", str(csv), "--max-load", "100"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import csv as csvmod
+
+    rows = list(csvmod.DictReader(csv.open()))
+    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
+                                         "update"]  # fmt: skip
+    for x in rows:
+        assert (x["variant"], x["batch"], x["gpu_busy_us"], x["kernels"]) == (
+            "off/fp32",
+            "75",
+            "",
+            "",
+        )
+        assert float(x["host_us"]) > 0 and float(x["wall_us"]) > 0
+    parts = {x["part"]: float(x["host_us"]) for x in rows}
+    assert float(rows[0]["host_us_sum"]) == pytest.approx(
+        sum(v for p, v in parts.items() if p != "forward_plain"), rel=1e-3
+    )
