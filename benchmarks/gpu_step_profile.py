@@ -83,8 +83,8 @@ def host_parts(program, steps: int) -> dict:
     """Median host time per part of a plain step (no synchronisation inside the step)."""
     import torch
 
-    from hvdscale.trainer.torch_ddp.step import mse
     from hvdscale.trainer.torch_ddp.speed import autocast
+    from hvdscale.trainer.torch_ddp.step import mse
 
     samples = {p: [] for p in PARTS}
     n_batches = program.n_local // program.batch
