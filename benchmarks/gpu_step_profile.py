@@ -189,9 +189,10 @@ def main(argv=None) -> int:
         for b in a.batches:
             case = profile_case(cfg, worker, device, v, b, a.steps)
             r = case[0]
+            parts = ", ".join(f"{x['part']} {x['host_us']:.0f}" for x in case)
             print(f"  {v:10s} b{b:5d}: wall {r['wall_us']:8.1f} us/step, GPU busy "
-                  f"{r['gpu_busy_us']} us ({r['gpu_busy_share']}), {r['kernels']} kernels, host "
-                  + ", ".join(f"{x['part']} {x['host_us']:.0f}" for x in case), flush=True)  # fmt: skip
+                  f"{r['gpu_busy_us']} us ({r['gpu_busy_share']}), {r['kernels']} kernels, "
+                  f"host {parts}", flush=True)  # fmt: skip
             rows += case
     common = {"machine": f"{machine()}, GPU {gpu}", **({"commit": a.commit} if a.commit else {})}
     write_csv("gpu_step_profile", [{**common, **r} for r in rows], a.out)
