@@ -41,7 +41,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _results import add_quiet_args, configure_quiet, machine, quiet_main, write_csv  # noqa: E402
+from _results import (  # noqa: E402
+    Measured,
+    add_quiet_args,
+    configure_quiet,
+    machine,
+    quiet_main,
+    write_csv,
+)
 
 PARTS = ["data", "forward_ddp", "forward_plain", "backward", "update"]
 
@@ -147,15 +154,17 @@ def profile_case(cfg: dict, worker, device, variant: str, batch: int, steps: int
     for i in range(10):  # settle (allocator, CUDA graph replay)
         program._plain_step(i % (n_rows // batch))
     program.sync()
-    host = host_parts(program, steps)
-    wall, busy, kernels = gpu_time(program, steps, device.type == "cuda")
+    with Measured(f"step profile {variant} b{batch}") as m:  # load and foreign CPU
+        host = host_parts(program, steps)
+        wall, busy, kernels = gpu_time(program, steps, device.type == "cuda")
     program.close()
     base = {"variant": variant, "compile": comp, "precision": prec, "batch": batch,
             "steps": steps, "warm_up_s": round(warm, 3), "wall_us": wall,
             "gpu_busy_us": busy if busy == busy else None,
             "gpu_busy_share": busy / wall if busy == busy else None,
             "kernels": kernels if device.type == "cuda" else None,
-            "host_us_sum": sum(v for p, v in host.items() if p != "forward_plain")}  # fmt: skip
+            "host_us_sum": sum(v for p, v in host.items() if p != "forward_plain"),
+            **m.fields()}  # fmt: skip
     return [{**base, "part": p, "host_us": host[p]} for p in PARTS]
 
 

@@ -299,6 +299,7 @@ def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
             "",
         )
         assert float(x["host_us"]) > 0 and float(x["wall_us"]) > 0
+        assert x["foreign_cpu"] and x["load_before"]  # the quiet guard's columns
     parts = {x["part"]: float(x["host_us"]) for x in rows}
     assert float(rows[0]["host_us_sum"]) == pytest.approx(
         sum(v for p, v in parts.items() if p != "forward_plain"), rel=1e-3
