@@ -42,6 +42,7 @@ from .common import (
     thousands,
 )
 from .frameworks import block_frameworks, block_frameworks_runs
+from .gpu import block_gpu_batch_sweep, block_gpu_step_profile, block_gpu_variants
 from .sync import block_sync_breakdown
 
 DOCS = ROOT / "docs"
@@ -411,6 +412,8 @@ VALIDITY_SOURCES = [
     "bench_slurm_arrays",
     "costmodel_emulated",
     "costmodel_emulated_errors",
+    "gpu_batch_sweep",
+    "gpu_step_profile",
 ]
 #: the CSVs of the concluded investigations that only docs/performance-history.md shows
 HISTORY_VALIDITY_SOURCES = [
@@ -546,6 +549,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "slurm": block_slurm,
     "slurm-arrays": block_slurm_arrays,
     "costmodel": block_costmodel,
+    "gpu-batch-sweep": block_gpu_batch_sweep,
+    "gpu-variants": block_gpu_variants,
+    "gpu-step-profile": block_gpu_step_profile,
 }
 
 
@@ -570,6 +576,9 @@ PAGES: dict[str, tuple[str, ...]] = {
         "slurm",
         "slurm-arrays",
         "costmodel",
+        "gpu-batch-sweep",
+        "gpu-variants",
+        "gpu-step-profile",
     ),
     "performance-history.md": (
         "history-validity",
