@@ -363,3 +363,37 @@ def test_the_sync_breakdown_reading_comes_from_valid_timeline_runs():
     assert "50 % of the sync phase lies outside" in text and "15 % is negotiation" in text
     assert "30 % the MPI op itself" in text and "160 to 320 us per step" in text
     assert sync_reading([rows[2], rows[3]]) == ""
+
+
+def test_the_gpu_blocks_use_valid_completed_runs_only(tmp_path):
+    """perfdocs.gpu (issue 33): the 75 -> 1000 reading is the median epoch ratio of valid,
+    completed eager fp32 runs; an invalid or failed run shows no figure; a variant's
+    speedup is against eager fp32's median at the same batch."""
+    from perfdocs import gpu
+
+    def row(variant, batch, epoch, steps, fc="0.01", status="completed", rep="0"):
+        return {"commit": "abc", "machine": "m, GPU X", "date": "d", "load_before": "0.2",
+                "foreign_cpu": fc, "valid": "true", "variant": variant, "repeat": rep,
+                "compile_mode": "reduce-overhead" if variant.startswith("max") else "",
+                "batch": str(batch), "epoch_s": str(epoch), "steps_per_epoch": str(steps),
+                "status": status, "throughput": "1", "final_val_loss": "0.01",
+                "warm_up_s": "0", "error": "" if status == "completed" else "boom"}  # fmt: skip
+
+    rows = [row("off/fp32", 75, 0.30, 150), row("off/fp32", 75, 0.50, 150, rep="1"),
+            row("off/fp32", 1000, 0.04, 10), row("off/fp32", 1000, 9.0, 10, fc="0.5", rep="1"),
+            row("max/fp32", 75, 0.20, 150),
+            row("max/fp32", 1000, 0.0, 10, status="failed")]  # fmt: skip
+    with open(tmp_path / "gpu_batch_sweep.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    text = gpu.block_gpu_batch_sweep(tmp_path)
+    assert "takes 10.0x as long as at batch 1000" in text  # median(0.3, 0.5) / 0.04
+    assert "(medians of 2 and 1 runs" in text and "15.0x as many steps" in text
+    assert "9.0000" not in text and "| invalid |" in text  # the foreign-CPU row
+    text = gpu.block_gpu_variants(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| 75 | max/fp32"))
+    assert "| 2.00 |" in line and "reduce-overhead" in line  # 0.4 / 0.2
+    line = next(x for x in text.splitlines() if x.startswith("| 1000 | max/fp32"))
+    assert "invalid (boom)" in line and "no valid run" in line
+    assert "not measured" in gpu.block_gpu_step_profile(tmp_path).lower()
