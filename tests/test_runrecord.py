@@ -473,6 +473,35 @@ def test_system_block_never_raises(monkeypatch):
     validate_record(built_record(system=bad))
 
 
+def test_a_torch_rank_describes_the_cuda_cudnn_and_nccl_it_was_built_with(monkeypatch):
+    """Issue 33: without TensorFlow and Horovod (a torch-ddp rank) the build versions come
+    from torch; TensorFlow's and Horovod's stay first where they are imported."""
+    import sys
+    import types
+
+    from hvdscale.record import system as system_mod
+
+    def fake_torch(cuda, available):
+        t = types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda))
+        nccl = types.SimpleNamespace(version=lambda: (2, 28, 9))
+        t.cuda = types.SimpleNamespace(is_available=lambda: available, nccl=nccl)
+        t.backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 91002))
+        return t
+
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    monkeypatch.delitem(sys.modules, "horovod.tensorflow", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("13.0", True))
+    info = system_mod.collect_system(["n1"])
+    assert (info["cuda_build"], info["cudnn"], info["nccl"]) == ("13.0", "91002", "2.28.9")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(None, False))  # a CPU build
+    info = system_mod.collect_system(["n1"])
+    assert (info["cuda_build"], info["cudnn"], info["nccl"]) == ("", "", "")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("13.0", True))
+    monkeypatch.setattr(system_mod, "_tf_build", lambda: {"cuda_build": "12.2", "cudnn": "8"})
+    info = system_mod.collect_system(["n1"])
+    assert (info["cuda_build"], info["cudnn"], info["nccl"]) == ("12.2", "8", "2.28.9")
+
+
 # --------------------------------------------------------------------------- start-up (issue 30)
 
 

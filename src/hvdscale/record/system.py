@@ -88,6 +88,20 @@ def _tf_build() -> dict:
     }
 
 
+def _torch_build() -> dict:
+    """CUDA, cuDNN and NCCL versions PyTorch was built with, if torch is imported (a
+    torch-ddp rank; '' each on a CPU build)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    cuda = torch.version.cuda or ""
+    out = {"cuda_build": str(cuda), "cudnn": "", "nccl": ""}
+    if cuda and torch.cuda.is_available():
+        out["cudnn"] = str(torch.backends.cudnn.version() or "")
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return out
+
+
 def _nccl_version(code: int) -> str:
     """Horovod's nccl_built() code (e.g. 21805 or 2805) as '2.18.5'."""
     if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
@@ -200,5 +214,7 @@ def collect_system(nodes: list[str] | None = None) -> dict:
     info.update(_probe(errors, "mpi", _mpi, {}))
     info.update(_probe(errors, "tensorflow", _tf_build, {}))
     info.update(_probe(errors, "horovod", _horovod_build, {}))
+    for key, value in _probe(errors, "torch", _torch_build, {}).items():
+        info[key] = info[key] or value  # TensorFlow's / Horovod's first where they are
     info["errors"] = errors
     return info
