@@ -66,8 +66,8 @@ def gpu_support_notes(cfg: dict) -> list[str]:
 
 
 def torch_gpu_notes(cfg: dict, parts: dict) -> list[str]:
-    """torch-ddp on GPU partitions: the train env's torch is the CPU build (issue 19), and
-    the NCCL path is untested on a GPU here."""
+    """torch-ddp on GPU partitions: the train env's torch is the CPU build (issue 19); the
+    NCCL path has run on one GPU (issue 33), never on several."""
     swept = dict.fromkeys(
         name
         for s in cfg.get("scaling", {}).get("sweeps", [])
@@ -82,6 +82,6 @@ def torch_gpu_notes(cfg: dict, parts: dict) -> list[str]:
         f"torch-ddp on GPU partition(s) {names}: the train env's torch 2.13.0 is the CPU "
         "build, so give these runs the site's CUDA build of PyTorch through environment: "
         "(env-modules or conda) or they fail at the first NCCL call. hvdscale's torch-ddp "
-        "NCCL path is not yet tested on a GPU, and its multi-GPU scaling is unmeasured "
-        "(docs/performance.md)."
+        "NCCL path has run on one GPU (an H200, one rank: docs/performance.md, 'One GPU'); "
+        "with several GPUs it is untested and its scaling unmeasured."
     ]
