@@ -242,6 +242,20 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     assert (rec["config"]["precision"], rec["config"]["compile"]) == ("bf16", "default")
     assert rec["summary"]["final_val_loss"] is not None
     assert rec["timing"]["warm_up_s"] == pytest.approx(float(comp["warm_up_s"]))
+    # the report of the carried-back records, on the CPU machine (workflow env)
+    out = tmp_path / "study"
+    report = [sys.executable, str(SWEEP.parent / "gpu_report.py"), str(tmp_path / "rec"),
+              str(out), "--config", str(work / "config-off-fp32.json")]  # fmt: skip
+    r = subprocess.run(report, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "report.pdf").stat().st_size > 10_000
+    systems = list(csvmod.DictReader((out / "scaling" / "systems.csv").open()))
+    assert [(x["partition"], x["runs"], x["described"]) for x in systems] == [("cpu", "2", "2")]
+    assert "cuda_build" in systems[0]  # empty here: a CPU build of torch
+    assert (out / "plots" / "epoch_time_batch.png").is_file()
+    bad = subprocess.run(report[:2] + [str(tmp_path / "nothing"), str(out)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and "no run records" in bad.stderr
 
 
 def sweep_rid(batch: int) -> str:
