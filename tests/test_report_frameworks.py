@@ -134,6 +134,40 @@ def test_tables_written_before_issue_19_read_as_horovod(tmp_path):
     assert set(read_epochs(tmp_path / "epochs.csv")["framework"]) == {HVD}
 
 
+def test_runs_carry_the_step_settings_and_old_tables_read_as_fp32_eager(tmp_path):
+    """Issue 32: runs.csv has each run's precision, compile setting and warm-up; a record
+    or a table from before them reads as fp32, off, no warm-up figure."""
+    hand_study(tmp_path)
+    rid = F.torch_twin("local_gloo_n1_w2_b75_lrnone_r0")
+    path = tmp_path / rid / "metrics.json"
+    rec = json.loads(path.read_text())
+    rec["config"].update(precision="bf16", compile="default")
+    rec.setdefault("timing", {})["warm_up_s"] = 12.5
+    path.write_text(json.dumps(rec))
+    runs = aggregate(tmp_path).runs.set_index("run_id")
+    assert tuple(runs.loc[rid, ["precision", "compile", "warm_up_s"]]) == ("bf16", "default", 12.5)
+    other = runs.drop(index=rid)
+    assert set(other["precision"]) == {"fp32"} and set(other["compile"]) == {"off"}
+    assert other["warm_up_s"].isna().all()
+    write_csv(runs.reset_index().drop(columns=["precision", "compile", "warm_up_s"]),
+              tmp_path / "runs.csv")  # fmt: skip
+    old = read_runs(tmp_path / "runs.csv")
+    assert set(old["precision"]) == {"fp32"} and set(old["compile"]) == {"off"}
+
+
+def test_the_settings_sentence_names_each_framework_and_warns_on_mixed_precision():
+    from hvdscale.report.frameworks_section import settings_text
+
+    runs = pd.DataFrame({"framework": [HVD, HVD, TORCH], "precision": ["fp32", "fp32", "bf16"],
+                         "compile": ["off", "off", "default"]})  # fmt: skip
+    text = settings_text(runs, (HVD, TORCH))
+    assert "Horovod-TF: fp32, tf.function steps, XLA off" in text
+    assert "PyTorch DDP: bf16, torch.compile (default mode)" in text
+    assert "different precisions" in text
+    runs["precision"] = "fp32"
+    assert "different precisions" not in settings_text(runs, (HVD, TORCH))
+
+
 def test_sync_columns_from_timing_sync(tmp_path):
     cfg = small_config(repeats=1)
     F.write_two_framework_study(tmp_path, cfg, epochs=4)
@@ -228,6 +262,8 @@ def test_report_has_the_horovod_vs_ddp_section(two_framework_report):
         "not measured in multi-GPU form",
         "never Horovod against DDP",
         "local, PyTorch DDP, gloo",  # the first page's sentence names the framework
+        "Step settings of the runs",  # issue 32: which settings each framework had
+        "tf.function steps, XLA off",
     ):
         assert needle in text, needle
     # mpi was measured by Horovod alone: its row says so

@@ -62,6 +62,9 @@ SYNC_COLUMNS = list(SYNC_FIELDS)
 #: runs.csv columns of the start-up (issue 30 item 7: timing.startup_s and
 #: target.launch_to_target_s of the record; appended at the end)
 STARTUP_COLUMNS = ["startup_s", "launch_to_target_s"]
+#: runs.csv's step settings (issue 32) and what a table written before them reads as
+STEP_SETTING_COLUMNS = ["precision", "compile", "warm_up_s"]
+STEP_SETTING_DEFAULTS = {"precision": "fp32", "compile": "off", "warm_up_s": float("nan")}
 RUNS_COLUMNS = [
     "run_id",
     *RECORD_CONFIG_FIELDS,
@@ -126,6 +129,10 @@ RUNS_COLUMNS = [
     # to target; NaN without a start-up figure (older records), launch to target +inf
     # where the target was not reached
     *STARTUP_COLUMNS,
+    # issue 32: the step's arithmetic and compilation (config.precision / compile; older
+    # records: fp32, off) and the warm-up that compiled it (timing.warm_up_s; NaN where
+    # absent)
+    *STEP_SETTING_COLUMNS,
 ]
 # the run record's per-epoch history (history.HISTORY_COLUMNS) without these
 _NOT_IN_EPOCHS = {

@@ -260,6 +260,10 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     row.update(_loss_fields(rec))
     row.update(_startup_fields(rec, row["time_to_target_s"]))
     row["target_test_loss"] = row["target_val_loss"]  # the old name: now a validation loss
+    row["precision"] = c.get("precision") or "fp32"  # issue 32 (older records: fp32, off)
+    row["compile"] = c.get("compile") or "off"
+    warm = (rec.get("timing") or {}).get("warm_up_s")
+    row["warm_up_s"] = float(warm) if _finite(warm) else math.nan
     row.update(_study_fields(rec))
     if label_failure(rec):
         row["status"] = "mislabelled"

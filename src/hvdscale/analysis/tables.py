@@ -17,6 +17,7 @@ from hvdscale.analysis.columns import (
     RUNS_COLUMNS,
     STARTUP_COLUMNS,
     STATUS_COLUMNS,
+    STEP_SETTING_DEFAULTS,
     STRING_COLUMNS,
     SUMMARY_COLUMNS,
     SYNC_COLUMNS,
@@ -64,6 +65,9 @@ def _issue19_columns(df: pd.DataFrame, required: list[str]) -> pd.DataFrame:
     for c in STARTUP_COLUMNS:  # written before issue 30 item 7: no start-up figure
         if c in required and c not in df:
             df[c] = float("nan")
+    for c, value in STEP_SETTING_DEFAULTS.items():  # before issue 32: fp32, eager
+        if c in required and c not in df:
+            df[c] = value
     return df
 
 

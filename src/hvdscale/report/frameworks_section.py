@@ -148,6 +148,38 @@ def _sync_table(d: Doc, runs: pd.DataFrame) -> None:
     d.table(SYNC_NOTE, header, cells, widths, align_right_from=4)
 
 
+#: how each framework's step runs for training.compile (issue 32)
+COMPILE_WORDS = {
+    ("horovod-tf", "off"): "tf.function steps, XLA off",
+    ("torch-ddp", "off"): "eager PyTorch",
+    ("torch-ddp", "default"): "torch.compile (default mode)",
+    ("torch-ddp", "max"): "torch.compile (max-autotune-no-cudagraphs on a CPU, "
+    "reduce-overhead on a GPU)",
+}
+
+
+def settings_text(runs: pd.DataFrame, pair: tuple[str, str]) -> str:
+    """Which step settings (training.precision, training.compile) each framework's runs
+    had, and a warning when the two differ (issue 32: each framework at its best, and the
+    reader told which best)."""
+    parts, kinds = [], []
+    for fw in pair:
+        mine = runs[runs["framework"] == fw]
+        pairs = sorted(
+            set(zip(mine["precision"].fillna("fp32"), mine["compile"].fillna("off"), strict=True))
+        )
+        kinds.append(pairs)
+        words = "; ".join(f"{p}, {COMPILE_WORDS.get((fw, c), 'compile ' + c)}" for p, c in pairs)
+        parts.append(f"{framework_label(fw)}: {words or 'no runs'}")
+    text = "Step settings of the runs (training.precision, training.compile): " + "; ".join(parts)
+    if {p for p, _ in kinds[0]} != {p for p, _ in kinds[1]}:
+        text += (
+            ". The frameworks ran in different precisions: their epoch times compare the "
+            "settings as much as the frameworks"
+        )
+    return text + "."
+
+
 def frameworks_section(d: Doc, r: ReportData) -> None:
     """The section, where the records hold Horovod-TF and another framework; else none."""
     pair = compared(r.runs)
@@ -156,6 +188,7 @@ def frameworks_section(d: Doc, r: ReportData) -> None:
     a, b = (framework_label(f) for f in pair)
     d.section("Horovod vs DDP" if pair[1] == "torch-ddp" else f"{a} vs {b}")
     d.p(escape(INTRO))
+    d.p(escape(settings_text(r.runs, pair)))
     _speedup_table(d, r, pair)
     text = _baseline_text(r.summary)
     if text:
