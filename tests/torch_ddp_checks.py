@@ -111,13 +111,15 @@ def ddp_step(out: str, timed: bool) -> None:
     worker.shutdown()
 
 
-def hvd_step(out: str, timed: bool) -> None:
+def hvd_step(out: str, timed: bool, xla: bool = False) -> None:
     from hvdscale.trainer.horovod_tf.optim import Optimisation
     from hvdscale.trainer.horovod_tf.step import build_step_program
     from hvdscale.trainer.worker import WorkerInfo
 
     worker = WorkerInfo.init()  # HVD: hvd.init() first
     cfg = config()
+    if xla:  # issue 32: the compute phase XLA-compiled; warm_up compiles and restores
+        cfg["training"]["compile"] = "default"
     x, y = batch(cfg)
     part = GLOBAL_BATCH // worker.size
     lo, hi = worker.rank * part, (worker.rank + 1) * part
@@ -127,6 +129,12 @@ def hvd_step(out: str, timed: bool) -> None:
         optim.model, optim.optimizer, worker, cfg["training"], train=(x[lo:hi], y[lo:hi]),
         test=(x, y), val=(x, y), batch=part, device="/CPU:0",
     )  # fmt: skip
+    before = optim.weights_sha256()
+    program.warm_up(1)
+    if xla and program._grad_fn is None:
+        sys.exit("compile default built no XLA function")
+    if optim.weights_sha256() != before or int(optim.optimizer.iterations.numpy()) != 0:
+        sys.exit("warm_up changed the weights or the optimizer state")
     program.start_epoch(np.arange(part))
     program.run_steps(0, 1, timed)
     if worker.is_root:
@@ -169,6 +177,6 @@ if __name__ == "__main__":
     elif what == "ddp-step":
         ddp_step(rest[0], timed=len(rest) > 1 and rest[1] == "timed")
     elif what == "hvd-step":
-        hvd_step(rest[0], timed=len(rest) > 1 and rest[1] == "timed")
+        hvd_step(rest[0], timed="timed" in rest[1:], xla="xla" in rest[1:])
     else:
         sys.exit(f"unknown check {what!r}")

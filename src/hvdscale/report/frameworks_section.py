@@ -151,6 +151,8 @@ def _sync_table(d: Doc, runs: pd.DataFrame) -> None:
 #: how each framework's step runs for training.compile (issue 32)
 COMPILE_WORDS = {
     ("horovod-tf", "off"): "tf.function steps, XLA off",
+    ("horovod-tf", "default"): "tf.function steps, XLA for the forward and backward pass",
+    ("horovod-tf", "max"): "tf.function steps, XLA for the forward and backward pass",
     ("torch-ddp", "off"): "eager PyTorch",
     ("torch-ddp", "default"): "torch.compile (default mode)",
     ("torch-ddp", "max"): "torch.compile (max-autotune-no-cudagraphs on a CPU, "

@@ -51,6 +51,7 @@ class HorovodTF:
         worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
         threads = threads_for_rank(tcfg["threads_per_worker"], os.environ)
         device, desc = pin_device(worker, threads)  # HVD: one per rank
+        set_tf32(tcfg.get("precision", "fp32"))
         summary = f"{worker.size} worker(s), controller {worker.controller}, {desc}"
         return Started(worker, device, desc, bound, summary)
 
@@ -92,6 +93,15 @@ class HorovodTF:
 
     def leave(self) -> None:
         """Nothing: hvdscale.cli.finish shuts Horovod down after a run that succeeded."""
+
+
+def set_tf32(precision: str) -> None:
+    """TensorFloat-32 matrix multiplies on for ``tf32`` and explicitly off otherwise:
+    TensorFlow enables them by default on Ampere and later GPUs, so an fp32 run would
+    otherwise compute its matmuls in TF32 there (issue 32)."""
+    import tensorflow as tf  # reason: TensorFlow lives in the train env only
+
+    tf.config.experimental.enable_tensor_float_32_execution(precision == "tf32")
 
 
 FRAMEWORK = HorovodTF()

@@ -215,6 +215,7 @@ class StepProgram:
         fault: FaultDelay | None = None,
         x_val=None,
         y_val=None,
+        xla: bool = False,
     ):
         import tensorflow as tf
 
@@ -227,6 +228,10 @@ class StepProgram:
         self.in_device_memory = in_device_memory
         self.bpps = int(backward_passes_per_step)
         self.vars = model.trainable_variables
+        # issue 32 (training.compile): the compute phase (forward and backward pass) as one
+        # XLA-compiled function inside the step graph; Horovod's allreduce stays outside
+        self.xla = bool(xla)
+        self._grad_fn = None
         self.n_local = len(x_train)
         self.fault = FaultDelay.from_env() if fault is None else fault
         hvd = worker.hvd
@@ -332,11 +337,20 @@ class StepProgram:
         return clock.record(t_prev, t1, t2, t3, t4, gap)
 
     def _loss_and_grads(self, x, y):
-        """Forward and backward pass (the compute phase); a subclass may replace it, e.g.
-        with an XLA-compiled function (benchmarks)."""
+        """Forward and backward pass (the compute phase), XLA-compiled with ``xla``; a
+        subclass may replace it (benchmarks). The prediction is cast to float32 (a
+        mixed-precision model computes in bfloat16, training.precision bf16)."""
+        if not self.xla:
+            return self._forward_backward(x, y)
+        if self._grad_fn is None:
+            self._grad_fn = self.tf.function(self._forward_backward, jit_compile=True)
+        loss, grads = self._grad_fn(x, y)
+        return loss, list(grads)
+
+    def _forward_backward(self, x, y):
         tf = self.tf
         with tf.GradientTape() as tape:
-            pred = self.model(x, training=True)
+            pred = tf.cast(self.model(x, training=True), tf.float32)
             loss = tf.reduce_mean(tf.square(pred - y))
         return loss, tape.gradient(loss, self.vars)
 
@@ -402,7 +416,7 @@ class StepProgram:
         n = tf.shape(xs)[0]
 
         def body(a, sse):
-            pred = self.model(xs[a : a + EVAL_BATCH], training=False)
+            pred = tf.cast(self.model(xs[a : a + EVAL_BATCH], training=False), tf.float32)
             err = tf.square(pred - ys[a : a + EVAL_BATCH])
             return a + EVAL_BATCH, sse + tf.reduce_sum(tf.cast(err, tf.float64))
 
@@ -417,7 +431,8 @@ class StepProgram:
         return self._n_consts[n]
 
     def warm_up(self, spe: int) -> None:
-        """Trace and instantiate every function without changing any state (0 steps)."""
+        """Trace and instantiate every function without changing any state (0 steps);
+        with ``xla`` also compile the XLA cluster (``_compile_xla``)."""
         zero = self._n(0)
         self._n(spe)
         empty = self.source.empty_feed()
@@ -425,6 +440,30 @@ class StepProgram:
         self._plain(*empty, zero)
         self._eval()
         self._eval_val()
+        if self.xla:
+            self._compile_xla()
+
+    def _compile_xla(self) -> None:
+        """XLA compiles a cluster when it first runs, and a 0-step call runs none: run one
+        timed and one plain step, then put back every variable they changed (weights,
+        optimizer state, accumulators, counters), so the compilation is in the warm-up and
+        not in the first epoch, and training starts where it would have. Every rank runs
+        it (the steps' allreduces pair up)."""
+        tf = self.tf
+        opt_vars = self.opt.variables  # a property in Keras 2.11+, a method before
+        keep = list(self.model.variables) + list(opt_vars() if callable(opt_vars) else opt_vars)
+        keep += [v for v in (getattr(self, "micro", None),) if v is not None]
+        keep += list(getattr(self, "acc", []))
+        saved = [v.read_value() for v in keep]
+        self.source.start_epoch(np.arange(self.n_local))
+        for fn in (self._timed, self._plain):
+            feed, _ = self.source.feed(0, 1)
+            fn(*feed, self._n(1))
+        for v, value in zip(keep, saved, strict=True):
+            v.assign(value)
+        self.loss_sum.assign(0.0)
+        self.timers.assign(tf.zeros([len(STEP_PARTS)], tf.float64))
+        self.gsq.assign(tf.zeros([3], tf.float64))
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.loss_sum.assign(0.0)
@@ -500,4 +539,5 @@ def build_step_program(
         compression=training["horovod"]["compression"],
         backward_passes_per_step=training["horovod"]["backward_passes_per_step"],
         fault=fault,
+        xla=training.get("compile", "off") != "off",
     )
