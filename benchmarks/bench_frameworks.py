@@ -42,12 +42,20 @@ back to back (odd repeats in reverse order), each behind the quiet guard
 run above 0.1 invalid and left out (``runs_left_out``). An independent ceiling above
 1.05 fails the benchmark as it fails bench_scaling (exit 4, after writing the CSVs).
 
+Settings (issue 32, ``--settings``): each ``COMPILE/PRECISION`` pair (``training.compile``
+off|default|max, ``training.precision`` fp32|bf16) is a config of its own, and every
+framework runs at every setting in the same repeat (the settings are part of the paired
+order), so the frameworks are compared at equal settings and each at its best; the
+independent ceiling runs once per repeat and batch (a property of the machine) and every
+setting's summary uses it. Every row says its ``setting``.
+
 Writes benchmarks/results/frameworks.csv (summary) and frameworks_runs.csv (every run);
 ``--quick`` (smoke test, figures meaningless) writes to benchmarks/out/frameworks/.
 
   .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--samples 40000]
       [--epochs 8] [--batches 75,1000] [--target 0.01] [--quick] [--out-dir DIR]
       [--max-load 0.5] [--quiet-timeout 600] [--no-ceiling-check]
+      [--settings off/fp32,default/bf16]
 """
 
 from __future__ import annotations
@@ -95,8 +103,10 @@ from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
 from hvdscale.matrix.config import validate_config  # noqa: E402
 from hvdscale.matrix.runtable import find_run  # noqa: E402
+from hvdscale.target import calibrate_target  # noqa: E402
 
 TORCHRUN = TRAIN_PY.parent / "torchrun"
+BASE_SETTING = "off/fp32"  # eager torch, graph Horovod-TF, float32: the bench before issue 32
 CALLS_PER_EPOCH = 6  # of the 2-worker runs (spe = steps // this, 1..64)
 
 
@@ -113,10 +123,23 @@ def framework_axis() -> bool:
     return True
 
 
-def bench_config(a, batch: int, axis: bool) -> dict:
+def parse_setting(setting: str) -> tuple[str, str]:
+    """``COMPILE/PRECISION`` -> (compile, precision)."""
+    comp, _, prec = setting.partition("/")
+    if comp not in ("off", "default", "max") or prec not in ("fp32", "bf16"):
+        raise SystemExit(
+            f"bench_frameworks: setting {setting!r}; expected COMPILE/PRECISION with COMPILE "
+            f"off, default or max and PRECISION fp32 or bf16 (a CPU benchmark)"
+        )
+    return comp, prec
+
+
+def bench_config(a, batch: int, axis: bool, setting: str = BASE_SETTING) -> dict:
     """bench_scaling's config for one batch: Gloo, both frameworks, ``repeats`` repeats,
-    the target, the steps per call."""
+    the target, the steps per call, the setting's compile and precision."""
     cfg = base_config(a.samples, a.epochs, [batch])
+    comp, prec = parse_setting(setting)
+    cfg["training"].update(compile=comp, precision=prec)
     sweep = cfg["scaling"]["sweeps"][0]
     sweep.update(backends=["gloo"], repeats=a.repeats)
     if axis:
@@ -158,53 +181,66 @@ class Bench:
         self.data = build_data(work / f"data{a.samples}", base_config(a.samples, a.epochs, [75]))
         self.cfg_paths, self.runners = {}, {}
         work.mkdir(parents=True, exist_ok=True)  # the study's target, as calibrate_target
-        (work / "target.json").write_text(json.dumps({"mode": "absolute", "value": a.target}))
-        for b in a.batches:
-            cfg = bench_config(a, b, self.axis)
-            path = work / f"config{a.samples}_e{a.epochs}_b{b}.json"
-            hvd("write-config", "--json", json.dumps(cfg), "--out", path)
-            for fw in FRAMEWORKS:  # the ids exist in the matrix
-                for w in (1, 2):
-                    rule = a.lr_rule_2w if w > 1 else "none"
-                    find_run(json.loads(path.read_text()), run_id(fw, w, b, rule, 0, self.axis))
-            self.cfg_paths[b] = path
-            self.runners[b] = Runner(a, path, self.data, work, a.lr_rule_2w)
+        absolute = {"training": {"target": {"mode": "absolute", "value": a.target}}}
+        (work / "target.json").write_text(json.dumps(calibrate_target(absolute, {})))
+        for setting in a.settings:
+            tag = "" if setting == BASE_SETTING else "_" + setting.replace("/", "-")
+            for b in a.batches:
+                cfg = bench_config(a, b, self.axis, setting)
+                path = work / f"config{a.samples}_e{a.epochs}_b{b}{tag}.json"
+                hvd("write-config", "--json", json.dumps(cfg), "--out", path)
+                for fw in FRAMEWORKS:  # the ids exist in the matrix
+                    for w in (1, 2):
+                        rule = a.lr_rule_2w if w > 1 else "none"
+                        rid = run_id(fw, w, b, rule, 0, self.axis)
+                        find_run(json.loads(path.read_text()), rid)
+                self.cfg_paths[(setting, b)] = path
+                if setting == a.settings[0]:  # the ceiling: one per batch
+                    self.runners[b] = Runner(a, path, self.data, work, a.lr_rule_2w)
 
-    def run(self, arm: str, workers: int, batch: int, rep: int) -> dict:
+    def run(self, arm: str, workers: int, batch: int, rep: int, setting=BASE_SETTING) -> dict:
         if arm == INDEPENDENT:
             runner = self.runners[batch]
             return runner.run_independent(batch, runner.out(Arm(INDEPENDENT, 2), batch))
         rule = self.a.lr_rule_2w if workers > 1 else "none"
         rid = run_id(arm, workers, batch, rule, rep, self.axis)
-        out = self.work / "runs" / arm / rid  # phase-1 ids: the same id for both
+        out = self.work / "runs" / setting.replace("/", "-") / arm / rid  # ids: no setting
         if out.exists():
             shutil.rmtree(out)
-        argv = launch_argv(arm, self.cfg_paths[batch], rid, self.data, out, self.axis, workers)
+        cfg_path = self.cfg_paths[(setting, batch)]
+        argv = launch_argv(arm, cfg_path, rid, self.data, out, self.axis, workers)
         p = start(argv, "0" if workers == 1 else None, {"OMP_NUM_THREADS": "1"})
         wait_all([p], rid)
         return arm_result(json.loads((out / "metrics.json").read_text()))
 
 
-def plan(rep: int) -> list[tuple[str, int]]:
-    arms = [(fw, w) for w in (1, 2) for fw in FRAMEWORKS] + [(INDEPENDENT, 2)]
-    return paired_order(arms, rep)
+def plan(rep: int, settings=(BASE_SETTING,)) -> list:
+    """The paired order of one repeat: (arm, workers) with one setting (as before issue
+    32), (setting, arm, workers) with several; the independent arm once, under the first."""
+    if len(settings) == 1:
+        arms = [(fw, w) for w in (1, 2) for fw in FRAMEWORKS] + [(INDEPENDENT, 2)]
+        return paired_order(arms, rep)
+    arms = [(s, fw, w) for s in settings for w in (1, 2) for fw in FRAMEWORKS]
+    return paired_order(arms + [(settings[0], INDEPENDENT, 2)], rep)
 
 
-def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list) -> dict | None:
+def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list,
+            setting: str = BASE_SETTING) -> dict | None:  # fmt: skip
     t0 = time.time()
-    with Measured(f"{arm} w{w} b{batch} r{rep}") as m:
+    with Measured(f"{arm} {setting} w{w} b{batch} r{rep}") as m:
         try:
-            r = bench.run(arm, w, batch, rep)
+            r = bench.run(arm, w, batch, rep, setting)
         except Exception as exc:  # one failed run is reported, not fatal
             r = {"error": str(exc)[-1500:]}
-    row = run_row(rep, batch, arm, w, r, m.fields(), time.time() - t0)
+    row = {"setting": setting, **run_row(rep, batch, arm, w, r, m.fields(), time.time() - t0)}
     rows.append(row)
     if "error" in r:
-        print(f"  r{rep} b{batch:5d} {arm:12s} w{w}: FAILED\n    {r['error'][-1500:]}", flush=True)
+        print(f"  r{rep} b{batch:5d} {arm:12s} {setting} w{w}: FAILED\n    {r['error'][-1500:]}",
+              flush=True)  # fmt: skip
         return None
     ttt = r.get("ttt_s")
     print(
-        f"  r{rep} b{batch:5d} {arm:12s} w{w}: {r['throughput']:9.0f} samples/s"
+        f"  r{rep} b{batch:5d} {arm:12s} {setting} w{w}: {r['throughput']:9.0f} samples/s"
         + (f", epoch {r['epoch_s']:.3f} s, TTT {ttt:.2f} s" if ttt is not None else "")
         + (f", val {r['final_val_loss']:.4g}" if r.get("final_val_loss") is not None else "")
         + f"  ({row['wall_s']:.0f} s, load {m.before:.2f} -> {m.after:.2f}, foreign CPU "
@@ -215,7 +251,17 @@ def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list) ->
 
 
 def save(a, results: dict, rows: list) -> list[dict]:
-    summary = summarise(a.batches, results, left_out_counts(rows))
+    """``results[setting][batch][(arm, workers)][repeat]``: every setting's summary, each
+    with the independent arm of the first setting (the machine's ceiling)."""
+    summary = []
+    first = results.get(a.settings[0], {})
+    for setting in a.settings:
+        mine = {b: dict(r) for b, r in results.get(setting, {}).items()}
+        for b, r in first.items():
+            if (INDEPENDENT, 2) in r:
+                mine.setdefault(b, {})[(INDEPENDENT, 2)] = r[(INDEPENDENT, 2)]
+        left = left_out_counts([x for x in rows if x.get("setting") == setting])
+        summary += [{"setting": setting, **x} for x in summarise(a.batches, mine, left)]
     extra = {"samples": a.samples, "epochs": a.epochs, "repeats": a.repeats}
     extra.update(target=a.target, lr_rule_2w=a.lr_rule_2w, quick=int(a.quick))
     for r in summary:
@@ -246,6 +292,8 @@ def parse_args(argv):
                     help=f"do not fail (exit 4) when the independent ceiling is above "
                     f"{CEILING_MAX} (--quick never fails)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="where the two CSVs go")
+    ap.add_argument("--settings", default=BASE_SETTING, type=lambda s: s.split(","),
+                    help="COMPILE/PRECISION pairs, both frameworks each (issue 32)")  # fmt: skip
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "frameworks"))
     a = ap.parse_args(argv)
     if a.quick:
@@ -253,6 +301,8 @@ def parse_args(argv):
         a.no_ceiling_check = True
     a.out_dir = a.out_dir or (str(Path(a.work) / "results") if a.quick else str(RESULTS))
     a.batches = [int(b) for b in a.batches.split(",")]
+    for s in a.settings:
+        parse_setting(s)
     return a
 
 
@@ -265,7 +315,8 @@ def main(argv=None) -> int:
     print(
         f"bench_frameworks: {a.samples} curves, {a.epochs} epochs (1 warm-up), batches "
         f"{a.batches}, {a.repeats} paired repeat(s), target {a.target:g}, framework axis "
-        f"{'yes' if bench.axis else 'no (torchrun, phase-1 ids)'}, load {load0:.2f}",
+        f"{'yes' if bench.axis else 'no (torchrun, phase-1 ids)'}, settings {a.settings}, "
+        f"load {load0:.2f}",
         flush=True,
     )
     rows: list[dict] = []
@@ -273,21 +324,25 @@ def main(argv=None) -> int:
     try:
         for rep in range(a.repeats):
             for batch in a.batches:
-                for arm, w in plan(rep):
-                    r = measure(bench, arm, w, batch, rep, rows)
+                for step in plan(rep, a.settings):
+                    setting, arm, w = step if len(step) == 3 else (a.settings[0], *step)
+                    r = measure(bench, arm, w, batch, rep, rows, setting)
                     if r:
-                        results.setdefault(batch, {}).setdefault((arm, w), {})[rep] = r
+                        by = results.setdefault(setting, {}).setdefault(batch, {})
+                        by.setdefault((arm, w), {})[rep] = r
                 save(a, results, rows)  # after every block: a stopped run keeps it
     except NotQuiet as exc:
         save(a, results, rows)
         print(f"bench_frameworks stopped: {exc}", file=sys.stderr)
         return 3
     summary = save(a, results, rows)
-    print(f"\n{'batch':>5} {'metric':30s} {'arm':12s} {'w':>2} {'median':>10} {'95 % CI':>22}")
+    print(f"\n{'setting':13s} {'batch':>5} {'metric':30s} {'arm':12s} {'w':>2} {'median':>10} "
+          f"{'95 % CI':>22}")  # fmt: skip
     for r in summary:
         ci = f"({r['ci_low']:.3g}-{r['ci_high']:.3g})" if r["ci_low"] is not None else "(none)"
         med = "n/a" if r["median"] is None else f"{r['median']:.4g}"
-        print(f"{r['batch']:5d} {r['metric']:30s} {r['arm']:12s} {r['workers']!s:>2} "
+        print(f"{r['setting']:13s} {r['batch']:5d} {r['metric']:30s} {r['arm']:12s} "
+              f"{r['workers']!s:>2} "
               f"{med:>10} {ci:>22} {r['note']}")  # fmt: skip
     print(f"\nload {load0:.2f} -> {load_avg():.2f}; {time.time() - t_start:.0f} s")
     try:

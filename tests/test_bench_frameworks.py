@@ -4,6 +4,7 @@ pairing and censoring. Quick: no training process, no timing asserted."""
 
 from __future__ import annotations
 
+import csv
 import math
 import sys
 from pathlib import Path
@@ -236,3 +237,29 @@ def test_an_impossible_ceiling_fails_the_benchmark_as_bench_scaling():
         bench_frameworks.check_ceiling(rows)
     bench_frameworks.check_ceiling(fs.summarise([75], results()))  # 0.95: fine
     assert bench_frameworks.parse_args(["--quick"]).no_ceiling_check
+
+
+def test_settings_pair_both_frameworks_and_share_the_ceiling(tmp_path):
+    """Issue 32: with several COMPILE/PRECISION settings every framework runs at every
+    setting in the same paired order, the independent arm once (under the first), and each
+    setting's summary has the ceiling and its own torch/Horovod ratio."""
+    steps = bench_frameworks.plan(0, ["off/fp32", "default/bf16"])
+    assert len(steps) == 9 and steps.count(("off/fp32", "independent", 2)) == 1
+    assert {s for s, *_ in steps} == {"off/fp32", "default/bf16"}
+    assert bench_frameworks.plan(1, ["off/fp32", "default/bf16"]) == steps[::-1]
+    a = SimpleNamespace(samples=40000, epochs=8, repeats=3)
+    cfg = bench_frameworks.bench_config(a, 75, True, "default/bf16")
+    assert (cfg["training"]["compile"], cfg["training"]["precision"]) == ("default", "bf16")
+    with pytest.raises(SystemExit):
+        bench_frameworks.parse_setting("max/fp16")  # no fp16 on a CPU
+    a = bench_frameworks.parse_args(["--settings", "off/fp32,default/bf16",
+                                     "--out-dir", str(tmp_path)])  # fmt: skip
+    R = results()[75]
+    best = {k: v for k, v in R.items() if k[0] != "independent"}  # measured under the first
+    summary = bench_frameworks.save(a, {"off/fp32": {75: R}, "default/bf16": {75: best}}, [])
+    for s in ("off/fp32", "default/bf16"):
+        mine = [r for r in summary if r["setting"] == s]
+        assert any(r["metric"] == "ceiling" for r in mine), s
+        assert any(r["metric"] == "ratio_epoch_torch_vs_horovod" for r in mine), s
+    rows = list(csv.DictReader((tmp_path / "frameworks.csv").open()))
+    assert {r["setting"] for r in rows} == {"off/fp32", "default/bf16"}

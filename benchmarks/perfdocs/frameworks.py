@@ -36,33 +36,49 @@ def _cells(r: dict, metric: str, nd: int) -> tuple[str, str]:
     return text, ci({"a": lo * scale, "b": hi * scale}, "a", "b", nd)
 
 
+BASE = "off/fp32"  # rows written before issue 32's settings had this one
+
+
+def setting_of(r: dict) -> str:
+    return r.get("setting") or BASE
+
+
 def block_frameworks(res: Path) -> str:
     rows = read(res, "frameworks")
     if not rows:
         return missing("frameworks", HOW)
     body = []
-    for b in sorted({int(r["batch"]) for r in rows}):
-        for metric, label, nd in FIGURES:
-            for r in rows:
-                if r["batch"] != str(b) or r["metric"] != metric:
-                    continue
-                ok, qc = quality(r)
-                med, interval = _cells(r, metric, nd)
-                body.append([b, label, r["arm"], r["workers"], shown(ok, med)])
-                body[-1] += [shown(ok, interval), r["n"], r.get("note", ""), *qc]
-    head = ["batch", "figure", "framework", "workers", "median", "95 % CI", "repeats", "note"]
+    settings = list(dict.fromkeys(setting_of(r) for r in rows))
+    for s in settings:
+        for b in sorted({int(r["batch"]) for r in rows}):
+            for metric, label, nd in FIGURES:
+                for r in rows:
+                    if setting_of(r) != s or r["batch"] != str(b) or r["metric"] != metric:
+                        continue
+                    ok, qc = quality(r)
+                    med, interval = _cells(r, metric, nd)
+                    body.append([s, b, label, r["arm"], r["workers"], shown(ok, med)])
+                    body[-1] += [shown(ok, interval), r["n"], r.get("note", ""), *qc]
+    head = ["setting", "batch", "figure", "framework", "workers", "median", "95 % CI",
+            "repeats", "note"]  # fmt: skip
     out = table(head + QCOLS, body) + _reading(rows)
     return out + "\n" + provenance(rows, "frameworks")
 
 
-def _median(rows: list[dict], batch: int, metric: str, arm: str, workers: int) -> float | None:
+def _median(rows: list[dict], batch: int, metric: str, arm: str, workers: int,
+            setting: str = BASE) -> float | None:  # fmt: skip
     for r in rows:
-        if (r["batch"], r["metric"], r["arm"], r["workers"]) == (
-            str(batch),
-            metric,
-            arm,
-            str(workers),
-        ) and quality(r)[0]:
+        if (
+            setting_of(r) == setting
+            and (r["batch"], r["metric"], r["arm"], r["workers"])
+            == (
+                str(batch),
+                metric,
+                arm,
+                str(workers),
+            )
+            and quality(r)[0]
+        ):
             return num(r.get("median"))
     return None
 
@@ -70,8 +86,9 @@ def _median(rows: list[dict], batch: int, metric: str, arm: str, workers: int) -
 def _reading(rows: list[dict]) -> str:
     """What the table says, in sentences, from the same rows (valid ones only)."""
     out = []
-    for b in sorted({int(r["batch"]) for r in rows}):
-        m = lambda metric, arm, w, b=b: _median(rows, b, metric, arm, w)  # noqa: E731
+    settings = list(dict.fromkeys(setting_of(r) for r in rows))
+    for s, b in ((s, b) for s in settings for b in sorted({int(r["batch"]) for r in rows})):
+        m = lambda metric, arm, w, b=b, s=s: _median(rows, b, metric, arm, w, s)  # noqa: E731
         one = m("ratio_epoch_torch_vs_horovod", "torch-ddp", 1)
         two = m("ratio_epoch_torch_vs_horovod", "torch-ddp", 2)
         sp_h, sp_t = m("speedup_epoch", "horovod-tf", 2), m("speedup_epoch", "torch-ddp", 2)
@@ -79,8 +96,9 @@ def _reading(rows: list[dict]) -> str:
         ex_t = m("sync_exposed_s", "torch-ddp", 2)
         if None in (one, two, sp_h, sp_t, ar_h, ar_t, ex_t):
             continue
+        where = f"Batch {b}" if settings == [BASE] else f"{s}, batch {b}"
         out.append(
-            f"- **Batch {b}:** with 1 worker a torch DDP epoch takes {one:.2f}x "
+            f"- **{where}:** with 1 worker a torch DDP epoch takes {one:.2f}x "
             f"Horovod-TF's; with 2 workers {two:.2f}x, and the epoch speedup 1 -> 2 "
             f"workers is {sp_t:.2f} for DDP against {sp_h:.2f} for Horovod-TF. The "
             f"separate allreduce costs {1e3 * ar_h:.1f} ms per step in Horovod-TF and "
@@ -90,11 +108,11 @@ def _reading(rows: list[dict]) -> str:
     if not out:
         return ""
     return (
-        "\nReading (valid rows only): the 1-worker ratio is eager PyTorch steps against "
-        "Horovod-TF's compiled loop of many steps per call; the 2-worker figures are "
-        "Gloo's allreduce of the 614 kB gradient, Horovod's own against torch's.\n\n"
-        + "\n".join(out)
-        + "\n"
+        "\nReading (valid rows only): the 1-worker ratio compares the two frameworks' steps "
+        "at the same setting (off/fp32: eager PyTorch against Horovod-TF's graph loop of many "
+        "steps per call; default: torch.compile against XLA for the forward and backward "
+        "pass; bf16: mixed precision in both); the 2-worker figures are Gloo's allreduce of "
+        "the 614 kB gradient, Horovod's own against torch's.\n\n" + "\n".join(out) + "\n"
     )
 
 
@@ -106,12 +124,14 @@ def block_frameworks_runs(res: Path) -> str:
     for r in rows:
         ok, qc = quality(r)
         ttt = num(r.get("ttt_s"))
+        s = setting_of(r)
         ttt_s = "> budget" if ttt == float("inf") else f2(ttt, 2)
         figs = [f2(r.get("epoch_s"), 3), f2(r.get("throughput"), 0), ttt_s]
         if r["status"] != "ok":
             figs = ["failed", "", ""]
-        body.append([r["repeat"], r["batch"], r["arm"], r["workers"]])
+        body.append([s, r["repeat"], r["batch"], r["arm"], r["workers"]])
         body[-1] += [shown(ok, x) for x in figs] + [f2(r.get("load_after")), *qc]
-    head = ["repeat", "batch", "arm", "workers", "epoch s", "samples/s", "time to target s"]
+    head = ["setting", "repeat", "batch", "arm", "workers", "epoch s", "samples/s",
+            "time to target s"]  # fmt: skip
     out = table(head + ["load after", *QCOLS], body)
     return out + "\n" + provenance(rows, "frameworks_runs")
