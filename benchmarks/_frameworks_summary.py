@@ -15,6 +15,10 @@ from hvdscale.analysis.stats import censored_median, speedup_interval
 
 FRAMEWORKS = ("horovod-tf", "torch-ddp")
 INDEPENDENT = "independent"
+#: issue 32: the Horovod-TF 1-worker runs of the setting the independent arm runs (its
+#: plain fp32 graph step), under this key in another setting's results: the ceiling is
+#: the machine's, thr(independent) over twice *that* step, whatever the setting
+CEILING_BASE = "ceiling-base"
 SYNC_KEYS = ("allreduce_s", "exposed_s", "comm_hook_s", "no_comm_step_s")
 
 
@@ -111,7 +115,8 @@ def _ceiling(R: dict) -> dict:
     machine's ceiling as bench_scaling measures it (its independent arm runs hvdscale's
     TF step code, the Horovod arm's own)."""
     ind = {k: v["throughput"] for k, v in R.get((INDEPENDENT, 2), {}).items()}
-    hv1 = {k: v["throughput"] for k, v in R.get(("horovod-tf", 1), {}).items()}
+    base = R.get((CEILING_BASE, 1)) or R.get(("horovod-tf", 1), {})
+    hv1 = {k: v["throughput"] for k, v in base.items()}
     return {k: ind[k] / (2 * hv1[k]) for k in sorted(ind) if k in hv1}
 
 
@@ -123,9 +128,12 @@ def summarise(batches, results: dict, left_out: dict | None = None) -> list[dict
     left_out = left_out or {}
     for batch in batches:
         R = results.get(batch, {})
-        loads = [x["fields"] for reps in R.values() for x in reps.values()]
+        loads = [x["fields"] for (arm, _), reps in R.items() if arm != CEILING_BASE
+                 for x in reps.values()]  # fmt: skip
         out = []
         for (arm, w), reps in sorted(R.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            if arm == CEILING_BASE:
+                continue
             for metric in ("epoch_s", "throughput", "ttt_s"):
                 vals = [x[metric] for x in reps.values() if x.get(metric) is not None]
                 if metric == "ttt_s" and vals:

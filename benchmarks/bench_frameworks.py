@@ -69,8 +69,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _frameworks_summary import (  # noqa: E402
+    CEILING_BASE,
     FRAMEWORKS,
     INDEPENDENT,
+    SYNC_KEYS,
     arm_result,
     left_out_counts,
     run_row,
@@ -258,8 +260,10 @@ def save(a, results: dict, rows: list) -> list[dict]:
     for setting in a.settings:
         mine = {b: dict(r) for b, r in results.get(setting, {}).items()}
         for b, r in first.items():
-            if (INDEPENDENT, 2) in r:
+            if (INDEPENDENT, 2) in r and setting != a.settings[0]:
                 mine.setdefault(b, {})[(INDEPENDENT, 2)] = r[(INDEPENDENT, 2)]
+                if ("horovod-tf", 1) in r:  # the step the independent arm runs
+                    mine[b][(CEILING_BASE, 1)] = r[("horovod-tf", 1)]
         left = left_out_counts([x for x in rows if x.get("setting") == setting])
         summary += [{"setting": setting, **x} for x in summarise(a.batches, mine, left)]
     extra = {"samples": a.samples, "epochs": a.epochs, "repeats": a.repeats}
@@ -270,6 +274,45 @@ def save(a, results: dict, rows: list) -> list[dict]:
     write_csv("frameworks_runs", rows, out / "frameworks_runs.csv")
     write_csv("frameworks", summary, out / "frameworks.csv")
     return summary
+
+
+QUALITY_KEYS = ("load", "load_before", "load_after", "foreign_cpu", "irq_cpu", "valid",
+                "invalid_reason", "quiet_wait_s")  # fmt: skip
+FLOAT_KEYS = ("epoch_s", "throughput", "ttt_s", "final_val_loss", "test_loss", *SYNC_KEYS)
+
+
+def results_from_runs(rows: list[dict]) -> dict:
+    """``results[setting][batch][(arm, workers)][repeat]`` rebuilt from the runs CSV's
+    valid rows (as ``measure`` builds it while running), for ``--resummarise``."""
+
+    def number(v):
+        return float(v) if v not in (None, "") else None
+
+    results: dict = {}
+    for r in rows:
+        if r.get("valid") != "true" or r.get("status") != "ok":
+            continue
+        x = {k: number(r.get(k)) for k in FLOAT_KEYS}
+        x.update(run_id=r.get("run_id"), reached=r.get("reached") == "True")
+        x["fields"] = {k: (r.get(k) if k in ("valid", "invalid_reason") else number(r.get(k)))
+                       for k in QUALITY_KEYS}  # fmt: skip
+        by = results.setdefault(r.get("setting") or BASE_SETTING, {})
+        by = by.setdefault(int(r["batch"]), {}).setdefault((r["arm"], int(r["workers"])), {})
+        by[int(r["repeat"])] = x
+    return results
+
+
+def resummarise(a) -> int:
+    """The summary again from a runs CSV (no run is started): e.g. after a fix of the
+    summary's arithmetic."""
+    import csv
+
+    rows = list(csv.DictReader(open(a.resummarise)))
+    a.settings = list(dict.fromkeys(r.get("setting") or BASE_SETTING for r in rows))
+    a.batches = sorted({int(r["batch"]) for r in rows})
+    summary = save(a, results_from_runs(rows), rows)
+    print(f"bench_frameworks: {len(summary)} summary rows from {len(rows)} runs", flush=True)
+    return 0
 
 
 def parse_args(argv):
@@ -295,6 +338,8 @@ def parse_args(argv):
     ap.add_argument("--settings", default=BASE_SETTING, type=lambda s: s.split(","),
                     help="COMPILE/PRECISION pairs, both frameworks each (issue 32)")  # fmt: skip
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "frameworks"))
+    ap.add_argument("--resummarise", default=None, metavar="RUNS_CSV",
+                    help="write the summary again from a runs CSV; start nothing")  # fmt: skip
     a = ap.parse_args(argv)
     if a.quick:
         a.repeats, a.samples, a.epochs = 1, 8000, 2
@@ -308,6 +353,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.resummarise:
+        return resummarise(a)
     configure_quiet(a)
     t_start, load0 = time.time(), load_avg()
     warn_load(load0, "the start of bench_frameworks")

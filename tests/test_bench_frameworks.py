@@ -263,3 +263,36 @@ def test_settings_pair_both_frameworks_and_share_the_ceiling(tmp_path):
         assert any(r["metric"] == "ratio_epoch_torch_vs_horovod" for r in mine), s
     rows = list(csv.DictReader((tmp_path / "frameworks.csv").open()))
     assert {r["setting"] for r in rows} == {"off/fp32", "default/bf16"}
+
+
+def test_every_setting_gets_the_machines_ceiling_and_a_runs_csv_resummarises(tmp_path):
+    """The ceiling is thr(independent) / (2 x thr(the independent arm's own step: Horovod-TF
+    at the first setting, 1 worker)) in every setting, not over a slower setting's
+    Horovod-TF; ``--resummarise`` rebuilds the same summary from the runs CSV."""
+    a = bench_frameworks.parse_args(["--settings", "off/fp32,default/bf16",
+                                     "--out-dir", str(tmp_path)])  # fmt: skip
+    R = results()[75]
+    slow = {k: {rep: {**x, "throughput": x["throughput"] / 2} for rep, x in v.items()}
+            for k, v in R.items() if k[0] != "independent"}  # fmt: skip
+    summary = bench_frameworks.save(a, {"off/fp32": {75: R}, "default/bf16": {75: slow}}, [])
+    ceilings = {r["setting"]: r["median"] for r in summary if r["metric"] == "ceiling"}
+    assert ceilings["default/bf16"] == pytest.approx(ceilings["off/fp32"]) == 0.95
+    assert not [r for r in summary if r["arm"] == "ceiling-base"]
+    rows = []
+    for setting, res in (("off/fp32", R), ("default/bf16", slow)):
+        for (arm, w), reps in res.items():
+            for rep, x in reps.items():
+                rows.append({"setting": setting, **fs.run_row(rep, 75, arm, w, x, GOOD, 1.0)})
+    _results.write_csv("frameworks_runs", rows, tmp_path / "runs.csv")
+    out = tmp_path / "again"
+    b = bench_frameworks.parse_args(["--resummarise", str(tmp_path / "runs.csv"),
+                                     "--out-dir", str(out)])  # fmt: skip
+    assert bench_frameworks.main(["--resummarise", str(tmp_path / "runs.csv"),
+                                  "--out-dir", str(out)]) == 0  # fmt: skip
+    assert b.resummarise
+    again = list(csv.DictReader((out / "frameworks.csv").open()))
+    first = list(csv.DictReader((tmp_path / "frameworks.csv").open()))
+    key = lambda r: (r["setting"], r["metric"], r["arm"], r["workers"])  # noqa: E731
+    assert {key(r): float(r["median"]) for r in again} == pytest.approx(
+        {key(r): float(r["median"]) for r in first}, rel=1e-5
+    )

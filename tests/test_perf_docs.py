@@ -397,3 +397,29 @@ def test_the_gpu_blocks_use_valid_completed_runs_only(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("| 1000 | max/fp32"))
     assert "invalid (boom)" in line and "no valid run" in line
     assert "not measured" in gpu.block_gpu_step_profile(tmp_path).lower()
+
+
+def test_the_torch_vs_horovod_target_takes_each_framework_at_its_best_setting():
+    """Issue 32's target row: per batch and precision, torch-ddp's fastest valid 1-worker
+    setting over Horovod-TF's fastest; an invalid best row gives no verdict."""
+    from perfdocs.frameworks import best_ratio_rows
+
+    def row(setting, arm, median, workers="1", valid="true"):
+        return {"setting": setting, "batch": "75", "metric": "epoch_s", "arm": arm,
+                "workers": workers, "median": str(median), "valid": valid,
+                "load_before": "0.1", "foreign_cpu": "0.0"}  # fmt: skip
+
+    rows = [row("off/fp32", "torch-ddp", 6.0), row("default/fp32", "torch-ddp", 4.0),
+            row("off/fp32", "horovod-tf", 3.0), row("default/fp32", "horovod-tf", 3.5),
+            row("default/bf16", "torch-ddp", 2.0), row("default/bf16", "horovod-tf", 2.5),
+            row("off/fp32", "torch-ddp", 1.0, workers="2")]  # fmt: skip
+    got = {text: r["ratio"] for text, r in best_ratio_rows(rows)}
+    assert got == {
+        "torch-ddp epoch <= 1.2x Horovod-TF's, 1 worker, batch 75, best fp32 settings "
+        "(default/fp32 vs off/fp32)": pytest.approx(4.0 / 3.0),
+        "torch-ddp epoch <= 1.2x Horovod-TF's, 1 worker, batch 75, best bf16 settings "
+        "(default/bf16 vs default/bf16)": pytest.approx(0.8),
+    }
+    rows[1]["valid"] = "false"  # torch's best fp32 row invalid: the next valid one counts
+    fp32 = next(r for t, r in best_ratio_rows(rows) if "fp32" in t)
+    assert fp32["ratio"] == pytest.approx(2.0)

@@ -169,6 +169,7 @@ def test_the_step_program_factory_takes_the_training_section_settings():
 
     tcfg = validate_config({})["training"]
     tcfg["horovod"].update(compression="fp16", backward_passes_per_step=2)
+    tcfg["compile"] = "max"  # issue 32: XLA for the compute phase
     fault = FaultDelay.parse("sync:0.01")
     p = build_step_program(
         "model", "opt", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), val=(5, 6),
@@ -180,6 +181,7 @@ def test_the_step_program_factory_takes_the_training_section_settings():
         "in_device_memory": tcfg["data_in_device_memory"],
         "compression": "fp16",
         "backward_passes_per_step": 2,
+        "xla": True,
     }
     p = build_step_program(
         "m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8, device="d",
@@ -187,6 +189,11 @@ def test_the_step_program_factory_takes_the_training_section_settings():
     )  # fmt: skip
     assert p.kw["in_device_memory"] is not tcfg["data_in_device_memory"]
     assert (p.kw["x_val"], p.kw["y_val"], p.kw["fault"]) == (None, None, None)
+    assert p.kw["xla"] is True
+    tcfg["compile"] = "off"
+    p = build_step_program("m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8,
+                           device="d", program=Recorded)  # fmt: skip
+    assert p.kw["xla"] is False
 
 
 # --------------------------------------------------------------------------- runs

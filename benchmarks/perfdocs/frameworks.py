@@ -116,6 +116,46 @@ def _reading(rows: list[dict]) -> str:
     )
 
 
+#: issue 32's target: a torch-ddp rank's epoch within this factor of Horovod-TF's, each
+#: framework at its best setting of the same precision
+TARGET_TORCH_VS_HOROVOD = 1.2
+
+
+def best_ratio_rows(rows: list[dict]) -> list[tuple[str, dict]]:
+    """(target text, row with ``ratio``) per batch and precision measured by both
+    frameworks: the 1-worker median epoch time of torch-ddp's fastest setting of that
+    precision over Horovod-TF's fastest (valid rows only; the row keeps the quality
+    fields of an invalid source, so no verdict comes from it)."""
+    out = []
+    epoch = [r for r in rows if r["metric"] == "epoch_s" and r["workers"] == "1"]
+    for b in sorted({int(r["batch"]) for r in epoch}):
+        for prec in ("fp32", "bf16"):
+            best = {}
+            for fw in ("torch-ddp", "horovod-tf"):
+                mine = [r for r in epoch if r["batch"] == str(b) and r["arm"] == fw
+                        and setting_of(r).endswith("/" + prec)]  # fmt: skip
+                good = [r for r in mine if quality(r)[0] and num(r.get("median"))]
+                pool = good or mine
+                if pool:
+                    best[fw] = min(pool, key=lambda r: num(r.get("median")) or float("inf"))
+            if len(best) < 2:
+                continue
+            t, h = best["torch-ddp"], best["horovod-tf"]
+            src = next((r for r in (t, h) if not quality(r)[0]), t)
+            tm, hm = num(t.get("median")), num(h.get("median"))
+            row = {**src, "ratio": tm / hm if tm and hm else None, "lo": "", "hi": ""}
+            paired = next((r for r in rows if r["metric"] == "ratio_epoch_torch_vs_horovod"
+                           and r["batch"] == str(b) and r["workers"] == "1"
+                           and setting_of(r) == setting_of(t) == setting_of(h)), None)  # fmt: skip
+            if paired is not None and quality(row)[0]:  # one setting: the paired ratio
+                row.update(ratio=paired["median"], lo=paired["ci_low"], hi=paired["ci_high"])
+            pair = f"{setting_of(t)} vs {setting_of(h)}"
+            text = (f"torch-ddp epoch <= {TARGET_TORCH_VS_HOROVOD:.1f}x Horovod-TF's, 1 worker, "
+                    f"batch {b}, best {prec} settings ({pair})")  # fmt: skip
+            out.append((text, row))
+    return out
+
+
 def block_frameworks_runs(res: Path) -> str:
     rows = read(res, "frameworks_runs")
     if not rows:

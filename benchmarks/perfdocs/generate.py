@@ -41,7 +41,12 @@ from .common import (
     table,
     thousands,
 )
-from .frameworks import block_frameworks, block_frameworks_runs
+from .frameworks import (
+    TARGET_TORCH_VS_HOROVOD,
+    best_ratio_rows,
+    block_frameworks,
+    block_frameworks_runs,
+)
 from .gpu import block_gpu_batch_sweep, block_gpu_step_profile, block_gpu_variants
 from .sync import block_sync_breakdown
 
@@ -518,6 +523,9 @@ def block_targets(res: Path) -> str:
         w, v = verdict(g, TARGET_GLOO_VS_MPI, lower_is_better=True, keys=keys)
         text = f"Gloo's allreduce <= {TARGET_GLOO_VS_MPI:.0f}x MPI's, 2 ranks (bare allreduce"
         text += f", against `{best['arm']}`)" if best else ")"
+        body.append([text, v, w])
+    for text, r in best_ratio_rows(read(res, "frameworks") or []):  # issue 32
+        w, v = verdict(r, TARGET_TORCH_VS_HOROVOD, lower_is_better=True, keys=("ratio", "lo", "hi"))
         body.append([text, v, w])
     o = next((r for r in tr if r["variant"] == "instrumentation_overhead"), None)
     keys = ("overhead", "overhead_ci_low", "overhead_ci_high")
