@@ -54,6 +54,28 @@ def sub_env() -> dict:
     return env
 
 
+def train_code_env(**extra: str) -> dict:
+    """The environment of an inline train-env snippet: the source tree on the path."""
+    env = sub_env()
+    env["PYTHONPATH"] = str(PROJECT_ROOT / "src")
+    env.update(extra)
+    return env
+
+
+def run_train_code(code: str, timeout=120, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` with the train env's interpreter (``python -c``); fail with its output
+    unless it exits 0."""
+    r = subprocess.run(
+        [str(TRAIN_PY), "-c", code],
+        capture_output=True,
+        text=True,
+        env=train_code_env(**extra_env),
+        timeout=timeout,
+    )
+    assert r.returncode == 0, f"train-env snippet failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    return r
+
+
 def hvd(*args, check=True, timeout=300, **kw) -> subprocess.CompletedProcess:
     """Run the workflow env's `hvdscale ARGS`."""
     r = subprocess.run(

@@ -23,7 +23,8 @@ from conftest_train import (
     kill_group,
     load_record,
     needs_train_env,
-    sub_env,
+    run_train_code,
+    train_code_env,
     wait_for,
     write_config,
 )
@@ -61,10 +62,7 @@ needs_torch = layer_skipif("torch", None if has_torch() else "torch missing in .
 
 
 def train_env() -> dict:
-    env = sub_env()
-    env["PYTHONPATH"] = str(PROJECT_ROOT / "src")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return train_code_env(OMP_NUM_THREADS="1")
 
 
 def run_check(*args, torchrun_ranks: int | None = None, timeout=240) -> str:
@@ -350,9 +348,7 @@ def test_fp16_and_tf32_are_refused_on_the_cpu_and_bf16_is_not(tmp_path):
         "assert compile_mode('max', torch.device('cuda', 0)) == 'reduce-overhead'\n"
         "assert compile_mode('off', cpu) is None\n"
     )
-    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
-                       env=train_env(), timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
+    run_train_code(code, OMP_NUM_THREADS="1")
 
 
 def check_sync_block(rec: dict, workers: int) -> None:

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest_train import PROJECT_ROOT, TRAIN_PY, base_config, sub_env, write_config
+from conftest_train import (
+    PROJECT_ROOT,
+    TRAIN_PY,
+    base_config,
+    run_train_code,
+    train_code_env,
+    write_config,
+)
 
 from hvdscale.errors import UserError
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device
@@ -35,9 +42,7 @@ needs_cpu_torch = pytest.mark.skipif(
 
 
 def train_env() -> dict:
-    env = sub_env()
-    env["PYTHONPATH"] = str(PROJECT_ROOT / "src")
-    return env
+    return train_code_env()
 
 
 # --------------------------------------------------------------------------- device choice
@@ -91,9 +96,7 @@ def test_cpu_helpers_sync_nothing_and_name_the_cpu_as_the_horovod_trainer():
         "assert synchronizer(torch.device('cpu'))() is None\n"
         "print(device_label(torch.device('cpu')))\n"
     )
-    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
-                       env=train_env(), timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    r = run_train_code(code)
     assert r.stdout.strip() == "CPU:0"
 
 
@@ -110,9 +113,7 @@ def test_the_torch_trainer_imports_neither_tensorflow_nor_horovod():
         "'keras'))\n"
         "assert not bad, bad\n"
     )
-    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
-                       env=train_env(), timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    run_train_code(code)
 
 
 def nccl_config(path: Path) -> Path:
@@ -279,9 +280,7 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
         "assert t.samples == [0.005], t.samples\n"
         "t.flush(); assert t.samples == [0.005]\n"
     )
-    r = subprocess.run([str(TRAIN_PY), "-c", code], capture_output=True, text=True,
-                       env=train_env(), timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    run_train_code(code)
 
 
 PROFILE = PROJECT_ROOT / "benchmarks" / "gpu_step_profile.py"
