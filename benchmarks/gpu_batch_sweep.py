@@ -85,10 +85,11 @@ TRAINER_MODULES = ["numpy", "torch", "h5py", "yaml", "jsonschema"]
 
 
 class Unfit(SystemExit):
-    """This machine cannot run the sweep (exit status 2, the message on stderr)."""
+    """This machine cannot run the sweep, or the step profile that imports it (exit status
+    2, the message on stderr after the running script's name)."""
 
     def __init__(self, msg: str):
-        print(f"gpu_batch_sweep: {msg}", file=sys.stderr, flush=True)
+        print(f"{Path(sys.argv[0]).stem or 'gpu_batch_sweep'}: {msg}", file=sys.stderr, flush=True)
         super().__init__(2)
 
 

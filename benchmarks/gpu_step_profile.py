@@ -49,6 +49,7 @@ from _results import (  # noqa: E402
     quiet_main,
     write_csv,
 )
+from gpu_batch_sweep import check_cuda, parse_variant  # noqa: E402  (the sweep's checks)
 
 PARTS = ["data", "forward_ddp", "forward_plain", "backward", "update"]
 
@@ -63,11 +64,6 @@ def parse_args(argv):
     ap.add_argument("--commit", default=None, help="the commit column (a tree without .git)")
     add_quiet_args(ap)
     return ap.parse_args(argv)
-
-
-def unfit(msg: str) -> SystemExit:
-    print(f"gpu_step_profile: {msg}", file=sys.stderr, flush=True)
-    return SystemExit(2)
 
 
 def program_for(cfg: dict, worker, device, batch: int, n_rows: int):
@@ -143,7 +139,7 @@ def gpu_time(program, steps: int, cuda: bool) -> tuple[float, float, int]:
 def profile_case(cfg: dict, worker, device, variant: str, batch: int, steps: int) -> list[dict]:
     from hvdscale.matrix.config import validate_config
 
-    comp, prec = variant.split("/")
+    comp, prec = parse_variant(variant)
     c = validate_config({**cfg, "training": {**cfg["training"], "compile": comp,
                                              "precision": prec}})  # fmt: skip
     n_rows = batch * max(8, min(64, 20000 // batch))
@@ -171,10 +167,9 @@ def profile_case(cfg: dict, worker, device, variant: str, batch: int, steps: int
 @quiet_main
 def main(argv=None) -> int:
     a = parse_args(argv)
+    gpu = check_cuda() if a.device == "cuda" else "none (CPU)"  # Unfit (exit 2) without one
     import torch
 
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise unfit(f"needs a CUDA build of torch and a GPU; found torch {torch.__version__}")
     from hvdscale.matrix.config import validate_config
     from hvdscale.trainer.torch_ddp.dist import TorchWorker
 
@@ -192,7 +187,6 @@ def main(argv=None) -> int:
                                 "backends": ["nccl" if a.device == "cuda" else "gloo"],
                                 "batch_sizes": a.batches, "lr_rules": ["none"]}]},
     })  # fmt: skip
-    gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "none (CPU)"
     rows = []
     for v in a.variants:
         for b in a.batches:

@@ -294,6 +294,7 @@ def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
     r = subprocess.run([str(TRAIN_PY), str(PROFILE), "--out", str(csv)], capture_output=True,
                        text=True, env=train_env(), timeout=120)  # fmt: skip
     assert r.returncode == 2 and "needs a CUDA build of torch and a GPU" in r.stderr, r.stderr
+    assert r.stderr.startswith("gpu_step_profile: "), r.stderr
     assert not csv.exists()
     cmd = [str(TRAIN_PY), str(PROFILE), "--device", "cpu", "--steps", "5", "--batches", "75",
            "--variants", "off/fp32", "--out", str(csv), "--max-load", "100"]  # fmt: skip
