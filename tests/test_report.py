@@ -545,6 +545,10 @@ def test_system_rows_per_partition_with_and_without_descriptions():
     assert [r["gloo_yield"] for r in system_rows(recs)] == ["", "yes"]
     recs[2]["config"]["gloo_epoll_yield"] = False
     assert system_rows(recs)[1]["gloo_yield"] == "no"
+    # issue 32: the CPU kernel path where the records say it, '' where they do not
+    assert alpha["cpu_kernels"] == ""
+    recs[0]["system"]["cpu_kernels"] = "PyTorch: fp32 GEMM MKL 2024.2, Intel code path"
+    assert system_rows(recs)[0]["cpu_kernels"] == "PyTorch: fp32 GEMM MKL 2024.2, Intel code path"
 
 
 @needs_poppler

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -500,6 +501,37 @@ def test_a_torch_rank_describes_the_cuda_cudnn_and_nccl_it_was_built_with(monkey
     monkeypatch.setattr(system_mod, "_tf_build", lambda: {"cuda_build": "12.2", "cudnn": "8"})
     info = system_mod.collect_system(["n1"])
     assert (info["cuda_build"], info["cudnn"], info["nccl"]) == ("12.2", "8", "2.28.9")
+
+
+TORCH_CONFIG = """PyTorch built with:
+  - Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64
+  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)
+  - CPU capability usage: AVX512
+  - Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, LAPACK_INFO=mkl, USE_MKL=ON,
+"""
+
+
+def test_the_cpu_kernel_path_of_torch_names_mkl_and_its_code_path(monkeypatch):
+    """Issue 32: the record says which GEMM a torch rank's CPU matrix products use: MKL
+    takes its Intel code path on Intel CPUs only (the fp32 gap measured on the AMD EPYC)."""
+    from hvdscale.record.system import cpu_kernels
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    amd = cpu_kernels(TORCH_CONFIG, vendor="AuthenticAMD")
+    assert amd == (
+        "PyTorch: fp32 GEMM MKL 2024.2, non-Intel code path (AuthenticAMD); oneDNN 3.12.0; "
+        "ATen CPU capability AVX512"
+    )
+    assert "MKL 2024.2, Intel code path;" in cpu_kernels(TORCH_CONFIG, vendor="GenuineIntel")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/x/libmkl_intel_cpu_true.so")
+    assert "vendor check overridden by LD_PRELOAD /opt/x/libmkl_intel_cpu_true.so" in (
+        cpu_kernels(TORCH_CONFIG, vendor="AuthenticAMD")
+    )
+    other = TORCH_CONFIG.replace("BLAS_INFO=mkl", "BLAS_INFO=open").replace("MKL-DNN", "x")
+    assert cpu_kernels(other, vendor="AuthenticAMD") == (
+        "PyTorch: fp32 GEMM open; no oneDNN; ATen CPU capability AVX512"
+    )
 
 
 # --------------------------------------------------------------------------- start-up (issue 30)

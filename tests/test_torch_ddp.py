@@ -280,6 +280,9 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     assert rec["environment"]["tensorflow"] == "none" == rec["environment"]["horovod"]
     assert rec["environment"]["devices"] == ["CPU:0"] * workers  # gloo: on the CPU
     assert rec["environment"]["torch_cuda"] is None and rec["config"]["data_in_device_memory"]
+    # issue 32: the CPU kernel path of the matrix products (torch's own build facts)
+    assert rec["system"]["cpu_kernels"].startswith("PyTorch: fp32 GEMM MKL "), rec["system"]
+    assert "TensorFlow" not in rec["system"]["cpu_kernels"]
     proof = rec["label_proof"]
     assert proof["ok"], proof["problems"]
     assert proof["process_group_backend"] == "gloo"

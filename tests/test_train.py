@@ -239,6 +239,9 @@ def test_one_rank_run_writes_a_valid_plausible_record(tmp_path, train_data):
     )
     assert system["cpu_model"] and system["horovod_gloo"] is True and system["gpus"] == []
     assert system["cuda_build"] == "" and system["mpi"] == rec["environment"]["mpi"]
+    # issue 32: TensorFlow's oneDNN switch (on by default on x86), no torch in a Horovod rank
+    assert system["cpu_kernels"].startswith("TensorFlow: oneDNN on (TF_ENABLE_ONEDNN_OPTS=")
+    assert "PyTorch" not in system["cpu_kernels"]
     sync = rec["timing"]["sync"]  # issue 19: one worker, nothing to synchronise
     assert sync["allreduce_s"] == 0 == sync["exposed_s"] and sync["comm_hook_s"] is None
 

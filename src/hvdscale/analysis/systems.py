@@ -42,6 +42,7 @@ COLUMNS = [
     "horovod_controllers",
     "horovod_cycle",
     "gloo_yield",
+    "cpu_kernels",
     "interfaces",
     "nccl_socket_ifname",
     "kernel",
@@ -67,6 +68,7 @@ LABELS = {
     "horovod_controllers": "Horovod controllers built",
     "horovod_cycle": "Horovod cycle time (the runs' HOROVOD_CYCLE_TIME)",
     "gloo_yield": "Gloo's loop thread yields (hvdscale.native, Gloo runs)",
+    "cpu_kernels": "CPU kernels of the matrix products (framework, BLAS and its code path)",
     "interfaces": "Network interfaces",
     "nccl_socket_ifname": "NCCL_SOCKET_IFNAME",
     "kernel": "Kernel",
@@ -143,6 +145,7 @@ def record_values(rec: dict) -> dict[str, list[str]]:
         "horovod_controllers": [_controllers(s)],
         "horovod_cycle": [_cycle(rec)],
         "gloo_yield": [_gloo_yield(rec)],
+        "cpu_kernels": one("cpu_kernels"),
         "interfaces": [_interfaces(s.get("interfaces"))],
         "errors": sorted(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
     }

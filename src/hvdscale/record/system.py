@@ -102,6 +102,56 @@ def _torch_build() -> dict:
     return out
 
 
+def _cpu_vendor() -> str:
+    m = re.search(r"^vendor_id\s*:\s*(\S+)", _read("/proc/cpuinfo"), re.M)
+    return m.group(1) if m else ""
+
+
+def _mkl_path(vendor: str) -> str:
+    """MKL's code path as far as it can be told from outside: MKL dispatches by CPU vendor
+    (since MKL 2020.1 MKL_DEBUG_CPU_TYPE no longer moves a non-Intel CPU onto the Intel
+    path); an LD_PRELOADed library that answers MKL's vendor check (issue 32's measurement)
+    is named as it is."""
+    preload = [x for x in os.environ.get("LD_PRELOAD", "").split() if "mkl" in x.lower()]
+    if preload:
+        return f"vendor check overridden by LD_PRELOAD {' '.join(preload)}"
+    if vendor == "GenuineIntel":
+        return "Intel code path"
+    return f"non-Intel code path ({vendor or 'CPU vendor unknown'})"
+
+
+def cpu_kernels(torch_config: str | None = None, vendor: str | None = None) -> str:
+    """Which CPU kernels the imported frameworks use for their matrix products (issue 32:
+    TensorFlow's oneDNN switch; PyTorch's BLAS (MKL and its code path), oneDNN and ATen's
+    CPU capability), '' when neither is imported. ``torch_config``/``vendor``: for tests
+    (default: ``torch.__config__.show()`` and /proc/cpuinfo)."""
+    vendor = _cpu_vendor() if vendor is None else vendor
+    parts = []
+    if sys.modules.get("tensorflow") is not None:
+        from tensorflow.python.util import _pywrap_util_port as port  # TF's own switch
+
+        flag = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+        parts.append(
+            f"TensorFlow: oneDNN {'on' if port.IsMklEnabled() else 'off'} "
+            f"(TF_ENABLE_ONEDNN_OPTS={flag if flag is not None else 'unset'})"
+        )
+    torch = sys.modules.get("torch")
+    if torch is not None or torch_config is not None:
+        show = torch.__config__.show() if torch_config is None else torch_config
+        blas = re.search(r"BLAS_INFO=(\w+)", show)
+        mkl = re.search(r"Math Kernel Library Version ([0-9.]+)", show)
+        dnn = re.search(r"(?:MKL-DNN|oneDNN) v([0-9.]+)", show)
+        cap = re.search(r"CPU capability usage: (\w+)", show)
+        gemm = blas.group(1) if blas else "unknown BLAS"
+        if gemm == "mkl":
+            gemm = f"MKL {mkl.group(1) if mkl else '?'}, {_mkl_path(vendor)}"
+        text = f"PyTorch: fp32 GEMM {gemm}"
+        text += f"; oneDNN {dnn.group(1)}" if dnn else "; no oneDNN"
+        text += f"; ATen CPU capability {cap.group(1)}" if cap else ""
+        parts.append(text)
+    return " | ".join(parts)
+
+
 def _nccl_version(code: int) -> str:
     """Horovod's nccl_built() code (e.g. 21805 or 2805) as '2.18.5'."""
     if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
@@ -216,5 +266,6 @@ def collect_system(nodes: list[str] | None = None) -> dict:
     info.update(_probe(errors, "horovod", _horovod_build, {}))
     for key, value in _probe(errors, "torch", _torch_build, {}).items():
         info[key] = info[key] or value  # TensorFlow's / Horovod's first where they are
+    info["cpu_kernels"] = _probe(errors, "cpu_kernels", cpu_kernels, "")
     info["errors"] = errors
     return info
