@@ -158,8 +158,11 @@ def test_sdm_conda_runs_the_cli_of_the_rules_conda_env(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     commands = [line for line in text.splitlines() if "-m hvdscale.cli" in line]
+    # the env does not install hvdscale (no relative -e in a copied env file): the rules
+    # put this checkout's src on PYTHONPATH
+    src = f"PYTHONPATH={ROOT / 'src'}${{PYTHONPATH:+:$PYTHONPATH}}"
     for command in ("write-config", "generate-shard", "split-dataset", "aggregate", "report"):
-        assert f"Shell command: python -m hvdscale.cli {command} " in text, command
+        assert f"Shell command: {src} python -m hvdscale.cli {command} " in text, command
     launches = [c for c in commands if "hvdscale.cli launch " in c]
     assert launches and all(c.startswith("Shell command: /") for c in launches)
 

@@ -79,10 +79,16 @@ if workflow.is_main_process:
 # The package CLI of the workflow-env rules. By default the workflow env's own
 # interpreter (Snakemake's), inside and outside SLURM jobs (shared file system), so no
 # PATH setup is needed. With --sdm conda, the `python` of the rule's conda env
-# (envs/workflow.conda.yaml, which installs hvdscale): the `conda:` directive is what
-# runs the rule.
+# (envs/workflow.conda.yaml; the `conda:` directive is what runs the rule) with this
+# checkout's src on PYTHONPATH: the env does not install hvdscale (a relative `-e ../`
+# in the env file would point nowhere: Snakemake builds the env from a copy of it).
 USE_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-HVD = "python -m hvdscale.cli" if USE_CONDA else f"{sys.executable} -m hvdscale.cli"
+SRC_PATH = os.path.join(workflow.basedir, "src")
+HVD = (
+    f"PYTHONPATH={shlex.quote(SRC_PATH)}${{PYTHONPATH:+:$PYTHONPATH}} python -m hvdscale.cli"
+    if USE_CONDA
+    else f"{sys.executable} -m hvdscale.cli"
+)
 # `hvdscale launch` always runs in Snakemake's own env; the ranks it starts run in the
 # train env (venv, env-modules or the conda env of train_run/measure_allreduce)
 LAUNCH = f"{sys.executable} -m hvdscale.cli"
