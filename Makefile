@@ -10,7 +10,7 @@ CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial plan export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
-        bench bench-data bench-train bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-allreduce bench-cycle bench-costmodel perf-docs clean
+        bench bench-data bench-train bench-dag bench-report bench-scaling bench-frameworks bench-torch-overhead bench-slurm bench-allreduce bench-cycle bench-costmodel perf-docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -64,7 +64,7 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-data bench-train bench-allreduce bench-cycle bench-dag bench-report bench-scaling bench-frameworks bench-slurm bench-costmodel perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
+bench: bench-data bench-train bench-allreduce bench-cycle bench-dag bench-report bench-scaling bench-frameworks bench-torch-overhead bench-slurm bench-costmodel perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
 
 bench-data:  ## data stage at 1,000,000 curves vs dd
 	$(VENV)/bin/python benchmarks/bench_data.py
@@ -89,6 +89,9 @@ bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirrore
 
 bench-frameworks:  ## Horovod-TF vs torch DDP over Gloo, 1 and 2 workers, batch 75 and 1000: epoch time, efficiency vs ceiling, time to target
 	$(VENV)/bin/python benchmarks/bench_frameworks.py
+
+bench-torch-overhead:  ## share of a torch-ddp step outside ATen's operators (what several steps per call could remove), 1 rank, 1 core
+	PYTHONPATH=src taskset -c 1 .venv-train/bin/python benchmarks/torch_step_overhead.py
 
 bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin; one job per run vs job arrays (root)
 	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py --arm all

@@ -423,3 +423,29 @@ def test_the_torch_vs_horovod_target_takes_each_framework_at_its_best_setting():
     rows[1]["valid"] = "false"  # torch's best fp32 row invalid: the next valid one counts
     fp32 = next(r for t, r in best_ratio_rows(rows) if "fp32" in t)
     assert fp32["ratio"] == pytest.approx(2.0)
+
+
+def test_the_torch_overhead_block_reads_valid_rows_only(tmp_path):
+    """perfdocs.frameworks (issue 32): the reading's share and bound come from valid rows;
+    an invalid row shows no figure."""
+    from perfdocs import frameworks
+
+    def row(variant, batch, prof, aten, fc="0.01"):
+        return {"commit": "abc", "machine": "m", "date": "d", "load_before": "0.2",
+                "foreign_cpu": fc, "valid": "true", "variant": variant, "batch": str(batch),
+                "wall_us": str(prof * 0.9), "prof_wall_us": str(prof), "aten_us": str(aten),
+                "outside_us": str(prof - aten), "outside_share": str((prof - aten) / prof),
+                "outside_plain_us": str(prof * 0.9 - aten), "bound_speedup": str(prof / aten),
+                "part": "data", "host_us": "10"}  # fmt: skip
+
+    rows = [row("off/fp32", 75, 1000, 800), row("off/fp32", 1000, 4000, 3800),
+            row("off/bf16", 75, 9999, 1111, fc="0.5")]  # fmt: skip
+    with open(tmp_path / "torch_step_overhead.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    text = frameworks.block_torch_step_overhead(tmp_path)
+    assert "5% (off/fp32, batch 1000) to 20% (off/fp32, batch 75)" in text
+    assert "at most 1.05-1.25x faster" in text
+    assert "9999" not in text and "| invalid |" in text
+    assert "not measured" in frameworks.block_torch_step_overhead(tmp_path / "none").lower()

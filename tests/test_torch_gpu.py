@@ -318,3 +318,33 @@ def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
     assert float(rows[0]["host_us_sum"]) == pytest.approx(
         sum(v for p, v in parts.items() if p != "forward_plain"), rel=1e-3
     )
+
+
+OVERHEAD = PROJECT_ROOT / "benchmarks" / "torch_step_overhead.py"
+
+
+@needs_cpu_torch
+def test_the_step_overhead_benchmark_splits_a_step_at_atens_operators(tmp_path):
+    """benchmarks/torch_step_overhead.py (issue 32, several steps per call): the trainer's
+    step under the profiler, split into ATen's operators and the rest; the figures obey
+    their definitions (no timing is compared with a tolerance)."""
+    import csv as csvmod
+
+    out = tmp_path / "o.csv"
+    cmd = [str(TRAIN_PY), str(OVERHEAD), "--steps", "5", "--batches", "75",
+           "--variants", "off/fp32", "--out", str(out), "--max-load", "100"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csvmod.DictReader(out.open()))
+    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
+                                         "update"]  # fmt: skip
+    x = rows[0]
+    assert (x["variant"], x["compile"], x["precision"], x["batch"]) == ("off/fp32", "off",
+                                                                       "fp32", "75")  # fmt: skip
+    prof, aten = float(x["prof_wall_us"]), float(x["aten_us"])
+    assert 0 < aten < prof  # the operators ran inside the profiled step, not all of it
+    assert float(x["outside_us"]) == pytest.approx(prof - aten, rel=1e-4)
+    assert float(x["outside_share"]) == pytest.approx((prof - aten) / prof, rel=1e-4)
+    assert float(x["outside_plain_us"]) == pytest.approx(float(x["wall_us"]) - aten, rel=1e-4)
+    assert float(x["bound_speedup"]) == pytest.approx(prof / aten, rel=1e-4)
+    assert x["commit"] and x["load_before"] and x["foreign_cpu"]  # provenance, quiet guard

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
+from .common import INVALID, QCOLS, ci, f2, missing, num, provenance, quality, read, shown, table
 
 HOW = "make bench-frameworks"
 
@@ -175,3 +175,54 @@ def block_frameworks_runs(res: Path) -> str:
             "time to target s"]  # fmt: skip
     out = table(head + ["load after", *QCOLS], body)
     return out + "\n" + provenance(rows, "frameworks_runs")
+
+
+OVERHEAD_HOW = "make bench-torch-overhead"
+
+
+def block_torch_step_overhead(res: Path) -> str:
+    """benchmarks/torch_step_overhead.py: the share of a torch step outside ATen's
+    operators, the most several steps per call could remove (issue 32)."""
+    rows = read(res, "torch_step_overhead")
+    if not rows:
+        return missing("torch_step_overhead", OVERHEAD_HOW)
+    cases: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        cases.setdefault((r["variant"], int(r["batch"])), []).append(r)
+    body, shares, bounds = [], [], []
+    for (v, b), rs in cases.items():
+        r0 = rs[0]
+        ok, qc = quality(r0)
+        share = num(r0.get("outside_share"))
+        figs = [f2(num(r0["wall_us"]), 0), f2(num(r0["prof_wall_us"]), 0),
+                f2(num(r0["aten_us"]), 0), f2(num(r0["outside_us"]), 0),
+                f2(share, 2), f2(num(r0.get("outside_plain_us")), 0),
+                f2(num(r0.get("bound_speedup")), 2)]  # fmt: skip
+        body.append([v, b] + [x if ok else INVALID for x in figs] + qc)
+        if ok and share is not None:
+            shares.append((share, v, b))
+            bounds.append(num(r0.get("bound_speedup")))
+    head = [
+        "compile/precision",
+        "batch",
+        "wall us/step",
+        "profiled us/step",
+        "in ATen us/step",
+        "outside us/step",
+        "outside share",
+        "outside, unprofiled wall",
+        "bound speedup",
+    ]
+    out = table(head + QCOLS, body)
+    if shares:
+        lo, hi = min(shares), max(shares)
+        out += (
+            f"\nReading (valid rows only): {lo[0]:.0%} ({lo[1]}, batch {lo[2]}) to "
+            f"{hi[0]:.0%} ({hi[1]}, batch {hi[2]}) of a profiled step lies outside ATen's "
+            f"operators, so running several steps per call could make the step at most "
+            f"{min(b for b in bounds if b):.2f}-{max(b for b in bounds if b):.2f}x faster, "
+            f"and only if it removed all of that (the Python, module calls, autograd engine "
+            f"and DDP hooks, and the profiler's own recording); the rest is the operators' "
+            f"kernels.\n"
+        )
+    return out + "\n" + provenance(rows, "torch_step_overhead")

@@ -46,6 +46,7 @@ from .frameworks import (
     best_ratio_rows,
     block_frameworks,
     block_frameworks_runs,
+    block_torch_step_overhead,
 )
 from .gpu import block_gpu_batch_sweep, block_gpu_step_profile, block_gpu_variants
 from .sync import block_sync_breakdown
@@ -407,6 +408,7 @@ VALIDITY_SOURCES = [
     "bench_scaling_runs",
     "frameworks",
     "frameworks_runs",
+    "torch_step_overhead",
     "bench_train_overhead",
     "bench_allreduce_bare",
     "bench_cycle_time",
@@ -542,6 +544,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "scaling-tuning": block_scaling_runs,
     "frameworks": block_frameworks,
     "frameworks-runs": block_frameworks_runs,
+    "torch-step-overhead": block_torch_step_overhead,
     "train-overhead": block_train_overhead,
     "instrumentation": block_instrumentation,
     "allreduce-bare": block_allreduce_bare,
@@ -574,6 +577,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "scaling-tuning",
         "frameworks",
         "frameworks-runs",
+        "torch-step-overhead",
         "train-overhead",
         "instrumentation",
         "cycle-time",
