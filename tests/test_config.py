@@ -408,16 +408,15 @@ def test_precision_and_compile_are_checked_against_the_runs_of_the_matrix():
                          "scaling": {"sweeps": [_torch_sweep("local", "gloo")]}})  # fmt: skip
     assert "training.precision: got 'fp16', which needs a GPU" in str(e.value)
     assert "partition 'local' has gpus_per_node 0; on a CPU use fp32 or bf16" in str(e.value)
-    # horovod-tf has bf16 and XLA (compile default/max) but no fp16 (no loss scaling)
+    # horovod-tf has bf16, XLA (compile default/max) and fp16 with loss scaling (on a GPU)
     cfg = validate_config({"training": {"compile": "default", "precision": "bf16"}})
     assert cfg["training"]["compile"] == "default"
     hvd_sweep = {**_torch_sweep("gpu", "nccl"), "frameworks": ["horovod-tf"]}
     hvd_gpu = {"partitions": {"gpu": GPU_PART}, "sweeps": [hvd_sweep]}
-    with pytest.raises(ConfigError) as e:
-        validate_config({"training": {"precision": "fp16"}, "scaling": hvd_gpu})
-    assert "training.precision: got 'fp16', which the horovod-tf trainer does not have" in str(
-        e.value
-    )
+    ok = validate_config({"training": {"precision": "fp16"}, "scaling": hvd_gpu})
+    assert ok["training"]["precision"] == "fp16"
+    with pytest.raises(ConfigError, match="'fp16', which needs a GPU"):
+        validate_config({"training": {"precision": "fp16"}})  # horovod-tf on the CPU
     ok = validate_config({"training": {"precision": "tf32"}, "scaling": hvd_gpu})
     assert ok["training"]["precision"] == "tf32"
     with pytest.raises(ConfigError, match="training.precision.*one of|fp8"):

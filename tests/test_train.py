@@ -25,6 +25,7 @@ from conftest_train import (
     launch,  # noqa: F401
     load_record,
     needs_train_env,
+    run_train_code,
     start_launch,
     sub_env,
     train_data,  # noqa: F401  (pytest fixture)
@@ -182,6 +183,7 @@ def test_the_step_program_factory_takes_the_training_section_settings():
         "compression": "fp16",
         "backward_passes_per_step": 2,
         "xla": True,
+        "loss_scaling": False,  # fp32: no loss scale
     }
     p = build_step_program(
         "m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8, device="d",
@@ -194,6 +196,60 @@ def test_the_step_program_factory_takes_the_training_section_settings():
     p = build_step_program("m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8,
                            device="d", program=Recorded)  # fmt: skip
     assert p.kw["xla"] is False
+    tcfg["precision"] = "fp16"  # issue 32: a dynamic loss scale in the step
+    p = build_step_program("m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8,
+                           device="d", program=Recorded)  # fmt: skip
+    assert p.kw["loss_scaling"] is True
+
+
+FP16_STEP = """
+import numpy as np, tensorflow as tf
+from hvdscale.matrix.config import validate_config
+from hvdscale.trainer.horovod_tf.optim import Optimisation
+from hvdscale.trainer.horovod_tf.step import LOSS_SCALE_INITIAL, build_step_program
+from hvdscale.trainer.worker import WorkerInfo
+
+cfg = validate_config({"seed": 3})
+cfg["training"]["precision"] = "fp16"  # past the matrix check, which wants a GPU for it
+rng = np.random.default_rng(3)
+x = rng.normal(size=(64, cfg["data"]["n_points"], 3)).astype(np.float32)
+y = (rng.normal(size=(64, 2)) * 0.1).astype(np.float32)
+optim = Optimisation.build(cfg, "none", 1, steps=4, seed=3)
+assert optim.model.layers[-1].compute_dtype == "float16", optim.model.layers[-1].compute_dtype
+assert all(v.dtype == tf.float32 for v in optim.model.trainable_variables)
+program = build_step_program(optim.model, optim.optimizer, WorkerInfo(), cfg["training"],
+                             train=(x, y), test=(x, y), batch=16, device="/CPU:0")
+program.warm_up(4)
+assert program.loss_scale_state() == {"loss_scale": LOSS_SCALE_INITIAL, "skipped_updates": 0}
+w0 = [w.copy() for w in optim.model.get_weights()]
+program.start_epoch(np.arange(64))
+program.run_steps(0, 4, False)
+loss, _ = program.epoch_results()
+assert np.isfinite(loss) and loss > 0, loss
+w1 = optim.model.get_weights()
+assert all(np.all(np.isfinite(w)) for w in w1) and any((a != b).any() for a, b in zip(w0, w1))
+assert program.loss_scale_state() == {"loss_scale": LOSS_SCALE_INITIAL, "skipped_updates": 0}
+assert int(optim.optimizer.iterations.numpy()) == 4
+# an overflowing scale: the update is skipped (weights and Adam untouched), the scale halves
+program.loss_scale.assign(2.0**126)
+program.start_epoch(np.arange(64))
+program.run_steps(0, 1, False)
+assert all((a == b).all() for a, b in zip(w1, optim.model.get_weights()))
+assert int(optim.optimizer.iterations.numpy()) == 4
+assert program.loss_scale_state() == {"loss_scale": 2.0**125, "skipped_updates": 1}
+print("ok")
+"""
+
+
+@pytest.mark.horovod
+@needs_train_env
+def test_the_fp16_step_scales_the_loss_and_skips_an_overflowing_update():
+    """Issue 32: Horovod-TF's fp16 step (a mixed_float16 model, float32 weights) trains
+    with a dynamic loss scale; a non-finite gradient skips the update (weights and the
+    optimizer untouched) and halves the scale, as Keras' LossScaleOptimizer does. On the
+    CPU (the matrix refuses fp16 there for real runs; TensorFlow computes float16 anyway)."""
+    r = run_train_code(FP16_STEP, timeout=300, TF_CPP_MIN_LOG_LEVEL="2")
+    assert r.stdout.strip().endswith("ok"), r.stdout
 
 
 # --------------------------------------------------------------------------- runs

@@ -10,7 +10,8 @@ from hvdscale.trainer.model import N_CHANNELS, N_LABELS, check_parameter_count
 
 #: training.precision -> the Keras dtype policy of the Dense layers (issue 32); the
 #: variables stay float32 under a mixed policy, the step casts the output to float32
-POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
+#: (fp16: the step scales the loss, hvdscale.trainer.horovod_tf.step.StepProgram)
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def build_model(cfg: dict):

@@ -188,6 +188,13 @@ class HostBatches:
 # =========================================================================== the program
 
 
+#: dynamic loss scaling of fp16 steps (issue 32, training.precision fp16): Keras'
+#: LossScaleOptimizer's defaults (start at 2^15, double after 2000 finite updates, halve
+#: and skip the update on a non-finite gradient)
+LOSS_SCALE_INITIAL = 2.0**15
+LOSS_SCALE_GROWTH_STEPS = 2000
+
+
 class StepProgram:
     """The compiled training step(s) and evaluation of one rank.
 
@@ -216,6 +223,7 @@ class StepProgram:
         x_val=None,
         y_val=None,
         xla: bool = False,
+        loss_scaling: bool = False,
     ):
         import tensorflow as tf
 
@@ -260,6 +268,17 @@ class StepProgram:
             if self.bpps > 1:
                 self.acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.vars]
                 self.micro = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
+            # issue 32: fp16 (a mixed_float16 model) with dynamic loss scaling; the scale
+            # and its counters follow the allreduced gradient, so every rank keeps the same
+            self.loss_scaling = bool(loss_scaling)
+            self.scale_vars = []
+            if self.loss_scaling:
+                self.loss_scale = tf.Variable(
+                    LOSS_SCALE_INITIAL, dtype=tf.float32, trainable=False, name="loss_scale"
+                )
+                self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good")
+                self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+                self.scale_vars = [self.loss_scale, self.good_steps, self.skipped]
 
         timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
         self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
@@ -313,12 +332,44 @@ class StepProgram:
             return t3 - t3
         return clock.stamp(self.fault.inject("noise", [op])) - t3
 
-    def _apply(self, grads):
-        tf = self.tf
-        it = self.opt.apply_gradients(zip(grads, self.vars))
-        with tf.control_dependencies([it]):
+    def _read_back(self, deps):
+        with self.tf.control_dependencies(deps):
             # reading the weights back orders "done" after every variable update
-            return [tf.reshape(v, [-1])[0] for v in self.vars]
+            return [self.tf.reshape(v, [-1])[0] for v in self.vars]
+
+    def _apply(self, grads):
+        if not self.loss_scaling:
+            return self._read_back([self.opt.apply_gradients(zip(grads, self.vars))])
+        tf = self.tf
+        # the allreduced gradient is the same on every rank: all take the same branch
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+        def update():
+            it = self.opt.apply_gradients(zip(grads, self.vars))
+            grow = self.good_steps + 1 >= LOSS_SCALE_GROWTH_STEPS
+            with tf.control_dependencies([it]):
+                scale = self.loss_scale.assign(
+                    tf.where(grow, self.loss_scale * 2.0, self.loss_scale)
+                )
+                good = self.good_steps.assign(
+                    tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1)
+                )
+            return self._read_back([scale, good])
+
+        def skip():  # overflow: no update, a smaller scale
+            scale = self.loss_scale.assign(tf.maximum(self.loss_scale * 0.5, 1.0))
+            good = self.good_steps.assign(0)
+            return self._read_back([scale, good, self.skipped.assign_add(1)])
+
+        return tf.cond(finite, update, skip)
+
+    def loss_scale_state(self) -> dict | None:
+        """fp16 runs: the loss scale now and the updates skipped for a non-finite
+        gradient so far; None without loss scaling."""
+        if not self.loss_scaling:
+            return None
+        return {"loss_scale": float(self.loss_scale.numpy()),
+                "skipped_updates": int(self.skipped.numpy())}  # fmt: skip
 
     def _one_step(self, j, feed, t_prev, clock):
         tf = self.tf
@@ -352,7 +403,12 @@ class StepProgram:
         with tf.GradientTape() as tape:
             pred = tf.cast(self.model(x, training=True), tf.float32)
             loss = tf.reduce_mean(tf.square(pred - y))
-        return loss, tape.gradient(loss, self.vars)
+            scaled = loss * self.loss_scale if self.loss_scaling else loss
+        grads = tape.gradient(scaled, self.vars)
+        if self.loss_scaling:  # the float32 gradient of the loss itself
+            inv = 1.0 / self.loss_scale
+            grads = [g * inv for g in grads]
+        return loss, grads
 
     def _sync_and_update(self, grads, loss, clock):
         """Allreduce and apply every step: the compute, sync and update boundaries."""
@@ -453,7 +509,7 @@ class StepProgram:
         opt_vars = self.opt.variables  # a property in Keras 2.11+, a method before
         keep = list(self.model.variables) + list(opt_vars() if callable(opt_vars) else opt_vars)
         keep += [v for v in (getattr(self, "micro", None),) if v is not None]
-        keep += list(getattr(self, "acc", []))
+        keep += list(getattr(self, "acc", [])) + self.scale_vars
         saved = [v.read_value() for v in keep]
         self.source.start_epoch(np.arange(self.n_local))
         for fn in (self._timed, self._plain):
@@ -540,4 +596,5 @@ def build_step_program(
         backward_passes_per_step=training["horovod"]["backward_passes_per_step"],
         fault=fault,
         xla=training.get("compile", "off") != "off",
+        loss_scaling=training.get("precision", "fp32") == "fp16",
     )
