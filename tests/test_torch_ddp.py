@@ -283,6 +283,8 @@ def test_a_run_writes_a_valid_record_with_its_label_proof(
     # issue 32: the CPU kernel path of the matrix products (torch's own build facts)
     assert rec["system"]["cpu_kernels"].startswith("PyTorch: fp32 GEMM MKL "), rec["system"]
     assert "TensorFlow" not in rec["system"]["cpu_kernels"]
+    # the torch trainer's own timing method, not the Horovod trainer's in-graph one
+    assert "perf_counter" in rec["timing_method"] and "tf.timestamp" not in rec["timing_method"]
     proof = rec["label_proof"]
     assert proof["ok"], proof["problems"]
     assert proof["process_group_backend"] == "gloo"

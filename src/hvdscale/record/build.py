@@ -26,7 +26,7 @@ from hvdscale.project import git_commit
 from hvdscale.record.history import history_csv
 from hvdscale.record.startup import launch_to_target, total_startup
 from hvdscale.record.summary import noise_scale_block, summarise, target_block
-from hvdscale.record.timing import TIMING_METHOD, instrumentation_block, sync_block
+from hvdscale.record.timing import TIMING_METHODS, instrumentation_block, sync_block
 
 SCHEMA_VERSION = 1
 
@@ -347,7 +347,7 @@ def build_record(
         ),
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,
-        "timing_method": TIMING_METHOD,
+        "timing_method": TIMING_METHODS[framework],
         "timeline": timeline,
         "timeline_check": timeline_check,
         "data": data,

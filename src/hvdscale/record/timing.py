@@ -50,6 +50,18 @@ TIMING_METHOD = (
     "time_other_s = wall_s - sum of the four phases; headline wall_s/throughput/elapsed_s "
     "from uninstrumented calls (timed calls counted at the uninstrumented per-step time)"
 )
+#: the torch-ddp trainer's (hvdscale.trainer.torch_ddp.step): host clocks, not in-graph
+TORCH_TIMING_METHOD = (
+    "time.perf_counter at phase boundaries of the timed steps (data|compute|sync|update: "
+    "the compute under DDP's no_sync, then one explicit allreduce of all gradients; GPU: "
+    "torch.cuda.synchronize before each clock read); every instrument_every-th call timed, "
+    "epoch totals = timed means x steps; noise-scale sums of timed multi-worker steps in no "
+    "phase; time_other_s = wall_s - sum of the four phases; headline wall_s/throughput/"
+    "elapsed_s from uninstrumented calls (plain DDP steps, the allreduce overlapping the "
+    "backward pass; one synchronisation per call)"
+)
+#: framework -> its timing method (the run record's timing_method)
+TIMING_METHODS = {"horovod-tf": TIMING_METHOD, "torch-ddp": TORCH_TIMING_METHOD}
 
 
 @dataclass
