@@ -33,9 +33,9 @@ plan:  ## node-/GPU-hour budget of $(CONFIG) per partition (SELECT="partition=al
 export:  ## one archive of the finished study on $(CONFIG) -> results/study.tar.gz
 	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) -- results/study.tar.gz
 
-report:  ## rebuild every figure and the report from an archive: make report FROM=study.tar.gz [OUT=rebuilt]
-	@test -n "$(FROM)" || { echo "make report: give the archive, e.g. make report FROM=results/study.tar.gz"; exit 2; }
-	$(VENV)/bin/python -m hvdscale.cli rebuild $(FROM) --out $(or $(OUT),rebuilt)
+report:  ## rebuild the report from an archive: make report FROM=study.tar.gz [OUT=rebuilt]; several clusters' studies: FROM="a b" (merged)
+	@test -n "$(FROM)" || { echo "make report: give the archive, e.g. make report FROM=results/study.tar.gz (several clusters' studies: FROM=\"a.tar.gz b.tar.gz\")"; exit 2; }
+	$(if $(word 2,$(FROM)),$(VENV)/bin/python -m hvdscale.cli merge $(FROM) --out $(or $(OUT),merged),$(VENV)/bin/python -m hvdscale.cli rebuild $(FROM) --out $(or $(OUT),rebuilt))
 
 compare:  ## compare two studies: make compare A=old.tar.gz B=results [OUT=comparison]
 	$(VENV)/bin/python -m hvdscale.cli compare $(A) $(B) --out $(or $(OUT),comparison)

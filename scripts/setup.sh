@@ -16,7 +16,7 @@ Usage: scripts/setup.sh [--workflow-only] [--check-only] [--help]
 
 Installs what hvdscale needs:
   1. System pieces. As root on Debian the Debian packages (build tools, OpenMPI,
-     SLURM + munge for the tests, poppler) are installed with apt-get. Otherwise
+     SLURM + munge and Lmod for the tests, poppler) are installed with apt-get. Otherwise
      (ordinary user, or not Debian) no root is needed: the pieces must be on PATH,
      from the OS or from modules: a C and C++ compiler, MPI (mpicc, mpirun), cmake,
      Python 3.11 with venv and headers, pdftoppm/pdftotext (report tests). What is
@@ -60,9 +60,10 @@ log() { printf '[setup] %s\n' "$*"; }
 # --------------------------------------------------------------------------- 1. system pieces
 # As root on Debian (unless HVD_SKIP_APT=1) the Debian packages are installed as before.
 # Everyone else needs only the pieces themselves on PATH, from the OS or from modules;
-# slurm-wlm and munge are for the SLURM tests only, not for setup.
+# slurm-wlm and munge are for the SLURM tests only, not for setup, and so is lmod (the
+# non-root module user of tests/test_lmod_user.py).
 APT_PACKAGES=(build-essential cmake git openmpi-bin libopenmpi-dev slurm-wlm munge
-              poppler-utils iproute2 procps python3-venv python3-dev)
+              poppler-utils iproute2 procps python3-venv python3-dev lmod)
 HAS_DPKG=0; command -v dpkg-query >/dev/null 2>&1 && HAS_DPKG=1
 python_is_system() { [[ "$("$PYTHON" -c 'import sys; print(sys.prefix)' 2>/dev/null)" == /usr ]]; }
 missing_packages() {

@@ -10,7 +10,9 @@ without it:
 - ``horovod``: Horovod in .venv-train (``slurm_support.horovod_skip_reason``);
 - ``train-env``: .venv-train itself (``conftest_train.needs_train_env``);
 - ``torch``: torch in .venv-train (``test_torch_ddp.needs_torch``);
-- ``poppler``: pdftotext/pdftoppm for the rendered-report tests.
+- ``poppler``: pdftotext/pdftoppm for the rendered-report tests;
+- ``lmod``: root and Debian's Lmod for the non-root cluster user of tests/test_lmod_user.py
+  (``lmod_support.lmod_skip_reason``).
 
 Such a test skips through ``require_layer`` (in a fixture or test) or ``layer_skipif``
 (a marker); its skip reason starts with the layer's tag, ``[horovod] ...``. With
@@ -38,7 +40,7 @@ import re
 import pytest
 
 ENV_VAR = "HVDSCALE_REQUIRE_LAYERS"
-LAYERS = ("slurm", "multinode", "horovod", "train-env", "torch", "poppler")
+LAYERS = ("slurm", "multinode", "horovod", "train-env", "torch", "poppler", "lmod")
 _TAGGED = re.compile(r"(?:Skipped: )?\[([a-z-]+)\] (.*)", re.DOTALL)
 
 

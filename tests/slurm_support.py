@@ -19,6 +19,7 @@ not run as root or when SLURM/munge are not installed (layers ``slurm`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -320,3 +321,70 @@ __all__ = [
 
 if __name__ == "__main__":  # pragma: no cover - manual check
     print(slurm_skip_reason() or "local SLURM cluster can run here", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- own instances
+
+
+def _own_env(name: str, partition: str, node: str, port: int, directory: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.update(
+        HVD_SLURM_DIR=directory,
+        HVD_SLURM_CTLD_PORT=str(port),
+        HVD_SLURM_PARTITION=partition,
+        HVD_SLURM_CLUSTER_NAME=name,
+        HVD_SLURM_NODE_NAME=node,
+    )
+    return env
+
+
+def marked_processes(directory: str) -> list[int]:
+    """PIDs of the daemons that slurm-cluster.sh started for ``directory``."""
+    mark = f"HVD_SLURM_MARK={directory}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@contextlib.contextmanager
+def own_cluster(
+    name: str, partition: str, node: str, port: int, directory: str
+) -> Iterator[dict[str, str]]:
+    """A one-node SLURM instance of its own beside the shared test cluster (its own
+    directory under /tmp, ports ``port``/``port + 1``, cluster, partition and node name):
+    what a cluster with its own Slurm looks like, and reachable by other users wherever
+    the checkout lies. Yields its client environment (SLURM_CONF, ...); stopped and
+    removed afterwards, with no daemon left."""
+
+    def script(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            ["bash", str(CLUSTER_SCRIPT), *args],
+            env=_own_env(name, partition, node, port, directory),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if check:
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 0, f"{name}: slurm-cluster.sh {args}: {out}"
+        return proc
+
+    script("down", check=False)
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        script("up")
+        env = _own_env(name, partition, node, port, directory)
+        for line in script("env").stdout.splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = value.strip("'\"")
+        yield env
+    finally:
+        script("down", check=False)
+    assert marked_processes(directory) == [], f"{name}: processes left after down"
+    shutil.rmtree(directory, ignore_errors=True)

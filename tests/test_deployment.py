@@ -225,3 +225,31 @@ def test_check_train_python_only_outside_venv(tmp_path):
     check_train_python(
         _cfg("env-modules"), sys.executable, rank_path_env({"deployment": "env-modules"})
     )
+
+
+@pytest.mark.parametrize(
+    "environ,modules",
+    [
+        ({}, None),  # no module system: no `modules` in the record
+        ({"LOADEDMODULES": ""}, []),  # Lmod, nothing loaded (after `module purge`)
+        ({"LOADEDMODULES": "openmpi/4.1.4:python/3.11"}, ["openmpi/4.1.4", "python/3.11"]),
+    ],
+)
+def test_record_lists_the_loaded_modules(environ, modules, monkeypatch):
+    """The run record's environment.modules (issue 29): LOADEDMODULES where rank 0 ran,
+    checked against the run schema."""
+    from jsonschema import Draft202012Validator
+
+    from hvdscale.record.build import environment_block, load_run_schema, loaded_modules
+
+    assert loaded_modules(environ) == modules
+    monkeypatch.delenv("LOADEDMODULES", raising=False)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    env = environment_block(
+        config_hash="x", hostnames=["h"], devices=["CPU"], tensorflow="2.15.1",
+        horovod="0.28.1", started_utc="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+    assert env.get("modules") == modules and ("modules" in env) == (modules is not None)
+    schema = load_run_schema()["properties"]["environment"]
+    assert not list(Draft202012Validator(schema).iter_errors(env))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from hvdscale.errors import UserError
-from hvdscale.trainer.device import gpu_for_rank, gpu_label, visible_gpu_id
+from hvdscale.record.labelproof import gpu_id, rank_gpu_ids
+from hvdscale.trainer.device import cuda_visible_devices, gpu_for_rank, gpu_label, visible_gpu_id
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -109,3 +110,38 @@ def test_no_visible_gpu_is_the_cpu():
     assert gpu_for_rank(0, 1, 0, rank=0) is None
     assert gpu_for_rank(3, 4, 0, rank=3, visible="") is None  # CUDA_VISIBLE_DEVICES=""
     assert choose_device("gloo", 1, "r", CudaFacts("2.13.0+cpu", False, 0)) == "cpu"
+
+
+def test_a_bound_gpu_the_framework_cannot_use_is_the_cpu_and_the_record_keeps_the_id():
+    # the emulated partition (or a CPU build): SLURM bound GPU 1 to the task, the framework
+    # lists no GPU; the rank trains on the CPU and its record still shows the bound id
+    env = {"CUDA_VISIBLE_DEVICES": "1"}
+    assert gpu_for_rank(1, 2, 0, rank=1, visible=env["CUDA_VISIBLE_DEVICES"]) is None
+    assert choose_device("gloo", 1, "r", CudaFacts("2.13.0+cpu", False, 0, visible="1")) == "cpu"
+    assert cuda_visible_devices(env) == "1" and cuda_visible_devices({}) is None
+    assert rank_gpu_ids(["CPU (1 thread)"], [cuda_visible_devices(env)]) == ["1"]
+
+
+# --------------------------------------------------------------------------- per gpu_bind
+
+
+@pytest.mark.parametrize(
+    "bind, visible_by_local_rank, gpu_ids",
+    [
+        # CUDA_VISIBLE_DEVICES as SLURM set it on the emulated partition (DEVELOPERS.md)
+        ("per-task", ["0", "1"], ["0", "1"]),  # srun --gpus-per-task=1
+        ("single", ["0", "1"], ["0", "1"]),  # srun --gpu-bind=single:1
+        ("none", ["0,1", "0,1"], ["0", "1"]),  # every rank sees the node's GPUs
+    ],
+)
+def test_each_gpu_bind_gives_every_local_rank_its_own_gpu(bind, visible_by_local_rank, gpu_ids):
+    """The device choice under each partition gpu_bind: the GPU each rank computes on is the
+    id its device label names, and the record's label proof reads the same ids."""
+    labels = []
+    for lr, visible in enumerate(visible_by_local_rank):
+        env = {"CUDA_VISIBLE_DEVICES": visible}
+        n_visible = len(visible.split(","))
+        index = gpu_for_rank(lr, 2, n_visible, rank=lr, visible=visible)
+        labels.append(gpu_label(index, A100, env))
+    assert [gpu_id(label) for label in labels] == gpu_ids
+    assert rank_gpu_ids(labels, visible_by_local_rank) == gpu_ids

@@ -18,7 +18,7 @@ from hvdscale.launch.command import job_for
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix.config import load_config, validate_config
 from hvdscale.matrix.jobspec import RESOURCE_KEYS, JobSpec
-from hvdscale.matrix.runtable import run_table
+from hvdscale.matrix.runtable import find_run, run_table
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"
@@ -33,7 +33,7 @@ def thesis():
 def test_multi_node_gpu_layout(thesis):
     job = JobSpec.for_workers(thesis, "gpu2", "nccl", 32)  # K80 nodes: 4 GPUs, 24 cores
     assert (job.nodes, job.tasks, job.tasks_per_node, job.cpus_per_task) == (8, 32, 4, 6)
-    assert job.gres == "gpu:4" and job.mpi == "srun" and not job.overlap
+    assert job.gres == "gpu:4" and job.mpi == "srun" and not job.in_launcher_step
     assert job.slurm_resources() == {
         "slurm_partition": "gpu2",
         "slurm_cluster": None,
@@ -58,12 +58,14 @@ def test_partial_node_requests_only_the_gpus_it_uses(thesis):
     assert job.slurm_extra == "--ntasks-per-node=2 --exclusive --signal=USR1@120"
 
 
-def test_one_worker_is_a_plain_job_whose_srun_overlaps(thesis):
+def test_one_worker_is_a_plain_job_whose_rank_runs_in_the_launcher_step(thesis):
     job = JobSpec.for_workers(thesis, "gpu2", "mpi", 1)
     res = job.slurm_resources()
     assert res["mpi"] is None and res["tasks"] == 1 and res["nodes"] == 1
-    assert job.overlap and job.srun_args()[-1] == "--overlap"
-    assert "--overlap" not in JobSpec.for_workers(thesis, "gpu2", "mpi", 2).srun_args()
+    assert res["gres"] == "gpu:1"  # the plugin's step (the job's one task) gets it
+    assert job.in_launcher_step  # no srun: the launcher starts the rank (test_launch.py)
+    assert not JobSpec.for_workers(thesis, "gpu2", "mpi", 2).in_launcher_step
+    assert "--overlap" not in " ".join(job.srun_args() + res["slurm_extra"].split())
 
 
 def test_cpu_partition_account_and_constraint():
@@ -290,7 +292,8 @@ def test_thesis_dag_resources_are_unchanged_by_jobspec(thesis):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # no SLURM cluster for the dry run's partition check (tests/test_slurmsite.py)
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_CONF": os.devnull},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = _planned_jobs(out.stdout + out.stderr)
@@ -329,3 +332,113 @@ def test_a_local_training_job_takes_the_whole_node():
     one = JobSpec.for_workers(cfg, "local", "mpi", 1)
     assert one.local_threads == cfg["scaling"]["partitions"]["local"]["cores_per_node"] == 2
     assert JobSpec.for_workers(cfg, "local", "mpi", 2).local_threads == 2
+
+
+# --------------------------------------------------------------------------- GPU binding
+
+GPU_BIND_FLAGS = {  # scaling.partitions.<name>.gpu_bind -> the ranks' srun options
+    None: ["--gpus-per-task=1"],  # the default: what SLURM sites such as ZIH recommend
+    "per-task": ["--gpus-per-task=1"],
+    "single": ["--gpu-bind=single:1"],
+    "none": [],
+}
+
+
+def _with_bind(cfg: dict, partition: str, bind: str | None) -> dict:
+    cfg = copy.deepcopy(cfg)
+    part = cfg["scaling"]["partitions"][partition]
+    part.pop("gpu_bind", None)
+    if bind is not None:
+        part["gpu_bind"] = bind
+    return validate_config(cfg)
+
+
+def _gpu_options(argv: list[str]) -> list[str]:
+    return [a for a in argv if a.startswith(("--gpu", "--gres"))]
+
+
+@pytest.mark.parametrize("bind", list(GPU_BIND_FLAGS))
+def test_gpu_bind_goes_into_the_srun_of_every_launch_on_a_gpu_partition(thesis, bind):
+    """Issue 29: the partition's gpu_bind is the ranks' srun options (training runs of MPI,
+    Gloo and torch-ddp, 1 worker or several, and allreduce sweeps); nothing else of the
+    job changes."""
+    cfg = _with_bind(thesis, "alpha", bind)
+    flags = GPU_BIND_FLAGS[bind]
+    tr = cfg["training"]
+    job = JobSpec.for_workers(cfg, "alpha", "mpi", 16)
+    assert job.gpu_bind == (bind or "per-task") and job.gpu_bind_args == flags
+    spec = build_launch(launcher="srun", job=job, program_argv=PROG, training=tr)
+    assert spec.argv == [
+        *("srun", "--mpi=pmix", "-n", "16", "-N", "2", "--ntasks-per-node=8"),
+        *("--cpus-per-task=6", "--kill-on-bad-exit=1", *flags, *PROG),
+    ]
+    (note,) = [n for n in spec.notes if n.startswith("GPU binding")]
+    assert f"(gpu_bind {bind or 'per-task'})" in note
+    # a 1-worker run starts no srun (issue 29): its rank has the GPU of the plugin's step
+    one = JobSpec.for_workers(cfg, "alpha", "mpi", 1)
+    one = build_launch(launcher="srun", job=one, program_argv=PROG, training=tr)
+    assert "srun" not in one.argv and not _gpu_options(one.argv)
+    assert not [n for n in one.notes if n.startswith("GPU binding")]
+    assert "CUDA_VISIBLE_DEVICES" in one.notes[-1]  # the step's GPUs, named in the log
+    hosts = ["node1", "node2"]
+    gloo = JobSpec.for_workers(cfg, "alpha", "gloo", 16)
+    spec = build_launch(launcher="srun", job=gloo, program_argv=PROG, training=tr, hosts=hosts)
+    assert spec.argv[0] == "srun" and "--mpi=none" in spec.argv
+    assert _gpu_options(spec.argv) == flags
+    if flags:
+        assert spec.argv[spec.argv.index("--kill-on-bad-exit=1") + 1] == flags[0]
+    torch = JobSpec.for_workers(cfg, "alpha", "gloo", 16, framework="torch-ddp")
+    spec = build_launch(launcher="srun", job=torch, program_argv=PROG, training=tr, hosts=hosts)
+    assert _gpu_options(spec.argv) == flags and "exec" in spec.argv
+    assert _gpu_options(JobSpec.for_allreduce_id(cfg, "alpha_nccl_n2_w16").srun_args()) == flags
+    # the job's SLURM resources (sbatch) are the same whatever the binding
+    assert (
+        job.slurm_resources() == JobSpec.for_workers(thesis, "alpha", "mpi", 16).slurm_resources()
+    )
+
+
+def test_gpu_bind_is_ignored_on_cpu_partitions():
+    cfg = _with_bind(validate_config({}), "local", "single")
+    for backend in ("mpi", "gloo"):
+        job = JobSpec.for_workers(cfg, "local", backend, 2)
+        assert job.gpu_bind_args == []
+        spec = build_launch(launcher="srun", job=job, program_argv=PROG, training=cfg["training"])
+        assert _gpu_options(spec.argv) == [] and not any("GPU" in n for n in spec.notes)
+
+
+def test_gpu_bind_is_in_the_config_slice_of_gpu_runs_only(thesis):
+    """A GPU run's slice (config.json) carries gpu_bind: it decides where each rank computes,
+    so changing it retrains the partition's runs; the launcher reads it from the slice.
+    A CPU partition ignores it: its runs' slices stay as they were before the key."""
+    from hvdscale.matrix.runtable import allreduce_config, run_config
+
+    run_id = "alpha_mpi_n2_w16_b75_lrnone_r0"
+    per_task, single = _with_bind(thesis, "alpha", None), _with_bind(thesis, "alpha", "single")
+    sliced = run_config(per_task, run_id)
+    assert sliced["scaling"]["partitions"]["alpha"]["gpu_bind"] == "per-task"
+    assert run_config(single, run_id)["scaling"]["partitions"]["alpha"]["gpu_bind"] == "single"
+    assert run_config(single, run_id) != sliced
+    job = JobSpec.for_run(validate_config(run_config(single, run_id)), find_run(single, run_id))
+    assert job.gpu_bind_args == ["--gpu-bind=single:1"]
+    assert allreduce_config(single, "alpha_nccl_n2_w16") != allreduce_config(
+        per_task, "alpha_nccl_n2_w16"
+    )
+    cpu, cpu_single = validate_config({}), _with_bind(validate_config({}), "local", "single")
+    for run in run_table(cpu):
+        assert (
+            "gpu_bind" not in run_config(cpu_single, run.run_id)["scaling"]["partitions"]["local"]
+        )
+        assert run_config(cpu_single, run.run_id) == run_config(cpu, run.run_id)
+
+
+@pytest.mark.parametrize("bind", ["socket", "closest", "", 1])
+def test_an_unknown_gpu_bind_is_refused_naming_the_key(thesis, bind):
+    with pytest.raises(ConfigError, match=r"scaling\.partitions\.alpha\.gpu_bind"):
+        _with_bind(thesis, "alpha", bind)
+
+
+def test_gpu_bind_flags_are_not_site_sbatch_flags():
+    for flags in ("--gpu-bind=single:1", "--gpus-per-task=1"):
+        cfg = _site_config(flags)
+        with pytest.raises(ConfigError, match=r"gpu_bind"):
+            validate_config(cfg)

@@ -188,3 +188,75 @@ def test_cores_and_their_overlaps_are_information_not_problems():
     rec["config"]["workers_per_node"] = 1
     assert prove(rec)["core_overlaps"] == []  # different hosts
     assert parse_cores("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11} and parse_cores("") == set()
+
+
+# --------------------------------------------------------------------------- bound GPU ids
+
+
+def bound(visible, hosts, backend="mpi", devices=None):
+    """A record of a GPU job whose ranks trained on the CPU (no usable GPU: the emulated
+    partition) with each rank's CUDA_VISIBLE_DEVICES as its launcher set it."""
+    per_host = max(hosts.count(h) for h in hosts)
+    rec = record(backend, len(hosts), len(set(hosts)), per_host, hosts=hosts)
+    if devices is not None:
+        rec["environment"]["devices"] = list(devices)
+    rec["environment"]["visible_gpus"] = list(visible)
+    return rec
+
+
+def test_distinct_bound_gpus_per_host_prove_and_are_the_ranks_gpu_ids():
+    # srun --gpus-per-task=1 on two nodes: 0, 1 on each; the same id on another host is fine
+    p = prove(bound(["0", "1", "0", "1"], ["n1", "n1", "n2", "n2"]))
+    assert p["ok"], p["problems"]
+    assert p["gpu_ids"] == ["0", "1", "0", "1"]
+    assert p["visible_gpus"] == ["0", "1", "0", "1"]
+
+
+def test_two_ranks_of_one_host_bound_to_the_same_gpu_are_a_problem():
+    p = prove(bound(["3", "3"], ["n1", "n1"]))
+    assert not p["ok"]
+    assert p["problems"] == ["ranks 0 and 1 on host n1 were bound GPU 3 (CUDA_VISIBLE_DEVICES)"]
+    # a UUID binds as well as an ordinal
+    p = prove(bound(["GPU-5a1c", "GPU-5a1c"], ["n1", "n1"]))
+    assert p["problems"] == [
+        "ranks 0 and 1 on host n1 were bound GPU GPU-5a1c (CUDA_VISIBLE_DEVICES)"
+    ]
+
+
+def test_several_or_no_visible_ids_bind_no_gpu():
+    # gpu_bind none: every rank sees the node's GPUs (it takes its local rank's): no bound id
+    p = prove(bound(["0,1", "0,1"], ["n1", "n1"]))
+    assert p["ok"] and p["gpu_ids"] == [None, None], p
+    p = prove(bound([None, None], ["n1", "n1"], backend="gloo"))  # CUDA_VISIBLE_DEVICES unset
+    assert p["ok"] and p["gpu_ids"] == [None, None] and p["visible_gpus"] == [None, None]
+    p = prove(bound(["", ""], ["n1", "n1"], backend="gloo"))  # CUDA_VISIBLE_DEVICES=""
+    assert p["ok"] and p["gpu_ids"] == [None, None]
+
+
+def test_a_gpu_rank_and_a_cpu_rank_bound_to_its_gpu_share_it():
+    devices = ["GPU:3 (CUDA_VISIBLE_DEVICES=3; A100)", "CPU (1 thread)"]
+    p = prove(bound(["3", "3"], ["n1", "n1"], backend="gloo", devices=devices))
+    assert p["problems"] == ["ranks 0 and 1 on host n1 were bound GPU 3 (CUDA_VISIBLE_DEVICES)"]
+    # two GPU ranks with the same id: the device labels say it (one problem, not two)
+    p = prove(bound(["3", "3"], ["n1", "n1"], devices=[devices[0]] * 2))
+    assert p["problems"] == ["ranks 0 and 1 on host n1 share GPU 3"]
+
+
+def test_cli_prints_every_ranks_gpu_id_per_host(tmp_path, capsys):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    hosts = ["n1", "n1", "n2", "n2"]
+    for d, visible in ((good, ["0", "1", "0", "1"]), (bad, ["0", "0", "0", "1"])):
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps(bound(visible, hosts)))
+    assert main([str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "  GPU ids on n1 (rank:id): 0:0 1:1\n  GPU ids on n2 (rank:id): 2:0 3:1\n" in out
+    assert main([str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "MISLABELLED" in out and "GPU ids on n1 (rank:id): 0:0 1:0" in out
+    assert "  - ranks 0 and 1 on host n1 were bound GPU 0 (CUDA_VISIBLE_DEVICES)" in out
+    # a record without GPU ids (CPU partition, older records): no GPU line
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "metrics.json").write_text(json.dumps(record("gloo")))
+    main([str(tmp_path / "cpu")])
+    assert "GPU ids" not in capsys.readouterr().out

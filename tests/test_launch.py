@@ -142,10 +142,13 @@ def test_srun_mpi():
     assert s.argv[4:7] == ["-N", "2", "--ntasks-per-node=4"]
 
 
-def test_srun_single_worker_overlaps_the_job_step():
-    # a 1-worker run is a plain plugin job whose job step holds the CPUs
-    s = spec("srun", "mpi", workers=1)
-    assert s.argv[:4] == ["srun", "--mpi=pmix", "-n", "1"] and "--overlap" in s.argv
+def test_srun_single_worker_starts_its_rank_without_srun():
+    # a 1-worker run is a plain plugin job whose job step holds the CPUs, the memory and
+    # the GPUs: the rank runs in it, an MPI singleton (issue 29, tests/test_launch_in_step.py)
+    s = spec("srun", "mpi", workers=1, wpn=1)
+    assert s.argv == ["env", "-u", "SLURM_STEP_ID", "-u", "SLURM_STEPID", *PROG]
+    assert s.launcher == "srun" and s.controller == "mpi" and "srun" not in s.argv
+    assert s.env == spec("srun", "mpi", workers=2).env  # the ranks' variables, as for 2
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "srun"])

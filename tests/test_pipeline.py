@@ -262,6 +262,14 @@ def squeue_jobs(env: dict) -> list[dict]:
     return jobs
 
 
+def squeue_steps(env: dict) -> list[tuple[str, str]]:
+    """(job id, step id) of every job step squeue shows (steps such as batch included)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-o", "%i"], capture_output=True, text=True, env=env
+    )
+    return [tuple(x.split(".", 1)) for x in out.stdout.split() if "." in x]
+
+
 @pytest.mark.slurm
 def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir, tmp_path):  # noqa: F811
     env = dict(slurm_cluster)
@@ -286,11 +294,14 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
         text=True,
     )
     seen_running: dict[str, str] = {}
+    seen_steps: dict[str, set[str]] = {}  # job id -> the job steps squeue showed
     deadline = time.time() + 900
     while proc.poll() is None and time.time() < deadline:
         for job in squeue_jobs(env):
             if job["state"] == "RUNNING" and "train_run" in job["comment"]:
                 seen_running[job["id"]] = job["comment"]
+        for job, step in squeue_steps(env):
+            seen_steps.setdefault(job, set()).add(step)
         time.sleep(0.5)
     proc.wait(timeout=60)
     output = log.read_text()
@@ -312,11 +323,27 @@ def test_slurm_pipeline_runs_every_job_through_slurm(slurm_cluster, results_dir,
         assert run_id in show.stdout  # the plugin's comment names the rule's wildcards
     # squeue showed the training jobs while they were running
     assert set(job_ids.values()) & set(seen_running), (job_ids, seen_running)
-    # the MPI runs' ranks were started by srun --mpi=pmix inside the job
-    for run_id in ("local_mpi_n1_w1_b75_lrnone_r0", "local_mpi_n1_w2_b75_lrnone_r0"):
+    # the 2-rank MPI run's ranks were started by srun --mpi=pmix inside the job
+    run_id = "local_mpi_n1_w2_b75_lrnone_r0"
+    assert recs[run_id]["config"]["launcher"] == "srun"
+    log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
+    assert "srun --mpi=pmix" in log
+    # issue 29: a 1-worker run (MPI, Gloo, the calibration run) starts no srun: its rank
+    # runs in the plugin's job step (the job's one task, step 0), the launcher's own, and
+    # squeue never showed a second step of its job
+    for run_id in [r for r in RUN_IDS + CAL_IDS if "_w1_" in r]:
         assert recs[run_id]["config"]["launcher"] == "srun"
+        job_id = job_ids[run_id]
         log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
-        assert "srun --mpi=pmix" in log
+        launch_line = next(ln for ln in log.splitlines() if ln.startswith("hvdscale launch: "))
+        assert "srun" not in launch_line.split("HVDSCALE_LAUNCHER=srun")[-1], launch_line
+        assert "--overlap" not in log
+        assert (
+            f"1 worker: rank 0 runs as a child of this launcher in SLURM job step {job_id}.0, "
+            "the launcher's own"
+        ) in log, log[-3000:]
+        steps = {s for s in seen_steps.get(job_id, set()) if s.isdigit()}
+        assert steps == {"0"}, (run_id, job_id, seen_steps.get(job_id))
     assert (ROOT / results_dir / "report.pdf").stat().st_size > 10000
 
 

@@ -86,7 +86,7 @@ TORCH_ONLY = {
                 "name": "torch",
                 "frameworks": ["torch-ddp"],
                 "partitions": ["local"],
-                "workers": [2],
+                "workers": [1, 2],
                 "backends": ["gloo"],
                 "batch_sizes": [75],
                 "lr_rules": ["none"],
@@ -97,19 +97,28 @@ TORCH_ONLY = {
 
 
 @pytest.mark.slurm
-def test_a_two_rank_torch_run_through_the_slurm_plugin(slurm_cluster, results_dir, tmp_path):  # noqa: F811
+def test_torch_runs_of_1_and_2_ranks_through_the_slurm_plugin(slurm_cluster, results_dir, tmp_path):  # noqa: F811
     """The executor plugin submits the run as one 2-task job (the same JobSpec as a
     Horovod run); inside it `hvdscale launch` starts one srun task per rank, which join
-    torch.distributed's rendezvous on the job's first host."""
+    torch.distributed's rendezvous on the job's first host. The 1-rank run is a plain
+    job whose rank runs in the plugin's own job step (issue 29)."""
     rid = TORCH_IDS[1]
     override = tmp_path / "torch.yaml"
     override.write_text(yaml.safe_dump(TORCH_ONLY))
     args = ["--profile", "profiles/test-slurm", "--configfile", ".test/config/config.yaml"]
     args += [OVERLAY, str(override), "--config", f"results_dir={results_dir}"]
-    out = snakemake(
-        [*args, "--", f"{results_dir}/runs/{rid}/metrics.json"], env=dict(slurm_cluster)
-    )
+    targets = [f"{results_dir}/runs/{r}/metrics.json" for r in TORCH_IDS]
+    out = snakemake([*args, "--", *targets], env=dict(slurm_cluster))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # the 1-rank run (issue 29): no srun, the rank in the plugin's job step (its one task)
+    one = records(results_dir)[TORCH_IDS[0]]
+    validate_record(one)
+    assert one["status"] == "completed" and one["config"]["launcher"] == "srun"
+    assert one["label_proof"]["ok"] and one["label_proof"]["process_group_world_size"] == 1
+    log = (ROOT / results_dir / "logs" / "train_run" / f"{TORCH_IDS[0]}.log").read_text()
+    step = f"{one['environment']['slurm_job_id']}.0"
+    assert f"rank 0 runs as a child of this launcher in SLURM job step {step}" in log, log
+    assert "srun --mpi" not in log and "exec --framework torch-ddp --rank 0" in log
     rec = records(results_dir)[rid]
     validate_record(rec)
     cfg, env = rec["config"], rec["environment"]

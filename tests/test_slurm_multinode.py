@@ -9,7 +9,10 @@ network namespaces, each declared with 8 GPUs as gres, 48 CPUs and 990000 MB).
   node, CPUs per task, gres, exclusive and memory as `scontrol show job` reports them,
   16 ranks filling node1 (ranks 0-7) and then node2 (8-15) under srun --mpi=pmix, and a
   16-rank gloo run across both nodes started by srun with Horovod's rendezvous from
-  `hvdscale launch` (no ssh: no ssh server runs here);
+  `hvdscale launch` (no ssh: no ssh server runs here); every run's ranks are started with
+  the partition's gpu_bind (per-task, the default: srun --gpus-per-task=1) and its record
+  shows each rank's one GPU id (environment.visible_gpus), distinct on its node, which
+  the label proof compared (issue 29);
 - a run that reaches its time limit is warned by SIGUSR1, checkpoints, exits 4 and is
   resumed by the retry, which gets a longer time limit;
 - 16 runs of one job shape go through one SLURM job array (issue 20).
@@ -217,9 +220,13 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
             assert len(hosts) == workers and len(set(hosts)) == 1, hosts
             nodelist = hosts[0]
         assert all(d.startswith("CPU") for d in envb["devices"])  # emulated GPUs: CPU training
+        # issue 29: gpu_bind per-task (the default): srun --gpus-per-task=1 gave every rank
+        # exactly one GPU id of its own, different from the other ranks' on its node
+        assert_one_gpu_per_rank(envb["visible_gpus"], hosts, run_id)
         # the label proof read the timeline: the backend's own collective carried the grads
         proof = rec["label_proof"]
         assert proof["ok"], proof
+        assert proof["gpu_ids"] == envb["visible_gpus"], proof  # the bound ids, compared
         if workers > 1:
             want = "GLOO_ALLREDUCE" if "_gloo_" in run_id else "MPI_ALLREDUCE"
             assert proof["collective"] == want and proof["timeline_checked"], proof
@@ -238,11 +245,30 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
         assert re.search(rf"NtasksPerN:B:S:C={per_node}:", shown), shown
         assert run_id in field(shown, "Comment")
         log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
+        if workers == 1:  # issue 29: no srun; the rank has the GPU of the plugin's step
+            job_step = f"{envb['slurm_job_id']}.0"
+            assert f"runs as a child of this launcher in SLURM job step {job_step}" in log
+            assert "the step's GPUs: CUDA_VISIBLE_DEVICES='0'" in log, log[-3000:]
+            assert "srun --mpi" not in log and "--overlap" not in log
+            continue
+        assert "--gpus-per-task=1" in log and "GPU binding (gpu_bind per-task)" in log
         if "_gloo_" in run_id:
             assert "srun --mpi=none" in log and "Gloo rendezvous at" in log
             assert "horovodrun" not in log
         else:
             assert "srun --mpi=pmix" in log
+
+
+def assert_one_gpu_per_rank(visible: list, hosts: list[str], run_id: str) -> None:
+    """Every rank's CUDA_VISIBLE_DEVICES (the run record's environment.visible_gpus, rank
+    order) names exactly one GPU id, and no two ranks of one node have the same one."""
+    assert len(visible) == len(hosts), (run_id, visible)
+    per_host: dict[str, list[str]] = {}
+    for rank, (host, ids) in enumerate(zip(hosts, visible)):
+        assert ids is not None and re.fullmatch(r"\d+", ids), (run_id, rank, ids)
+        per_host.setdefault(host, []).append(ids)
+    for host, ids in per_host.items():
+        assert len(set(ids)) == len(ids), (run_id, host, ids)
 
 
 # --------------------------------------------------------------------------- time limit
@@ -432,6 +458,9 @@ def test_a_torch_run_across_both_nodes_through_the_plugin(alpha_cluster, results
     proof = rec["label_proof"]
     assert proof["ok"], proof
     assert proof["process_group_backend"] == "gloo" and proof["process_group_world_size"] == 16
+    # issue 29: one GPU per task (srun --gpus-per-task=1), one id per rank, distinct per node
+    assert_one_gpu_per_rank(envb["visible_gpus"], envb["hostnames"], run_id)
+    assert proof["gpu_ids"] == envb["visible_gpus"], proof
     shown = show_job(envb["slurm_job_id"], env)
     assert field(shown, "NumNodes") == "2" and field(shown, "NumTasks") == "16"
     assert field(shown, "JobState") == "COMPLETED"

@@ -16,6 +16,8 @@ import yaml
 from slurm_support import slurm_cluster  # noqa: F401  (fixture)
 
 from hvdscale.matrix.slurmsite import (
+    default_cluster_name,
+    dry_run_executor,
     parse_sinfo_partitions,
     slurm_partition_problem,
     unknown_partitions_problem,
@@ -93,14 +95,11 @@ def test_without_a_working_sinfo_a_note_and_no_problem(available):
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_an_unknown_partition_stops_the_slurm_run_before_any_job(slurm_cluster, tmp_path):  # noqa: F811
-    """The test cluster has partition local (and alpha when emulated), not 'nosuch'."""
+    """The test cluster has partition local (and alpha when emulated), not 'nosuch': the
+    run stops before any job, and so does its dry run (checked while the workflow is
+    parsed: no onstart hook runs in a dry run)."""
     results_dir = "results-test-slurmsite-unknown"
-    override = tmp_path / "override.yaml"
-    part = {"cores_per_node": 2, "mem_mb_per_node": 1000, "workers_per_node": 2}
-    sweep = {"name": "s", "partitions": ["nosuch"], "workers": [1], "backends": ["gloo"],
-             "batch_sizes": [75], "lr_rules": ["none"]}  # fmt: skip
-    cfg = {"scaling": {"partitions": {"nosuch": part}, "sweeps": [sweep]}}
-    override.write_text(yaml.safe_dump(cfg))
+    override = _nosuch_override(tmp_path)
     env = {**os.environ, **slurm_cluster}
     before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=env)
     try:
@@ -114,8 +113,99 @@ def test_an_unknown_partition_stops_the_slurm_run_before_any_job(slurm_cluster, 
         shutil.rmtree(ROOT / results_dir, ignore_errors=True)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
-    assert "the study submits to partition(s) 'nosuch', which SLURM does not know" in text
+    assert (
+        "the study submits to partition(s) 'nosuch', which SLURM of cluster 'hvdlocal' "
+        "does not know" in text
+    )
     assert "`sinfo` lists 'local' (default)" in text
     assert "has been submitted with SLURM jobid" not in text and "SLURM sbatch failed" not in text
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=env)
     assert after.stdout.split() == before.stdout.split()
+    # a dry run runs no onstart hook: it is checked while the workflow is parsed
+    dry = _dry_run(override, results_dir, env)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode != 0, text[-3000:]
+    assert "partition(s) 'nosuch', which SLURM of cluster 'hvdlocal' does not know" in text
+    assert "rule train_run" not in text and "Job stats" not in text
+    # the same dry run with the local executor submits nothing: not checked
+    dry = _dry_run(override, results_dir, env, profile="profiles/local")
+    shutil.rmtree(ROOT / results_dir, ignore_errors=True)
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+    assert "which SLURM" not in dry.stdout + dry.stderr
+
+
+def _dry_run(override: Path, results_dir: str, env: dict, profile: str = "profiles/test-slurm"):
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--profile", profile]
+        + ["--configfile", ".test/config/config.yaml", str(override)]
+        + ["--config", f"results_dir={results_dir}"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+def _nosuch_override(tmp_path: Path) -> Path:
+    override = tmp_path / "override.yaml"
+    part = {"cores_per_node": 2, "mem_mb_per_node": 1000, "workers_per_node": 2}
+    sweep = {"name": "s", "partitions": ["nosuch"], "workers": [1], "backends": ["gloo"],
+             "batch_sizes": [75], "lr_rules": ["none"]}  # fmt: skip
+    cfg = {"scaling": {"partitions": {"nosuch": part}, "sweeps": [sweep]}}
+    override.write_text(yaml.safe_dump(cfg))
+    return override
+
+
+def test_a_dry_run_without_sinfo_works_and_says_the_partitions_were_not_checked(tmp_path):
+    """A laptop: no sinfo on PATH (every other command of PATH is), the slurm profile's
+    dry run plans the study and says in one line that nothing was checked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAKEMAKE_PROFILE")}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for d in env["PATH"].split(os.pathsep):
+        for cmd in Path(d).glob("*") if Path(d).is_dir() else []:
+            if cmd.name != "sinfo" and not (bin_dir / cmd.name).exists():
+                (bin_dir / cmd.name).symlink_to(cmd)
+    env["PATH"] = str(bin_dir)
+    assert shutil.which("sinfo", path=env["PATH"]) is None
+    results_dir = "results-test-slurmsite-nosinfo"
+    try:
+        out = _dry_run(_nosuch_override(tmp_path), results_dir, env)
+    finally:
+        shutil.rmtree(ROOT / results_dir, ignore_errors=True)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "hvdscale: no sinfo on PATH, so the study's partitions were not checked" in text
+    assert "rule train_run" in text and "nosuch_gloo_n1_w1" in text
+
+
+@pytest.mark.parametrize(
+    "argv,executor",
+    [
+        (["--profile", "profiles/slurm", "-n"], "slurm"),
+        (["--profile", "profiles/test-slurm", "--dry-run", "--", "x"], "slurm"),
+        (["-n", "--executor", "slurm", "--jobs", "1"], "slurm"),
+        (["--profile", "profiles/local", "-n"], "local"),
+        (["-n"], "local"),
+        (["--profile", "profiles/slurm"], None),  # a real run: the onstart hook checks
+        (["--no-such-option"], None),
+    ],
+)
+def test_the_dry_run_executor_is_read_from_the_command_line_and_profile(argv, executor):
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # profiles/ as typed from the project root
+    try:
+        assert dry_run_executor(argv) == executor
+    finally:
+        os.chdir(cwd)
+
+
+def test_an_unknown_partition_of_the_default_cluster_names_the_cluster():
+    calls = []
+
+    def runner(argv, **kwargs):
+        calls.append(argv)
+        text = "local*\n" if argv[0] == "sinfo" else "ClusterName             = taurus\n"
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    problem = slurm_partition_problem([("alpha", "")], runner=runner, which=lambda n: "x")
+    assert calls == [["sinfo", "-h", "-o", "%P"], ["scontrol", "show", "config"]]
+    assert "'alpha', which SLURM of cluster 'taurus' does not know" in problem
+    assert default_cluster_name(lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "")) == ""

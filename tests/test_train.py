@@ -323,6 +323,8 @@ def test_two_rank_run_writes_a_valid_plausible_record(tmp_path, train_data, back
     cores = rec["environment"]["cores"]  # issue 29: each rank's affinity after binding
     assert len(cores) == 2 and all(cores) and rec["label_proof"]["cores"] == cores
     assert rec["label_proof"]["gpu_ids"] == [None, None]
+    # issue 29: each rank's CUDA_VISIBLE_DEVICES as its launcher passed it (unset here)
+    assert rec["environment"]["visible_gpus"] == [os.environ.get("CUDA_VISIBLE_DEVICES")] * 2
     # each rank read only its own two whole shards
     assert [row[0] for row in rec["data"]["rank0_train_rows"]] == [
         "train/shard-0000.h5",

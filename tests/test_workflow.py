@@ -13,7 +13,10 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
 def snakemake(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # SLURM_CONF: no SLURM cluster for sinfo, whether the local test cluster is up or not:
+    # a dry run with the slurm profile then says its partitions were not checked
+    # (tests/test_slurmsite.py checks them against the test cluster)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_CONF": os.devnull}
     return subprocess.run(
         [*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
     )

@@ -94,6 +94,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.commands.rebuild",
         "rebuild every figure and the report from an archive (no training env)",
     ),
+    "merge": (
+        "hvdscale.commands.merge",
+        "one report from several studies of one config, one per cluster (results dirs or archives)",
+    ),
 }
 
 

@@ -6,7 +6,9 @@ train env through the configured launcher:
   horovodrun  horovodrun -np N -H host:slots[,...] --gloo|--mpi PYTHON -m hvdscale.cli ...
   mpirun      mpirun -np N --bind-to none --map-by slot -x HOROVOD_... PYTHON -m hvdscale.cli ...
   srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
-              (inside a SLURM allocation: nodes and tasks per node come from it)
+              (inside a SLURM allocation: nodes and tasks per node come from it); a
+              1-worker run starts no srun: its rank is this command's child in its own
+              job step (hvdscale.launch.gloo_slurm.build_in_step; a launch note says so)
 
 A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.trainer.torch_ddp``
 instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)

@@ -17,6 +17,10 @@ Example
       --plots-dir results/plots --headline results/scaling/headline.csv \
       --target results/scaling/target.json --out results/report.pdf \
       [--provenance results/provenance.json]
+
+A study merged by ``hvdscale merge`` has config/merged_from.json beside the config JSON:
+the source, results directory, config files and hash, git commit and partitions of each
+part go into the provenance table.
 """
 
 from __future__ import annotations
@@ -114,6 +118,10 @@ def run(args) -> int:
     tuned = read_tuned(tuned_path) if args.tuned or tuned_path.exists() else None
     inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
     prov = load_provenance(args.provenance)
+    # a study merged from several clusters' studies (hvdscale merge): each part's origin
+    merged = Path(args.config).with_name("merged_from.json")
+    if merged.is_file():
+        prov = {**(load_provenance(merged) or {}), **(prov or {})}
 
     head = Path(args.headline) if args.headline else Path(args.runs).with_name("headline.csv")
     inputs["headline"] = read_headline(head) if args.headline or head.exists() else None

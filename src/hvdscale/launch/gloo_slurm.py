@@ -22,6 +22,19 @@ torch-ddp runs (``build_torch_srun``) use the same host list, slot plan and ``ex
 HOROVOD_*), with torch.distributed's own rendezvous on rank 0 (MASTER_ADDR: the first
 host, MASTER_PORT: from the job id) instead of Horovod's server.
 
+A 1-worker run (issue 29) starts no srun at all (``build_in_step``): its rank is a child
+of ``hvdscale launch``, in the job step the launcher itself runs in. Under the Snakemake
+SLURM plugin that step is the job's one task (``srun -n1 --cpus-per-task=...``, the
+plugin's step for a non-MPI job): it holds the job's CPUs, its memory and, by srun's
+default, all the GPUs (GRES) the job asked for. A nested ``srun --overlap`` step inside it
+would get the CPUs but, depending on the site's Slurm version, neither the GPU nor the
+memory the plugin's step already holds. The rank gets the environment an srun task of
+the n-worker path gets from ``exec`` (``exec --rank 0``: Gloo's HOROVOD_* or
+torch.distributed's RANK, WORLD_SIZE, ..., the same plan and rendezvous); an MPI rank runs
+as an MPI singleton (``MPI_Init`` without mpirun or srun), without SLURM_STEP_ID and
+SLURM_STEPID, which make Open MPI take it for a rank srun started without PMI ("OMPI was
+not built with SLURM's PMI support") and abort.
+
 The host list comes from ``scontrol show hostnames`` of SLURM_JOB_NODELIST, else
 SLURM_NODELIST, else ``squeue -j $SLURM_JOB_ID -h -o %N``: the Snakemake SLURM plugin's
 job step (snakemake-executor-plugin-slurm-jobstep) removes every SLURM_* variable but
@@ -216,6 +229,45 @@ def job_hosts(job, hosts: list[str] | None) -> list[str]:
     return hosts
 
 
+def gloo_rank_env(job, hosts: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what every Gloo rank gets from the launcher, with srun or without:
+    Horovod's Gloo controller and rendezvous (port filled in by :func:`rendezvous_for`),
+    and the slot plan that ``exec`` turns into the rank's HOROVOD_* variables."""
+    env = dict(env)
+    env.update(
+        {
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address(hosts),
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": PORT_PLACEHOLDER,
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": os.environ.get(
+                "HOROVOD_GLOO_TIMEOUT_SECONDS", DEFAULT_GLOO_TIMEOUT_S
+            ),
+            **plan_env(job, hosts),
+        }
+    )
+    return env
+
+
+def torch_rank_env(job, hosts: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what every torch-ddp rank gets from the launcher, with srun or without:
+    torch.distributed's env:// rendezvous on the first host and the slot plan that
+    ``exec --framework torch-ddp`` turns into RANK, WORLD_SIZE, LOCAL_RANK, ..."""
+    env = dict(env)
+    env.update({"MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port()), **plan_env(job, hosts)})
+    return env
+
+
+def plan_env(job, hosts: list[str]) -> dict[str, str]:
+    """The slot plan for ``exec`` (and ``serve``), and the launcher's name for the record."""
+    return {
+        PLAN_HOSTS: ",".join(hosts),
+        PLAN_PER_NODE: str(job.workers_per_node),
+        PLAN_WORKERS: str(job.workers),
+        "HVDSCALE_LAUNCHER": "srun",
+    }
+
+
 def build_gloo_srun(
     *,
     job,
@@ -232,22 +284,7 @@ def build_gloo_srun(
     the rendezvous port is filled in by :func:`rendezvous_for` when the run starts.
     """
     hosts = job_hosts(job, hosts)
-    env = dict(env)
-    env.update(
-        {
-            "HOROVOD_CONTROLLER": "gloo",
-            "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address(hosts),
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": PORT_PLACEHOLDER,
-            "HOROVOD_GLOO_TIMEOUT_SECONDS": os.environ.get(
-                "HOROVOD_GLOO_TIMEOUT_SECONDS", DEFAULT_GLOO_TIMEOUT_S
-            ),
-            PLAN_HOSTS: ",".join(hosts),
-            PLAN_PER_NODE: str(job.workers_per_node),
-            PLAN_WORKERS: str(job.workers),
-            "HVDSCALE_LAUNCHER": "srun",
-        }
-    )
+    env = gloo_rank_env(job, hosts, env)
     argv = [
         srun,
         "--mpi=none",
@@ -259,10 +296,9 @@ def build_gloo_srun(
         f"--cpus-per-task={job.cpus_per_task}",
         "--distribution=block",
         "--kill-on-bad-exit=1",
+        *job.gpu_bind_args,  # scaling.partitions.<name>.gpu_bind (GPU partitions)
         *(srun_extra or []),
     ]
-    if job.workers == 1:
-        argv.append("--overlap")  # as for MPI runs: the plugin's own step holds the CPUs
     python = program_argv[0]
     argv += [python, "-m", MODULE, "exec", "--", *program_argv]
     note = (
@@ -296,17 +332,7 @@ def build_torch_srun(
     rank 0: MASTER_ADDR the job's first host, MASTER_PORT from the job id (no ssh, no
     server next to the launcher)."""
     hosts = job_hosts(job, hosts)
-    env = dict(env)
-    env.update(
-        {
-            "MASTER_ADDR": hosts[0],
-            "MASTER_PORT": str(master_port()),
-            PLAN_HOSTS: ",".join(hosts),
-            PLAN_PER_NODE: str(job.workers_per_node),
-            PLAN_WORKERS: str(job.workers),
-            "HVDSCALE_LAUNCHER": "srun",
-        }
-    )
+    env = torch_rank_env(job, hosts, env)
     argv = [*job.srun_args(srun, mpi="none"), "--distribution=block"]
     python = program_argv[0]
     argv += [python, "-m", MODULE, "exec", "--framework", "torch-ddp", "--", *program_argv]
@@ -315,6 +341,66 @@ def build_torch_srun(
         f"rendezvous at {env['MASTER_ADDR']}:{env['MASTER_PORT']} (rank 0)"
     )
     return argv, env, note
+
+
+#: what makes Open MPI take a process for a rank that srun started (direct launch, which
+#: needs SLURM's PMI): an MPI singleton in the launcher's own job step runs without them
+SRUN_TASK_VARS = ("SLURM_STEP_ID", "SLURM_STEPID")
+
+
+def launcher_step(env: dict[str, str] | None = None) -> str | None:
+    """``JOBID.STEPID`` of the job step this process runs in, ``JOBID`` in a job outside
+    any srun step (a batch script), None outside SLURM."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return None
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    return f"{job}.{step}" if step else job
+
+
+def in_step_note(job, controller: str, env: dict[str, str] | None = None) -> str:
+    """The launcher's line on where the rank of a 1-worker run runs (``build_in_step``)."""
+    env = os.environ if env is None else env
+    step = launcher_step(env)
+    where = (
+        f"in SLURM job step {step}, the launcher's own (under the Snakemake SLURM plugin: "
+        "the job's one task, with its CPUs, memory and GPUs)"
+        if step and "." in step
+        else (f"in SLURM job {step}, outside any srun step" if step else "outside SLURM")
+    )
+    note = f"1 worker: rank 0 runs as a child of this launcher {where}; no srun, no nested step"
+    if controller == "mpi":
+        note += (
+            f"; an MPI singleton (no mpirun; {' and '.join(SRUN_TASK_VARS)} unset for it, "
+            "else Open MPI takes it for a rank srun started)"
+        )
+    if job.gpus:
+        note += f"; the step's GPUs: CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')!r}"
+    return note
+
+
+def build_in_step(
+    *, job, program_argv: list[str], env: dict[str, str], hosts: list[str] | None, controller: str
+) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, note) of a 1-worker run under ``--launcher srun``: the single rank as a
+    child of the launcher, in the launcher's own job step (see the module doc), with the
+    environment an srun task of the same framework and controller gets (``gloo_rank_env``,
+    ``torch_rank_env`` and ``exec --rank 0``; MPI: a singleton without SRUN_TASK_VARS)."""
+    if job.workers != 1:
+        raise UserError(f"build_in_step: {job.workers} workers; only a 1-worker run runs in-step")
+    python = program_argv[0]
+    if job.framework == "torch-ddp":
+        env = torch_rank_env(job, job_hosts(job, hosts), env)
+        exec_argv = [python, "-m", MODULE, "exec", "--framework", "torch-ddp", "--rank", "0"]
+        argv = [*exec_argv, "--", *program_argv]
+    elif controller == "gloo":
+        env = gloo_rank_env(job, job_hosts(job, hosts), env)
+        argv = [python, "-m", MODULE, "exec", "--rank", "0", "--", *program_argv]
+    else:  # MPI (Horovod's MPI controller): MPI_Init as a singleton
+        env = dict(env)
+        argv = ["env", *(a for v in SRUN_TASK_VARS for a in ("-u", v)), *program_argv]
+    return argv, env, in_step_note(job, controller)
 
 
 @contextlib.contextmanager
@@ -402,13 +488,29 @@ def serve() -> int:
     return 0
 
 
-def exec_rank(program: list[str], framework: str = "horovod-tf") -> int:
-    """Set this rank's variables from SLURM_PROCID and the plan and exec ``program``:
-    Horovod's Gloo ones, or torch.distributed's (framework torch-ddp)."""
+def exec_rank(program: list[str], framework: str = "horovod-tf", rank: int | None = None) -> int:
+    """Set this rank's variables from SLURM_PROCID (or ``rank``: a rank the launcher
+    started itself, without srun) and the plan and exec ``program``: Horovod's Gloo ones,
+    or torch.distributed's (framework torch-ddp)."""
     env = os.environ
     if not program:
         raise UserError("gloo_slurm exec: no program given")
     slots = plan_from_env(env)
+    if rank is None:
+        slot = srun_slot(slots, env)
+    elif 0 <= rank < len(slots):  # started by the launcher (build_in_step): no srun placement
+        slot = slots[rank]
+    else:
+        raise UserError(f"gloo_slurm exec: --rank {rank} but the plan has {len(slots)}")
+    new_env = dict(env)
+    new_env.update(slot.torch_env() if framework == "torch-ddp" else slot.env())
+    os.execvpe(program[0], program, new_env)
+    return 127  # not reached
+
+
+def srun_slot(slots: list[Slot], env: dict[str, str]) -> Slot:
+    """The slot of the srun task ``env`` describes (SLURM_PROCID), checked against where
+    srun placed it (SLURM_NODEID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS)."""
     if "SLURM_PROCID" not in env:
         raise UserError("gloo_slurm exec: SLURM_PROCID is not set (start it with srun)")
     rank = int(env["SLURM_PROCID"])
@@ -428,10 +530,7 @@ def exec_rank(program: list[str], framework: str = "horovod-tf") -> int:
     tasks = env.get("SLURM_STEP_NUM_TASKS")
     if tasks is not None and int(tasks) != slot.size:
         raise UserError(f"gloo_slurm exec: srun started {tasks} tasks; the plan has {slot.size}")
-    new_env = dict(env)
-    new_env.update(slot.torch_env() if framework == "torch-ddp" else slot.env())
-    os.execvpe(program[0], program, new_env)
-    return 127  # not reached
+    return slot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
         default="horovod-tf",
         help="Horovod's Gloo variables (default) or torch.distributed's RANK, WORLD_SIZE, ...",
     )
+    e.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this rank (a rank the launcher starts itself, no srun); default: SLURM_PROCID",
+    )
     e.add_argument("program", nargs=argparse.REMAINDER)
     sub.add_parser("hosts", help="print the allocation's host names and node list")
     args = p.parse_args(argv)
@@ -453,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             return serve()
         if args.cmd == "exec":
             prog = args.program[1:] if args.program[:1] == ["--"] else args.program
-            return exec_rank(prog, args.framework)
+            return exec_rank(prog, args.framework, args.rank)
         print(" ".join(slurm_hostnames()))
         print(slurm_nodelist() or "")
         return 0

@@ -229,6 +229,11 @@ def build_launch(
     # workers inherit it
     env.update(stamp_env(started_at))
     env.update(rank_path_env(environment))
+    if launcher == "srun" and job.in_launcher_step:  # 1 worker: the rank in our own step
+        argv, env, note = gloo_slurm.build_in_step(
+            job=job, program_argv=list(program_argv), env=env, hosts=hosts, controller=controller
+        )
+        return LaunchSpec(argv, env, controller=controller, launcher="srun", notes=[*notes, note])
     if job.framework != backends.DEFAULT_FRAMEWORK:  # torch-ddp: torchrun or srun
         argv, env = _torch_launch(launcher, job, list(program_argv), env, hosts, srun, notes)
         return LaunchSpec(argv, env, controller=controller, launcher=launcher, notes=notes)
@@ -236,7 +241,8 @@ def build_launch(
         argv, env, note = gloo_slurm.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
         )
-        return LaunchSpec(argv=argv, env=env, controller="gloo", launcher="srun", notes=[note])
+        notes = [note, *_gpu_notes(job)]
+        return LaunchSpec(argv=argv, env=env, controller="gloo", launcher="srun", notes=notes)
     is_root_user = (os.geteuid() == 0) if is_root_user is None else is_root_user
     if launcher == "horovodrun":
         argv = _horovodrun_argv(horovodrun, job, hosts, controller, env, is_root_user)
@@ -349,7 +355,7 @@ def _torch_launch(
         argv, env, note = gloo_slurm.build_torch_srun(
             job=job, program_argv=program_argv, env=env, hosts=hosts, srun=srun
         )
-        notes.append(note)
+        notes += [note, *_gpu_notes(job)]
         return argv, env
     if job.nodes > 1 or (hosts and len(hosts) > 1):
         raise UserError(
@@ -366,13 +372,29 @@ def _torch_launch(
 
 
 def _srun_argv(srun: str, job: JobSpec, training: dict, notes: list) -> list[str]:
-    # counts, CPUs and --overlap for 1 worker: from the job's layout (JobSpec)
+    # counts and CPUs: from the job's layout (JobSpec; 2 or more ranks, see build_launch)
+    # and the partition's GPU binding (scaling.partitions.<name>.gpu_bind)
     argv = job.srun_args(srun, mpi=training.get("srun_mpi"))
-    if backends.is_gpu_partition(job):
-        notes.append(
-            "GPU binding: one GPU per local rank (tf.config.set_visible_devices on local_rank)"
-        )
+    notes += _gpu_notes(job)
     return argv
+
+
+def _gpu_notes(job: JobSpec) -> list[str]:
+    return [gpu_bind_note(job)] if backends.is_gpu_partition(job) else []
+
+
+def gpu_bind_note(job: JobSpec) -> str:
+    """The launcher's line on how the ranks of a GPU job get their GPU."""
+    flags = " ".join(job.gpu_bind_args)
+    if job.gpu_bind == "none":
+        return (
+            "GPU binding (gpu_bind none): every rank sees its node's GPUs and uses the one of "
+            "its local rank"
+        )
+    return (
+        f"GPU binding (gpu_bind {job.gpu_bind}): srun {flags} gives every rank one GPU "
+        "(CUDA_VISIBLE_DEVICES), which it uses whatever its local rank"
+    )
 
 
 def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:

@@ -19,6 +19,7 @@ import yaml
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
+from hvdscale.matrix.clusters import only_cluster_problems
 from hvdscale.matrix.jobspec import sbatch_flag_problems
 from hvdscale.matrix.runtable import run_table
 from hvdscale.matrix.subset import check as check_selection
@@ -279,6 +280,8 @@ def _check_semantics(cfg: dict) -> None:
         problems += _precision_problems(cfg)
     if not problems:
         problems += _check_select(cfg)
+    if not problems:
+        problems += only_cluster_problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

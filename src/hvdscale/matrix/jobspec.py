@@ -8,16 +8,19 @@ their memory, CPUs per task = cores per node / slots per node. From it come
 - the SLURM resources of the rules ``train_run`` and ``measure_allreduce``
   (``slurm_resources(attempt)``, mapped to sbatch flags by
   snakemake-executor-plugin-slurm), and
-- the launcher's view of the job (``srun_args()``, ranks per node for host lists).
+- the launcher's view of the job (``srun_args()``, ranks per node for host lists), with
+  the partition's GPU binding (``gpu_bind_args``: ``--gpus-per-task=1`` by default).
 
 Plugin 2.8 quirks live here and nowhere else:
 
 - ``tasks`` becomes ``--ntasks-per-gpu`` on GPU jobs unless ``tasks_per_gpu`` is 0;
 - the plugin's ``tasks_per_node`` cannot be combined with ``tasks``, so
   ``--ntasks-per-node`` goes into ``slurm_extra`` (with ``--exclusive``);
-- the plugin refuses ``mpi`` jobs with one task: a 1-worker run is a plain job, and
-  its launcher starts the single rank with ``srun --overlap`` (the job step of the
-  plain job holds the CPUs; without ``--overlap`` srun would wait for them forever).
+- the plugin refuses ``mpi`` jobs with one task: a 1-worker run is a plain job, which
+  the plugin's job step runs as its one task (``srun -n1 --cpus-per-task=...``: the
+  job's CPUs, memory and GPUs). Its launcher starts no srun (``in_launcher_step``): the
+  single rank is the launcher's child in that step (hvdscale.launch.gloo_slurm,
+  ``build_in_step``), not a nested step that may get neither the GPU nor the memory.
 
 Pure Python (no Snakemake, no TensorFlow): used by the workflow, the launcher and tests.
 """
@@ -32,6 +35,17 @@ from hvdscale.errors import UserError
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK, is_gpu_partition
 from hvdscale.matrix.runid import allreduce_id_pattern
 from hvdscale.matrix.threads import planned_threads
+
+#: scaling.partitions.<name>.gpu_bind -> srun options of the ranks on a GPU partition:
+#: per-task gives every task one GPU of its own (CUDA_VISIBLE_DEVICES names one id; what
+#: SLURM sites such as ZIH recommend), single binds every task to one of the step's GPUs,
+#: none lets every rank see the node's GPUs (the framework takes its local rank's).
+GPU_BIND_SRUN = {
+    "per-task": ("--gpus-per-task=1",),
+    "single": ("--gpu-bind=single:1",),
+    "none": (),
+}
+DEFAULT_GPU_BIND = "per-task"
 
 # A value None leaves the resource unset (no sbatch flag).
 RESOURCE_KEYS = (
@@ -100,6 +114,7 @@ class JobSpec:
     node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
     framework: str = DEFAULT_FRAMEWORK  # what the ranks run (hvdscale.matrix.backends.FRAMEWORKS)
     sbatch_flags: str = ""  # the partition's site flags (appended to slurm_extra)
+    gpu_bind: str = DEFAULT_GPU_BIND  # scaling.partitions.<name>.gpu_bind (GPU partitions)
 
     # ----------------------------------------------------------------- construction
 
@@ -138,13 +153,16 @@ class JobSpec:
             account=part.get("account", ""),
             constraint=part.get("constraint", ""),
             threads_per_worker=planned_threads(cfg["training"].get("threads_per_worker", 1)),
-            cluster=part.get("cluster") or "",
+            # only_cluster (matrix/clusters.py): this run is on the cluster's own login
+            # node (its SLURM_CONF), so no sbatch --clusters
+            cluster="" if cfg.get("only_cluster") else (part.get("cluster") or ""),
             runtime_min_retry=part.get("runtime_min_retry"),
             signal=signal_option(cfg["training"], workers),
             srun_mpi=cfg["training"].get("srun_mpi") or "pmix",
             node_cores=int(part["cores_per_node"]),
             framework=framework,
             sbatch_flags=part.get("sbatch_flags") or "",
+            gpu_bind=part.get("gpu_bind") or DEFAULT_GPU_BIND,
         )
 
     @classmethod
@@ -216,8 +234,9 @@ class JobSpec:
         return "srun" if self.workers > 1 else None
 
     @property
-    def overlap(self) -> bool:
-        """A 1-worker job is a plain plugin job: its srun needs ``--overlap``."""
+    def in_launcher_step(self) -> bool:
+        """Whether the launcher starts the rank itself, in its own job step, instead of
+        with srun: a 1-worker job (a plain plugin job, see the module docstring)."""
         return self.workers == 1
 
     @property
@@ -268,7 +287,8 @@ class JobSpec:
         }
 
     def srun_args(self, srun: str = "srun", mpi: str | None = None) -> list[str]:
-        """srun's argv (before the program) inside the job's allocation. Everything is
+        """srun's argv (before the program) inside the job's allocation, for a job of 2 or
+        more ranks (``in_launcher_step``: a 1-worker job starts no srun). Everything is
         explicit: the Snakemake SLURM job step strips SLURM_NTASKS and friends, so srun
         cannot take them from the allocation."""
         argv = [
@@ -281,10 +301,22 @@ class JobSpec:
             f"--ntasks-per-node={self.tasks_per_node}",
             f"--cpus-per-task={self.cpus_per_task}",
             "--kill-on-bad-exit=1",
+            *self.gpu_bind_args,
         ]
-        if self.overlap:
-            argv.append("--overlap")
         return argv
+
+    @property
+    def gpu_bind_args(self) -> list[str]:
+        """srun's GPU binding options of the ranks (``scaling.partitions.<name>.gpu_bind``,
+        ``GPU_BIND_SRUN``); none on CPU partitions, where the key is ignored."""
+        if not is_gpu_partition(self):
+            return []
+        if self.gpu_bind not in GPU_BIND_SRUN:
+            raise UserError(
+                f"config key scaling.partitions.{self.partition}.gpu_bind: got "
+                f"{self.gpu_bind!r}; expected one of {', '.join(GPU_BIND_SRUN)}"
+            )
+        return list(GPU_BIND_SRUN[self.gpu_bind])
 
 
 SIGNAL_NAME = "USR1"
@@ -319,7 +351,8 @@ RESERVED_SBATCH_OPTIONS = {
     "--gres": "scaling.partitions.<name>.gpus_per_node",
     "--gpus": "scaling.partitions.<name>.gpus_per_node",
     "--gpus-per-node": "scaling.partitions.<name>.gpus_per_node",
-    "--gpus-per-task": "scaling.partitions.<name>.gpus_per_node",
+    "--gpus-per-task": "scaling.partitions.<name>.gpus_per_node and gpu_bind",
+    "--gpu-bind": "scaling.partitions.<name>.gpu_bind",
     "--exclusive": "hvdscale (every training job takes whole nodes)",
     "--signal": "training.time_limit_margin_s",
     "--qos": "the profile (plugin setting slurm-qos, or default-resources qos)",

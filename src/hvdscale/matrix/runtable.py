@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix import backends
+from hvdscale.matrix.clusters import in_scope
 from hvdscale.matrix.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.matrix.runid import (
     format_multiplier,
@@ -106,7 +107,8 @@ def run_table(cfg: dict) -> list[Run]:
     in calibrated target mode, the calibration runs; sorted, without duplicates.
 
     Scaling runs and candidates only of the config's selection (key ``select``,
-    hvdscale.matrix.subset); the calibration runs always (the target needs them). The
+    hvdscale.matrix.subset); the calibration runs always (the target needs them). With
+    ``only_cluster`` only the runs on that cluster's partitions (matrix/clusters.py). The
     re-runs of the selected tuning candidates depend on the selection: rerun_runs.
     """
     sel = parse_selection(cfg.get("select"))
@@ -126,13 +128,14 @@ def run_table(cfg: dict) -> list[Run]:
         ):
             for r in range(sweep.get("repeats") or cfg["training"]["repeats"]):
                 run = _make_run(parts[p], p, be, w, b, lr, r, seed_base=seed, framework=fw)
-                if run_selected(sel, run):
+                if run_selected(sel, run) and in_scope(cfg, p):
                     runs[run.run_id] = run
     for run in tune_runs(cfg):
-        if run_selected(sel, run):
+        if run_selected(sel, run) and in_scope(cfg, run.partition):
             runs[run.run_id] = run
     for run in calibration_runs(cfg):
-        runs[run.run_id] = run
+        if in_scope(cfg, run.partition):  # only_cluster: the config check refuses others
+            runs[run.run_id] = run
     return [runs[k] for k in sorted(runs, key=run_sort_key(runs))]
 
 
@@ -336,9 +339,14 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
 def _partition_slice(cfg: dict, partition: str) -> dict:
     """A partition's keys in a run's or sweep's config slice: not its site sbatch flags
     (mail, reservation: how the job is queued, not what it computes), so editing them
-    retrains nothing and the slices of earlier configs stay as they were."""
+    retrains nothing and the slices of earlier configs stay as they were. ``gpu_bind``
+    only on GPU partitions: there it decides where each rank computes (one GPU of its own
+    under cgroup isolation, or all of the node's, which NCCL's peer-to-peer paths need), so
+    a change retrains; CPU partitions ignore it, and their slices stay as they were."""
     part = copy.deepcopy(cfg["scaling"]["partitions"][partition])
     part.pop("sbatch_flags", None)
+    if not backends.is_gpu_partition(part):
+        part.pop("gpu_bind", None)
     return part
 
 
@@ -418,6 +426,8 @@ def extra_allreduce_jobs(cfg: dict) -> list[dict]:
                     f"config key allreduce.sweeps.{i}.partitions: got {part!r}; expected one "
                     f"of {', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
                 )
+            if not in_scope(cfg, part):  # only_cluster: another cluster's partition
+                continue
             for be, w, n in itertools.product(sw["backends"], sw["workers"], sw["nodes"]):
                 try:
                     job = JobSpec.for_workers(cfg, part, be, w, nodes=n)

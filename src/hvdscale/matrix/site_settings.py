@@ -7,11 +7,14 @@
 - ``scaling.partitions.<p>.cluster`` -> the SLURM plugin's ``slurm_cluster`` resource
   (``sbatch --clusters``), for sites whose partitions live in separate SLURM clusters.
 
-One GPU per rank: the job asks for ``--gres=gpu:<ranks on the node>`` per node, every
-rank sees the node's GPUs, and training pins the GPU of its local rank
-(``tf.config.set_visible_devices``, Horovod's TF2 recipe). ``srun --gpus-per-task=1``
-would instead give each rank its own CUDA_VISIBLE_DEVICES; the emulated partition of
-the local cluster shows that SLURM does so (tests/test_slurm_multinode.py).
+One GPU per rank: the job asks for ``--gres=gpu:<ranks on the node>`` per node; the
+partition's ``gpu_bind`` (``hvdscale.matrix.jobspec.GPU_BIND_SRUN``) decides the ranks'
+srun options: ``per-task`` (default) ``--gpus-per-task=1`` gives each rank its own
+CUDA_VISIBLE_DEVICES (one id, which it uses), ``single`` ``--gpu-bind=single:1`` the
+same by binding, ``none`` lets every rank see the node's GPUs and training pins the GPU
+of its local rank (``tf.config.set_visible_devices``, Horovod's TF2 recipe). The
+emulated partition of the local cluster shows that SLURM binds them so
+(tests/test_slurm_multinode.py).
 """
 
 from __future__ import annotations

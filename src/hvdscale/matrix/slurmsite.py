@@ -5,11 +5,17 @@ slurm`` on a real cluster every training job would be refused by sbatch, one by 
 ``unknown_partitions_problem`` is pure (the partitions the run table uses against the
 names ``sinfo`` printed); ``slurm_partition_problem`` asks ``sinfo`` and is what the
 workflow calls (Snakefile, ``onstart``: the executor is known only once the workflow is
-parsed; a dry run and the per-job re-runs inside SLURM jobs are not checked).
+parsed; the per-job re-runs inside SLURM jobs are not checked). Snakemake runs no
+``onstart`` in a dry run, so a dry run is checked while the workflow is parsed, when its
+command line (``dry_run_executor``: profile included) names the slurm executor. Without
+a working ``sinfo`` (a laptop) the check says so in one line and lets the run go on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +72,35 @@ def unknown_partitions_problem(
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
+def dry_run_executor(argv: list[str] | None = None) -> str | None:
+    """The executor of a ``snakemake --dry-run`` command line (``argv``: sys.argv[1:] of
+    the Snakemake process), its profiles included, as Snakemake's own parser reads it;
+    None when it is no dry run or cannot be read (Snakemake called through its API)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        from snakemake.cli import parse_args  # reason: the workflow env only, when asked
+
+        quiet = io.StringIO()  # it prints "Using profile ..." once more
+        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
+            _parser, args = parse_args(argv)
+    except (Exception, SystemExit):
+        return None
+    if not getattr(args, "dryrun", False):
+        return None
+    return getattr(args, "executor", None) or "local"
+
+
+def default_cluster_name(runner: Runner = subprocess.run) -> str:
+    """ClusterName of the SLURM cluster the client commands reach (``scontrol show
+    config``), "" when it cannot be read."""
+    try:
+        out = runner(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", out.stdout or "", re.M)
+    return m.group(1) if out.returncode == 0 and m else ""
+
+
 def slurm_partition_problem(
     partitions: Iterable[tuple[str, str]],
     config_files: str = "",
@@ -101,6 +136,10 @@ def slurm_partition_problem(
             continue
         known, default = parse_sinfo_partitions(out.stdout)
         problem = unknown_partitions_problem(used, known, default, config_files, cluster)
+        if problem and not cluster:  # name the cluster sinfo asked (its ClusterName)
+            name = default_cluster_name(runner)
+            if name:
+                problem = unknown_partitions_problem(used, known, default, config_files, name)
         if problem:
             problems.append(problem)
     return "\n".join(problems) or None

@@ -82,9 +82,12 @@ def environment_block(
     horovod: str,
     started_utc: str,
     cores: list[str] | None = None,
+    visible_gpus: list[str | None] | None = None,
 ) -> dict:
     """The record's ``environment``; ``cores`` (each rank's CPU affinity as
-    ``record.labelproof.compact_cores`` writes it, rank order) only when given."""
+    ``record.labelproof.compact_cores`` writes it, rank order) and ``visible_gpus`` (each
+    rank's CUDA_VISIBLE_DEVICES, None where unset) only when given,
+    ``modules`` (:func:`loaded_modules`) only under a module system."""
     import numpy
 
     env = {
@@ -108,7 +111,22 @@ def environment_block(
     }
     if cores is not None:
         env["cores"] = list(cores)
+    if visible_gpus is not None:
+        # issue 29: each rank's CUDA_VISIBLE_DEVICES as the launcher (SLURM) set it
+        env["visible_gpus"] = list(visible_gpus)
+    modules = loaded_modules()
+    if modules is not None:
+        env["modules"] = modules
     return env
+
+
+def loaded_modules(environ=None) -> list[str] | None:
+    """The environment modules loaded where this process runs (LOADEDMODULES, set by Lmod
+    and Environment Modules: colon-separated full names), or None without a module
+    system (the variable unset)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("LOADEDMODULES")
+    return None if value is None else [m for m in value.split(":") if m]
 
 
 def system_block(nodes: list[str]) -> dict:

@@ -7,7 +7,11 @@ and, when the run wrote one, Horovod's timeline:
   sequential fill (workers_per_node on each node but the last), in rank order;
 - device per rank (GPU or CPU), and that an nccl run ran on GPUs;
 - no two ranks on one host used the same GPU (the id in each rank's device label,
-  ``GPU:{id} (...)``: the node's id, from CUDA_VISIBLE_DEVICES where set); each rank's
+  ``GPU:{id} (...)``: the node's id, from CUDA_VISIBLE_DEVICES where set), nor were bound
+  the same one: a rank whose CUDA_VISIBLE_DEVICES (``environment.visible_gpus``, records
+  since issue 29) names exactly one id was given that GPU by its launcher (srun
+  --gpus-per-task=1, ``scaling.partitions.<name>.gpu_bind``), even where it trained on
+  the CPU (no usable GPU, e.g. the emulated partition of the local cluster); each rank's
   cores (``environment.cores``, records since issue 29) and the ranks of a host whose cores
   overlap, as information only (a launcher may leave placement to the OS);
 - the controller Horovod reports (gloo/mpi) matches the backend;
@@ -116,17 +120,61 @@ def parse_cores(text: str) -> set[int]:
     return out
 
 
-def shared_gpus(hosts: list[str], gpus: list[str | None]) -> list[str]:
-    """One problem per pair of ranks on the same host with the same GPU id."""
+def bound_gpu_id(visible: str | None) -> str | None:
+    """The GPU a launcher bound to a rank: the one id its CUDA_VISIBLE_DEVICES names
+    (``3``, a UUID or a MIG id); None when unset, empty or naming several ids (the rank
+    sees several GPUs and takes its local rank's)."""
+    ids = [v.strip() for v in str(visible or "").split(",") if v.strip()]
+    return ids[0] if len(ids) == 1 else None
+
+
+def rank_gpu_ids(devices: list, visible: list | None) -> list[str | None]:
+    """Each rank's GPU id: the one its device label names (it computed there), else the
+    one its launcher bound to it (``bound_gpu_id`` of ``environment.visible_gpus``; a CPU
+    rank of a GPU job), else None."""
+    visible = list(visible or [])
+    out = []
+    for i, d in enumerate(devices):
+        used = gpu_id(d)
+        out.append(
+            used if used is not None else bound_gpu_id(visible[i] if i < len(visible) else None)
+        )
+    return out
+
+
+def shared_gpus(
+    hosts: list[str], gpus: list[str | None], bound: list[bool] | None = None
+) -> list[str]:
+    """One problem per pair of ranks on the same host with the same GPU id (``bound[i]``:
+    rank i's id is the one its launcher bound, not one it computed on)."""
     problems, first = [], {}
     for rank, (host, gpu) in enumerate(zip(hosts, gpus)):
         if gpu is None:
             continue
         if (host, gpu) in first:
-            problems.append(f"ranks {first[host, gpu]} and {rank} on host {host} share GPU {gpu}")
+            how = "were bound" if bound and bound[rank] else "share"
+            problems.append(
+                f"ranks {first[host, gpu]} and {rank} on host {host} {how} GPU {gpu}"
+                + (" (CUDA_VISIBLE_DEVICES)" if how == "were bound" else "")
+            )
         else:
             first[host, gpu] = rank
     return problems
+
+
+def gpu_lines(hosts: list[str], gpus: list[str | None], visible: list | None) -> list[str]:
+    """The GPU id of every rank, per host in rank order (``-``: none), for the CLI; empty
+    when no rank has a GPU id and none saw CUDA_VISIBLE_DEVICES."""
+    if all(g is None for g in gpus) and not any(v is not None for v in visible or []):
+        return []
+    lines = []
+    for host in dict.fromkeys(hosts):
+        ranks = [i for i, h in enumerate(hosts) if h == host]
+        ids = " ".join(
+            f"{i}:{gpus[i] if i < len(gpus) and gpus[i] is not None else '-'}" for i in ranks
+        )
+        lines.append(f"  GPU ids on {host} (rank:id): {ids}")
+    return lines
 
 
 def core_overlaps(hosts: list[str], cores: list[str]) -> list[str]:
@@ -169,8 +217,9 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
     entry = backends.get(backend, cfg.get("framework") or backends.DEFAULT_FRAMEWORK)
     if entry.needs_gpu and kinds.get("CPU"):
         problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
-    gpus = [gpu_id(d) for d in devices]
-    problems += shared_gpus(hosts, gpus)
+    visible = env.get("visible_gpus")
+    gpus = rank_gpu_ids(devices, visible)
+    problems += shared_gpus(hosts, gpus, [gpu_id(d) is None for d in devices])
     cores = env.get("cores")
     overlaps = core_overlaps(hosts, cores) if cores is not None else []
     controller = cfg.get("controller")
@@ -193,6 +242,7 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
         "ranks_per_host": dict(zip(order, per_host)),
         "devices": dict(kinds),
         "gpu_ids": gpus,
+        "visible_gpus": None if visible is None else list(visible),
         "cores": None if cores is None else list(cores),
         "core_overlaps": overlaps,
         "controller": controller,
@@ -216,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{rec['run_id']}: {'ok' if proof['ok'] else 'MISLABELLED'}; "
             f"{proof['world_size']} ranks on {proof['ranks_per_host']}, "
             f"devices {proof['devices']}, collective {proof['collective']}",
+            *gpu_lines(
+                rec.get("environment", {}).get("hostnames") or [],
+                proof["gpu_ids"],
+                proof.get("visible_gpus"),
+            ),
             *(f"  - {m}" for m in proof["problems"]),
         ]
         print("\n".join(lines))

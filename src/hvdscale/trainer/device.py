@@ -81,6 +81,15 @@ def affinity() -> str:
     return compact_cores(os.sched_getaffinity(0))
 
 
+def cuda_visible_devices(env: Mapping[str, str] | None = None) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value this rank started with, as its launcher set it (srun
+    --gpus-per-task=1 or --gpu-bind=single:1: the one GPU id SLURM bound to the task;
+    ``scaling.partitions.<name>.gpu_bind``); None when unset. The run record keeps it per
+    rank (``environment.visible_gpus``) even where no framework can use a GPU, and the
+    label proof compares the bound ids of a host's ranks."""
+    return (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+
+
 def gpu_for_rank(
     local_rank: int,
     local_size: int | None,

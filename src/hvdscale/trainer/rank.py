@@ -44,7 +44,7 @@ from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
-from hvdscale.trainer.device import affinity
+from hvdscale.trainer.device import affinity, cuda_visible_devices
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.frame import run_rank
 from hvdscale.trainer.loop import LoopPlan, TimelineWindow, train_epochs
@@ -326,12 +326,13 @@ def announce_fault(fault: FaultDelay) -> FaultDelay:
 def describe_environment(
     worker: WorkerInfo, device_desc: str, chash: str, first_attempt: dict, framework: Framework
 ):
-    """Every rank's host, device and cores (its CPU affinity after ``bind_cpus``; all ranks
+    """Every rank's host, device, cores (its CPU affinity after ``bind_cpus``) and
+    CUDA_VISIBLE_DEVICES (the GPU ids its launcher, e.g. srun --gpus-per-task=1, bound; all ranks
     take part, one collective); rank 0 gets the environment block (with the framework's
     versions) and the system description now, so that writing the record at the end is
     quick. (None, None) on other ranks."""
     gathered = worker.allgather_object(
-        (worker.hostname, device_desc, affinity()), name="hosts"
+        (worker.hostname, device_desc, affinity(), cuda_visible_devices()), name="hosts"
     )  # HVD: allgather_object
     if not worker.is_root:
         return None, None
@@ -345,6 +346,7 @@ def describe_environment(
         hostnames=hosts,
         devices=[g[1] for g in gathered],
         cores=[g[2] for g in gathered],
+        visible_gpus=[g[3] for g in gathered],
         tensorflow=versions.pop("tensorflow", "none"),
         horovod=versions.pop("horovod", "none"),
         started_utc=first_attempt["started_utc"],
