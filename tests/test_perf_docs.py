@@ -365,6 +365,14 @@ def test_the_sync_breakdown_reading_comes_from_valid_timeline_runs():
     assert sync_reading([rows[2], rows[3]]) == ""
 
 
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """A benchmark CSV of ``rows`` (the first row's keys are the columns)."""
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def test_the_gpu_blocks_use_valid_completed_runs_only(tmp_path):
     """perfdocs.gpu (issue 33): the 75 -> 1000 reading is the median epoch ratio of valid,
     completed eager fp32 runs; an invalid or failed run shows no figure; a variant's
@@ -383,10 +391,7 @@ def test_the_gpu_blocks_use_valid_completed_runs_only(tmp_path):
             row("off/fp32", 1000, 0.04, 10), row("off/fp32", 1000, 9.0, 10, fc="0.5", rep="1"),
             row("max/fp32", 75, 0.20, 150),
             row("max/fp32", 1000, 0.0, 10, status="failed")]  # fmt: skip
-    with open(tmp_path / "gpu_batch_sweep.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(tmp_path / "gpu_batch_sweep.csv", rows)
     text = gpu.block_gpu_batch_sweep(tmp_path)
     assert "takes 10.0x as long as at batch 1000" in text  # median(0.3, 0.5) / 0.04
     assert "(medians of 2 and 1 runs" in text and "15.0x as many steps" in text
@@ -440,10 +445,7 @@ def test_the_torch_overhead_block_reads_valid_rows_only(tmp_path):
 
     rows = [row("off/fp32", 75, 1000, 800), row("off/fp32", 1000, 4000, 3800),
             row("off/bf16", 75, 9999, 1111, fc="0.5")]  # fmt: skip
-    with open(tmp_path / "torch_step_overhead.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(tmp_path / "torch_step_overhead.csv", rows)
     text = frameworks.block_torch_step_overhead(tmp_path)
     assert "5% (off/fp32, batch 1000) to 20% (off/fp32, batch 75)" in text
     assert "at most 1.05-1.25x faster" in text

@@ -286,6 +286,21 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
 PROFILE = PROJECT_ROOT / "benchmarks" / "gpu_step_profile.py"
 
 
+def smoke_rows(script: Path, out: Path, *args: str) -> list[dict]:
+    """Run a step benchmark for 5 steps of off/fp32 at batch 75 (any load) and return its
+    CSV rows, checking it names the five parts of a step in order."""
+    import csv as csvmod
+
+    cmd = [str(TRAIN_PY), str(script), *args, "--steps", "5", "--batches", "75",
+           "--variants", "off/fp32", "--out", str(out), "--max-load", "100"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csvmod.DictReader(out.open()))
+    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
+                                         "update"]  # fmt: skip
+    return rows
+
+
 @needs_cpu_torch
 def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
     """benchmarks/gpu_step_profile.py: exit 2 naming what it found on a machine without a
@@ -296,15 +311,7 @@ def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
     assert r.returncode == 2 and "needs a CUDA build of torch and a GPU" in r.stderr, r.stderr
     assert r.stderr.startswith("gpu_step_profile: "), r.stderr
     assert not csv.exists()
-    cmd = [str(TRAIN_PY), str(PROFILE), "--device", "cpu", "--steps", "5", "--batches", "75",
-           "--variants", "off/fp32", "--out", str(csv), "--max-load", "100"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
-    assert r.returncode == 0, r.stdout + r.stderr
-    import csv as csvmod
-
-    rows = list(csvmod.DictReader(csv.open()))
-    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
-                                         "update"]  # fmt: skip
+    rows = smoke_rows(PROFILE, csv, "--device", "cpu")
     for x in rows:
         assert (x["variant"], x["batch"], x["gpu_busy_us"], x["kernels"]) == (
             "off/fp32",
@@ -328,17 +335,7 @@ def test_the_step_overhead_benchmark_splits_a_step_at_atens_operators(tmp_path):
     """benchmarks/torch_step_overhead.py (issue 32, several steps per call): the trainer's
     step under the profiler, split into ATen's operators and the rest; the figures obey
     their definitions (no timing is compared with a tolerance)."""
-    import csv as csvmod
-
-    out = tmp_path / "o.csv"
-    cmd = [str(TRAIN_PY), str(OVERHEAD), "--steps", "5", "--batches", "75",
-           "--variants", "off/fp32", "--out", str(out), "--max-load", "100"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
-    assert r.returncode == 0, r.stdout + r.stderr
-    rows = list(csvmod.DictReader(out.open()))
-    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
-                                         "update"]  # fmt: skip
-    x = rows[0]
+    x = smoke_rows(OVERHEAD, tmp_path / "o.csv")[0]
     assert (x["variant"], x["compile"], x["precision"], x["batch"]) == ("off/fp32", "off",
                                                                        "fp32", "75")  # fmt: skip
     prof, aten = float(x["prof_wall_us"]), float(x["aten_us"])
