@@ -42,8 +42,8 @@ def test_planned_threads_counts_auto_as_one():
     assert (planned_threads("auto"), planned_threads(1), planned_threads(4)) == (1, 1, 4)
 
 
-def test_config_accepts_auto_and_integers_and_keeps_default_one():
-    assert validate_config({})["training"]["threads_per_worker"] == 1
+def test_config_accepts_auto_and_integers_and_defaults_to_auto():
+    assert validate_config({})["training"]["threads_per_worker"] == "auto"  # SLURM's, else 1
     for value in ("auto", 1, 8):
         cfg = validate_config({"training": {"threads_per_worker": value}})
         assert cfg["training"]["threads_per_worker"] == value
