@@ -6,7 +6,7 @@ and what DIR holds; the report is DIR/<results_dir>/report.pdf, built by the wor
 report rules (workflow env only, no training).
 
 Example (one Snakemake run per cluster, then one report)
-  snakemake --profile profiles/slurm --configfile config/thesis.yaml \
+  snakemake --profile profiles/slurm --configfile config/thesis.yaml \\
       --config only_cluster=alpha           # on alpha's login node
   ...                                        # the same on hpdlf's, into its own checkout
   hvdscale merge alpha/results hpdlf/results --out merged
