@@ -8,7 +8,20 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from .common import INVALID, QCOLS, f2, missing, num, provenance, quality, read, table
+from _quiet import row_validity
+
+from .common import (
+    INVALID,
+    QCOLS,
+    f2,
+    missing,
+    num,
+    provenance,
+    quality,
+    read,
+    short_reason,
+    table,
+)
 
 SWEEP_HOW = "PYTHONPATH=src python3 benchmarks/gpu_batch_sweep.py (on a GPU machine)"
 PROFILE_HOW = "PYTHONPATH=src python3 benchmarks/gpu_step_profile.py (on a GPU machine)"
@@ -106,7 +119,7 @@ def block_gpu_variants(res: Path) -> str:
 def _why(r: dict) -> str:
     if r.get("status") != "completed":
         return r.get("error") or r.get("status") or "failed"
-    return f"foreign CPU {f2(r.get('foreign_cpu'))}"
+    return short_reason(row_validity(r)[1])  # the row's own reason, as the validity table
 
 
 def block_gpu_step_profile(res: Path) -> str:
