@@ -28,8 +28,6 @@ Skips that are not layers stay skips whatever the variable says:
 - tests/test_bench_scaling.py's cgroup checks skip without a writable cgroup: that
   depends on the container CI runs in, not on scripts/setup.sh, and the benchmark's
   meter falls back to sampling processes without one (benchmarks/_quiet.py).
-- tests/test_perf_docs.py skips without benchmarks/results/bench_scaling.csv: a
-  measured result that may not be committed yet, not a part of the machine.
 """
 
 from __future__ import annotations
