@@ -120,11 +120,17 @@ def parse_cores(text: str) -> set[int]:
     return out
 
 
+def visible_ids(visible: str | None) -> list[str]:
+    """The ids a CUDA_VISIBLE_DEVICES value names ([] when unset or empty); the trainer's
+    device choice (hvdscale.trainer.device) reads the variable with it too."""
+    return [v.strip() for v in (visible or "").split(",") if v.strip()]
+
+
 def bound_gpu_id(visible: str | None) -> str | None:
     """The GPU a launcher bound to a rank: the one id its CUDA_VISIBLE_DEVICES names
     (``3``, a UUID or a MIG id); None when unset, empty or naming several ids (the rank
     sees several GPUs and takes its local rank's)."""
-    ids = [v.strip() for v in str(visible or "").split(",") if v.strip()]
+    ids = visible_ids(visible)
     return ids[0] if len(ids) == 1 else None
 
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 
 from hvdscale.errors import UserError
-from hvdscale.record.labelproof import compact_cores
+from hvdscale.record.labelproof import compact_cores, visible_ids
 from hvdscale.trainer.worker import WorkerInfo
 
 
@@ -114,7 +114,7 @@ def gpu_for_rank(
         return None
     if local_rank < n_visible:
         return local_rank
-    if n_visible == 1 and len(_ids(visible)) == 1:
+    if n_visible == 1 and len(visible_ids(visible)) == 1:
         return 0
     who = "this rank" if rank is None else f"rank {rank}"
     of = "" if local_size is None else f" of {local_size}"
@@ -136,13 +136,8 @@ def gpu_for_rank(
 def visible_gpu_id(index: int, env: Mapping[str, str]) -> str:
     """The id of visible GPU ``index`` as the node knows it: entry ``index`` of
     CUDA_VISIBLE_DEVICES (an ordinal, a UUID or a MIG id) when that is set, else the index."""
-    ids = _ids(env.get("CUDA_VISIBLE_DEVICES"))
+    ids = visible_ids(env.get("CUDA_VISIBLE_DEVICES"))
     return ids[index] if index < len(ids) else str(index)
-
-
-def _ids(visible: str | None) -> list[str]:
-    """The ids a CUDA_VISIBLE_DEVICES value names ([] when unset or empty)."""
-    return [v.strip() for v in (visible or "").split(",") if v.strip()]
 
 
 def gpu_label(index: int, name: str, env: Mapping[str, str]) -> str:
