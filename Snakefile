@@ -2,7 +2,7 @@
 # to a typeset report. See README.md; every config key: config/README.md.
 from snakemake.utils import min_version, validate
 
-from hvdscale.matrix.slurmsite import dry_run_executor, slurm_partition_problem
+from hvdscale.matrix.slurmsite import dry_run_executor
 
 min_version("9.0")
 
@@ -55,24 +55,14 @@ localrules:
     export_study,
 
 
-# Under the SLURM executor, partitions of the study that `sinfo` does not list are refused
-# before any job is queued (issue 29). A hook, as the executor is known only once the
-# workflow is parsed; not in the job step inside a SLURM job (a dry run: below).
+# Under the SLURM executor, before any job is queued. A hook, as the executor is known
+# only once the workflow is parsed; not in the job step inside a SLURM job.
 onstart:
     if workflow.is_main_process and getattr(workflow.executor_plugin, "name", "") == "slurm":
-        _problem = slurm_partition_problem(
-            [(job.partition, job.cluster) for job in JOBS.values()], config_files(None)
-        )
-        if _problem:
-            raise WorkflowError(_problem)
+        check_slurm_partitions()
 
 
 # A dry run runs no onstart: `snakemake -n` with the slurm executor (its profile's
-# `executor: slurm`) is checked here, while the workflow is parsed. Without a working
-# sinfo (a laptop) a one-line note says the partitions were not checked.
+# `executor: slurm`) is checked here, while the workflow is parsed.
 if workflow.is_main_process and dry_run_executor() == "slurm":
-    _problem = slurm_partition_problem(
-        [(job.partition, job.cluster) for job in JOBS.values()], config_files(None)
-    )
-    if _problem:
-        raise WorkflowError(_problem)
+    check_slurm_partitions()

@@ -27,6 +27,7 @@ from hvdscale.matrix.runtable import (
     run_table,
 )
 from hvdscale.matrix.runid import RUN_ID_WILDCARD, parse_run_id
+from hvdscale.matrix.slurmsite import slurm_partition_problem
 from hvdscale.matrix.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python
 
@@ -267,6 +268,16 @@ def model_bytes(wildcards):
 
 JOBS = {run.run_id: JobSpec.for_run(CFG, run) for run in RUNS}
 JOBS.update({job_id: JobSpec.for_allreduce_id(CFG, job_id) for job_id in ALLREDUCE})
+
+
+def check_slurm_partitions():
+    """Refuse partitions of the study that `sinfo` does not list (issue 29); without a
+    working sinfo (a laptop) a one-line note says the partitions were not checked."""
+    problem = slurm_partition_problem(
+        [(job.partition, job.cluster) for job in JOBS.values()], config_files(None)
+    )
+    if problem:
+        raise WorkflowError(problem)
 
 
 def job_spec(wildcards):
