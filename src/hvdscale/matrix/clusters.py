@@ -18,8 +18,6 @@ passed as ``--clusters`` (a federation through slurmdbd, as before).
 
 from __future__ import annotations
 
-from hvdscale.errors import ConfigError
-
 
 def only_cluster(cfg: dict) -> str:
     """The cluster this run is restricted to ("" for none)."""
@@ -80,9 +78,3 @@ def only_cluster_problems(cfg: dict) -> list[str]:
                 "keep no run of the scaling matrix"
             )
     return problems
-
-
-def check_only_cluster(cfg: dict) -> None:
-    problems = only_cluster_problems(cfg)
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

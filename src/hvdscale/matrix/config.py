@@ -345,36 +345,19 @@ def _calibration_problems(cfg: dict) -> list[str]:
 GPU_PRECISIONS = ("fp16", "tf32")
 
 
-#: what the Horovod-TF trainer does not have (issue 32; fp16 with dynamic loss scaling is
-#: in its step since then): empty, kept for a framework that lacks a setting
-HOROVOD_MISSING: dict[str, tuple[str, ...]] = {"precision": (), "compile": ()}
-
-
 def _precision_problems(cfg: dict) -> list[str]:
-    """training.precision and training.compile against the runs of the matrix: fp16 and
-    tf32 only on partitions with GPUs; a setting the horovod-tf trainer lacks
-    (HOROVOD_MISSING) not for its runs."""
-    tr = cfg["training"]
-    prec, comp = tr["precision"], tr["compile"]
-    if prec == "fp32" and comp == "off":
+    """training.precision against the runs of the matrix: fp16 and tf32 only on
+    partitions with GPUs (both frameworks have every precision and compile mode)."""
+    prec = cfg["training"]["precision"]
+    if prec not in GPU_PRECISIONS:
         return []
     parts = cfg["scaling"]["partitions"]
-    problems = []
-    for fw, part in sorted({(r.framework, r.partition) for r in run_table(cfg)}):
-        if prec in GPU_PRECISIONS and not parts[part]["gpus_per_node"]:
-            problems.append(
-                f"config key training.precision: got {prec!r}, which needs a GPU, but "
-                f"partition {part!r} has gpus_per_node 0; on a CPU use fp32 or bf16"
-            )
-        if fw == "horovod-tf":
-            for key, value in (("precision", prec), ("compile", comp)):
-                if value in HOROVOD_MISSING[key]:
-                    problems.append(
-                        f"config key training.{key}: got {value!r}, which the horovod-tf "
-                        f"trainer does not have (runs of partition {part!r}); use another "
-                        f"value there, or frameworks: [torch-ddp]"
-                    )
-    return problems
+    return [
+        f"config key training.precision: got {prec!r}, which needs a GPU, but "
+        f"partition {part!r} has gpus_per_node 0; on a CPU use fp32 or bf16"
+        for part in sorted({r.partition for r in run_table(cfg)})
+        if not parts[part]["gpus_per_node"]
+    ]
 
 
 def _check_select(cfg: dict) -> list[str]:
