@@ -51,20 +51,28 @@ def _relative(path: str) -> str:
     return p.as_posix()
 
 
+def study_inputs(base: Path) -> dict[str, Path]:
+    """The inputs of the report stage in the results directory ``base`` (path relative to
+    it -> file): the validated config, every run's files, the allreduce tables, the target.
+    Also what ``hvdscale merge`` takes from each part (hvdscale.study.merge)."""
+    inputs = {"config/full.json": base / "config" / "full.json"}
+    for d in sorted((base / "runs").glob("*")):
+        for name in RUN_FILES:
+            if (d / name).is_file():
+                inputs[f"runs/{d.name}/{name}"] = d / name
+    for f in sorted((base / "allreduce").glob("*.csv")):
+        inputs[f"allreduce/{f.name}"] = f
+    if (base / TARGET).is_file():
+        inputs[TARGET] = base / TARGET
+    return inputs
+
+
 def study_files(results: str, root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     """(inputs, products): archive path -> file on disk."""
     base = root / results
     if not (base / "config" / "full.json").exists():
         raise UserError(f"{base}/config/full.json: not found (is {results} a finished study?)")
-    inputs = {f"{results}/config/full.json": base / "config" / "full.json"}
-    for d in sorted((base / "runs").glob("*")):
-        for name in RUN_FILES:
-            if (d / name).is_file():
-                inputs[f"{results}/runs/{d.name}/{name}"] = d / name
-    for f in sorted((base / "allreduce").glob("*.csv")):
-        inputs[f"{results}/allreduce/{f.name}"] = f
-    if (base / TARGET).is_file():
-        inputs[f"{results}/{TARGET}"] = base / TARGET
+    inputs = {f"{results}/{name}": path for name, path in study_inputs(base).items()}
     products = {}
     for name in SCALING:
         products[f"{results}/scaling/{name}"] = base / "scaling" / name
@@ -160,19 +168,29 @@ REPORT_RULES = (
 )
 
 
-def snakemake_command(manifest: dict, outdir: Path) -> list[str]:
-    """The Snakemake invocation that rebuilds the archived products in ``outdir``: the
-    project's Snakefile on the archived config files (results_dir as archived), only the
-    report rules allowed (and forced), the products as targets."""
+def report_rules_command(
+    outdir: Path, config_files: list[str], results_dir: str, targets: list[str]
+) -> list[str]:
+    """The Snakemake invocation that builds ``targets`` in ``outdir`` with the report
+    rules only (allowed and forced): the project's Snakefile on ``config_files`` (relative
+    to ``outdir``) with ``results_dir``. Used by a rebuild and by hvdscale merge."""
     return [
         *(sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile")),
         *("--directory", str(outdir), "--cores", "1"),
-        *("--configfiles", *(str(outdir / c) for c in manifest["config_files"])),
-        *("--config", f"results_dir={manifest['results_dir']}"),
+        *("--configfiles", *(str(outdir / c) for c in config_files)),
+        *("--config", f"results_dir={results_dir}"),
         *("--allowed-rules", *REPORT_RULES),
         *("--forcerun", *REPORT_RULES),
-        *("--", *sorted(manifest["products"])),
+        *("--", *targets),
     ]
+
+
+def snakemake_command(manifest: dict, outdir: Path) -> list[str]:
+    """The Snakemake invocation that rebuilds the archived products in ``outdir``: the
+    archived config files (results_dir as archived), the products as targets."""
+    return report_rules_command(
+        outdir, manifest["config_files"], manifest["results_dir"], sorted(manifest["products"])
+    )
 
 
 def _unpack(members: dict[str, bytes], manifest: dict, outdir: Path) -> None:

@@ -35,7 +35,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +44,7 @@ from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
 from hvdscale.matrix.config import config_hash, validate_config
 from hvdscale.matrix.subset import describe as describe_selection
-from hvdscale.project import PROJECT_ROOT
-from hvdscale.study.export import REPORT_RULES, RUN_FILES, TARGET, read_archive
+from hvdscale.study.export import TARGET, read_archive, report_rules_command, study_inputs
 
 MERGED_FROM = "config/merged_from.json"
 CONFIG_FILE = "config/config.yaml"
@@ -116,15 +114,7 @@ def load_part(source) -> Part:
                 f"{path}: no config/full.json (give a results directory of a study, or an "
                 "archive of hvdscale export)"
             )
-        files = {"config/full.json": full.read_bytes()}
-        for d in sorted((path / "runs").glob("*")):
-            for name in RUN_FILES:
-                if (d / name).is_file():
-                    files[f"runs/{d.name}/{name}"] = (d / name).read_bytes()
-        for f in sorted((path / "allreduce").glob("*.csv")):
-            files[f"allreduce/{f.name}"] = f.read_bytes()
-        if (path / TARGET).is_file():
-            files[TARGET] = (path / TARGET).read_bytes()
+        files = {name: f.read_bytes() for name, f in study_inputs(path).items()}
         part = Part(str(source), "results directory", json.loads(full.read_text()), files)
     else:
         raise UserError(
@@ -317,16 +307,6 @@ def _write(path: Path, data: bytes) -> None:
         Path(tmp).write_bytes(data)
 
 
-def snakemake_command(results: str, outdir: Path) -> list[str]:
-    return [
-        *(sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile")),
-        *("--directory", str(outdir), "--cores", "1"),
-        *("--configfiles", str(outdir / CONFIG_FILE)),
-        *("--allowed-rules", *REPORT_RULES),
-        *("--", f"{results}/report.pdf"),
-    ]
-
-
 def merge(sources: list, outdir) -> dict:
     """Merge ``sources`` (results directories or archives) into a study in ``outdir`` and
     build its report; returns {"config", "parts", "report", "log"}."""
@@ -354,7 +334,7 @@ def merge(sources: list, outdir) -> dict:
     commits = _union(p.git_commits for p in parts)
     if commits:
         env["HVDSCALE_REPORT_COMMIT"] = ", ".join(commits)
-    cmd = snakemake_command(results, outdir)
+    cmd = report_rules_command(outdir, [CONFIG_FILE], results, [f"{results}/report.pdf"])
     proc = subprocess.run(cmd, cwd=outdir, env=env, capture_output=True, text=True)
     log = f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"
     if proc.returncode != 0:
