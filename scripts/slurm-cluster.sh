@@ -503,18 +503,18 @@ start_slurmd() {
     # this cluster, whichever cluster holds /run/slurm/conf. Only /etc/slurm is mounted
     # (the rest of the filesystem, /sys/fs/cgroup and /tmp included, is the host's).
     [[ -d /etc/slurm ]] || mkdir -p /etc/slurm
+    # $1 node, $2 slurm.conf, $3 cluster dir (its etc/ on /etc/slurm, and the mark)
+    local run_slurmd='mount --bind "$3/etc" /etc/slurm && exec env -u SLURM_JOB_ID SLURM_CONF="$2" HVD_SLURM_MARK="$3" slurmd -f "$2" -N "$1"'
     if [[ "$nodes" == 1 ]]; then
-        unshare --mount sh -c \
-            'mount --bind "$4/etc" /etc/slurm && exec env -u SLURM_JOB_ID SLURM_CONF="$2" HVD_SLURM_MARK="$3" slurmd -f "$2" -N "$1"' \
-            sh "$node" "$CONF" "$DIR" "$DIR" 9>&- || { log_tails; die "slurmd $node did not start"; }
+        unshare --mount sh -c "$run_slurmd" \
+            sh "$node" "$CONF" "$DIR" 9>&- || { log_tails; die "slurmd $node did not start"; }
     else
         # own network namespace (address) + own UTS namespace (hostname) per node.
         # nsenter, not `ip netns exec`: the latter remounts /sys in a new mount
         # namespace, which hides /sys/fs/cgroup ("slurmd: error: No filesystem
         # mounted on /sys/fs/cgroup ... Unable to initialize cgroup plugin").
-        nsenter --net="/run/netns/hvd-$node" unshare --uts --mount sh -c \
-            'hostname "$1" && mount --bind "$4/etc" /etc/slurm && exec env -u SLURM_JOB_ID SLURM_CONF="$2" HVD_SLURM_MARK="$3" slurmd -f "$2" -N "$1"' \
-            sh "$node" "$CONF" "$DIR" "$DIR" 9>&- || { log_tails; die "slurmd $node did not start"; }
+        nsenter --net="/run/netns/hvd-$node" unshare --uts --mount sh -c "hostname \"\$1\" && $run_slurmd" \
+            sh "$node" "$CONF" "$DIR" 9>&- || { log_tails; die "slurmd $node did not start"; }
     fi
 }
 
