@@ -313,12 +313,15 @@ else
     echo "$TR_HASH" > .venv-train/.hvdscale-stamp
 fi
 
-# --------------------------------------------------------------------------- native library
-# Gloo ranks (Horovod's and torch-ddp's) preload it (training.gloo_yield_when_spinning,
+# --------------------------------------------------------------------------- native libraries
+# Gloo ranks (Horovod's and torch-ddp's) preload epoll_yield.so (training.gloo_yield_when_spinning,
 # src/hvdscale/native/epoll_yield.c): Gloo's loop thread yields instead of spinning.
+# torch-ddp ranks preload mkl_intel_path.so when training.mkl_code_path is intel
+# (src/hvdscale/native/mkl_intel_path.c): MKL takes its Intel code path. One build makes both.
 NATIVE=src/hvdscale/native
-if [[ ! -f "$NATIVE/epoll_yield.so" || "$NATIVE/epoll_yield.c" -nt "$NATIVE/epoll_yield.so" ]]; then
-    log "building $NATIVE/epoll_yield.so"
+if [[ ! -f "$NATIVE/epoll_yield.so" || "$NATIVE/epoll_yield.c" -nt "$NATIVE/epoll_yield.so" \
+      || ! -f "$NATIVE/mkl_intel_path.so" || "$NATIVE/mkl_intel_path.c" -nt "$NATIVE/mkl_intel_path.so" ]]; then
+    log "building $NATIVE/epoll_yield.so and $NATIVE/mkl_intel_path.so"
     .venv-train/bin/python -m hvdscale.native build >/dev/null
 fi
 

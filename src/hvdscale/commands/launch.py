@@ -24,6 +24,8 @@ training.horovod.cycle_time_ms / fusion_threshold_mb become HOROVOD_CYCLE_TIME /
 HOROVOD_FUSION_THRESHOLD, training.horovod.mpi_yield_when_idle (mpi backend)
 OMPI_MCA_mpi_yield_when_idle=1, training.gloo_yield_when_spinning (gloo, also torch-ddp's)
 LD_PRELOAD of hvdscale.native's library (the run is refused when it is not built),
+training.mkl_code_path intel (torch-ddp runs only; Horovod-TF runs ignore it) LD_PRELOAD
+of its MKL library as well (the same refusal, naming that key),
 training.timeline HOROVOD_TIMELINE=OUT_DIR/timeline.json. Every rank gets
 HVDSCALE_LAUNCH_START, this command's start (hvdscale.record.startup: the run record's
 start-up and launch-to-target times count from it).
@@ -184,7 +186,7 @@ def run(args) -> int:
         return 0
     check_modules_loaded(cfg)  # env-modules: Snakemake runs us whatever `module load` said
     check_train_python(cfg, python, spec.env)  # env-modules/conda: imports hvdscale?
-    native.check_built(spec.env)  # Gloo runs preload hvdscale.native's library
+    native.check_built(spec.env)  # Gloo / mkl_code_path intel: hvdscale.native's libraries
     clear_stale(args.program, out_dir, failure_path)
     print(f"hvdscale launch: {ident}: {spec.shell()}", file=sys.stderr, flush=True)
     for n in spec.notes:

@@ -112,7 +112,8 @@ def _mkl_path(vendor: str) -> str:
     (since MKL 2020.1 MKL_DEBUG_CPU_TYPE no longer moves a non-Intel CPU onto the Intel
     path); an LD_PRELOADed library that answers MKL's vendor check (issue 32's measurement)
     is named as it is."""
-    preload = [x for x in os.environ.get("LD_PRELOAD", "").split() if "mkl" in x.lower()]
+    entries = re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", ""))
+    preload = [x for x in entries if "mkl" in os.path.basename(x).lower()]
     if preload:
         return f"vendor check overridden by LD_PRELOAD {' '.join(preload)}"
     if vendor == "GenuineIntel":
