@@ -199,6 +199,7 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     # start of the epoch loop; rank 0's is recorded (null without the stamp)
     progress.loop_started(startup_since(launch_stamp(), time.time()))
     result = train_epochs(program, worker, plan, progress, checkpointer, sampler, optim, log)
+    loss_scale = loss_scale_state(program)  # issue 32: fp16's scale, before the shutdown
 
     facts = framework.label_facts(worker)  # before the framework shuts down
     framework.shutdown(worker, program)
@@ -210,7 +211,7 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
         return 0
     record = run_record(
         run_, cfg, worker, optim, data, progress, result, sampler, fault, environment,
-        system, seed=seed, target=target, framework=framework,
+        system, seed=seed, target=target, framework=framework, loss_scale=loss_scale,
     )  # fmt: skip
     record["timing"]["warm_up_s"] = round(warm_up_s, 4)
     record["config"].update(getattr(program, "record_config", {}))  # e.g. compile_mode
@@ -239,8 +240,10 @@ def run_record(
     seed=None,
     target=None,
     framework: Framework,
+    loss_scale: dict | None = None,
 ) -> dict:
-    """Rank 0's run record from the objects of the run."""
+    """Rank 0's run record from the objects of the run (``loss_scale``: the step
+    program's ``loss_scale_state()``)."""
     timeline = framework.timeline_file()  # training.timeline: the whole run's
     record = build_record(
         run=run_,
@@ -271,9 +274,18 @@ def run_record(
         stop_reason=result.stop_reason,
         initial_weights_sha256=progress.initial_weights_sha256,
         framework=framework.name,
+        loss_scale=loss_scale,
     )
     record["config"].update(framework.record_config)
     return record
+
+
+def loss_scale_state(program) -> dict | None:
+    """The step program's dynamic loss scale at the end of training (fp16: final,
+    skipped_updates, updates); None without loss scaling or for a program that has
+    none (a benchmark's variant)."""
+    state = getattr(program, "loss_scale_state", None)
+    return state() if callable(state) else None
 
 
 def run_target(path) -> dict:

@@ -278,7 +278,9 @@ class StepProgram:
                 )
                 self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good")
                 self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-                self.scale_vars = [self.loss_scale, self.good_steps, self.skipped]
+                # every update the step made or skipped (the record's loss_scale.updates)
+                self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates")
+                self.scale_vars = [self.loss_scale, self.good_steps, self.skipped, self.updates]
 
         timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
         self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
@@ -354,22 +356,26 @@ class StepProgram:
                 good = self.good_steps.assign(
                     tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1)
                 )
-            return self._read_back([scale, good])
+            return self._read_back([scale, good, self.updates.assign_add(1)])
 
         def skip():  # overflow: no update, a smaller scale
             scale = self.loss_scale.assign(tf.maximum(self.loss_scale * 0.5, 1.0))
             good = self.good_steps.assign(0)
-            return self._read_back([scale, good, self.skipped.assign_add(1)])
+            counts = [self.skipped.assign_add(1), self.updates.assign_add(1)]
+            return self._read_back([scale, good, *counts])
 
         return tf.cond(finite, update, skip)
 
     def loss_scale_state(self) -> dict | None:
-        """fp16 runs: the loss scale now and the updates skipped for a non-finite
-        gradient so far; None without loss scaling."""
+        """fp16 runs: the record's ``loss_scale`` block (issue 32): the loss scale now
+        (``final``), the updates skipped for a non-finite gradient (``skipped_updates``)
+        and all updates, made or skipped (``updates``), since this program was built;
+        None without loss scaling (fp32, bf16)."""
         if not self.loss_scaling:
             return None
-        return {"loss_scale": float(self.loss_scale.numpy()),
-                "skipped_updates": int(self.skipped.numpy())}  # fmt: skip
+        return {"final": float(self.loss_scale.numpy()),
+                "skipped_updates": int(self.skipped.numpy()),
+                "updates": int(self.updates.numpy())}  # fmt: skip
 
     def _one_step(self, j, feed, t_prev, clock):
         tf = self.tf

@@ -201,6 +201,8 @@ class TorchStepProgram:
         self.compile = training.get("compile", "off")
         set_matmul_precision(self.precision)
         self.scaler = grad_scaler(self.precision, self.device)
+        # fp16: the updates made or skipped, and the skipped ones (loss_scale_state)
+        self.updates = self.skipped_updates = 0
         self.model = compiled(self.net, self.compile, self.device)
         self.record_config = {"compile_mode": compile_mode(self.compile, self.device)}
         self.ddp = DistributedDataParallel(self.model, device_ids=ids)  # no buffers to sync
@@ -259,7 +261,13 @@ class TorchStepProgram:
             self.optim.optimizer.step()
         else:  # unscale, skip an update with non-finite gradients, adapt the scale
             self.scaler.step(self.optim.optimizer)
+            # GradScaler counts no skipped steps: update() halves the scale exactly when
+            # step() skipped (non-finite gradients) and otherwise keeps or doubles it. Both
+            # reads are after step(), which has already waited for the device
+            before = self.scaler.get_scale()
             self.scaler.update()
+            self.updates += 1
+            self.skipped_updates += int(self.scaler.get_scale() < before)
         self.optim.optimizer.zero_grad(set_to_none=True)
 
     def _plain_step(self, j: int) -> None:
@@ -389,6 +397,15 @@ class TorchStepProgram:
 
     def epoch_results(self) -> tuple[float, np.ndarray]:
         return float(self.loss_sum.item()), self.timers.copy()
+
+    def loss_scale_state(self) -> dict | None:
+        """fp16 runs: the record's ``loss_scale`` block (issue 32): GradScaler's scale
+        now (``final``), the updates skipped for non-finite gradients and all updates
+        (made or skipped) since this program was built; None without a scaler."""
+        if self.scaler is None:
+            return None
+        return {"final": float(self.scaler.get_scale()),
+                "skipped_updates": self.skipped_updates, "updates": self.updates}  # fmt: skip
 
     def sync_fields(self) -> dict:
         """This epoch's samples for the record's ``timing.sync`` (module docstring): the
