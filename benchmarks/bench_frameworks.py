@@ -104,6 +104,7 @@ from _scaling_runner import (  # noqa: E402
 from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
 from hvdscale.matrix.config import validate_config  # noqa: E402
+from hvdscale.matrix.runid import step_setting_suffix  # noqa: E402
 from hvdscale.matrix.runtable import find_run  # noqa: E402
 from hvdscale.target import calibrate_target  # noqa: E402
 
@@ -152,9 +153,15 @@ def bench_config(a, batch: int, axis: bool, setting: str = BASE_SETTING) -> dict
     return cfg
 
 
-def run_id(fw: str, workers: int, batch: int, rule: str, rep: int, axis: bool) -> str:
+def run_id(
+    fw: str, workers: int, batch: int, rule: str, rep: int, axis: bool, setting=BASE_SETTING
+) -> str:
+    """The arm's run id; it names the setting's precision and compile mode where they are
+    not fp32 and off (issue 32: ``..._lrnone_bf16_cdefault_r0``)."""
     tag = "_torch-ddp" if axis and fw == "torch-ddp" else ""
-    return f"local{tag}_gloo_n1_w{workers}_b{batch}_lr{rule}_r{rep}"
+    comp, prec = parse_setting(setting)
+    step = step_setting_suffix(prec, comp)
+    return f"local{tag}_gloo_n1_w{workers}_b{batch}_lr{rule}{step}_r{rep}"
 
 
 def launch_argv(fw: str, cfg_path: Path, rid: str, data: Path, out: Path, axis: bool, n: int):
@@ -194,7 +201,7 @@ class Bench:
                 for fw in FRAMEWORKS:  # the ids exist in the matrix
                     for w in (1, 2):
                         rule = a.lr_rule_2w if w > 1 else "none"
-                        rid = run_id(fw, w, b, rule, 0, self.axis)
+                        rid = run_id(fw, w, b, rule, 0, self.axis, setting)
                         find_run(json.loads(path.read_text()), rid)
                 self.cfg_paths[(setting, b)] = path
                 if setting == a.settings[0]:  # the ceiling: one per batch
@@ -205,8 +212,8 @@ class Bench:
             runner = self.runners[batch]
             return runner.run_independent(batch, runner.out(Arm(INDEPENDENT, 2), batch))
         rule = self.a.lr_rule_2w if workers > 1 else "none"
-        rid = run_id(arm, workers, batch, rule, rep, self.axis)
-        out = self.work / "runs" / setting.replace("/", "-") / arm / rid  # ids: no setting
+        rid = run_id(arm, workers, batch, rule, rep, self.axis, setting)
+        out = self.work / "runs" / setting.replace("/", "-") / arm / rid
         if out.exists():
             shutil.rmtree(out)
         cfg_path = self.cfg_paths[(setting, batch)]

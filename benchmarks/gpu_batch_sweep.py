@@ -191,8 +191,14 @@ def partition(backend: str) -> str:
     return PARTITION if backend == "nccl" else "cpu"
 
 
-def run_id(batch: int, backend: str = "nccl") -> str:
-    return f"{partition(backend)}_torch-ddp_{backend}_n1_w1_b{batch}_lrnone_r0"
+def run_id(batch: int, backend: str = "nccl", variant: str = "off/fp32") -> str:
+    """The run id of one batch of a variant: the id names a step setting other than fp32
+    and off after the LR rule (issue 32: ``..._lrnone_bf16_cmax_r0``)."""
+    from hvdscale.matrix.runid import step_setting_suffix
+
+    comp, prec = parse_variant(variant)
+    tag = step_setting_suffix(prec, comp)
+    return f"{partition(backend)}_torch-ddp_{backend}_n1_w1_b{batch}_lrnone{tag}_r0"
 
 
 def env() -> dict:
@@ -219,7 +225,7 @@ def prepare(a, work: Path) -> tuple[dict, Path]:
     for v in a.variants:
         cfg = validate_config(sweep_config(a, v))
         for b in set(a.batches) | set(a.variant_batches):
-            find_run(cfg, run_id(b, a.backend))  # the ids exist in the matrix
+            find_run(cfg, run_id(b, a.backend, v))  # the ids exist in the matrix
         paths[v] = work / f"config-{variant_name(v)}.json"
         paths[v].write_text(json.dumps(cfg, indent=1))
     data = work / f"data{a.samples}"
@@ -247,7 +253,7 @@ def prepare(a, work: Path) -> tuple[dict, Path]:
 
 def run_one(a, cfg_path: Path, data: Path, batch: int, variant: str) -> dict:
     """One training run (one rank on cuda:0); its record."""
-    rid = run_id(batch, a.backend)
+    rid = run_id(batch, a.backend, variant)
     out = a.work / "runs" / variant_name(variant) / rid
     argv = [sys.executable, "-m", "hvdscale.trainer.torch_ddp", "--config", cfg_path,
             "--run-id", rid, "--data-dir", data, "--out-dir", out,
@@ -386,7 +392,7 @@ def copy_records(a, variant: str, batch: int) -> None:
     """The run's metrics.json, history.csv and log into --records (for the CPU machine)."""
     if a.records is None:
         return
-    src = a.work / "runs" / variant_name(variant) / run_id(batch, a.backend)
+    src = a.work / "runs" / variant_name(variant) / run_id(batch, a.backend, variant)
     dst = a.records / variant_name(variant) / src.name
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.json", "history.csv", "train.log", "rank-0.log"):

@@ -1,8 +1,9 @@
 """The report of a GPU batch sweep, built on the CPU machine from the run records the GPU
 machine carried back (issue 33): ``gpu_batch_sweep.py --records DIR`` copies every run's
 metrics.json and history.csv into DIR/VARIANT/RUN_ID/; this script takes one variant's
-records (default ``off-fp32``, the sweep over every batch size; the variants share run
-ids, so one report holds one variant) through the pipeline's own steps:
+records (default ``off-fp32``, the sweep over every batch size; one report holds one
+variant, whose config names its precision and compile mode, as its run ids do) through the
+pipeline's own steps:
 
   hvdscale aggregate -> tabulate-systems (the system table: GPU model, driver, memory,
   CUDA, cuDNN, NCCL) -> plot (epoch time against batch size, utilisation, ...) -> report

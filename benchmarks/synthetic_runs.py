@@ -262,6 +262,10 @@ def _base_record(
         rec["config"]["horovod_env"] = {}
         rec["config"]["timeline_steps"] = 0
         rec["environment"]["torch"] = "2.13.0"
+    # the step setting the run id names (issue 32: _bf16, _cmax ...; fp32/off otherwise)
+    for key, default in (("precision", "fp32"), ("compile", "off")):
+        if (p.get(key) or default) != default:
+            rec["config"][key] = p[key]
     return rec
 
 

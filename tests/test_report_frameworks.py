@@ -138,9 +138,13 @@ def test_runs_carry_the_step_settings_and_old_tables_read_as_fp32_eager(tmp_path
     """Issue 32: runs.csv has each run's precision, compile setting and warm-up; a record
     or a table from before them reads as fp32, off, no warm-up figure."""
     hand_study(tmp_path)
-    rid = F.torch_twin("local_gloo_n1_w2_b75_lrnone_r0")
+    old_id = F.torch_twin("local_gloo_n1_w2_b75_lrnone_r0")
+    # the run id names a step setting other than fp32/off (_bf16_cdefault after the LR rule)
+    rid = old_id.replace("_lrnone_r0", "_lrnone_bf16_cdefault_r0")
+    (tmp_path / old_id).rename(tmp_path / rid)
     path = tmp_path / rid / "metrics.json"
     rec = json.loads(path.read_text())
+    rec["run_id"] = rid
     rec["config"].update(precision="bf16", compile="default")
     rec.setdefault("timing", {})["warm_up_s"] = 12.5
     path.write_text(json.dumps(rec))

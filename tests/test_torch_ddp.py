@@ -317,7 +317,7 @@ def test_a_compiled_bf16_run_keeps_ddp_and_records_its_settings(tmp_path, tiny_r
     cfg["training"]["target"]["calibration"]["framework"] = "torch-ddp"  # also its runs
     config = tmp_path / "config.json"
     config.write_text(json.dumps(cfg))
-    rid = "local_torch-ddp_gloo_n1_w2_b8_lrnone_r0"
+    rid = "local_torch-ddp_gloo_n1_w2_b8_lrnone_bf16_cdefault_r0"  # the id names the setting
     out = tmp_path / "results" / "runs" / rid
     r = subprocess.run(torchrun_cmd(2, config, rid, data, out), capture_output=True,
                        text=True, timeout=400, env=train_env())  # fmt: skip

@@ -238,7 +238,9 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     assert comp["compile_mode"] == "default" and float(comp["warm_up_s"]) > 1.0  # Inductor
     assert comp["epoch_ratio_75_to_1000"] == ""  # no batch 1000 run of that variant
     rec = json.loads(
-        (tmp_path / "rec" / "default-bf16" / sweep_rid(75) / "metrics.json").read_text()
+        (
+            tmp_path / "rec" / "default-bf16" / sweep_rid(75, "_bf16_cdefault") / "metrics.json"
+        ).read_text()
     )
     assert (rec["config"]["precision"], rec["config"]["compile"]) == ("bf16", "default")
     assert rec["summary"]["final_val_loss"] is not None
@@ -259,8 +261,8 @@ def test_the_sweep_runs_end_to_end_with_gloo_on_the_cpu(tmp_path):
     assert bad.returncode != 0 and "no run records" in bad.stderr
 
 
-def sweep_rid(batch: int) -> str:
-    return f"cpu_torch-ddp_gloo_n1_w1_b{batch}_lrnone_r0"
+def sweep_rid(batch: int, tag: str = "") -> str:
+    return f"cpu_torch-ddp_gloo_n1_w1_b{batch}_lrnone{tag}_r0"
 
 
 @needs_cpu_torch

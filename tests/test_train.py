@@ -220,7 +220,8 @@ assert all(v.dtype == tf.float32 for v in optim.model.trainable_variables)
 program = build_step_program(optim.model, optim.optimizer, WorkerInfo(), cfg["training"],
                              train=(x, y), test=(x, y), batch=16, device="/CPU:0")
 program.warm_up(4)
-assert program.loss_scale_state() == {"loss_scale": LOSS_SCALE_INITIAL, "skipped_updates": 0}
+start = {"final": LOSS_SCALE_INITIAL, "skipped_updates": 0}
+assert program.loss_scale_state() == {**start, "updates": 0}
 w0 = [w.copy() for w in optim.model.get_weights()]
 program.start_epoch(np.arange(64))
 program.run_steps(0, 4, False)
@@ -228,7 +229,7 @@ loss, _ = program.epoch_results()
 assert np.isfinite(loss) and loss > 0, loss
 w1 = optim.model.get_weights()
 assert all(np.all(np.isfinite(w)) for w in w1) and any((a != b).any() for a, b in zip(w0, w1))
-assert program.loss_scale_state() == {"loss_scale": LOSS_SCALE_INITIAL, "skipped_updates": 0}
+assert program.loss_scale_state() == {**start, "updates": 4}
 assert int(optim.optimizer.iterations.numpy()) == 4
 # an overflowing scale: the update is skipped (weights and Adam untouched), the scale halves
 program.loss_scale.assign(2.0**126)
@@ -236,7 +237,7 @@ program.start_epoch(np.arange(64))
 program.run_steps(0, 1, False)
 assert all((a == b).all() for a, b in zip(w1, optim.model.get_weights()))
 assert int(optim.optimizer.iterations.numpy()) == 4
-assert program.loss_scale_state() == {"loss_scale": 2.0**125, "skipped_updates": 1}
+assert program.loss_scale_state() == {"final": 2.0**125, "skipped_updates": 1, "updates": 5}
 print("ok")
 """
 
@@ -355,9 +356,11 @@ def test_a_bf16_xla_run_records_its_settings_and_learns(tmp_path, train_data):
     fp32 run's after the same 3 epochs (early training at this learning rate amplifies
     the arithmetic's difference: measured 0.0071 against 0.0116)."""
     runs = {}
-    for name, extra in (("fp32", {}), ("bf16", {"precision": "bf16", "compile": "default"})):
+    settings = (("fp32", {}, ""), ("bf16", {"precision": "bf16", "compile": "default"},
+                "_bf16_cdefault"))  # fmt: skip
+    for name, extra, tag in settings:  # the run id names a step setting other than fp32/off
         cfg = write_config(tmp_path / f"{name}.json", base_config(epochs=3, **extra))
-        runs[name], _ = _run_ok(cfg, "local_gloo_n1_w1_b75_lrnone_r0", train_data,
+        runs[name], _ = _run_ok(cfg, f"local_gloo_n1_w1_b75_lrnone{tag}_r0", train_data,
                                 tmp_path / name)  # fmt: skip
     fp32, bf16 = runs["fp32"], runs["bf16"]
     check_plausible(bf16, workers=1, epochs=3)

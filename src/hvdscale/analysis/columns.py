@@ -65,6 +65,11 @@ STARTUP_COLUMNS = ["startup_s", "launch_to_target_s"]
 #: runs.csv's step settings (issue 32) and what a table written before them reads as
 STEP_SETTING_COLUMNS = ["precision", "compile", "warm_up_s"]
 STEP_SETTING_DEFAULTS = {"precision": "fp32", "compile": "off", "warm_up_s": float("nan")}
+#: runs.csv's dynamic loss scale of fp16 runs (issue 32: the record's loss_scale.final and
+#: .skipped_updates; NaN for other precisions, older records and tables written before them)
+LOSS_SCALE_FIELDS = {"loss_scale_final": "final", "skipped_updates": "skipped_updates"}
+LOSS_SCALE_COLUMNS = list(LOSS_SCALE_FIELDS)
+STEP_SETTING_DEFAULTS.update(dict.fromkeys(LOSS_SCALE_COLUMNS, float("nan")))
 RUNS_COLUMNS = [
     "run_id",
     *RECORD_CONFIG_FIELDS,
@@ -133,6 +138,8 @@ RUNS_COLUMNS = [
     # records: fp32, off) and the warm-up that compiled it (timing.warm_up_s; NaN where
     # absent)
     *STEP_SETTING_COLUMNS,
+    # issue 32: fp16's loss scale at the end of the run and the updates it skipped
+    *LOSS_SCALE_COLUMNS,
 ]
 # the run record's per-epoch history (history.HISTORY_COLUMNS) without these
 _NOT_IN_EPOCHS = {
@@ -159,6 +166,8 @@ STATUS_CONFIG_FIELDS = [
     "partition",
     "framework",
     "backend",
+    "precision",  # issue 32: the step setting, an axis of the matrix
+    "compile",
     "nodes",
     "workers",
     "batch_per_worker",
@@ -188,6 +197,8 @@ SUMMARY_COLUMNS = [
     "partition",
     "framework",
     "backend",
+    "precision",  # issue 32: each step setting against its own 1-worker runs
+    "compile",
     "batch_per_worker",
     "lr_rule",
     "workers",
@@ -378,14 +389,29 @@ def ttt_runs(runs):
 
 def with_framework(df):
     """``df`` with a framework column (the default where a frame built before issue 19,
-    or by hand, lacks one or leaves it empty)."""
+    or by hand, lacks one or leaves it empty), and with the other scaling-group keys of
+    later issues (with_step_setting), so code that groups by GROUP_KEYS reads old tables."""
     if df is None:
         return df
-    if "framework" in df:
-        if not df["framework"].isna().any():
-            return df
-        return df.assign(framework=df["framework"].fillna(FRAMEWORK_DEFAULT))
-    return df.assign(framework=FRAMEWORK_DEFAULT)
+    if "framework" not in df:
+        df = df.assign(framework=FRAMEWORK_DEFAULT)
+    elif df["framework"].isna().any():
+        df = df.assign(framework=df["framework"].fillna(FRAMEWORK_DEFAULT))
+    return with_step_setting(df)
+
+
+def with_step_setting(df):
+    """``df`` with precision and compile columns (issue 32: scaling-group keys); fp32 and
+    off where a frame built before them, or by hand, lacks them or leaves them empty."""
+    if df is None:
+        return df
+    fill = {k: STEP_SETTING_DEFAULTS[k] for k in ("precision", "compile")}
+    missing = {k: v for k, v in fill.items() if k not in df}
+    if missing:
+        df = df.assign(**missing)
+    if any(df[k].isna().any() for k in fill):
+        df = df.assign(**{k: df[k].fillna(v) for k, v in fill.items()})
+    return df
 
 
 def reference_framework(df):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework
+from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework, with_step_setting
 from hvdscale.analysis.costmodel_links import (
     BETWEEN,
     FORMULA_LINKS,
@@ -34,7 +34,7 @@ from hvdscale.analysis.schemas import (
     describe_failures,
 )
 from hvdscale.errors import UserError
-from hvdscale.matrix.runid import GROUP_KEYS
+from hvdscale.matrix.runid import GROUP_KEYS, step_setting_order
 
 DEFAULT_MODEL_BYTES = 153441 * 4
 FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"  # one link class
@@ -222,6 +222,18 @@ def _point(p: int, f: dict, base: dict, model_bytes: int, measured: pd.DataFrame
     return pt
 
 
+def _one_step_setting(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The summary rows of one step setting (issue 32: precision and compile mode are
+    scaling-group keys): fp32/off where the rows have it, else the first in the run ids'
+    order; with the setting's name where the rows hold more than one, else ''."""
+    s = with_step_setting(summary)
+    settings = sorted(set(zip(s["precision"], s["compile"])), key=lambda x: step_setting_order(*x))
+    if len(settings) <= 1:
+        return s, ""
+    prec, comp = settings[0]
+    return s[(s["precision"] == prec) & (s["compile"] == comp)], f"{prec}/{comp}"
+
+
 def _prediction(key, g: pd.DataFrame, f: dict | None, model_bytes: int, max_workers: int):
     """The prediction entry of one configuration group (a note where there is none)."""
     part, be, batch, lr = key
@@ -300,8 +312,14 @@ def fit_costmodel(
         if not own.all():
             others = ", ".join(sorted(set(summary.loc[~own, "framework"])))
             notes.append(f"no predictions for {others}: the allreduce sweep measures Horovod")
-        keys = [k for k in GROUP_KEYS if k != "framework"]
-        for key, g in summary[own].groupby(keys, sort=True):
+        mine, setting = _one_step_setting(summary[own])
+        if setting:
+            notes.append(
+                f"predictions for the step setting {setting} only (the other precisions and "
+                "compile modes of the runs have none)"
+            )
+        keys = [k for k in GROUP_KEYS if k not in ("framework", "precision", "compile")]
+        for key, g in mine.groupby(keys, sort=True):
             f = fit_by.get((key[0], key[1]))
             predictions.append(_prediction(key, g, f, model_bytes, max_workers))
     else:

@@ -13,7 +13,12 @@
 - ``missing_baselines``: every group of a framework without a completed 1-worker run
   (said, never dropped).
 
-The default framework (Horovod-TF) is compared with the first other one in the data.
+The default framework (Horovod-TF) is compared with the first other one in the data, each
+at its best step setting (issue 32, ``at_best``): where a framework's runs of a (partition,
+backend, per-worker batch) hold several precisions or compile modes, the one whose
+completed 1-worker runs have the shortest median epoch time (without 1-worker runs: the
+first in the run ids' order, fp32/off first). The step-settings section compares the
+settings themselves.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import pandas as pd
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, SYNC_COLUMNS, with_framework
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.view import pref_lr
+from hvdscale.matrix.runid import step_setting_order
 
 PLACE = ["partition", "backend", "batch_per_worker"]
+STEP = ["precision", "compile"]
 SYNC_STATS = ["step_time_s", "sync_step_s", *SYNC_COLUMNS]
 
 
@@ -54,6 +61,44 @@ def _plain_done(runs: pd.DataFrame) -> pd.DataFrame:
     cand = r["candidate"].fillna("").astype(str) if "candidate" in r else ""
     kind = r["kind"].fillna("").astype(str) if "kind" in r else ""
     return r[(r["status"] == "completed") & (cand == "") & (kind == "")]
+
+
+def best_settings(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (partition, framework, backend, per-worker batch) of the completed plain runs:
+    the step setting (precision, compile) each framework is compared at. The one with the
+    shortest median 1-worker epoch time; where no setting has 1-worker runs, the first in
+    the run ids' order. Columns PLACE + framework + STEP + n_settings."""
+    keys = [*PLACE, "framework"]
+    done = _plain_done(runs)
+    if done.empty:
+        return pd.DataFrame(columns=[*keys, *STEP, "n_settings"])
+    out = []
+    for key, g in done.groupby(keys, sort=True):
+        one = g[g["workers"] == 1].groupby(STEP)["epoch_time_s"].median().dropna()
+        settings = sorted(
+            set(zip(g["precision"], g["compile"])), key=lambda x: step_setting_order(*x)
+        )
+        if len(one):
+            best = min(one.index, key=lambda x: (one[x], step_setting_order(*x)))
+        else:
+            best = settings[0]
+        out.append({**dict(zip(keys, key)), "precision": best[0], "compile": best[1],
+                    "n_settings": len(settings)})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def at_best(df: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``df`` (runs or summary) at their framework's best step setting
+    (``best_settings``); rows of a place without completed runs are kept."""
+    df = with_framework(df)
+    keys = [*PLACE, "framework"]
+    if best.empty:
+        return df
+    pick = best[[*keys, *STEP]].assign(_best=True)
+    m = df.merge(pick.drop(columns=STEP).drop_duplicates(), on=keys, how="left")
+    known = m["_best"].fillna(False).astype(bool).to_numpy()
+    hit = df.merge(pick, on=[*keys, *STEP], how="left")["_best"].fillna(False).astype(bool)
+    return df[~known | hit.to_numpy()]
 
 
 def _side(x: pd.Series | None) -> dict:
@@ -95,9 +140,10 @@ def _time_ratio(done: pd.DataFrame, key: dict, pair: tuple[str, str]) -> tuple:
 def speedup_rows(summary: pd.DataFrame, runs: pd.DataFrame, pair: tuple[str, str]) -> list[dict]:
     """One row per (partition, backend, batch, workers) measured in either framework of
     ``pair``, at the LR rule both measured ('none' where both have it)."""
-    s = with_framework(summary)
+    best = best_settings(runs)
+    s = at_best(summary, best)
     s = s[s["framework"].isin(pair)]
-    done = _plain_done(runs)
+    done = at_best(_plain_done(runs), best)
     rows = []
     for place, g in s.groupby(PLACE, sort=True):
         rules = [set(g.loc[g["framework"] == f, "lr_rule"]) for f in pair]
@@ -117,8 +163,9 @@ def speedup_rows(summary: pd.DataFrame, runs: pd.DataFrame, pair: tuple[str, str
 
 def sync_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians over the completed repeats (all LR rules: the synchronisation does not
-    depend on it) of the per-step sync figures of every multi-worker configuration."""
-    done = _plain_done(runs)
+    depend on it) of the per-step sync figures of every multi-worker configuration, each
+    framework at its best step setting."""
+    done = at_best(_plain_done(runs), best_settings(runs))
     done = done[done["workers"] > 1]
     keys = ["partition", "backend", "batch_per_worker", "workers", "framework"]
     cols = [c for c in SYNC_STATS if c in done]

@@ -16,6 +16,7 @@ from hvdscale.analysis.columns import (
     ENV_VERSIONS,
     EPOCH_COLUMNS,
     FRAMEWORK_DEFAULT,
+    LOSS_SCALE_FIELDS,
     PHASES,
     RECORD_CONFIG_FIELDS,
     STATUS_COLUMNS,
@@ -231,6 +232,16 @@ def _sync_fields(rec: dict) -> dict:
     }
 
 
+def _loss_scale_fields(rec: dict) -> dict:
+    """loss_scale (issue 32: fp16's final loss scale and skipped updates); NaN where
+    the record has none (other precisions, records before it)."""
+    ls = rec.get("loss_scale") or {}
+    return {
+        col: float(ls[key]) if _finite(ls.get(key)) else math.nan
+        for col, key in LOSS_SCALE_FIELDS.items()
+    }
+
+
 def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     """The runs.csv row and the epochs.csv rows of one schema-valid record."""
     c, eps = rec["config"], rec["epochs"]
@@ -264,6 +275,7 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     row["compile"] = c.get("compile") or "off"
     warm = (rec.get("timing") or {}).get("warm_up_s")
     row["warm_up_s"] = float(warm) if _finite(warm) else math.nan
+    row.update(_loss_scale_fields(rec))
     row.update(_study_fields(rec))
     if label_failure(rec):
         row["status"] = "mislabelled"
@@ -363,14 +375,15 @@ def _run_config_fields(rid: str, table: dict | None) -> dict:
     if table is not None and rid in table:
         r = table[rid]
         fw = getattr(r, "framework", None) or FRAMEWORK_DEFAULT
-        values = [r.partition, fw, r.backend, r.nodes, r.workers, r.batch, r.lr_rule, r.repeat]
+        values = [r.partition, fw, r.backend, r.precision, r.compile]
+        values += [r.nodes, r.workers, r.batch, r.lr_rule, r.repeat]
     else:
         try:
             p = parse_any_run_id(rid)
-            keys = ("partition", "framework", "backend", "nodes", "workers", "batch")
-            values = [p[k] for k in keys] + [p["lr_rule"], p["repeat"]]
+            keys = ("partition", "framework", "backend", "precision", "compile", "nodes")
+            values = [p[k] for k in keys] + [p["workers"], p["batch"], p["lr_rule"], p["repeat"]]
         except ConfigError:
-            values = [None, None, None, pd.NA, pd.NA, pd.NA, None, pd.NA]
+            values = [None, None, None, None, None, pd.NA, pd.NA, pd.NA, None, pd.NA]
     return dict(zip(STATUS_CONFIG_FIELDS, values))
 
 

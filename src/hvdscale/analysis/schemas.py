@@ -16,7 +16,7 @@ from pandera.pandas import Check, Column
 
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
-from hvdscale.matrix.runid import CONFIG_KEYS, parse_run_id
+from hvdscale.matrix.runid import COMPILE_MODES, CONFIG_KEYS, PRECISIONS, parse_run_id
 
 BACKENDS = backends.names()  # the registry's (hvdscale.matrix.backends) at import
 LR_RULES = ["none", "linear", "sqrt"]
@@ -63,14 +63,16 @@ def _parses(run_id) -> bool:
 
 
 def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
-    """run_id encodes partition, framework, backend, nodes, workers, batch, LR rule and
-    repeat."""
+    """run_id encodes partition, framework, backend, step setting (precision and compile
+    mode), nodes, workers, batch, LR rule and repeat."""
     ok = []
-    for rid, part, fw, be, nodes, w, b, lr, rep in zip(
+    for rid, part, fw, be, prec, comp, nodes, w, b, lr, rep in zip(
         df["run_id"],
         df["partition"],
         df["framework"],
         df["backend"],
+        df["precision"],
+        df["compile"],
         df["nodes"],
         df["workers"],
         df["batch_per_worker"],
@@ -87,13 +89,15 @@ def _run_id_consistent(df: pd.DataFrame) -> pd.Series:
                 p["partition"],
                 p["framework"],
                 p["backend"],
+                p["precision"],
+                p["compile"],
                 p["nodes"],
                 p["workers"],
                 p["batch"],
                 p["lr_rule"],
                 p["repeat"],
             )
-            == (part, fw, be, nodes, w, b, lr, rep)
+            == (part, fw, be, prec, comp, nodes, w, b, lr, rep)
         )
     return pd.Series(ok, index=df.index)
 
@@ -112,6 +116,8 @@ _CONFIG_COLUMNS = {
     "partition": Column(str),
     "framework": Column(str),
     "backend": Column(str, Check.isin(BACKENDS)),
+    "precision": Column(str, Check.isin(PRECISIONS)),
+    "compile": Column(str, Check.isin(COMPILE_MODES)),
     "batch_per_worker": _int(1),
     "lr_rule": Column(str, Check.isin(LR_RULES)),
     "workers": _int(1),

@@ -346,18 +346,33 @@ GPU_PRECISIONS = ("fp16", "tf32")
 
 
 def _precision_problems(cfg: dict) -> list[str]:
-    """training.precision against the runs of the matrix: fp16 and tf32 only on
-    partitions with GPUs (both frameworks have every precision and compile mode)."""
-    prec = cfg["training"]["precision"]
-    if prec not in GPU_PRECISIONS:
-        return []
+    """The precisions of the matrix's runs (training.precision, or a sweep's or the tune's
+    precisions) against their partitions: fp16 and tf32 only on partitions with GPUs
+    (both frameworks have every precision and compile mode)."""
     parts = cfg["scaling"]["partitions"]
+    bad = sorted(
+        {
+            (r.precision, r.partition)
+            for r in run_table(cfg)
+            if r.precision in GPU_PRECISIONS and not parts[r.partition]["gpus_per_node"]
+        }
+    )
     return [
-        f"config key training.precision: got {prec!r}, which needs a GPU, but "
+        f"config key {_precision_key(cfg, prec)}: got {prec!r}, which needs a GPU, but "
         f"partition {part!r} has gpus_per_node 0; on a CPU use fp32 or bf16"
-        for part in sorted({r.partition for r in run_table(cfg)})
-        if not parts[part]["gpus_per_node"]
+        for prec, part in bad
     ]
+
+
+def _precision_key(cfg: dict, prec: str) -> str:
+    """Where a precision of the matrix comes from: the first sweep (or the tune) that lists
+    it in its precisions, else training.precision."""
+    for i, sweep in enumerate(cfg["scaling"]["sweeps"]):
+        if prec in (sweep.get("precisions") or []):
+            return f"scaling.sweeps.{i}.precisions"
+    if prec in ((cfg["scaling"].get("tune") or {}).get("precisions") or []):
+        return "scaling.tune.precisions"
+    return "training.precision"
 
 
 def _check_select(cfg: dict) -> list[str]:

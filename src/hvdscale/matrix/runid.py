@@ -14,11 +14,33 @@ import re
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 
+#: training.precision and training.compile values (issue 32), the id's default first
+PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
+COMPILE_MODES = ("off", "default", "max")
+
+
+def step_setting_suffix(precision: str, compile_mode: str) -> str:
+    """The run-id component of a step setting: '' for fp32/off, '_bf16', '_cmax', ..."""
+    prec = "" if precision == PRECISIONS[0] else f"_{precision}"
+    comp = "" if compile_mode == COMPILE_MODES[0] else f"_c{compile_mode}"
+    return prec + comp
+
+
+def step_setting_order(precision: str, compile_mode: str) -> tuple[int, int]:
+    """Sort key of a step setting: the orders of PRECISIONS and COMPILE_MODES (fp32/off
+    first), unknown names last."""
+    return (
+        PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS),
+        COMPILE_MODES.index(compile_mode) if compile_mode in COMPILE_MODES else len(COMPILE_MODES),
+    )
+
 
 # run_id: {partition}[_{framework}]_{backend}_n{nodes}_w{workers}_b{batch}_lr{rule}
-#         [_m{mult}_wu{warmup}][_{kind}]_r{repeat}
+#         [_{precision}][_c{compile}][_m{mult}_wu{warmup}][_{kind}]_r{repeat}
 # The framework only when it is not the default horovod-tf (local_torch-ddp_gloo_...),
 # so the ids of Horovod runs are those of the studies before issue 19.
+# The step settings (issue 32) only where they are not fp32 and off (_bf16, _cmax,
+# _fp16_cdefault), so the ids of the studies before them stay as they were.
 # The optional _m{mult}_wu{warmup} component marks a candidate of the learning-rate
 # re-tuning sweep (scaling.tune): LR multiplier (decimal point written as "p", e.g. 0p5)
 # and warm-up epochs. The optional kind: cal (a target calibration run: 1 worker, the
@@ -32,6 +54,8 @@ def run_id_pattern() -> str:
         rf"(?:_(?P<framework>{backends.framework_alternation()}))?"
         rf"_(?P<backend>{backends.id_alternation()})_n(?P<nodes>[0-9]+)"
         r"_w(?P<workers>[0-9]+)_b(?P<batch>[0-9]+)_lr(?P<lr_rule>none|linear|sqrt)"
+        rf"(?:_(?P<precision>{'|'.join(PRECISIONS[1:])}))?"
+        rf"(?:_c(?P<compile>{'|'.join(COMPILE_MODES[1:])}))?"
         r"(?:_m(?P<lr_mult>[0-9]+(?:p[0-9]{1,2})?)_wu(?P<tune_warmup>[0-9]+))?"
         r"(?:_(?P<kind>cal|rerun))?_r(?P<repeat>[0-9]+)"
     )
@@ -62,7 +86,8 @@ def parse_run_id(run_id: str) -> dict:
     if not m:
         raise ConfigError(
             f"run_id {run_id!r}: expected {{partition}}[_torch-ddp]_{{backend}}_n{{nodes}}"
-            "_w{workers}_b{batch}_lr{none|linear|sqrt}[_m{lr multiplier}_wu{warm-up}]"
+            "_w{workers}_b{batch}_lr{none|linear|sqrt}[_bf16|_fp16|_tf32][_cdefault|_cmax]"
+            "[_m{lr multiplier}_wu{warm-up}]"
             "[_cal|_rerun]_r{repeat}, e.g. local_gloo_n1_w2_b75_lrnone_r0, "
             "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0, "
             "local_gloo_n1_w2_b75_lrlinear_m0p5_wu1_r0 or local_mpi_n1_w1_b75_lrnone_cal_r0"
@@ -77,6 +102,8 @@ def parse_run_id(run_id: str) -> dict:
     for k in ("nodes", "workers", "batch", "repeat"):
         d[k] = int(d[k])
     d["kind"] = d["kind"] or ""
+    d["precision"] = d["precision"] or PRECISIONS[0]
+    d["compile"] = d["compile"] or COMPILE_MODES[0]
     d["candidate"] = f"m{d['lr_mult']}_wu{d['tune_warmup']}" if d["lr_mult"] is not None else ""
     if d["lr_mult"] is not None:
         d["lr_mult"] = parse_multiplier(d["lr_mult"])
@@ -115,8 +142,18 @@ def config_id(run_id) -> str:
 
 
 # A scaling group: runs that differ only in the number of workers (and the repeat); the
-# framework (issue 19) is a key too, so a speedup never mixes Horovod and DDP runs.
-GROUP_KEYS = ["partition", "framework", "backend", "batch_per_worker", "lr_rule"]
+# framework (issue 19) is a key too, so a speedup never mixes Horovod and DDP runs, and so
+# are the step's precision and compile mode (issue 32): each setting against its own
+# 1-worker runs, like against like.
+GROUP_KEYS = [
+    "partition",
+    "framework",
+    "backend",
+    "precision",
+    "compile",
+    "batch_per_worker",
+    "lr_rule",
+]
 
 
 CONFIG_KEYS = GROUP_KEYS + ["workers"]

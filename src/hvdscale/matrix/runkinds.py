@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
-from hvdscale.matrix.runid import format_multiplier, parse_run_id
+from hvdscale.matrix.runid import COMPILE_MODES, PRECISIONS, format_multiplier, parse_run_id
 from hvdscale.matrix.runtable import Run, run_sort_key, tune_runs
 
 
@@ -32,10 +32,7 @@ def rerun_runs(cfg: dict, tuned_rows: Iterable) -> list[Run]:
     tune = cfg["scaling"].get("tune")
     if not tune:
         return []
-    known = {
-        (r.partition, r.backend, r.workers, r.batch, r.lr_rule, r.candidate, r.framework): r
-        for r in tune_runs(cfg)
-    }
+    known = {_candidate_key(r): r for r in tune_runs(cfg)}
     out: dict[str, Run] = {}
     for row in tuned_rows:
         key = _candidate_key(row)
@@ -51,8 +48,9 @@ def rerun_runs(cfg: dict, tuned_rows: Iterable) -> list[Run]:
 
 
 def _candidate_key(row) -> tuple:
-    """(partition, backend, workers, batch, lr_rule, candidate, framework) of a selected
-    candidate (a row without a framework: horovod-tf)."""
+    """(partition, backend, workers, batch, lr_rule, candidate, framework, precision,
+    compile) of a selected candidate (a row without a framework: horovod-tf; without a
+    precision or compile mode: fp32, off)."""
     if isinstance(row, Run):
         return (
             row.partition,
@@ -62,6 +60,8 @@ def _candidate_key(row) -> tuple:
             row.lr_rule,
             row.candidate,
             row.framework,
+            row.precision,
+            row.compile,
         )
     if isinstance(row, str) or (hasattr(row, "get") and row.get("run_id")):
         rid = row if isinstance(row, str) else str(row.get("run_id"))
@@ -74,6 +74,8 @@ def _candidate_key(row) -> tuple:
             d["lr_rule"],
             d["candidate"],
             d["framework"],
+            d["precision"],
+            d["compile"],
         )
     batch = row.get("batch", row.get("batch_per_worker"))
     cand = row.get("candidate")
@@ -87,7 +89,26 @@ def _candidate_key(row) -> tuple:
         str(row["lr_rule"]),
         cand,
         str(row.get("framework") or DEFAULT_FRAMEWORK),
+        str(_given(row.get("precision")) or PRECISIONS[0]),
+        str(_given(row.get("compile")) or COMPILE_MODES[0]),
     )
+
+
+def _given(value):
+    """A table cell's value, None for an empty or NaN cell."""
+    if value is None or value != value or value == "":
+        return None
+    return value
+
+
+def _step_defaults(cfg: dict) -> dict:
+    t = cfg["training"]
+    out = {}
+    if (t.get("precision") or PRECISIONS[0]) != PRECISIONS[0]:
+        out["precision"] = t["precision"]
+    if (t.get("compile") or COMPILE_MODES[0]) != COMPILE_MODES[0]:
+        out["compile"] = t["compile"]
+    return out
 
 
 def target_config(cfg: dict) -> dict:
@@ -111,6 +132,9 @@ def target_config(cfg: dict) -> dict:
         "training": {
             "target": {"mode": "calibrated", "value": tgt["value"], "calibration": cal},
             "warmup_epochs": cfg["training"]["warmup_epochs"],
+            # the calibration runs' step setting (training.precision / compile): only
+            # where it is not fp32 / off, so target.json of earlier studies stays as it was
+            **_step_defaults(cfg),
         },
         "scaling": {
             # only what names the calibration runs (1 worker: always 1 node): editing a

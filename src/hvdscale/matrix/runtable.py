@@ -20,9 +20,13 @@ from hvdscale.matrix import backends
 from hvdscale.matrix.clusters import in_scope
 from hvdscale.matrix.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.matrix.runid import (
+    COMPILE_MODES,
+    PRECISIONS,
     format_multiplier,
     parse_run_id,
     rerun_candidate_id,
+    step_setting_order,
+    step_setting_suffix,
 )
 from hvdscale.matrix.subset import parse as parse_selection
 from hvdscale.matrix.subset import run_selected, sweep_selected
@@ -66,6 +70,10 @@ class Run:
     # the training framework (hvdscale.matrix.backends.FRAMEWORKS); not part of the seed, so
     # the runs of both frameworks with the same repeat are paired
     framework: str = backends.DEFAULT_FRAMEWORK
+    # the step's arithmetic and compilation (issue 32: training.precision / compile, or a
+    # sweep's precisions / compile_modes); not part of the seed either: paired runs
+    precision: str = PRECISIONS[0]
+    compile: str = COMPILE_MODES[0]
 
     @property
     def candidate(self) -> str:
@@ -79,9 +87,10 @@ class Run:
         cand = f"_{self.candidate}" if self.candidate else ""
         kind = f"_{self.kind}" if self.kind else ""
         fw = "" if self.framework == backends.DEFAULT_FRAMEWORK else f"_{self.framework}"
+        step = step_setting_suffix(self.precision, self.compile)
         return (
             f"{self.partition}{fw}_{self.backend}_n{self.nodes}_w{self.workers}_b{self.batch}"
-            f"_lr{self.lr_rule}{cand}{kind}_r{self.repeat}"
+            f"_lr{self.lr_rule}{step}{cand}{kind}_r{self.repeat}"
         )
 
     @property
@@ -118,16 +127,29 @@ def run_table(cfg: dict) -> list[Run]:
     for sweep in cfg["scaling"]["sweeps"]:
         if not sweep_selected(sel, sweep):
             continue
-        for fw, p, w, be, b, lr in itertools.product(
+        for fw, p, w, be, b, lr, (prec, comp) in itertools.product(
             sweep.get("frameworks") or [backends.DEFAULT_FRAMEWORK],
             sweep["partitions"],
             sweep["workers"],
             sweep["backends"],
             sweep["batch_sizes"],
             sweep["lr_rules"],
+            step_settings(cfg, sweep),
         ):
             for r in range(sweep.get("repeats") or cfg["training"]["repeats"]):
-                run = _make_run(parts[p], p, be, w, b, lr, r, seed_base=seed, framework=fw)
+                run = _make_run(
+                    parts[p],
+                    p,
+                    be,
+                    w,
+                    b,
+                    lr,
+                    r,
+                    seed_base=seed,
+                    framework=fw,
+                    precision=prec,
+                    compile=comp,
+                )
                 if run_selected(sel, run) and in_scope(cfg, p):
                     runs[run.run_id] = run
     for run in tune_runs(cfg):
@@ -137,6 +159,16 @@ def run_table(cfg: dict) -> list[Run]:
         if in_scope(cfg, run.partition):  # only_cluster: the config check refuses others
             runs[run.run_id] = run
     return [runs[k] for k in sorted(runs, key=run_sort_key(runs))]
+
+
+def step_settings(cfg: dict, sweep: dict) -> list[tuple[str, str]]:
+    """(precision, compile mode) pairs of a sweep (or of scaling.tune): its keys
+    ``precisions`` and ``compile_modes``, each defaulting to training.precision /
+    training.compile (issue 32)."""
+    tcfg = cfg["training"]
+    precs = sweep.get("precisions") or [tcfg.get("precision") or PRECISIONS[0]]
+    comps = sweep.get("compile_modes") or [tcfg.get("compile") or COMPILE_MODES[0]]
+    return list(itertools.product(precs, comps))
 
 
 def calibration_runs(cfg: dict) -> list[Run]:
@@ -162,6 +194,8 @@ def calibration_runs(cfg: dict) -> list[Run]:
             kind="cal",
             seed_base=int(cfg.get("seed", 0)),
             framework=cal.get("framework") or backends.DEFAULT_FRAMEWORK,
+            precision=cfg["training"].get("precision") or PRECISIONS[0],
+            compile=cfg["training"].get("compile") or COMPILE_MODES[0],
         )
         for r in range(cal["seeds"])
     ]
@@ -174,7 +208,7 @@ def tune_runs(cfg: dict) -> list[Run]:
         return []
     parts = cfg["scaling"]["partitions"]
     out = []
-    for fw, p, w, be, b, lr, m, wu in itertools.product(
+    for fw, p, w, be, b, lr, m, wu, (prec, comp) in itertools.product(
         tune.get("frameworks") or [backends.DEFAULT_FRAMEWORK],
         tune["partitions"],
         tune["workers"],
@@ -183,6 +217,7 @@ def tune_runs(cfg: dict) -> list[Run]:
         tune["lr_rules"],
         tune["lr_multipliers"],
         tune["warmup_epochs"],
+        step_settings(cfg, tune),
     ):
         for r in range(tune["repeats"]):
             out.append(
@@ -198,6 +233,8 @@ def tune_runs(cfg: dict) -> list[Run]:
                     tune_warmup=int(wu),
                     seed_base=int(cfg.get("seed", 0)),
                     framework=fw,
+                    precision=prec,
+                    compile=comp,
                 )
             )
     return out
@@ -235,7 +272,19 @@ def run_sort_key(runs: dict[str, Run]):
         cand = (0, 0.0, 0) if r.lr_mult is None else (1, r.lr_mult, r.tune_warmup)
         kind = SEED_KINDS[r.kind]
         fw = backends.FRAMEWORKS.index(r.framework) if r.framework in backends.FRAMEWORKS else 9
-        return (r.partition, fw, r.backend, r.batch, r.lr_rule, cand, kind, r.workers, r.repeat)
+        step = step_setting_order(r.precision, r.compile)
+        return (
+            r.partition,
+            fw,
+            r.backend,
+            step,
+            r.batch,
+            r.lr_rule,
+            cand,
+            kind,
+            r.workers,
+            r.repeat,
+        )
 
     return key
 
@@ -291,6 +340,8 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     # it is not part of the slice: editing the percent retrains no calibration run
     tgt = sub["training"].pop("target", None) or {}
     sub["training"].pop("target_test_loss", None)
+    if run.framework != "torch-ddp":  # torch-ddp's MKL only: editing it retrains no Horovod-TF run
+        sub["training"].pop("mkl_code_path", None)
     if run.kind == "cal":
         # a calibration run: until flat (or its max_epochs), no stop at a target (none yet)
         cal = copy.deepcopy(tgt["calibration"])
@@ -316,6 +367,11 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     }
     # the repeat index must stay reachable: keep the repeat count
     sub["training"]["repeats"] = cfg["training"]["repeats"]
+    # the run's step setting (a sweep's precisions / compile_modes, issue 32) as the slice's
+    # training defaults, so the one-point sweep finds the run again; unchanged for runs at
+    # the config's own training.precision / compile
+    sub["training"]["precision"] = run.precision
+    sub["training"]["compile"] = run.compile
     if run.lr_mult is not None:
         # a tuning candidate: its own base rate and warm-up, reachable as a one-point tune
         sub["training"]["learning_rate"] = cfg["training"]["learning_rate"] * run.lr_mult

@@ -253,6 +253,11 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
         "data_in_device_memory": tcfg["data_in_device_memory"],
         "precision": tcfg.get("precision", "fp32"),  # issue 32
         "compile": tcfg.get("compile", "off"),
+        # training.mkl_code_path as the rank ran (its MKL library mapped: intel); torch-ddp
+        # only, null for Horovod-TF (which ignores it)
+        "mkl_code_path": (
+            native.mkl_code_path() if getattr(run, "framework", "") == "torch-ddp" else None
+        ),
         "target_test_loss": tcfg.get("target_test_loss"),
         "timeline_steps": tcfg["timeline_steps"],
     }
@@ -321,6 +326,7 @@ def build_record(
     stop_reason: str | None = None,
     initial_weights_sha256: str | None = None,
     framework: str = "horovod-tf",
+    loss_scale: dict | None = None,
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
@@ -333,7 +339,9 @@ def build_record(
     validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
     the loop ended (hvdscale.trainer.loop.STOP_REASONS); ``framework``: the trainer's
     framework, which decides how ``timing.sync`` reads the epochs
-    (hvdscale.record.timing.sync_block).
+    (hvdscale.record.timing.sync_block); ``loss_scale``: the step program's
+    ``loss_scale_state()`` at the end of training (fp16: final, skipped_updates, updates;
+    None otherwise, written as null).
     """
     tcfg = cfg["training"]
     config = _record_config(
@@ -363,6 +371,7 @@ def build_record(
             stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
             framework,
         ),
+        "loss_scale": loss_scale_block(loss_scale),  # issue 32: fp16's dynamic loss scale
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,
         "timing_method": TIMING_METHODS[framework],
@@ -375,6 +384,18 @@ def build_record(
         record["system"] = system
     _add_startup(record, attempts)
     return record
+
+
+def loss_scale_block(state: dict | None) -> dict | None:
+    """The record's ``loss_scale`` from a step program's ``loss_scale_state()`` (None:
+    the run had no loss scaling)."""
+    if state is None:
+        return None
+    return {
+        "final": float(state["final"]),
+        "skipped_updates": int(state["skipped_updates"]),
+        "updates": int(state["updates"]),
+    }
 
 
 def _add_startup(record: dict, attempts: list[dict]) -> None:

@@ -25,6 +25,7 @@ from hvdscale.report.overview import (
 from hvdscale.report.provenance import collect
 from hvdscale.report.reference_section import reference_section
 from hvdscale.report.results import figures_section, results_section
+from hvdscale.report.step_settings_section import step_settings_section
 from hvdscale.report.systems_section import systems_section
 
 # The report, in order: each section is a function (Doc, ReportData) in its own module;
@@ -37,6 +38,7 @@ SECTIONS = [
     results_section,
     accuracy_section,
     frameworks_section,
+    step_settings_section,
     figures_section,
     reference_section,
     costmodel_section,
