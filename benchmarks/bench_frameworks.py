@@ -49,13 +49,18 @@ order), so the frameworks are compared at equal settings and each at its best; t
 independent ceiling runs once per repeat and batch (a property of the machine) and every
 setting's summary uses it. Every row says its ``setting``.
 
+A setting may name torch's MKL code path (``training.mkl_code_path``) as a third part:
+``off/fp32/intel`` runs torch-ddp with MKL on its Intel code path (Horovod-TF ignores it);
+without it, ``vendor``. ``--add`` measures only the given settings and keeps the other
+settings' rows already in the two CSVs (each row keeps its own commit, date and load).
+
 Writes benchmarks/results/frameworks.csv (summary) and frameworks_runs.csv (every run);
 ``--quick`` (smoke test, figures meaningless) writes to benchmarks/out/frameworks/.
 
   .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--samples 40000]
       [--epochs 8] [--batches 75,1000] [--target 0.01] [--quick] [--out-dir DIR]
       [--max-load 0.5] [--quiet-timeout 600] [--no-ceiling-check]
-      [--settings off/fp32,default/bf16]
+      [--settings off/fp32,default/bf16,off/fp32/intel] [--add]
 """
 
 from __future__ import annotations
@@ -126,23 +131,31 @@ def framework_axis() -> bool:
     return True
 
 
-def parse_setting(setting: str) -> tuple[str, str]:
-    """``COMPILE/PRECISION`` -> (compile, precision)."""
-    comp, _, prec = setting.partition("/")
-    if comp not in ("off", "default", "max") or prec not in ("fp32", "bf16"):
+def parse_setting(setting: str) -> tuple[str, str, str]:
+    """``COMPILE/PRECISION[/MKL]`` -> (compile, precision, training.mkl_code_path)."""
+    comp, prec, *rest = setting.split("/")
+    mkl = rest[0] if rest else "vendor"
+    if (
+        comp not in ("off", "default", "max")
+        or prec not in ("fp32", "bf16")
+        or mkl not in ("vendor", "intel")
+        or len(rest) > 1
+    ):
         raise SystemExit(
-            f"bench_frameworks: setting {setting!r}; expected COMPILE/PRECISION with COMPILE "
-            f"off, default or max and PRECISION fp32 or bf16 (a CPU benchmark)"
+            f"bench_frameworks: setting {setting!r}; expected COMPILE/PRECISION[/MKL] with "
+            f"COMPILE off, default or max, PRECISION fp32 or bf16 (a CPU benchmark) and MKL "
+            f"vendor (default) or intel (training.mkl_code_path: torch-ddp's MKL on its "
+            f"Intel code path)"
         )
-    return comp, prec
+    return comp, prec, mkl
 
 
 def bench_config(a, batch: int, axis: bool, setting: str = BASE_SETTING) -> dict:
     """bench_scaling's config for one batch: Gloo, both frameworks, ``repeats`` repeats,
     the target, the steps per call, the setting's compile and precision."""
     cfg = base_config(a.samples, a.epochs, [batch])
-    comp, prec = parse_setting(setting)
-    cfg["training"].update(compile=comp, precision=prec)
+    comp, prec, mkl = parse_setting(setting)
+    cfg["training"].update(compile=comp, precision=prec, mkl_code_path=mkl)
     sweep = cfg["scaling"]["sweeps"][0]
     sweep.update(backends=["gloo"], repeats=a.repeats)
     if axis:
@@ -159,7 +172,7 @@ def run_id(
     """The arm's run id; it names the setting's precision and compile mode where they are
     not fp32 and off (issue 32: ``..._lrnone_bf16_cdefault_r0``)."""
     tag = "_torch-ddp" if axis and fw == "torch-ddp" else ""
-    comp, prec = parse_setting(setting)
+    comp, prec, _ = parse_setting(setting)
     step = step_setting_suffix(prec, comp)
     return f"local{tag}_gloo_n1_w{workers}_b{batch}_lr{rule}{step}_r{rep}"
 
@@ -278,9 +291,23 @@ def save(a, results: dict, rows: list) -> list[dict]:
     for r in summary:
         r.update(extra)
     out = Path(a.out_dir)
+    if getattr(a, "add", False):  # the other settings' rows, each with its own commit
+        rows = kept_rows(out / "frameworks_runs.csv", a.settings) + rows
+        summary = kept_rows(out / "frameworks.csv", a.settings) + summary
     write_csv("frameworks_runs", rows, out / "frameworks_runs.csv")
     write_csv("frameworks", summary, out / "frameworks.csv")
     return summary
+
+
+def kept_rows(path: Path, settings) -> list[dict]:
+    """The rows of ``path`` (a CSV this benchmark wrote) of settings other than
+    ``settings``, as they are (``--add``: their commit, date and load stay theirs)."""
+    import csv
+
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if (r.get("setting") or BASE_SETTING) not in settings]
 
 
 QUALITY_KEYS = ("load", "load_before", "load_after", "foreign_cpu", "irq_cpu", "valid",
@@ -343,7 +370,11 @@ def parse_args(argv):
                     f"{CEILING_MAX} (--quick never fails)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="where the two CSVs go")
     ap.add_argument("--settings", default=BASE_SETTING, type=lambda s: s.split(","),
-                    help="COMPILE/PRECISION pairs, both frameworks each (issue 32)")  # fmt: skip
+                    help="COMPILE/PRECISION[/MKL] settings, both frameworks each (issue 32; "
+                         "MKL: vendor or intel, training.mkl_code_path)")  # fmt: skip
+    ap.add_argument("--add", action="store_true",
+                    help="keep the other settings' rows already in the CSVs (each keeps "
+                         "its commit, date and load); replace only these settings'")  # fmt: skip
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "frameworks"))
     ap.add_argument("--resummarise", default=None, metavar="RUNS_CSV",
                     help="write the summary again from a runs CSV; start nothing")  # fmt: skip

@@ -296,3 +296,36 @@ def test_every_setting_gets_the_machines_ceiling_and_a_runs_csv_resummarises(tmp
     assert {key(r): float(r["median"]) for r in again} == pytest.approx(
         {key(r): float(r["median"]) for r in first}, rel=1e-5
     )
+
+
+def test_a_setting_names_the_mkl_path_and_add_keeps_the_other_settings_rows(tmp_path):
+    """``off/fp32/intel`` runs torch-ddp with training.mkl_code_path intel (run ids as
+    off/fp32's); ``--add`` replaces only the measured settings' rows and keeps the
+    others' as they were written (their commit stays theirs)."""
+    a = SimpleNamespace(samples=40000, epochs=8, repeats=3)
+    cfg = bench_frameworks.bench_config(a, 75, True, "off/fp32/intel")
+    assert cfg["training"]["mkl_code_path"] == "intel"
+    assert bench_frameworks.bench_config(a, 75, True, "off/fp32")["training"][
+        "mkl_code_path"
+    ] == "vendor"
+    rid = bench_frameworks.run_id("torch-ddp", 2, 75, "linear", 1, True, "off/bf16/intel")
+    assert rid == "local_torch-ddp_gloo_n1_w2_b75_lrlinear_bf16_r1"
+    with pytest.raises(SystemExit, match="vendor \\(default\\) or intel"):
+        bench_frameworks.parse_setting("off/fp32/amd")
+    R = results()[75]
+    first = bench_frameworks.parse_args(["--settings", "off/fp32,default/bf16",
+                                         "--out-dir", str(tmp_path)])  # fmt: skip
+    bench_frameworks.save(first, {"off/fp32": {75: R}, "default/bf16": {75: R}}, [])
+    old = list(csv.DictReader((tmp_path / "frameworks.csv").open()))
+    bf16_before = [r for r in old if r["setting"] == "default/bf16"]
+    for r in bf16_before:
+        assert r["commit"]
+    with_add = bench_frameworks.parse_args(["--settings", "off/fp32,off/fp32/intel", "--add",
+                                            "--out-dir", str(tmp_path)])  # fmt: skip
+    bench_frameworks.save(with_add, {"off/fp32": {75: R}, "off/fp32/intel": {75: R}}, [])
+    rows = list(csv.DictReader((tmp_path / "frameworks.csv").open()))
+    assert {r["setting"] for r in rows} == {"off/fp32", "default/bf16", "off/fp32/intel"}
+    assert [r for r in rows if r["setting"] == "default/bf16"] == bf16_before
+    assert len([r for r in rows if r["setting"] == "off/fp32"]) == len(
+        [r for r in old if r["setting"] == "off/fp32"]
+    )  # replaced, not doubled

@@ -111,7 +111,9 @@ def _reading(rows: list[dict]) -> str:
         "\nReading (valid rows only): the 1-worker ratio compares the two frameworks' steps "
         "at the same setting (off/fp32: eager PyTorch against Horovod-TF's graph loop of many "
         "steps per call; default: torch.compile against XLA for the forward and backward "
-        "pass; bf16: mixed precision in both); the 2-worker figures are Gloo's allreduce of "
+        "pass; bf16: mixed precision in both; a third part /intel: torch's MKL on its Intel "
+        "code path, training.mkl_code_path, which Horovod-TF ignores); the 2-worker figures "
+        "are Gloo's allreduce of "
         "the 614 kB gradient, Horovod's own against torch's.\n\n" + "\n".join(out) + "\n"
     )
 
@@ -133,7 +135,7 @@ def best_ratio_rows(rows: list[dict]) -> list[tuple[str, dict]]:
             best = {}
             for fw in ("torch-ddp", "horovod-tf"):
                 mine = [r for r in epoch if r["batch"] == str(b) and r["arm"] == fw
-                        and setting_of(r).endswith("/" + prec)]  # fmt: skip
+                        and setting_of(r).split("/")[1] == prec]  # fmt: skip
                 good = [r for r in mine if quality(r)[0] and num(r.get("median"))]
                 pool = good or mine
                 if pool:
