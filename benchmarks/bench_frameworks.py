@@ -291,12 +291,13 @@ def save(a, results: dict, rows: list) -> list[dict]:
     for r in summary:
         r.update(extra)
     out = Path(a.out_dir)
+    kept = ([], [])
     if getattr(a, "add", False):  # the other settings' rows, each with its own commit
-        rows = kept_rows(out / "frameworks_runs.csv", a.settings) + rows
-        summary = kept_rows(out / "frameworks.csv", a.settings) + summary
-    write_csv("frameworks_runs", rows, out / "frameworks_runs.csv")
-    write_csv("frameworks", summary, out / "frameworks.csv")
-    return summary
+        kept = tuple(kept_rows(out / f, a.settings) for f in ("frameworks_runs.csv",
+                                                               "frameworks.csv"))  # fmt: skip
+    write_csv("frameworks_runs", kept[0] + rows, out / "frameworks_runs.csv")
+    write_csv("frameworks", kept[1] + summary, out / "frameworks.csv")
+    return summary  # this run's settings only (the kept rows are the CSVs' text)
 
 
 def kept_rows(path: Path, settings) -> list[dict]:

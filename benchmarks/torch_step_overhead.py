@@ -22,6 +22,11 @@ gloo, one thread, random data), per variant (``COMPILE/PRECISION``) and batch si
                    give if it removed all of the outside time and nothing else changed
   host_us.PART     host time per part of the step (gpu_step_profile.host_parts)
 
+``--mkl intel`` runs the cases with torch's MKL on its Intel code path
+(``training.mkl_code_path: intel``: the script restarts itself with hvdscale.native's
+mkl_intel_path.so in LD_PRELOAD); every row says its ``mkl_code_path``. ``--add`` keeps
+the rows of other (variant, MKL path) pairs already in the CSV.
+
 A small outside_share means the torch step is bound by its kernels (the fp32 GEMM that MKL
 runs on this CPU, issue 32's table), and several steps per call cannot close the gap to
 Horovod-TF. Writes benchmarks/results/torch_step_overhead.csv (one row per variant, batch
@@ -29,6 +34,7 @@ and part; provenance and load columns of benchmarks/_results.py).
 
   PYTHONPATH=src taskset -c 1 .venv-train/bin/python benchmarks/torch_step_overhead.py
       [--batches 75,1000] [--variants off/fp32,default/fp32,off/bf16] [--steps 200]
+      [--mkl vendor|intel] [--add]
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ def parse_args(argv):
     )
     ap.add_argument("--steps", type=int, default=200, help="timed plain steps per case")
     ap.add_argument("--out", type=Path, default=None, help="CSV (default: benchmarks/results)")
+    ap.add_argument("--mkl", choices=["vendor", "intel"], default="vendor",
+                    help="torch's MKL code path (training.mkl_code_path)")  # fmt: skip
+    ap.add_argument("--add", action="store_true",
+                    help="keep the CSV's rows of other variants and MKL paths")  # fmt: skip
     add_quiet_args(ap)
     return ap.parse_args(argv)
 
@@ -110,11 +120,43 @@ def case(cfg: dict, worker, device, variant: str, batch: int, steps: int) -> lis
     return [{**base, "part": p, "host_us": host[p]} for p in PARTS]
 
 
+def with_mkl_path(a, argv) -> None:
+    """Restart this script with the MKL library preloaded when ``--mkl intel`` asks for it
+    and it is not loaded yet (LD_PRELOAD is read when a process starts)."""
+    from hvdscale import native
+
+    if a.mkl != "intel" or native.mkl_code_path() == "intel":
+        return
+    if not native.MKL_LIBRARY.is_file():
+        raise SystemExit(f"torch_step_overhead: {native.MKL_LIBRARY} is not built: run "
+                         "`python -m hvdscale.native build`")  # fmt: skip
+    env = {**os.environ, "LD_PRELOAD": native.preload_value(native.MKL_LIBRARY)}
+    args = sys.argv[1:] if argv is None else list(argv)
+    os.execve(sys.executable, [sys.executable, __file__, *args], env)
+
+
+def kept_rows(path: Path | None, done: set) -> list[dict]:
+    """``--add``: the rows of the CSV at ``path`` (default: benchmarks/results) whose
+    (variant, mkl_code_path) this run did not measure, as they are."""
+    import csv
+
+    from _results import RESULTS
+
+    path = path or RESULTS / "torch_step_overhead.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [r for r in rows if (r["variant"], r.get("mkl_code_path") or "vendor") not in done]
+
+
 @quiet_main
 def main(argv=None) -> int:
     a = parse_args(argv)
+    with_mkl_path(a, argv)
     import torch
 
+    from hvdscale import native
     from hvdscale.matrix.config import validate_config
     from hvdscale.trainer.torch_ddp.dist import TorchWorker
 
@@ -141,7 +183,11 @@ def main(argv=None) -> int:
                   f"{r['aten_us']:8.1f} of {r['prof_wall_us']:8.1f} profiled, outside "
                   f"{100 * r['outside_share']:4.1f} %", flush=True)  # fmt: skip
             rows += rs
-    write_csv("torch_step_overhead", [{"machine": machine(), **r} for r in rows], a.out)
+    mkl = native.mkl_code_path()
+    rows = [{"machine": machine(), "mkl_code_path": mkl, **r} for r in rows]
+    if a.add:
+        rows = kept_rows(a.out, {(v, mkl) for v in a.variants}) + rows
+    write_csv("torch_step_overhead", rows, a.out)
     worker.shutdown()
     return 0
 

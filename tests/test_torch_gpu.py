@@ -288,16 +288,21 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
 PROFILE = PROJECT_ROOT / "benchmarks" / "gpu_step_profile.py"
 
 
-def smoke_rows(script: Path, out: Path, *args: str) -> list[dict]:
+def run_smoke(script: Path, out: Path, *args: str) -> list[dict]:
     """Run a step benchmark for 5 steps of off/fp32 at batch 75 (any load) and return its
-    CSV rows, checking it names the five parts of a step in order."""
+    CSV rows."""
     import csv as csvmod
 
     cmd = [str(TRAIN_PY), str(script), *args, "--steps", "5", "--batches", "75",
            "--variants", "off/fp32", "--out", str(out), "--max-load", "100"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = list(csvmod.DictReader(out.open()))
+    return list(csvmod.DictReader(out.open()))
+
+
+def smoke_rows(script: Path, out: Path, *args: str) -> list[dict]:
+    """run_smoke, checking the rows name the five parts of a step in order."""
+    rows = run_smoke(script, out, *args)
     assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
                                          "update"]  # fmt: skip
     return rows
@@ -347,3 +352,16 @@ def test_the_step_overhead_benchmark_splits_a_step_at_atens_operators(tmp_path):
     assert float(x["outside_plain_us"]) == pytest.approx(float(x["wall_us"]) - aten, rel=1e-4)
     assert float(x["bound_speedup"]) == pytest.approx(prof / aten, rel=1e-4)
     assert x["commit"] and x["load_before"] and x["foreign_cpu"]  # provenance, quiet guard
+
+
+@needs_cpu_torch
+def test_the_step_overhead_benchmark_runs_on_mkls_intel_path_and_adds_its_rows(tmp_path):
+    """``--mkl intel`` restarts the script with hvdscale.native's MKL library preloaded
+    (its rows say mkl_code_path intel); ``--add`` keeps the vendor rows written before."""
+    out = tmp_path / "o.csv"
+    vendor = smoke_rows(OVERHEAD, out)
+    assert {x["mkl_code_path"] for x in vendor} == {"vendor"}
+    rows = run_smoke(OVERHEAD, out, "--mkl", "intel", "--add")
+    assert [x["mkl_code_path"] for x in rows] == ["vendor"] * 5 + ["intel"] * 5
+    assert [x["commit"] for x in rows[:5]] == [x["commit"] for x in vendor]
+    assert [x["wall_us"] for x in rows[:5]] == [x["wall_us"] for x in vendor]  # kept as is

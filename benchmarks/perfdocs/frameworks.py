@@ -189,8 +189,9 @@ def block_torch_step_overhead(res: Path) -> str:
     if not rows:
         return missing("torch_step_overhead", OVERHEAD_HOW)
     cases: dict[tuple[str, int], list[dict]] = {}
-    for r in rows:
-        cases.setdefault((r["variant"], int(r["batch"])), []).append(r)
+    for r in rows:  # a variant on MKL's Intel code path (--mkl intel): VARIANT/intel
+        v = r["variant"] + ("/intel" if r.get("mkl_code_path") == "intel" else "")
+        cases.setdefault((v, int(r["batch"])), []).append(r)
     body, shares, bounds = [], [], []
     for (v, b), rs in cases.items():
         r0 = rs[0]
@@ -205,7 +206,7 @@ def block_torch_step_overhead(res: Path) -> str:
             shares.append((share, v, b))
             bounds.append(num(r0.get("bound_speedup")))
     head = [
-        "compile/precision",
+        "compile/precision[/MKL path]",
         "batch",
         "wall us/step",
         "profiled us/step",
