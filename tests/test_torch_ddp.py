@@ -332,6 +332,90 @@ def test_a_compiled_bf16_run_keeps_ddp_and_records_its_settings(tmp_path, tiny_r
     check_sync_block(rec, 2)
 
 
+def one_rank_run(config: Path, rid: str, data: Path, out: Path) -> dict:
+    """A direct 1-rank run (no torchrun) writing ``out``; its validated record. Inductor's
+    cache goes where the trainer puts it (TORCHINDUCTOR_CACHE_DIR unset)."""
+    env = train_env()
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    cmd = [str(TRAIN_PY), *torchrun_cmd(1, config, rid, data, out)[4:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = load_record(out)
+    check_plausible(rec, 1, epochs=3)
+    return rec
+
+
+@pytest.fixture(scope="module")
+def eager_and_compiled_runs(tmp_path_factory, tiny_run_setup) -> dict:
+    """Issue 32, fp32 on one rank: an eager run, and two runs of the same compiled config
+    (training.compile default) one after the other in one results folder (its own run
+    folders, one compile cache: results/cache/torchinductor). Plain and timed steps in
+    every epoch."""
+    config, data = tiny_run_setup
+    d = tmp_path_factory.mktemp("compile_cache")
+    cfg = json.loads(config.read_text())
+    cfg["training"].update(instrument_every=2, steps_per_execution=2)
+    eager_cfg = d / "eager.json"
+    eager_cfg.write_text(json.dumps(cfg))
+    cfg["training"]["compile"] = "default"
+    cfg["scaling"]["sweeps"] = [s for s in cfg["scaling"]["sweeps"] if s["name"] == "torch"]
+    cfg["training"]["target"]["calibration"]["framework"] = "torch-ddp"
+    compiled_cfg = d / "compiled.json"
+    compiled_cfg.write_text(json.dumps(cfg))
+    runs = d / "results" / "runs"
+    rid = "local_torch-ddp_gloo_n1_w1_b8_lrnone_cdefault_r0"
+    return {
+        "cache": (d / "results" / "cache" / "torchinductor").resolve(),
+        "eager": one_rank_run(eager_cfg, TORCH_ID2.replace("_w2_", "_w1_"), data, d / "eager"),
+        "first": one_rank_run(compiled_cfg, rid, data, runs / rid),
+        "second": one_rank_run(compiled_cfg, rid, data, runs / f"{rid}-again"),
+    }
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_second_compiled_run_loads_its_graphs_from_the_cache(eager_and_compiled_runs):
+    """Issue 32: the compiled graphs are cached across the runs of a study. The first
+    compiled run fills the cache in the results folder (misses), the second run of the
+    same config loads from it (hits; no new compilation), as torch's own cache counters
+    recorded them, not a clock. Eager runs compile nothing and say so (null)."""
+    runs = eager_and_compiled_runs
+    first, second = runs["first"]["config"], runs["second"]["config"]
+    assert first["compile_mode"] == second["compile_mode"] == "default"
+    assert first["compile_cache_misses"] > 0, first
+    assert second["compile_cache_hits"] > 0, second
+    assert second["compile_cache_misses"] == 0, second  # everything came from the cache
+    assert first["compile_cache_dir"] == second["compile_cache_dir"] == str(runs["cache"])
+    assert list(runs["cache"].iterdir())
+    eager = runs["eager"]["config"]
+    assert eager["compile_mode"] is None
+    assert [eager[k] for k in ("compile_cache_hits", "compile_cache_misses")] == [None, None]
+    assert eager["compile_cache_dir"] is None
+
+
+@pytest.mark.slow
+@needs_torch
+def test_the_compiled_step_gives_the_eager_losses_at_fp32(eager_and_compiled_runs):
+    """Issue 32: at fp32 torch.compile (default) trains as the eager step does: the same
+    initial weights and batches (one seed), per-epoch train and validation losses equal
+    within float tolerance (Inductor fuses and reorders the float arithmetic, so not
+    bit for bit). The compiled run really compiled (its cache lookups missed), and the
+    losses move (check_plausible: the last epoch's train loss < half the first's), so
+    agreeing is no accident of a flat curve."""
+    runs = eager_and_compiled_runs
+    eager, comp = runs["eager"], runs["first"]
+    assert comp["config"]["compile"] == "default" and eager["config"]["compile"] == "off"
+    assert comp["config"]["compile_cache_misses"] > 0  # Inductor built the step's graphs
+    assert comp["initial_weights_sha256"] == eager["initial_weights_sha256"]
+    for key in ("train_loss", "val_loss"):
+        e = [ep[key] for ep in eager["epochs"]]
+        c = [ep[key] for ep in comp["epochs"]]
+        np.testing.assert_allclose(c, e, rtol=1e-4, err_msg=key)
+    assert comp["summary"]["final_test_loss"] == pytest.approx(
+        eager["summary"]["final_test_loss"], rel=1e-4
+    )
+
+
 @needs_torch
 def test_fp16_and_tf32_are_refused_on_the_cpu_and_bf16_is_not(tmp_path):
     """The CPU refusal at the rank (speed.check_precision), for a config that got past

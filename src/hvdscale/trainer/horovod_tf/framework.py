@@ -23,6 +23,7 @@ from hvdscale.record.labelproof import prove
 from hvdscale.trainer.device import bind_cpus, pin_device
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import build_step_program
+from hvdscale.trainer.horovod_tf.xla_cache import cache_for_device, use_xla_cache
 from hvdscale.trainer.loop import TimelineWindow
 from hvdscale.trainer.rank import Started
 from hvdscale.trainer.worker import WorkerInfo, detect_launcher, launcher_rank_env
@@ -35,6 +36,7 @@ class HorovodTF:
     name = backends.DEFAULT_FRAMEWORK
     log_name = "hvdscale train"
     record_config: dict = {}  # build_record's config block as it is
+    compile_cache: str | None = None  # XLA's persistent cache folder (start sets it)
 
     @staticmethod
     def on_term(*_):
@@ -48,11 +50,21 @@ class HorovodTF:
     def start(self, args, run_, tcfg: dict) -> Started:
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
         dynamic_timeline(tcfg, args.no_horovod)  # before hvd.init
+        # issue 32: XLA's compiled programs cached in results/cache/xla (TF_XLA_FLAGS, read
+        # when TensorFlow first lists its devices), GPU ranks only (xla_cache says why); the
+        # step program counts the warm-up's hits and misses
+        xla_flags_cache = (
+            use_xla_cache(getattr(args, "out_dir", None)) if tcfg.get("compile", "off") != "off"
+            else None
+        )  # fmt: skip
         worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
         threads = threads_for_rank(tcfg["threads_per_worker"], os.environ)
         device, desc = pin_device(worker, threads)  # HVD: one per rank
+        self.compile_cache = cache_for_device(xla_flags_cache, device)
         set_tf32(tcfg.get("precision", "fp32"))
         summary = f"{worker.size} worker(s), controller {worker.controller}, {desc}"
+        if self.compile_cache:
+            summary += f", XLA cache {self.compile_cache}"
         return Started(worker, device, desc, bound, summary)
 
     def optimisation(self, cfg: dict, run_, worker, steps: int, device) -> Optimisation:
@@ -61,7 +73,7 @@ class HorovodTF:
     def step_program(self, optim, worker, tcfg, device, *, train, test, val, batch, fault):
         return build_step_program(
             optim.model, optim.optimizer, worker, tcfg, train=train, test=test, val=val,
-            batch=batch, device=device, fault=fault,
+            batch=batch, device=device, fault=fault, compile_cache=self.compile_cache,
         )  # fmt: skip
 
     def timeline_window(self, worker, tcfg: dict, out_dir: Path, start_epoch: int):

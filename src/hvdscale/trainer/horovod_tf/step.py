@@ -26,6 +26,7 @@ import numpy as np
 from hvdscale.matrix import backends
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
+from hvdscale.trainer.horovod_tf.xla_cache import CacheWatch
 from hvdscale.trainer.step import EVAL_BATCH
 from hvdscale.trainer.worker import WorkerInfo
 
@@ -224,6 +225,7 @@ class StepProgram:
         y_val=None,
         xla: bool = False,
         loss_scaling: bool = False,
+        compile_cache: str | None = None,
     ):
         import tensorflow as tf
 
@@ -240,6 +242,12 @@ class StepProgram:
         # XLA-compiled function inside the step graph; Horovod's allreduce stays outside
         self.xla = bool(xla)
         self._grad_fn = None
+        # issue 32: XLA's persistent cache folder (xla_cache.use_xla_cache; None: none) and
+        # what the warm-up's compilation did with it (the record's config keys)
+        self.compile_cache = compile_cache if self.xla else None
+        self.record_config = {"compile_cache_dir": self.compile_cache,
+                              "compile_cache_hits": None,
+                              "compile_cache_misses": None}  # fmt: skip
         self.n_local = len(x_train)
         self.fault = FaultDelay.from_env() if fault is None else fault
         hvd = worker.hvd
@@ -494,7 +502,9 @@ class StepProgram:
 
     def warm_up(self, spe: int) -> None:
         """Trace and instantiate every function without changing any state (0 steps);
-        with ``xla`` also compile the XLA cluster (``_compile_xla``)."""
+        with ``xla`` also compile the XLA cluster (``_compile_xla``), counting the cache
+        entries it stored and loaded (``xla_cache.CacheWatch``) when there is a cache."""
+        watch = CacheWatch(self.compile_cache) if self.compile_cache else None
         zero = self._n(0)
         self._n(spe)
         empty = self.source.empty_feed()
@@ -504,6 +514,8 @@ class StepProgram:
         self._eval_val()
         if self.xla:
             self._compile_xla()
+        if watch is not None:
+            self.record_config.update(watch.record())
 
     def _compile_xla(self) -> None:
         """XLA compiles a cluster when it first runs, and a 0-step call runs none: run one
@@ -577,12 +589,14 @@ def build_step_program(
     fault: FaultDelay | None = None,
     in_device_memory: bool | None = None,
     program: type[StepProgram] = StepProgram,
+    compile_cache: str | None = None,
 ) -> StepProgram:
     """The ``StepProgram`` of a rank with the settings of the config's training section
     (data in device memory, Horovod compression, backward passes per step), as
     ``hvdscale train`` and the benchmarks build it. ``train``/``test``/``val``: (x, y);
     ``in_device_memory`` overrides the config (a benchmark's variant); ``program``: a
-    StepProgram subclass (a benchmark's variant of the step)."""
+    StepProgram subclass (a benchmark's variant of the step); ``compile_cache``: XLA's
+    persistent cache folder in use (``xla_cache.use_xla_cache``), counted in the warm-up."""
     if in_device_memory is None:
         in_device_memory = training["data_in_device_memory"]
     return program(
@@ -603,4 +617,5 @@ def build_step_program(
         fault=fault,
         xla=training.get("compile", "off") != "off",
         loss_scaling=training.get("precision", "fp32") == "fp16",
+        compile_cache=compile_cache,
     )

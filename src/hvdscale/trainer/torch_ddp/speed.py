@@ -32,7 +32,11 @@ update; KerasAdam uses multi-tensor ``torch._foreach_*`` ops). Shapes are static
 (``dynamic=False``: every step has the run's batch). Inductor's compiled kernels are cached
 on disk (``TORCHINDUCTOR_CACHE_DIR``; the trainer points it into the study's results
 folder, ``cache/torchinductor``, unless it is set), so runs of one study after the first
-load them instead of compiling again.
+load them instead of compiling again. Whether they did is in the record
+(``compile_cache_facts``): the cache lookups of the warm-up that hit and missed, counted by
+torch itself (``torch._dynamo.utils.counters``: Inductor's FX graph cache, one lookup per
+compiled forward and backward graph, plus AOTAutograd's cache, one per compiled region,
+which wraps the FX graphs: a second run of one study hits both), and the cache folder.
 """
 
 from __future__ import annotations
@@ -125,3 +129,46 @@ def use_compile_cache(out_dir: Path | None, env=None) -> str | None:
     cache = Path(out_dir).resolve().parent.parent / "cache" / "torchinductor"
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     return str(cache)
+
+
+#: torch's counters of compiled-graph cache lookups (``torch._dynamo.utils.counters``,
+#: torch 2.13): Inductor's FX graph cache and AOTAutograd's cache, (group, hit, miss)
+CACHE_COUNTERS = (
+    ("inductor", "fxgraph_cache_hit", "fxgraph_cache_miss"),
+    ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss"),
+)
+
+
+def cache_counts() -> tuple[int, int]:
+    """(hits, misses) of the compiled-graph caches in this process so far, summed over
+    ``CACHE_COUNTERS`` (counters torch does not have count 0)."""
+    from torch._dynamo.utils import counters  # reason: torch's private counters
+
+    hits = sum(int(counters[group][hit]) for group, hit, _ in CACHE_COUNTERS)
+    misses = sum(int(counters[group][miss]) for group, _, miss in CACHE_COUNTERS)
+    return hits, misses
+
+
+def inductor_cache_dir() -> str:
+    """The folder Inductor's on-disk cache uses (TORCHINDUCTOR_CACHE_DIR, else its default
+    /tmp/torchinductor_USER), absolute."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # another torch: the variable, as Inductor reads it
+        return os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torchinductor"))
+    return cache_dir()
+
+
+def compile_cache_facts(before: tuple[int, int] | None) -> dict:
+    """The record's ``compile_cache_hits``, ``compile_cache_misses`` and
+    ``compile_cache_dir``: the lookups since ``before`` (``cache_counts()`` taken before the
+    compilation) and Inductor's cache folder; all None for an eager run (``before`` None)."""
+    if before is None:
+        return {"compile_cache_hits": None, "compile_cache_misses": None,
+                "compile_cache_dir": None}  # fmt: skip
+    hits, misses = cache_counts()
+    return {
+        "compile_cache_hits": hits - before[0],
+        "compile_cache_misses": misses - before[1],
+        "compile_cache_dir": inductor_cache_dir(),
+    }

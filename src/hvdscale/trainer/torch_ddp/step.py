@@ -74,6 +74,8 @@ from hvdscale.trainer.torch_ddp.device import synchronizer
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
 from hvdscale.trainer.torch_ddp.speed import (
     autocast,
+    cache_counts,
+    compile_cache_facts,
     compile_mode,
     compiled,
     grad_scaler,
@@ -204,7 +206,11 @@ class TorchStepProgram:
         # fp16: the updates made or skipped, and the skipped ones (loss_scale_state)
         self.updates = self.skipped_updates = 0
         self.model = compiled(self.net, self.compile, self.device)
-        self.record_config = {"compile_mode": compile_mode(self.compile, self.device)}
+        # the compile cache's hits and misses: null until warm_up has compiled (eager: null)
+        self.record_config = {
+            "compile_mode": compile_mode(self.compile, self.device),
+            **compile_cache_facts(None),
+        }
         self.ddp = DistributedDataParallel(self.model, device_ids=ids)  # no buffers to sync
         self.hook_timer: CommHookTimer | None = None
         if worker.distributed:
@@ -354,9 +360,12 @@ class TorchStepProgram:
         time holds compilation: ``WARM_UP_PASSES`` forward and backward passes of the
         first batch rows, synchronised as a plain step synchronises, then the gradients
         are dropped (weights, optimizer state and loss scale stay as they were; every
-        rank runs them, so the allreduces pair up). Eager: nothing."""
+        rank runs them, so the allreduces pair up). Eager: nothing. The record's config
+        gets the compile cache's hits and misses of this compilation and its folder
+        (``speed.compile_cache_facts``)."""
         if self.model is self.net:
             return
+        before = cache_counts()
         self.net.train()
         x, y = self.x[: self.batch], self.y[: self.batch]
         for _ in range(WARM_UP_PASSES):
@@ -372,6 +381,7 @@ class TorchStepProgram:
         if self.hook_timer is not None:
             self.hook_timer.flush()
             self.hook_timer.samples = []
+        self.record_config.update(compile_cache_facts(before))
 
     def start_epoch(self, perm: np.ndarray) -> None:
         self.perm = torch.from_numpy(np.asarray(perm, dtype=np.int64)).to(self.device)
