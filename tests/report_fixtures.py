@@ -110,3 +110,18 @@ def write_target(path: Path, spec: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec))
     return path
+
+
+def story_text(flowables) -> str:
+    """Text of a reportlab story: paragraphs, table cells (one line per row), groups."""
+    out = []
+    for f in flowables:
+        if hasattr(f, "getPlainText"):
+            out.append(f.getPlainText())
+        elif hasattr(f, "_cellvalues"):
+            for row in f._cellvalues:
+                cells = [c.getPlainText() if hasattr(c, "getPlainText") else str(c) for c in row]
+                out.append(" | ".join(cells))
+        elif hasattr(f, "_content"):
+            out.append(story_text(f._content))
+    return "\n".join(out)

@@ -8,6 +8,7 @@ import fixtures_runs as F
 import numpy as np
 import pandas as pd
 import pytest
+from report_fixtures import story_text
 
 from hvdscale.analysis.costmodel import fit_costmodel
 from hvdscale.analysis.costmodel_links import fit_ring, ring_time
@@ -304,21 +305,6 @@ def test_config_asks_for_sweeps_over_rank_and_node_counts():
         allreduce_jobs(cfg)
 
 
-def _story_text(flowables) -> str:
-    """Text of a reportlab story: paragraphs, table cells (one line per row), groups."""
-    out = []
-    for f in flowables:
-        if hasattr(f, "getPlainText"):
-            out.append(f.getPlainText())
-        elif hasattr(f, "_cellvalues"):
-            for row in f._cellvalues:
-                cells = [c.getPlainText() if hasattr(c, "getPlainText") else str(c) for c in row]
-                out.append(" | ".join(cells))
-        elif hasattr(f, "_content"):
-            out.append(_story_text(f._content))
-    return "\n".join(out)
-
-
 def test_report_section_shows_predicted_against_measured_per_node_count(tmp_path):
     from hvdscale.report.context import ReportData
     from hvdscale.report.costmodel_section import costmodel_section
@@ -330,7 +316,7 @@ def test_report_section_shows_predicted_against_measured_per_node_count(tmp_path
     d = Doc()
     r = ReportData({}, None, None, pd.DataFrame(), pd.DataFrame(), cm, tmp_path)
     costmodel_section(d, r)
-    text = _story_text(d.story)
+    text = story_text(d.story)
     assert "slowest link" in text and "between nodes" in text and "inside node" in text
     assert "held out" in text and "-50.0 %" in text
     assert "Held-out prediction error (3 sweeps of 8, 16 ranks" in text
@@ -339,4 +325,4 @@ def test_report_section_shows_predicted_against_measured_per_node_count(tmp_path
     d = Doc()
     r.cm = json.loads(json.dumps(fit_costmodel(one, None, MODEL_BYTES)))
     costmodel_section(d, r)
-    assert "unknown: sweeps on one node only" in _story_text(d.story)
+    assert "unknown: sweeps on one node only" in story_text(d.story)

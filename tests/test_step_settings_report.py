@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 import pytest
+from report_fixtures import story_text
 
 from hvdscale.analysis.step_settings import missing_baselines, setting_rows
 from hvdscale.report.context import ReportData
@@ -190,24 +191,10 @@ def _data(runs, summary, tmp_path) -> ReportData:
     return ReportData({}, None, runs, summary, pd.DataFrame(), None, tmp_path)
 
 
-def _story_text(flowables) -> str:
-    out = []
-    for f in flowables:
-        if hasattr(f, "getPlainText"):
-            out.append(f.getPlainText())
-        elif hasattr(f, "_cellvalues"):
-            for row in f._cellvalues:
-                cells = [c.getPlainText() if hasattr(c, "getPlainText") else str(c) for c in row]
-                out.append(" | ".join(cells))
-        elif hasattr(f, "_content"):
-            out.append(_story_text(f._content))
-    return "\n".join(out)
-
-
 def _section_text(summary, runs, tmp_path) -> str:
     d = Doc()
     step_settings_section(d, _data(runs, summary, tmp_path))
-    return _story_text(d.story)
+    return story_text(d.story)
 
 
 def test_section_renders_the_table_and_the_notes(tmp_path):
@@ -215,7 +202,7 @@ def test_section_renders_the_table_and_the_notes(tmp_path):
     summary = pd.concat([hand_summary(), hand_summary().assign(framework=TORCH)])
     d = Doc()
     step_settings_section(d, _data(runs, summary, tmp_path))
-    text = _story_text(d.story)
+    text = story_text(d.story)
     assert "1 Precision and compilation" in text
     assert "against the 1-worker runs of its own setting" in text
     assert "need more epochs" in text
