@@ -305,9 +305,10 @@ def test_a_setting_names_the_mkl_path_and_add_keeps_the_other_settings_rows(tmp_
     a = SimpleNamespace(samples=40000, epochs=8, repeats=3)
     cfg = bench_frameworks.bench_config(a, 75, True, "off/fp32/intel")
     assert cfg["training"]["mkl_code_path"] == "intel"
-    assert bench_frameworks.bench_config(a, 75, True, "off/fp32")["training"][
-        "mkl_code_path"
-    ] == "vendor"
+    assert (
+        bench_frameworks.bench_config(a, 75, True, "off/fp32")["training"]["mkl_code_path"]
+        == "vendor"
+    )
     rid = bench_frameworks.run_id("torch-ddp", 2, 75, "linear", 1, True, "off/bf16/intel")
     assert rid == "local_torch-ddp_gloo_n1_w2_b75_lrlinear_bf16_r1"
     with pytest.raises(SystemExit, match="vendor \\(default\\) or intel"):
