@@ -5,6 +5,7 @@ the tests and the report refer to them. New summary columns go into SUMMARY_COLU
 from __future__ import annotations
 
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
+from hvdscale.matrix.runid import step_setting_order
 from hvdscale.record.history import HISTORY_COLUMNS
 
 #: the framework of a record without config.framework (records before issue 19)
@@ -412,6 +413,13 @@ def with_step_setting(df):
     if any(df[k].isna().any() for k in fill):
         df = df.assign(**{k: df[k].fillna(v) for k, v in fill.items()})
     return df
+
+
+def step_settings_of(df) -> list[tuple[str, str]]:
+    """The (precision, compile) pairs of ``df``'s rows, in the run ids' order (fp32/off
+    first, matrix.runid.step_setting_order; unknown names last, then by name)."""
+    pairs = set(zip(df["precision"], df["compile"], strict=True))
+    return sorted(pairs, key=lambda x: (*step_setting_order(*x), *x))
 
 
 def reference_framework(df):

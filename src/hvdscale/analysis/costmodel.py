@@ -13,7 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, with_framework, with_step_setting
+from hvdscale.analysis.columns import (
+    FRAMEWORK_DEFAULT,
+    step_settings_of,
+    with_framework,
+    with_step_setting,
+)
 from hvdscale.analysis.costmodel_links import (
     BETWEEN,
     FORMULA_LINKS,
@@ -34,7 +39,7 @@ from hvdscale.analysis.schemas import (
     describe_failures,
 )
 from hvdscale.errors import UserError
-from hvdscale.matrix.runid import GROUP_KEYS, step_setting_order
+from hvdscale.matrix.runid import GROUP_KEYS
 
 DEFAULT_MODEL_BYTES = 153441 * 4
 FORMULA = "T_sync(p, n) = 2(p-1)*alpha + 2(p-1)/p * n/beta"  # one link class
@@ -227,7 +232,7 @@ def _one_step_setting(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     scaling-group keys): fp32/off where the rows have it, else the first in the run ids'
     order; with the setting's name where the rows hold more than one, else ''."""
     s = with_step_setting(summary)
-    settings = sorted(set(zip(s["precision"], s["compile"])), key=lambda x: step_setting_order(*x))
+    settings = step_settings_of(s)
     if len(settings) <= 1:
         return s, ""
     prec, comp = settings[0]

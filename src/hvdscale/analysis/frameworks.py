@@ -27,7 +27,12 @@ import math
 
 import pandas as pd
 
-from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, SYNC_COLUMNS, with_framework
+from hvdscale.analysis.columns import (
+    FRAMEWORK_DEFAULT,
+    SYNC_COLUMNS,
+    step_settings_of,
+    with_framework,
+)
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.view import pref_lr
 from hvdscale.matrix.runid import step_setting_order
@@ -75,9 +80,7 @@ def best_settings(runs: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in done.groupby(keys, sort=True):
         one = g[g["workers"] == 1].groupby(STEP)["epoch_time_s"].median().dropna()
-        settings = sorted(
-            set(zip(g["precision"], g["compile"])), key=lambda x: step_setting_order(*x)
-        )
+        settings = step_settings_of(g)
         if len(one):
             best = min(one.index, key=lambda x: (one[x], step_setting_order(*x)))
         else:
@@ -94,11 +97,10 @@ def at_best(df: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
     keys = [*PLACE, "framework"]
     if best.empty:
         return df
-    pick = best[[*keys, *STEP]].assign(_best=True)
-    m = df.merge(pick.drop(columns=STEP).drop_duplicates(), on=keys, how="left")
-    known = m["_best"].fillna(False).astype(bool).to_numpy()
-    hit = df.merge(pick, on=[*keys, *STEP], how="left")["_best"].fillna(False).astype(bool)
-    return df[~known | hit.to_numpy()]
+    pick = best[[*keys, *STEP]].rename(columns={"precision": "_prec", "compile": "_comp"})
+    m = df.merge(pick, on=keys, how="left")  # one best per place: the rows stay as they were
+    keep = m["_prec"].isna() | ((m["_prec"] == m["precision"]) & (m["_comp"] == m["compile"]))
+    return df[keep.to_numpy()]
 
 
 def _side(x: pd.Series | None) -> dict:

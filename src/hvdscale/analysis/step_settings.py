@@ -31,20 +31,14 @@ import math
 
 import pandas as pd
 
-from hvdscale.analysis.columns import ttt_runs, with_framework
+from hvdscale.analysis.columns import step_settings_of, ttt_runs, with_framework
 from hvdscale.analysis.stats import censored_median, speedup_interval
 from hvdscale.analysis.view import pref_lr
-from hvdscale.matrix.runid import step_setting_order
 
 PLACE = ["partition", "framework", "backend", "batch_per_worker"]
 SETTING = ["precision", "compile"]
 REFERENCE = ("fp32", "off")
 SHARES = ["compute_share", "sync_share", "data_share"]
-
-
-def setting_order(setting: tuple[str, str]) -> tuple:
-    """Sort key of a (precision, compile) pair: matrix.runid's orders, unknown names last."""
-    return (*step_setting_order(*setting), *setting)
 
 
 def setting_name(setting: tuple[str, str]) -> str:
@@ -60,13 +54,8 @@ def _plain(runs: pd.DataFrame) -> pd.DataFrame:
     return r[(cand == "") & (kind == "")]
 
 
-def _settings_of(done: pd.DataFrame) -> list[tuple[str, str]]:
-    pairs = set(zip(done["precision"], done["compile"], strict=True))
-    return sorted(pairs, key=setting_order)
-
-
 def reference_of(settings: list[tuple[str, str]]) -> tuple[str, str]:
-    """fp32/off where among ``settings`` (in setting_order), else the first."""
+    """fp32/off where among ``settings`` (columns.step_settings_of's order), else the first."""
     return REFERENCE if REFERENCE in settings else settings[0]
 
 
@@ -153,7 +142,7 @@ def _setting(
 def setting_rows(summary: pd.DataFrame | None, runs: pd.DataFrame | None) -> list[dict]:
     """One row per configuration whose completed scaling runs hold more than one step
     setting: its keys, ``reference`` (the reference setting's name) and ``settings`` (one
-    dict per setting, in setting_order, the reference's without ratios)."""
+    dict per setting, in step_settings_of's order, the reference's without ratios)."""
     if runs is None or runs.empty:
         return []
     plain = _plain(runs)
@@ -162,12 +151,12 @@ def setting_rows(summary: pd.DataFrame | None, runs: pd.DataFrame | None) -> lis
     s = with_framework(summary) if summary is not None else pd.DataFrame()
     rows = []
     for place, g in done.groupby(PLACE, sort=True):
-        many = [lr for lr, gl in g.groupby("lr_rule") if len(_settings_of(gl)) > 1]
+        many = [lr for lr, gl in g.groupby("lr_rule") if len(step_settings_of(gl)) > 1]
         if not many:
             continue
         lr = pref_lr(many)
         for w, gw in g[g["lr_rule"] == lr].groupby("workers", sort=True):
-            settings = _settings_of(gw)
+            settings = step_settings_of(gw)
             if len(settings) < 2:
                 continue
             key = dict(zip(PLACE, place), lr_rule=lr, workers=int(w))
