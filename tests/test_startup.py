@@ -1,6 +1,6 @@
 """Honest clocks (issue 30, item 7): the start-up of every run beside its time to target.
 
-Synthetic records with known start-up (benchmarks/synthetic_runs.py ``startup_s``):
+Synthetic records with known start-up (tests/fixtures_runs.py ``startup_s``):
 runs.csv's ``startup_s`` and ``launch_to_target_s``, headline.csv's launch-to-target
 speedup with its interval (computed like speedup_ttt), older tables and records without
 them, and the report's sentences. The record field itself: tests/test_runrecord.py; the

@@ -166,7 +166,7 @@ def sweep_module():
 
 
 def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_path):
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
     from hvdscale.matrix.runtable import find_run
 
     sweep = sweep_module()
@@ -190,7 +190,7 @@ def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_pat
 
 def test_the_sweep_plan_runs_the_first_variant_at_every_batch_then_the_others(tmp_path):
     from hvdscale.errors import ConfigError
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
 
     sweep = sweep_module()
     a = sweep.parse_args(["--batches", "75,300,1000", "--variants", "off/fp32,max/bf16,off/tf32"])
@@ -283,85 +283,3 @@ def test_the_cuda_comm_hook_timer_reads_its_events_only_at_flush():
         "t.flush(); assert t.samples == [0.005]\n"
     )
     run_train_code(code)
-
-
-PROFILE = PROJECT_ROOT / "benchmarks" / "gpu_step_profile.py"
-
-
-def run_smoke(script: Path, out: Path, *args: str) -> list[dict]:
-    """Run a step benchmark for 5 steps of off/fp32 at batch 75 (any load) and return its
-    CSV rows."""
-    import csv as csvmod
-
-    cmd = [str(TRAIN_PY), str(script), *args, "--steps", "5", "--batches", "75",
-           "--variants", "off/fp32", "--out", str(out), "--max-load", "100"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=200)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return list(csvmod.DictReader(out.open()))
-
-
-def smoke_rows(script: Path, out: Path, *args: str) -> list[dict]:
-    """run_smoke, checking the rows name the five parts of a step in order."""
-    rows = run_smoke(script, out, *args)
-    assert [x["part"] for x in rows] == ["data", "forward_ddp", "forward_plain", "backward",
-                                         "update"]  # fmt: skip
-    return rows
-
-
-@needs_cpu_torch
-def test_the_step_profile_stops_without_cuda_and_runs_on_the_cpu(tmp_path):
-    """benchmarks/gpu_step_profile.py: exit 2 naming what it found on a machine without a
-    GPU; with --device cpu (gloo) the same step parts and columns (no GPU figures)."""
-    csv = tmp_path / "p.csv"
-    r = subprocess.run([str(TRAIN_PY), str(PROFILE), "--out", str(csv)], capture_output=True,
-                       text=True, env=train_env(), timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "needs a CUDA build of torch and a GPU" in r.stderr, r.stderr
-    assert r.stderr.startswith("gpu_step_profile: "), r.stderr
-    assert not csv.exists()
-    rows = smoke_rows(PROFILE, csv, "--device", "cpu")
-    for x in rows:
-        assert (x["variant"], x["batch"], x["gpu_busy_us"], x["kernels"]) == (
-            "off/fp32",
-            "75",
-            "",
-            "",
-        )
-        assert float(x["host_us"]) > 0 and float(x["wall_us"]) > 0
-        assert x["foreign_cpu"] and x["load_before"]  # the quiet guard's columns
-    parts = {x["part"]: float(x["host_us"]) for x in rows}
-    assert float(rows[0]["host_us_sum"]) == pytest.approx(
-        sum(v for p, v in parts.items() if p != "forward_plain"), rel=1e-3
-    )
-
-
-OVERHEAD = PROJECT_ROOT / "benchmarks" / "torch_step_overhead.py"
-
-
-@needs_cpu_torch
-def test_the_step_overhead_benchmark_splits_a_step_at_atens_operators(tmp_path):
-    """benchmarks/torch_step_overhead.py (issue 32, several steps per call): the trainer's
-    step under the profiler, split into ATen's operators and the rest; the figures obey
-    their definitions (no timing is compared with a tolerance)."""
-    x = smoke_rows(OVERHEAD, tmp_path / "o.csv")[0]
-    assert (x["variant"], x["compile"], x["precision"], x["batch"]) == ("off/fp32", "off",
-                                                                       "fp32", "75")  # fmt: skip
-    prof, aten = float(x["prof_wall_us"]), float(x["aten_us"])
-    assert 0 < aten < prof  # the operators ran inside the profiled step, not all of it
-    assert float(x["outside_us"]) == pytest.approx(prof - aten, rel=1e-4)
-    assert float(x["outside_share"]) == pytest.approx((prof - aten) / prof, rel=1e-4)
-    assert float(x["outside_plain_us"]) == pytest.approx(float(x["wall_us"]) - aten, rel=1e-4)
-    assert float(x["bound_speedup"]) == pytest.approx(prof / aten, rel=1e-4)
-    assert x["commit"] and x["load_before"] and x["foreign_cpu"]  # provenance, quiet guard
-
-
-@needs_cpu_torch
-def test_the_step_overhead_benchmark_runs_on_mkls_intel_path_and_adds_its_rows(tmp_path):
-    """``--mkl intel`` restarts the script with hvdscale.native's MKL library preloaded
-    (its rows say mkl_code_path intel); ``--add`` keeps the vendor rows written before."""
-    out = tmp_path / "o.csv"
-    vendor = smoke_rows(OVERHEAD, out)
-    assert {x["mkl_code_path"] for x in vendor} == {"vendor"}
-    rows = run_smoke(OVERHEAD, out, "--mkl", "intel", "--add")
-    assert [x["mkl_code_path"] for x in rows] == ["vendor"] * 5 + ["intel"] * 5
-    assert [x["commit"] for x in rows[:5]] == [x["commit"] for x in vendor]
-    assert [x["wall_us"] for x in rows[:5]] == [x["wall_us"] for x in vendor]  # kept as is
