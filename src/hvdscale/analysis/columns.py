@@ -304,6 +304,8 @@ HEADLINE_COLUMNS = [
     "partition",
     "framework",
     "backend",
+    "precision",  # the step setting: each against its own 1-worker runs (analysis/like.py)
+    "compile",
     "batch_per_worker",
     "workers",
     "tuned",
@@ -341,6 +343,8 @@ HEADLINE_COLUMNS = [
 #: headline.csv columns added after the table first shipped: an older file reads with
 #: them empty (NaN, '' for text) instead of failing (analysis.tables.read_headline)
 HEADLINE_LATER = {
+    "precision": "fp32",  # written before the step settings were a key: fp32, eager
+    "compile": "off",
     "b_simple_lo": float("nan"),  # issue 30: the noise-scale interval
     "b_simple_hi": float("nan"),
     "best1_baseline": "",

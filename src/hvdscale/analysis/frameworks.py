@@ -33,12 +33,13 @@ from hvdscale.analysis.columns import (
     step_settings_of,
     with_framework,
 )
+from hvdscale.analysis.like import SETTING_KEYS, plain
 from hvdscale.analysis.stats import speedup_interval
 from hvdscale.analysis.view import pref_lr
 from hvdscale.matrix.runid import step_setting_order
 
 PLACE = ["partition", "backend", "batch_per_worker"]
-STEP = ["precision", "compile"]
+STEP = SETTING_KEYS
 SYNC_STATS = ["step_time_s", "sync_step_s", *SYNC_COLUMNS]
 
 
@@ -62,10 +63,8 @@ def compared(runs: pd.DataFrame | None) -> tuple[str, str] | None:
 
 def _plain_done(runs: pd.DataFrame) -> pd.DataFrame:
     """Completed scaling runs (no tuning candidates, calibration runs or re-runs)."""
-    r = with_framework(runs)
-    cand = r["candidate"].fillna("").astype(str) if "candidate" in r else ""
-    kind = r["kind"].fillna("").astype(str) if "kind" in r else ""
-    return r[(r["status"] == "completed") & (cand == "") & (kind == "")]
+    r = plain(runs)
+    return r[r["status"] == "completed"]
 
 
 def best_settings(runs: pd.DataFrame) -> pd.DataFrame:

@@ -58,12 +58,8 @@ import math
 
 import pandas as pd
 
-from hvdscale.analysis.columns import (
-    FRAMEWORK_DEFAULT,
-    HEADLINE_COLUMNS,
-    ttt_runs,
-    with_framework,
-)
+from hvdscale.analysis.columns import HEADLINE_COLUMNS, ttt_runs, with_framework
+from hvdscale.analysis.like import LIKE_KEYS, like_key, plain, seed_ids, stream_tag
 from hvdscale.analysis.noise_scale import (
     WINDOW_COLUMNS,
     configuration_estimate,
@@ -72,13 +68,13 @@ from hvdscale.analysis.noise_scale import (
 )
 from hvdscale.analysis.stats import (
     CI_METHOD,
+    best_of_interval,
     censor_note,
     censored_median,
     speedup_interval,
 )
 from hvdscale.analysis.tuning import candidate_runs, reruns_of, select_tuned, stream_key
 from hvdscale.analysis.view import pref_lr
-from hvdscale.matrix.runtable import SEED_KINDS
 
 
 def noise_scale_of(runs: pd.DataFrame, name: str) -> tuple[float, float, float, str]:
@@ -120,13 +116,6 @@ def _median_ratio(b: pd.Series, g: pd.Series) -> tuple[float, str]:
     return mb / mg, "; ".join(notes)
 
 
-def _seed_ids(runs: pd.DataFrame) -> list[int]:
-    """One id per run's seed (kind, repeat): the bootstrap pairs two runs only where they
-    share a seed (a paired design), never a re-run with a scaling run of the same index."""
-    kinds = runs["kind"].fillna("").astype(str) if "kind" in runs else [""] * len(runs)
-    return [SEED_KINDS.get(k, 9) * 1_000_000 + int(r) for k, r in zip(kinds, runs["repeat"])]
-
-
 #: a target reached within fewer epochs after the warm-up than this is loose: the time
 #: to target then measures start and warm-up, not convergence (issue 30, item 6)
 LOOSE_EPOCHS = 3
@@ -150,7 +139,7 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
         "base_reached": int(base["reached_target"].astype(bool).sum()),
         "base_total": int(base["epochs_to_target"].notna().sum()),
     }
-    reps = dict(base_repeats=_seed_ids(base), repeats=_seed_ids(runs))
+    reps = dict(base_repeats=seed_ids(base), repeats=seed_ids(runs))
     out["epoch_speedup"] = float(base["epoch_time_s"].median() / runs["epoch_time_s"].median())
     out["epoch_lo"], out["epoch_hi"], enote = speedup_interval(
         base["epoch_time_s"], runs["epoch_time_s"], name + "/epoch", **reps
@@ -207,21 +196,23 @@ def launch_speedup(base: pd.DataFrame, runs: pd.DataFrame, name: str, reps: dict
 
 
 def fastest_1_worker(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> dict:
-    """{(partition, framework, backend): (label, runs)}: the 1-worker configuration with
-    the smallest median time to target (censored runs +inf; no median: not a candidate),
-    whatever its per-worker batch and learning rate: the untuned configurations (scaling
-    runs per batch and LR rule) and the selected tuning candidates' re-runs (fresh seeds,
-    never the selection runs). Hoefler & Belli's baseline: the best 1-worker version."""
+    """{like key (partition, framework, backend, precision, compile): (label, ranked)}:
+    the 1-worker configurations of one system and step setting (analysis/like.py),
+    whatever their per-worker batch and learning rate: the untuned configurations
+    (scaling runs per batch and LR rule) and the selected tuning candidates' re-runs
+    (fresh seeds, never the selection runs). ``ranked``: [(label, runs)], the fastest
+    first (smallest median time to target; censored runs +inf; no median: not a
+    candidate). Hoefler & Belli's baseline: the best 1-worker version. The fastest is
+    chosen on the same runs it is compared with, so its interval resamples every
+    candidate and takes the fastest in each replicate (``_against_best``)."""
     if "kind" not in runs:
         runs = runs.assign(kind="")
-    done = ttt_runs(with_framework(runs))
+    done = ttt_runs(plain(runs))
     one = done[done["workers"] == 1]
     options: dict[tuple, list] = {}
-    plain = one[(one["candidate"].fillna("") == "") & (one["kind"].fillna("") == "")]
-    for (part, fw, be, bs, lr), g in plain.groupby(
-        ["partition", "framework", "backend", "batch_per_worker", "lr_rule"]
-    ):
-        options.setdefault((part, fw, be), []).append((f"batch {int(bs)}, LR {lr}", g))
+    for key, g in one.groupby([*LIKE_KEYS, "batch_per_worker", "lr_rule"]):
+        bs, lr = key[-2:]
+        options.setdefault(key[:-2], []).append((f"batch {int(bs)}, LR {lr}, untuned", g))
     if tuned is not None and not tuned.empty:
         re_ = ttt_runs(candidate_runs(runs, "rerun"))
         for r in tuned[(tuned["workers"] == 1) & (tuned["status"] == "selected")].itertuples(
@@ -232,7 +223,7 @@ def fastest_1_worker(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> dict:
                 f"batch {int(r.batch_per_worker)}, tuned (LR {r.lr_rule} "
                 f"x{float(r.lr_multiplier):g}, warm-up {int(r.warmup_epochs)})"
             )
-            options.setdefault((r.partition, r.framework, r.backend), []).append((label, g))
+            options.setdefault(like_key(r), []).append((label, g))
     best = {}
     for key, opts in options.items():
         ranked = [
@@ -240,55 +231,51 @@ def fastest_1_worker(runs: pd.DataFrame, tuned: pd.DataFrame | None) -> dict:
             for label, g in opts
             if not g.empty
         ]
-        ranked = [x for x in ranked if math.isfinite(x[0])]
+        ranked = sorted((x for x in ranked if math.isfinite(x[0])), key=lambda x: (x[0], x[1]))
         if ranked:
-            _, label, g = min(ranked, key=lambda x: (x[0], x[1]))
-            best[key] = (label, g)
+            best[key] = [(label, g) for _, label, g in ranked]
     return best
 
 
 def _against_best(best: dict, key: tuple, g: pd.DataFrame, name: str) -> dict:
     """The time-to-target speedup of n-worker runs ``g`` against the fastest 1-worker
-    configuration of their partition, framework and backend, with its interval."""
+    configuration of their system and step setting, with an interval that includes the
+    choice: each bootstrap replicate resamples every candidate configuration and takes
+    the fastest of that replicate (analysis/stats.best_of_interval)."""
     out = dict(best1_baseline="", speedup_ttt_best1=math.nan)
     out.update(speedup_ttt_best1_lo=math.nan, speedup_ttt_best1_hi=math.nan)
     if key not in best or g.empty:
         return out
-    label, b = best[key]
+    label, b = best[key][0]
     ratio, note = _median_ratio(b["time_to_target_s"], g["time_to_target_s"])
     out.update(best1_baseline=label, speedup_ttt_best1=ratio)
     if not note:
-        lo, hi, _ = speedup_interval(
-            b["time_to_target_s"],
-            g["time_to_target_s"],
-            name + "/best1",
-            base_repeats=_seed_ids(b),
-            repeats=_seed_ids(g),
+        lo, hi, _ = best_of_interval(
+            [x["time_to_target_s"] for _, x in best[key]], g["time_to_target_s"], name + "/best1"
         )
         out.update(speedup_ttt_best1_lo=lo, speedup_ttt_best1_hi=hi)
     return out
 
 
 def _untuned(runs: pd.DataFrame, best: dict) -> list[dict]:
-    plain = runs[(runs["candidate"].fillna("") == "") & (runs["kind"].fillna("") == "")]
-    done = ttt_runs(plain)  # completed and diverged (censored)
+    done = ttt_runs(plain(runs))  # completed and diverged (censored)
     rows = []
-    keys = ["partition", "framework", "backend", "batch_per_worker"]
-    for (part, fw, be, bs), grp in done.groupby(keys):
+    for key, grp in done.groupby([*LIKE_KEYS, "batch_per_worker"]):
+        like, bs = key[:-1], int(key[-1])
         lr = pref_lr(grp["lr_rule"])
         grp = grp[grp["lr_rule"] == lr]
         base = grp[grp["workers"] == 1]
+        tag = f"{stream_tag(*like[:2], *like[3:])}/{like[2]}/{bs}"
         for w, g in grp[grp["workers"] > 1].groupby("workers"):
-            row = dict(partition=part, framework=fw, backend=be, batch_per_worker=int(bs))
+            row = dict(zip(LIKE_KEYS, like), batch_per_worker=bs)
             row.update(workers=int(w), tuned=False, global_batch=int(w * bs))
             if base.empty:  # said, with the counts of the n-worker side (never dropped)
                 row["note"] = "no completed 1-worker baseline"
                 row.update(reached=int(g["reached_target"].astype(bool).sum()), base_reached=0)
                 row.update(total=int(g["epochs_to_target"].notna().sum()), base_total=0)
             else:
-                tag = f"{part}/{fw}" if fw != FRAMEWORK_DEFAULT else part
-                row.update(factors(base, g, f"headline/{tag}/{be}/{bs}/{lr}/{w}"))
-            row.update(_against_best(best, (part, fw, be), g, f"headline/{part}/{be}/{bs}/{w}"))
+                row.update(factors(base, g, f"headline/{tag}/{lr}/{w}"))
+            row.update(_against_best(best, like, g, f"headline/{tag}/{w}"))
             rows.append(row)
     return rows
 
@@ -312,16 +299,17 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None, best: dict) -> list[d
     if tuned is None or tuned.empty:
         return []
     re_ = ttt_runs(candidate_runs(runs, "rerun"))
+    tuned = with_framework(tuned)  # a tuned table of before the step settings: fp32/off
     base = {
-        (r.partition, r.framework, r.backend, r.batch_per_worker): r
+        (*like_key(r), r.batch_per_worker): r
         for r in tuned[tuned["workers"] == 1].itertuples(index=False)
     }
     rows = []
     for r in tuned[tuned["workers"] > 1].itertuples(index=False):
-        row = dict(partition=r.partition, framework=r.framework, backend=r.backend)
+        row = dict(zip(LIKE_KEYS, like_key(r)))
         row.update(batch_per_worker=r.batch_per_worker, workers=r.workers, tuned=True)
         row["global_batch"] = r.global_batch
-        b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
+        b = base.get((*like_key(r), r.batch_per_worker))
         name = "/".join(map(str, ["headline/tuned", *stream_key(r)]))
         mine = reruns_of(re_, r)
         if b is None:
@@ -339,7 +327,7 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None, best: dict) -> list[d
         else:
             row.update(factors(reruns_of(re_, b), mine, name))
         if r.status == "selected":
-            row.update(_against_best(best, (r.partition, r.framework, r.backend), mine, name))
+            row.update(_against_best(best, like_key(r), mine, name))
         rows.append(row)
     return rows
 
@@ -374,6 +362,6 @@ def headline(
     )
     out["ci_method"] = CI_METHOD
     return out.sort_values(
-        ["partition", "framework", "backend", "batch_per_worker", "workers", "tuned"],
+        [*LIKE_KEYS, "batch_per_worker", "workers", "tuned"],
         kind="stable",
     ).reset_index(drop=True)

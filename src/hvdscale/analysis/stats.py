@@ -23,15 +23,19 @@ note. Fewer than ``MIN_REPEATS`` repeats on either side: no interval, and a note
 Censoring: a run that never reached the target (its budget ran out, or its loss
 diverged: analysis.columns.ttt_runs) has time to target +inf. Medians count it
 (``censored_median``: a median exists while fewer than half the repeats are censored,
-else NaN and the note "3/5 censored: no median"). This is the Kaplan-Meier median of the
-runs with every censored run censored after the last observed time, which holds here: a
-run is censored only when its budget ends, and the budget is the same for every run of
-a study (tests/test_stats.py checks the two against scipy.stats.ecdf on CensoredData). In
-a bootstrap replicate a median can be +inf: the speedup is then +inf (baseline censored)
-or 0 (this side censored), and the interval gets an open end ([0.8, inf), printed as
-such). Where both medians are +inf the replicate says nothing about the ratio: it counts
-as 0 for the lower end and as +inf for the upper end (the interval widens; it never
-narrows towards 1).
+else NaN and the note "3/5 censored: no median"). It is the median with every run that
+did not reach the target counted as never reaching it. Where every such run hit the
+budget, and the budget is the same for every run of a study, this is the Kaplan-Meier
+median (each of those runs censored after the last observed time; tests/test_stats.py
+checks the two against scipy.stats.ecdf on CensoredData). A diverged run is not censored
+in Kaplan-Meier's sense: it stopped early, and Kaplan-Meier would let it reach the target
+later; here it never does (its loss is not finite). With diverged runs the median is
+therefore not Kaplan-Meier's: it is at least as large, the honest figure for a
+configuration that can diverge. In a bootstrap replicate a median can be +inf: the
+speedup is then +inf (baseline censored) or 0 (this side censored), and the interval
+gets an open end ([0.8, inf), printed as such). Where both medians are +inf the
+replicate says nothing about the ratio: it counts as 0 for the lower end and as +inf for
+the upper end (the interval widens; it never narrows towards 1).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from hvdscale.errors import UserError
 
 SEED = 20240601
 N_RESAMPLES = 9999
@@ -168,10 +174,56 @@ def bootstrap_ratio(
     return _from_log(float(lo)), _from_log(float(hi))
 
 
+def best_of_interval(
+    bases: Sequence[Sequence[float]], values, name: str, *, min_repeats: int = MIN_REPEATS
+) -> tuple[float, float, str]:
+    """(lo, hi, note) of the speedup of ``values`` against the fastest of several
+    baselines (``bases``: the time samples of each candidate, the chosen one first),
+    where the choice is made on the same runs: every replicate resamples each candidate
+    independently and takes the smallest median of that replicate, so the interval
+    carries the choice (a fastest chosen by luck is not credited twice). Candidates with
+    fewer than ``min_repeats`` values take no part; without the chosen one: no interval."""
+    v = _clean(values)
+    bs = [_clean(b) for b in bases]
+    if not bs or len(bs[0]) < min_repeats or len(v) < min_repeats:
+        return math.nan, math.nan, f"no interval: fewer than {min_repeats} repeats"
+    bs = [b for b in bs if len(b) >= min_repeats]
+
+    def stat_as(undefined: float):
+        def stat(*xs, axis=-1):
+            mb = np.minimum.reduce([np.median(x, axis=axis) for x in xs[:-1]])
+            mv = np.median(xs[-1], axis=axis)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.log(mb) - np.log(mv)
+            r = np.where(np.isinf(mb) & np.isinf(mv), undefined, r)
+            return np.clip(r, -_BIG, _BIG)
+
+        return stat
+
+    rng = rng_for(name)
+    again = copy.deepcopy(rng)
+    lo, _ = _percentile((*bs, v), stat_as(-_BIG), rng=rng)
+    _, hi = _percentile((*bs, v), stat_as(_BIG), rng=again)
+    note = f"the fastest of {len(bs)} 1-worker configurations, the choice resampled"
+    return _from_log(float(lo)), _from_log(float(hi)), note
+
+
 def _pairs(base, values, base_ids, ids) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Align both sides by repeat index when they hold the same indices (paired)."""
+    """Align both sides by repeat index when they hold the same indices (paired). A side
+    that holds one index twice mixes runs that are not like (two settings, two kinds of
+    run: analysis/like.py): a UserError naming the index, never one run dropped."""
     if base_ids is None or ids is None:
         return _clean(base), _clean(values), False
+    for side, xs in (("1-worker baseline", base_ids), ("this configuration", ids)):
+        seen: set[int] = set()
+        for i in xs:
+            if int(i) in seen:
+                raise UserError(
+                    f"bootstrap pairs: the {side} holds two runs of seed id {int(i)}; a "
+                    "comparison must group runs of one setting and one kind only "
+                    "(analysis/like.py)"
+                )
+            seen.add(int(i))
     b = {int(i): v for i, v in zip(base_ids, base) if v is not None and not _isnan(v)}
     g = {int(i): v for i, v in zip(ids, values) if v is not None and not _isnan(v)}
     if set(b) != set(g):

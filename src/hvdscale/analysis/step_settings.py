@@ -32,26 +32,19 @@ import math
 import pandas as pd
 
 from hvdscale.analysis.columns import step_settings_of, ttt_runs, with_framework
+from hvdscale.analysis.like import DEFAULT_SETTING, SETTING_KEYS, plain
 from hvdscale.analysis.stats import censored_median, speedup_interval
 from hvdscale.analysis.view import pref_lr
 
 PLACE = ["partition", "framework", "backend", "batch_per_worker"]
-SETTING = ["precision", "compile"]
-REFERENCE = ("fp32", "off")
+SETTING = SETTING_KEYS
+REFERENCE = DEFAULT_SETTING
 SHARES = ["compute_share", "sync_share", "data_share"]
 
 
 def setting_name(setting: tuple[str, str]) -> str:
     """'bf16/default': the report's name of a step setting."""
     return "/".join(setting)
-
-
-def _plain(runs: pd.DataFrame) -> pd.DataFrame:
-    """Scaling runs (no tuning candidates, calibration runs or re-runs), any status."""
-    r = with_framework(runs)
-    cand = r["candidate"].fillna("").astype(str) if "candidate" in r else ""
-    kind = r["kind"].fillna("").astype(str) if "kind" in r else ""
-    return r[(cand == "") & (kind == "")]
 
 
 def reference_of(settings: list[tuple[str, str]]) -> tuple[str, str]:
@@ -145,9 +138,9 @@ def setting_rows(summary: pd.DataFrame | None, runs: pd.DataFrame | None) -> lis
     dict per setting, in step_settings_of's order, the reference's without ratios)."""
     if runs is None or runs.empty:
         return []
-    plain = _plain(runs)
-    done = plain[plain["status"] == "completed"]
-    ended = ttt_runs(plain)
+    scaling = plain(runs)
+    done = scaling[scaling["status"] == "completed"]
+    ended = ttt_runs(scaling)
     s = with_framework(summary) if summary is not None else pd.DataFrame()
     rows = []
     for place, g in done.groupby(PLACE, sort=True):

@@ -113,7 +113,17 @@ def default_epochs_path(runs_csv: str | Path) -> Path:
     return Path(runs_csv).with_name("epochs.csv")
 
 
-_TEXT = ["partition", "framework", "backend", "note", "ci_method", "tuned", "best1_baseline"]
+_TEXT = [
+    "partition",
+    "framework",
+    "backend",
+    "precision",
+    "compile",
+    "note",
+    "ci_method",
+    "tuned",
+    "best1_baseline",
+]
 
 
 _COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]

@@ -12,12 +12,13 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, ttt_runs, with_framework
+from hvdscale.analysis.like import DEFAULT_SETTING, TUNE_KEYS, like_key, stream_tag
 from hvdscale.analysis.stats import censor_note, censored_median, speedup_interval
 from hvdscale.analysis.tables import _as_bool, _read_csv
 from hvdscale.matrix.runid import run_candidate, run_id_parts, run_kind
 from hvdscale.target import TOO_LOOSE
 
-TUNE_KEYS = ["partition", "framework", "backend", "batch_per_worker", "workers"]
+#: a tuning group: TUNE_KEYS (analysis/like.py: system, step setting, batch, workers)
 CANDIDATE_KEYS = TUNE_KEYS + ["lr_rule", "candidate"]
 TUNED_COLUMNS = [
     *TUNE_KEYS,
@@ -147,12 +148,12 @@ def _expected(status: pd.DataFrame | None, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     if status is not None and not status.empty:
         st = status[status["in_config"]] if "in_config" in status else status
+        st = with_framework(st)  # framework, precision, compile of older tables filled
         for x in st.itertuples(index=False):
             parts = run_id_parts(x.run_id)
             if parts.get("candidate") and not parts["kind"] and pd.notna(x.workers):
-                fw = getattr(x, "framework", None) or FRAMEWORK_DEFAULT
                 b, w = int(x.batch_per_worker), int(x.workers)
-                rows.append((x.partition, fw, x.backend, b, w, parts["candidate"]))
+                rows.append((*like_key(x), b, w, parts["candidate"]))
     c = candidate_runs(runs)
     rows += list(zip(*(c[k] for k in TUNE_KEYS), c["candidate"]))
     df = pd.DataFrame(rows, columns=TUNE_KEYS + ["candidate"]).drop_duplicates()
@@ -225,12 +226,12 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     if out.empty:
         return out
     base = {
-        (r.partition, r.framework, r.backend, r.batch_per_worker): r
+        (*like_key(r), r.batch_per_worker): r
         for r in out[out["workers"] == 1].itertuples(index=False)
     }
     cols = {c: [] for c in ("speedup", "speedup_ttt", "speedup_ttt_lo", "speedup_ttt_hi", "note")}
     for r in out.itertuples(index=False):
-        b = base.get((r.partition, r.framework, r.backend, r.batch_per_worker))
+        b = base.get((*like_key(r), r.batch_per_worker))
         s = st = lo = hi = math.nan
         if b is None:
             note = "no interval: no 1-worker tuning group"
@@ -259,11 +260,13 @@ def _tuned_speedups(out: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def stream_key(r) -> list:
-    """(partition, [framework,] backend, batch, workers) of a tuning group, naming its
-    bootstrap stream: the framework only where it is not the default (as before issue 19)."""
+    """(partition[/framework][setting], backend, batch, workers) of a tuning group,
+    naming its bootstrap stream (analysis/like.stream_tag: the framework and the step
+    setting only where they are not the default, so older streams keep their names)."""
     fw = getattr(r, "framework", FRAMEWORK_DEFAULT)
-    head = [r.partition] + ([fw] if fw != FRAMEWORK_DEFAULT else [])
-    return [*head, r.backend, r.batch_per_worker, r.workers]
+    prec = getattr(r, "precision", DEFAULT_SETTING[0])
+    comp = getattr(r, "compile", DEFAULT_SETTING[1])
+    return [stream_tag(r.partition, fw, prec, comp), r.backend, r.batch_per_worker, r.workers]
 
 
 #: the checkpoint's table (selection.csv): which candidate of each group won on the
