@@ -233,8 +233,12 @@ def test_interval_has_an_open_end_where_a_resample_does_not_resolve_the_signal()
 def test_agrees_reads_the_implied_critical_batch_against_the_interval():
     assert agrees(500.0, 2500.0, implied_critical_batch(75, 150, 0.90))  # 600
     assert not agrees(900.0, 1500.0, implied_critical_batch(75, 150, 0.90))
-    assert agrees(700.0, math.inf, implied_critical_batch(75, 150, 1.02))  # inf, open end
+    # an interval with an open end bounds the critical batch on one side only: no limit
+    assert not agrees(700.0, math.inf, implied_critical_batch(75, 150, 1.02))
+    assert not agrees(0.0, math.inf, 600.0)
+    assert not agrees(700.0, math.inf, 900.0)
     assert not agrees(700.0, 5000.0, math.inf)
-    assert agrees(0.0, 10.0, implied_critical_batch(75, 150, 0.4))  # 0, open lower end
+    assert not agrees(0.0, 10.0, implied_critical_batch(75, 150, 0.4))  # 0, open lower end
+    assert not agrees(0.0, 2500.0, 600.0)
     assert not agrees(math.nan, math.nan, 600.0)  # no interval: never
     assert not agrees(500.0, 2500.0, math.nan)  # no measured ratio

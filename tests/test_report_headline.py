@@ -426,9 +426,13 @@ def test_noise_sentence_states_a_batch_limit_only_where_interval_and_ratio_agree
     narrow = sentence(epochs_ratio=0.90, b_simple_lo=900.0, b_simple_hi=1500.0)
     assert "about 600, outside the interval: " in narrow and narrow.endswith(no_limit)
     assert "still pays" not in narrow
-    # a wide interval with an open end holds even a measured "no epoch cost"
+    # an interval with an open end bounds the critical batch on one side only: no limit,
+    # whatever it holds
     open_ = sentence(epochs_ratio=1.02, b_simple_lo=700.0, b_simple_hi=math.inf)
-    assert f"[700{D}inf)" in open_ and "no epoch cost" in open_ and open_.endswith(limit)
+    assert f"[700{D}inf)" in open_ and "no epoch cost" in open_ and open_.endswith(no_limit)
+    assert "the interval has an open end" in open_ and "still pays" not in open_
+    zero = sentence(epochs_ratio=0.90, b_simple_lo=0.0, b_simple_hi=math.inf)
+    assert zero.endswith(no_limit) and "still pays" not in zero
     assert sentence(epochs_ratio=1.02).endswith(no_limit)  # 500-2,500 does not hold inf
     # fewer than 3 runs: no interval, so no limit, whatever the point estimates say
     none = sentence(epochs_ratio=0.90, b_simple_lo=math.nan, b_simple_hi=math.nan)

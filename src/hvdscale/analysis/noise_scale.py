@@ -226,9 +226,13 @@ def configuration_estimate(
 
 def agrees(b_lo: float, b_hi: float, implied: float) -> bool:
     """Whether the critical batch a measured epochs ratio implies lies inside the
-    B_simple interval [b_lo, b_hi] (False without an interval or an implied value)."""
+    B_simple interval [b_lo, b_hi]. False without an interval or an implied value, and
+    for an interval with an open end (lower end 0, upper end inf: the data bound the
+    critical batch on one side only, so no limit can be read from it)."""
     lo, hi, x = (_number(v) for v in (b_lo, b_hi, implied))
     if math.isnan(lo) or math.isnan(hi) or math.isnan(x):
+        return False
+    if not (lo > 0 and math.isfinite(hi) and math.isfinite(x)):
         return False
     return lo <= x <= hi
 

@@ -206,7 +206,12 @@ def noise_sentence(x) -> str | None:
             f", inside the interval: adding workers still pays at equal accuracy up to a "
             f"global batch of about {fmt.rate(crit)}."
         )
-    why = "outside the interval" if ci else "with no interval to compare"
+    if not ci:
+        why = "with no interval to compare"
+    elif not (lo > 0 and math.isfinite(hi)):
+        why = "and the interval has an open end (it bounds the critical batch on one side only)"
+    else:
+        why = "outside the interval"
     return text + (
         f", {why}: the noise-scale estimate does not predict the epochs to target here, "
         "and no global-batch limit is read from it."
