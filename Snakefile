@@ -2,7 +2,7 @@
 # to a typeset report. See README.md; every config key: config/README.md.
 from snakemake.utils import min_version, validate
 
-from hvdscale.matrix.slurmsite import dry_run_executor
+from hvdscale.slurm.partitions import dry_run_executor
 
 min_version("9.0")
 

@@ -188,7 +188,7 @@ def training_budget(epochs: int) -> dict:
     """The training keys for a run of exactly ``epochs`` epochs, never stopped early:
     ``max_epochs`` + ``stop_at_target: false`` where the config knows them (issue 16),
     else the older ``epochs`` (benchmarks that write configs run on either)."""
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
 
     probe = {"max_epochs": 4, "stop_at_target": False, "warmup_epochs": 1}  # keys, not values
     try:

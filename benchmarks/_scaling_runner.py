@@ -183,8 +183,8 @@ class Runner:
         self.a, self.cfg_path, self.data, self.work = a, cfg_path, data, work
         self.lr_rule_2w = lr_rule_2w
         self.port = 30000 + (os.getpid() % 1000) * 20
+        from hvdscale.config.load import load_config
         from hvdscale.launch.launchspec import horovod_env
-        from hvdscale.matrix.config import load_config
 
         self.hvd_env = horovod_env(load_config(cfg_path)["training"], "mpi")
 

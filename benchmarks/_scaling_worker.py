@@ -94,7 +94,7 @@ def main() -> int:
     import numpy as np
     import tensorflow as tf
 
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
     from hvdscale.trainer.data import plan_rows, prepare_data, steps_per_epoch
     from hvdscale.trainer.horovod_tf.model import build_model
     from hvdscale.trainer.worker import WorkerInfo

@@ -133,9 +133,9 @@ def horovod_env(controller: str, bound: bool = True) -> dict:
     """hvdscale's rank variables of the config defaults for this controller (Horovod's,
     and the Gloo library's), as the launcher sets them for 2 ranks on one node (bound:
     each on a core of its own); torch: those of a torch-ddp gloo run."""
+    from hvdscale.config.load import validate_config
     from hvdscale.launch.launchspec import gloo_env
     from hvdscale.launch.launchspec import horovod_env as hv_env
-    from hvdscale.matrix.config import validate_config
 
     training = validate_config({})["training"]
     if controller == "torch":

@@ -39,7 +39,7 @@ from _results import (  # noqa: E402
     write_csv,
 )
 
-from hvdscale.matrix.config import data_section, load_config  # noqa: E402
+from hvdscale.config.load import data_section, load_config  # noqa: E402
 
 
 def run_pool(cmds: list[list[str]], workers: int, log_dir: Path, tag: str) -> tuple[float, int]:

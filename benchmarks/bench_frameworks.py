@@ -108,7 +108,7 @@ from _scaling_runner import (  # noqa: E402
 )
 from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
-from hvdscale.matrix.config import validate_config  # noqa: E402
+from hvdscale.config.load import validate_config  # noqa: E402
 from hvdscale.matrix.runid import step_setting_suffix  # noqa: E402
 from hvdscale.matrix.runtable import find_run  # noqa: E402
 from hvdscale.target import calibrate_target  # noqa: E402

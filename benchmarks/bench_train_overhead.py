@@ -205,7 +205,7 @@ def run(args):
     import tensorflow as tf
     from _keras_arm import KerasArm
 
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
     from hvdscale.trainer.device import pin_device
     from hvdscale.trainer.horovod_tf.model import build_model
     from hvdscale.trainer.horovod_tf.step import StepProgram, build_step_program

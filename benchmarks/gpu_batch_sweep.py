@@ -217,7 +217,7 @@ def cli(*args) -> None:
 def prepare(a, work: Path) -> tuple[dict, Path]:
     """The validated config of every variant (config-VARIANT.json; {variant: path}) and the
     data (data/, cached) in ``work``."""
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
     from hvdscale.matrix.runtable import find_run
 
     work.mkdir(parents=True, exist_ok=True)

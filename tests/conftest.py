@@ -12,7 +12,7 @@ from required_layers import (  # noqa: F401  (hooks: HVDSCALE_REQUIRE_LAYERS, is
     pytest_runtest_makereport,
 )
 
-from hvdscale.matrix.config import data_section, validate_config
+from hvdscale.config.load import data_section, validate_config
 
 
 def make_data_config(**data) -> dict:

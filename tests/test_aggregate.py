@@ -15,7 +15,7 @@ from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.columns import RUNS_COLUMNS, STATUS_COLUMNS, SUMMARY_COLUMNS
 from hvdscale.analysis.tables import read_runs, read_status, read_summary
 from hvdscale.cli import main
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.matrix.runtable import run_table
 
 SAMPLES = 30000
@@ -387,7 +387,7 @@ def test_config_hash_match_compares_each_run_with_its_slice_of_the_config(tmp_pa
     trained under another config (here: another learning rate) is False, and the
     report's provenance names it."""
     from hvdscale.analysis.aggregate import SliceHash
-    from hvdscale.matrix.config import config_hash
+    from hvdscale.config.load import config_hash
     from hvdscale.matrix.runtable import run_config
     from hvdscale.report.overview import _provenance_rows
     from hvdscale.report.provenance import collect, config_match

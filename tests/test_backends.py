@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hvdscale.config.load import ConfigError, validate_config
 from hvdscale.matrix import backends
-from hvdscale.matrix.config import ConfigError, validate_config
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runtable import run_table
 from hvdscale.matrix.subset import check as check_selection
@@ -142,7 +142,7 @@ def fake(monkeypatch):
 def test_a_new_backend_is_in_the_id_patterns(fake):
     d = parse_run_id("local_fake_n1_w2_b75_lrnone_r0")
     assert (d["backend"], d["workers"]) == ("fake", 2)
-    from hvdscale.matrix.jobspec import JobSpec
+    from hvdscale.slurm.jobspec import JobSpec
 
     job = JobSpec.for_allreduce_id(validate_config({}), "local_fake_n1_w2")
     assert (job.backend, job.workers) == ("fake", 2)
@@ -230,7 +230,7 @@ def test_a_backend_that_needs_gpus_is_refused_on_a_cpu_partition(monkeypatch):
 
 
 def test_partition_kind_is_decided_once():
-    from hvdscale.matrix.jobspec import JobSpec
+    from hvdscale.slurm.jobspec import JobSpec
 
     assert backends.partition_kind({"gpus_per_node": 0}) == "cpu"
     assert backends.partition_kind({}) == "cpu"

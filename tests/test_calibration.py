@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from hvdscale.cli import main as cli_main
+from hvdscale.config.load import validate_config
 from hvdscale.errors import UserError
-from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.runkinds import target_config
 from hvdscale.matrix.runtable import calibration_runs
 from hvdscale.target import best_val_loss, calibrate_target, read_target

@@ -1,5 +1,5 @@
 """Several clusters, one study (issue 29), without SLURM: the config key only_cluster
-(hvdscale.matrix.clusters) and the checks and merged config of hvdscale merge
+(hvdscale.slurm.clusters) and the checks and merged config of hvdscale merge
 (hvdscale.study.merge). The run on two real SLURM instances is tests/test_multicluster.py.
 """
 
@@ -9,10 +9,10 @@ import copy
 
 import pytest
 
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.config import validate_config
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runtable import allreduce_jobs, run_table
+from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.study.merge import Part, check_parts, merged_config
 
 PART = {"cores_per_node": 4, "mem_mb_per_node": 8000, "workers_per_node": 2}

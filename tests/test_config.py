@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hvdscale.config.load import count_parameters, load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.config import count_parameters, load_config, validate_config
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runtable import (
     allreduce_config,
@@ -307,7 +307,7 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
 
 
 def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edits():
-    from hvdscale.matrix.jobspec import JobSpec
+    from hvdscale.slurm.jobspec import JobSpec
 
     cfg = load_config(ROOT / "config/thesis.yaml")
     ids = [job["id"] for job in allreduce_jobs(cfg)]

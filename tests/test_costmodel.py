@@ -286,10 +286,10 @@ def test_prediction_uses_the_link_of_each_node_count():
 def test_config_asks_for_sweeps_over_rank_and_node_counts():
     import yaml
 
+    from hvdscale.config.load import validate_config
     from hvdscale.errors import ConfigError, UserError
-    from hvdscale.matrix.config import validate_config
-    from hvdscale.matrix.jobspec import JobSpec
     from hvdscale.matrix.runtable import allreduce_jobs
+    from hvdscale.slurm.jobspec import JobSpec
 
     cfg = yaml.safe_load((F.PROJECT_ROOT / ".test" / "slurm-costmodel.yaml").read_text())
     cfg = validate_config(cfg)

@@ -15,12 +15,12 @@ import pytest
 from conftest_train import base_config
 
 from hvdscale.commands.launch import check_modules_loaded, check_train_python
+from hvdscale.config.load import validate_config
 from hvdscale.errors import UserError
 from hvdscale.launch.command import train_python_problem
 from hvdscale.launch.launchspec import build_launch, rank_path_env
-from hvdscale.matrix.config import validate_config
-from hvdscale.matrix.deployment import deployment_problem, missing_modules, module_load_problem
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm.deployment import deployment_problem, missing_modules, module_load_problem
+from hvdscale.slurm.jobspec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["GCCcore/11.3.0", "OpenMPI/4.1.4", "TensorFlow/2.15.1"]

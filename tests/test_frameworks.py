@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from hvdscale.config.load import ConfigError, validate_config
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix import backends
-from hvdscale.matrix.config import ConfigError, validate_config
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import allreduce_jobs, find_run, run_config, run_table
+from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.trainer.rank import check_framework, framework_for_run, load_framework
 
 SWEEP = {"partitions": ["local"], "workers": [1, 2], "batch_sizes": [75], "lr_rules": ["none"]}
@@ -258,14 +258,14 @@ def test_a_torch_run_under_srun_is_one_task_per_rank_with_torch_rendezvous(monke
     )
     assert spec.argv[: len(job.srun_args(mpi="none"))] == job.srun_args(mpi="none")
     assert "--mpi=none" in spec.argv and "--distribution=block" in spec.argv
-    tail = ["-m", "hvdscale.launch.gloo_slurm", "exec", "--framework", "torch-ddp", "--", *PROG]
+    tail = ["-m", "hvdscale.slurm.rendezvous", "exec", "--framework", "torch-ddp", "--", *PROG]
     assert spec.argv[-len(tail) :] == tail
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"]) == ("n1", str(20000 + 3456))
     assert spec.launcher == "srun" and not [k for k in spec.env if k.startswith("HOROVOD_")]
 
 
 def test_exec_gives_each_srun_task_its_torch_rank(tmp_path):
-    """``gloo_slurm exec --framework torch-ddp``, as srun's task 3 of 4 on the second node."""
+    """``rendezvous exec --framework torch-ddp``, as srun's task 3 of 4 on the second node."""
     env = {
         **os.environ,
         "HVDSCALE_GLOO_HOSTS": "n1,n2",
@@ -277,7 +277,7 @@ def test_exec_gives_each_srun_task_its_torch_rank(tmp_path):
         "SLURM_STEP_NUM_TASKS": "4",
     }
     show = "import os; print(*(os.environ[k] for k in ('RANK','WORLD_SIZE','LOCAL_RANK','LOCAL_WORLD_SIZE','GROUP_RANK')))"  # noqa: E501
-    cmd = [sys.executable, "-m", "hvdscale.launch.gloo_slurm", "exec", "--framework"]
+    cmd = [sys.executable, "-m", "hvdscale.slurm.rendezvous", "exec", "--framework"]
     r = subprocess.run(
         [*cmd, "torch-ddp", "--", sys.executable, "-c", show],
         env=env, capture_output=True, text=True, timeout=60,
@@ -323,7 +323,7 @@ def test_the_failing_rank_s_own_exit_status_replaces_torchrun_s(tmp_path):
 
 def test_the_time_limit_warning_goes_to_the_ranks_of_a_torchrun_job(monkeypatch, tmp_path):
     """torchrun would die of SIGUSR1: the launcher signals the ranks (pid files) instead."""
-    from hvdscale.launch import timelimit
+    from hvdscale.slurm import timelimit
 
     monkeypatch.setenv("SLURM_JOB_ID", "4711")
     monkeypatch.setattr(timelimit, "job_end_time", lambda job: time.time() + 3.0)

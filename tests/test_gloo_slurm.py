@@ -1,4 +1,4 @@
-"""Gloo under srun without ssh (hvdscale.launch.gloo_slurm, issue 12): the slot plan equals
+"""Gloo under srun without ssh (hvdscale.slurm.rendezvous, issue 12): the slot plan equals
 Horovod's own, the srun command line and environment, the per-rank exec wrapper, and
 Horovod's rendezvous server started from the train env. Real processes, no SLURM
 (the two-node runs are in tests/test_slurm_multinode.py)."""
@@ -16,9 +16,9 @@ from required_layers import layer_skipif
 from slurm_support import horovod_skip_reason
 
 from hvdscale.errors import UserError
-from hvdscale.launch import gloo_slurm
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm import rendezvous
+from hvdscale.slurm.jobspec import JobSpec
 
 needs_horovod = layer_skipif("horovod", horovod_skip_reason())
 PROG = [str(TRAIN_PY), "-m", "hvdscale.cli", "train", "--run-id", "X"]
@@ -26,14 +26,14 @@ T = {"threads_per_worker": 1, "timeline": False, "horovod": {}}
 
 
 def test_slot_plan_sequential_fill():
-    plan = gloo_slurm.slot_plan(12, 8, ["n1", "n2"])
+    plan = rendezvous.slot_plan(12, 8, ["n1", "n2"])
     assert [s.hostname for s in plan] == ["n1"] * 8 + ["n2"] * 4
     assert [s.local_rank for s in plan] == list(range(8)) + list(range(4))
     assert plan[9].local_size == 4 and plan[0].local_size == 8
     assert plan[9].cross_rank == 1 and plan[9].cross_size == 2  # local rank 1 on both
     assert plan[6].cross_size == 1  # local rank 6 exists on n1 only
     with pytest.raises(UserError, match="need 2 node"):
-        gloo_slurm.slot_plan(12, 8, ["n1"])
+        rendezvous.slot_plan(12, 8, ["n1"])
 
 
 @needs_horovod
@@ -52,7 +52,7 @@ def test_slot_plan_is_horovods_plan(workers, per_node):
         [str(TRAIN_PY), "-c", code, spec, str(workers)], capture_output=True, text=True, check=True
     )
     theirs = json.loads(out.stdout)
-    ours = [s.__dict__ for s in gloo_slurm.slot_plan(workers, per_node, hosts)]
+    ours = [s.__dict__ for s in rendezvous.slot_plan(workers, per_node, hosts)]
     assert ours == theirs
 
 
@@ -68,11 +68,11 @@ def test_srun_gloo_spec_has_no_horovodrun_and_no_ssh():
     assert s.argv[:2] == ["srun", "--mpi=none"] and "horovodrun" not in " ".join(s.argv)
     assert "--distribution=block" in s.argv and "--ntasks-per-node=8" in s.argv
     assert s.argv[s.argv.index("-n") + 1] == "16" and s.argv[s.argv.index("-N") + 1] == "2"
-    i = s.argv.index(gloo_slurm.MODULE)
+    i = s.argv.index(rendezvous.MODULE)
     assert s.argv[i + 1 : i + 3] == ["exec", "--"] and s.argv[i + 3 :] == PROG
     assert s.env["HOROVOD_CONTROLLER"] == "gloo" and s.env["HOROVOD_CPU_OPERATIONS"] == "gloo"
-    assert s.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == gloo_slurm.PORT_PLACEHOLDER
-    assert s.env[gloo_slurm.PLAN_HOSTS] == "node1,node2"
+    assert s.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == rendezvous.PORT_PLACEHOLDER
+    assert s.env[rendezvous.PLAN_HOSTS] == "node1,node2"
     assert s.env["HVDSCALE_LAUNCHER"] == "srun"
 
 
@@ -87,12 +87,12 @@ def test_srun_gloo_needs_a_host_list_for_two_nodes(monkeypatch):
 def _exec(env_extra: dict) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HOROVOD_"))}
     env.update(
-        {gloo_slurm.PLAN_HOSTS: "n1,n2", gloo_slurm.PLAN_PER_NODE: "8"},
-        **{gloo_slurm.PLAN_WORKERS: "16"},
+        {rendezvous.PLAN_HOSTS: "n1,n2", rendezvous.PLAN_PER_NODE: "8"},
+        **{rendezvous.PLAN_WORKERS: "16"},
     )
     env.update(env_extra)
     show = "import json, os; print(json.dumps({k: v for k, v in os.environ.items()}))"
-    cmd = [sys.executable, "-m", gloo_slurm.MODULE, "exec", "--", sys.executable, "-c", show]
+    cmd = [sys.executable, "-m", rendezvous.MODULE, "exec", "--", sys.executable, "-c", show]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -125,7 +125,7 @@ def test_rendezvous_server_starts_and_stops():
         training=T,
         hosts=["localhost"],
     )
-    with gloo_slurm.rendezvous_for(s, str(TRAIN_PY)):
+    with rendezvous.rendezvous_for(s, str(TRAIN_PY)):
         port = int(s.env["HOROVOD_GLOO_RENDEZVOUS_PORT"])
         import urllib.request
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from hvdscale.matrix.gpu_support import compute_capability, gpu_support_notes
 from hvdscale.report.overview import title_section
+from hvdscale.slurm.gpu_support import compute_capability, gpu_support_notes
 from hvdscale.study.plan import format_plan, merged_config, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_report_overview_says_it():
 
 
 def test_torch_ddp_on_a_gpu_partition_says_the_cpu_build_and_the_unmeasured_nccl_path():
-    from hvdscale.matrix.gpu_support import gpu_support_notes
+    from hvdscale.slurm.gpu_support import gpu_support_notes
 
     parts = {
         "alpha": {"gpus_per_node": 8, "gpu_model": "A100", "cores_per_node": 48},

@@ -11,7 +11,7 @@ from conftest_train import TRAIN_PY, needs_train_env, sub_env
 
 from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm.jobspec import JobSpec
 
 SCRIPT = textwrap.dedent("""
     import sys

@@ -50,7 +50,7 @@ def test_regular_install_finds_the_project(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in (ROOT_ENV, "PYTHONPATH")}
     env["PYTHONPATH"] = str(site)
     probe = (
-        "import hvdscale, hvdscale.matrix.config as c; print(hvdscale.__file__); "
+        "import hvdscale, hvdscale.config.load as c; print(hvdscale.__file__); "
         "print(c.PROJECT_ROOT)"
     )
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.launch.command import job_for
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.config import load_config, validate_config
-from hvdscale.matrix.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.matrix.runtable import find_run, run_table
+from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, write_config
 
+from hvdscale.config.load import validate_config
 from hvdscale.errors import UserError
 from hvdscale.launch.command import describe_failure, job_for
 from hvdscale.launch.launchspec import (
@@ -22,9 +23,8 @@ from hvdscale.launch.launchspec import (
     default_train_python,
     horovod_env,
 )
-from hvdscale.matrix.config import validate_config
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runtable import allreduce_config
+from hvdscale.slurm.jobspec import JobSpec
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
 T = {
@@ -88,9 +88,9 @@ def test_mpirun_passes_the_fault_hook_to_the_ranks(monkeypatch):
         ("horovodrun", "mpi", "horovod-tf"),
         ("mpirun", "mpi", "horovod-tf"),
         ("srun", "mpi", "horovod-tf"),
-        ("srun", "gloo", "horovod-tf"),  # srun + Horovod's rendezvous (launch.gloo_slurm)
+        ("srun", "gloo", "horovod-tf"),  # srun + Horovod's rendezvous (slurm.rendezvous)
         ("torchrun", "gloo", "torch-ddp"),
-        ("srun", "gloo", "torch-ddp"),  # one srun task per rank (launch.gloo_slurm)
+        ("srun", "gloo", "torch-ddp"),  # one srun task per rank (slurm.rendezvous)
     ],
 )
 def test_every_launcher_passes_the_launch_stamp_to_the_ranks(launcher, backend, framework):
@@ -178,7 +178,7 @@ def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
     with pytest.raises(UserError, match="horovodrun"):
         controller_for(launcher, "gloo")
     # inside a SLURM allocation of two nodes the hosts come from the allocation
-    monkeypatch.setattr("hvdscale.launch.gloo_slurm.slurm_hostnames", lambda: ["c1", "c2"])
+    monkeypatch.setattr("hvdscale.slurm.rendezvous.slurm_hostnames", lambda: ["c1", "c2"])
     s = spec(launcher, "gloo", workers=4, nodes=2, wpn=2)
     assert s.argv[s.argv.index("-H") + 1] == "c1:2,c2:2"
 
@@ -379,7 +379,7 @@ def test_dry_run_prints_the_command_without_tensorflow(tmp_path):
     )
     # issue 12: gloo under srun: srun --mpi=none + Horovod's rendezvous, no horovodrun
     assert r.returncode == 0 and "srun --mpi=none -n 2" in r.stdout, r.stdout + r.stderr
-    assert "hvdscale.launch.gloo_slurm exec" in r.stdout and "horovodrun" not in r.stdout
+    assert "hvdscale.slurm.rendezvous exec" in r.stdout and "horovodrun" not in r.stdout
 
 
 def test_user_errors_are_one_line(tmp_path):

@@ -33,9 +33,9 @@ from conftest_train import (
     write_config,
 )
 
-from hvdscale.launch import gloo_slurm
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm import rendezvous
+from hvdscale.slurm.jobspec import JobSpec
 
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
 PROG = [sys.executable, "-c", SHOW_ENV]
@@ -68,8 +68,8 @@ SIZE_VARS = {
     "HOROVOD_LOCAL_SIZE",
     "WORLD_SIZE",
     "LOCAL_WORLD_SIZE",
-    gloo_slurm.PLAN_WORKERS,
-    gloo_slurm.PLAN_PER_NODE,
+    rendezvous.PLAN_WORKERS,
+    rendezvous.PLAN_PER_NODE,
     "HVDSCALE_TIME_LIMIT_READY",  # <out_dir>/.pids:<workers>
 }
 
@@ -103,15 +103,15 @@ def test_one_worker_starts_no_srun_and_says_where_the_rank_runs(case, in_step):
     assert "job step 77.0, the launcher's own" in note and "no nested step" in note
     assert ("MPI singleton" in note) == (CASES[case][2] == "mpi")
     if CASES[case][0] == "torch-ddp":
-        assert one.argv[:7] == [sys.executable, "-m", gloo_slurm.MODULE, "exec"] + [
+        assert one.argv[:7] == [sys.executable, "-m", rendezvous.MODULE, "exec"] + [
             "--framework",
             "torch-ddp",
             "--rank",
         ]
     elif CASES[case][2] == "gloo":
-        assert one.argv[:6] == [sys.executable, "-m", gloo_slurm.MODULE, "exec", "--rank", "0"]
+        assert one.argv[:6] == [sys.executable, "-m", rendezvous.MODULE, "exec", "--rank", "0"]
         # Horovod's rendezvous server still runs next to the launcher (rendezvous_for)
-        assert one.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == gloo_slurm.PORT_PLACEHOLDER
+        assert one.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == rendezvous.PORT_PLACEHOLDER
     else:
         assert one.argv[:5] == ["env", "-u", "SLURM_STEP_ID", "-u", "SLURM_STEPID"]
 
@@ -181,9 +181,9 @@ def test_the_rank_gets_the_environment_of_an_srun_task(case, in_step):
 
 def test_exec_refuses_a_rank_outside_the_plan():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update({gloo_slurm.PLAN_HOSTS: "n1", gloo_slurm.PLAN_PER_NODE: "1"})
-    env[gloo_slurm.PLAN_WORKERS] = "1"
-    cmd = [sys.executable, "-m", gloo_slurm.MODULE, "exec", "--rank", "1", "--", "true"]
+    env.update({rendezvous.PLAN_HOSTS: "n1", rendezvous.PLAN_PER_NODE: "1"})
+    env[rendezvous.PLAN_WORKERS] = "1"
+    cmd = [sys.executable, "-m", rendezvous.MODULE, "exec", "--rank", "1", "--", "true"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and "--rank 1 but the plan has 1" in out.stderr
 

@@ -88,7 +88,7 @@ MODULES = modules()
 
 def test_the_page_lists_the_levels():
     assert LEVELS["errors"] == 1 and LEVELS["matrix"] == 2 and LEVELS["cli"] == 9
-    assert level_of("launch.command", LEVELS) == 4 and level_of("matrix.jobspec", LEVELS) == 2
+    assert level_of("launch.command", LEVELS) == 4 and level_of("slurm.jobspec", LEVELS) == 2
     assert level_of("trainer.horovod_tf.__main__", LEVELS) == 9
 
 

@@ -29,7 +29,7 @@ from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.columns import LOSS_SCALE_COLUMNS, RUNS_COLUMNS
 from hvdscale.analysis.records import record_row
 from hvdscale.analysis.tables import read_runs, write_csv
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.matrix.runtable import find_run
 from hvdscale.record.build import RecordError, environment_block, epoch_entry, validate_record
 from hvdscale.record.timing import EpochTimer
@@ -53,7 +53,7 @@ needs_torch = layer_skipif("torch", None if _has_torch() else "torch missing in 
 TF_STATES = """
 import json
 import numpy as np
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import LOSS_SCALE_INITIAL, build_step_program
 from hvdscale.trainer.rank import loss_scale_state
@@ -88,7 +88,7 @@ TORCH_STATES = """
 import json
 import numpy as np
 import torch
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.trainer.rank import loss_scale_state
 from hvdscale.trainer.torch_ddp.dist import TorchWorker
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation

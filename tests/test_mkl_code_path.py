@@ -16,11 +16,11 @@ from conftest_train import TRAIN_PY, base_config, sub_env, train_code_env, write
 from test_torch_ddp import needs_torch
 
 from hvdscale import native
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.launch.launchspec import build_launch, mkl_env
-from hvdscale.matrix.config import validate_config
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runtable import run_config
+from hvdscale.slurm.jobspec import JobSpec
 
 TORCH_DDP = "local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
 HOROVOD_TF = "local_gloo_n1_w2_b75_lrnone_r0"

@@ -98,7 +98,7 @@ def test_gloo_ranks_preload_it_and_keep_what_was_preloaded(monkeypatch):
     "run_id, launcher, preloaded",
     [
         ("local_gloo_n1_w2_b75_lrnone_r0", "horovodrun", True),
-        ("local_gloo_n1_w2_b75_lrnone_r0", "srun", True),  # gloo_slurm: srun passes the env
+        ("local_gloo_n1_w2_b75_lrnone_r0", "srun", True),  # slurm.rendezvous: srun passes the env
         ("local_mpi_n1_w2_b75_lrnone_r0", "mpirun", False),
         ("local_torch-ddp_gloo_n1_w2_b75_lrnone_r0", "horovodrun", True),  # torchrun
     ],

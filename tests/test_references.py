@@ -10,8 +10,8 @@ import pandas as pd
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import references_of
+from hvdscale.config.load import validate_config
 from hvdscale.figures.registry import caption_values
-from hvdscale.matrix.config import validate_config
 from hvdscale.report import fmt
 from hvdscale.report.accuracy import batch_question
 from hvdscale.report.reference_section import reference_rows

@@ -18,8 +18,8 @@ from required_layers import layer_skipif, require_layer
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tables import read_summary
 from hvdscale.cli import main
+from hvdscale.config.load import validate_config
 from hvdscale.figures.draw import FIGURES
-from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.runtable import run_table
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.report import fmt
@@ -276,7 +276,7 @@ def test_reference_rows_against_a_thesis_like_study(tmp_path):
             ],
         },
     }
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
 
     cfg = validate_config(raw)
     F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
@@ -330,8 +330,8 @@ def test_rebuild_from_the_same_inputs_gives_identical_bytes(tmp_path, monkeypatc
 
 @needs_poppler
 def test_captions_come_from_the_rst_files_with_config_values(complete):
+    from hvdscale.config.load import count_parameters
     from hvdscale.figures.registry import FIGURE_NAMES, caption_values
-    from hvdscale.matrix.config import count_parameters
 
     cfg, out = complete
     text = " ".join(pdf_text(out["report"]).split())

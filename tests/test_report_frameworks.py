@@ -29,7 +29,7 @@ from hvdscale.analysis.headline import headline
 from hvdscale.analysis.tables import read_epochs, read_runs, write_csv
 from hvdscale.analysis.tuning import TUNED_COLUMNS, select_tuned
 from hvdscale.cli import main
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.project import PROJECT_ROOT
 
 TORCH = F.TORCH

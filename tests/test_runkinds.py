@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
+from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import load_config, validate_config
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import calibration_runs, find_run, run_config, run_seed, run_table

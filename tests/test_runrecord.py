@@ -359,7 +359,7 @@ def test_split_error_of_a_real_looking_epoch():
 def built_record(fault_delay=None, system=None, attempts=None):
     """A record made by record.build.build_record (as hvdscale train makes it) for a run of a
     validated config."""
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
     from hvdscale.matrix.runtable import find_run
     from hvdscale.record.build import build_record, epoch_entry
 
@@ -441,7 +441,7 @@ def test_build_record_matches_the_schema_and_the_runs_table():
 
 
 def cfg_seed():
-    from hvdscale.matrix.config import validate_config
+    from hvdscale.config.load import validate_config
 
     return validate_config({})["seed"]
 

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdscale.launch import timelimit
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix import jobspec, site_settings
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm import jobspec, site, timelimit
+from hvdscale.slurm.jobspec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]
@@ -45,10 +44,8 @@ def test_nccl_settings_reach_the_ranks_with_every_launcher(launcher, backend):
 
 
 def test_nccl_env_is_empty_by_default_and_recorded_from_the_environment():
-    assert site_settings.nccl_env({"nccl": {"socket_ifname": None}}) == {}
-    assert site_settings.nccl_env_now({"NCCL_DEBUG": "WARN", "PATH": "/bin"}) == {
-        "NCCL_DEBUG": "WARN"
-    }
+    assert site.nccl_env({"nccl": {"socket_ifname": None}}) == {}
+    assert site.nccl_env_now({"NCCL_DEBUG": "WARN", "PATH": "/bin"}) == {"NCCL_DEBUG": "WARN"}
 
 
 def test_srun_mpi_type_is_configurable():
@@ -59,7 +56,7 @@ def test_srun_mpi_type_is_configurable():
         training={**T, "srun_mpi": "pmi2"},
     )
     assert s.argv[:2] == ["srun", "--mpi=pmi2"]
-    assert site_settings.srun_mpi({}) == "--mpi=pmix"
+    assert site.srun_mpi({}) == "--mpi=pmix"
 
 
 def test_time_limit_signal_and_runtime_per_attempt():

@@ -74,8 +74,8 @@ def test_dry_run_with_profile_as_typed(name):
 def test_job_shapes_of_the_thesis_and_one_array_command_per_shape():
     """Issue 20: the plugin gives an array the first job's resources, so arrays are
     submitted per job shape (hvdscale plan --arrays)."""
-    from hvdscale.matrix.jobspec import JobSpec
     from hvdscale.matrix.runtable import run_table
+    from hvdscale.slurm.jobspec import JobSpec
     from hvdscale.study.plan import array_commands, job_shapes, merged_config
 
     cfg = merged_config([ROOT / "config" / "thesis.yaml"])

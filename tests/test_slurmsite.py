@@ -1,5 +1,5 @@
 """Partitions SLURM does not know are refused before any job is queued (issue 29):
-hvdscale.matrix.slurmsite (unit tests, sinfo faked), and the workflow under the SLURM
+hvdscale.slurm.partitions (unit tests, sinfo faked), and the workflow under the SLURM
 executor on the local test cluster (scripts/slurm-cluster.sh) stopping a study whose
 partition the cluster lacks, with nothing submitted."""
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from slurm_support import slurm_cluster  # noqa: F401  (fixture)
 
-from hvdscale.matrix.slurmsite import (
+from hvdscale.slurm.partitions import (
     default_cluster_name,
     dry_run_executor,
     parse_sinfo_partitions,

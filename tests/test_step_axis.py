@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from hvdscale.analysis.aggregate import aggregate
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import run_config, run_table

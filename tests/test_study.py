@@ -20,8 +20,8 @@ import yaml
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import check_references, verdict
 from hvdscale.cli import main
+from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import load_config, validate_config
 from hvdscale.matrix.runtable import run_table
 from hvdscale.study.plan import format_plan, merged_config, plan
 

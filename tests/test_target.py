@@ -9,8 +9,8 @@ import pytest
 from fixtures_runs import record_from_epochs, write_record
 
 from hvdscale.analysis.aggregate import aggregate
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.config import validate_config
 from hvdscale.target import TOO_LOOSE, describe, read_target, target_spec, time_to
 
 W = [2.0, 1.0, 1.0, 1.0, 1.0]

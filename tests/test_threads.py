@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.config import validate_config
-from hvdscale.matrix.jobspec import JobSpec
-from hvdscale.matrix.threads import planned_threads, threads_for_rank
 from hvdscale.record.build import _record_config
+from hvdscale.slurm.jobspec import JobSpec
+from hvdscale.slurm.threads import planned_threads, threads_for_rank
 
 
 @pytest.mark.parametrize(

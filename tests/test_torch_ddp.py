@@ -32,7 +32,7 @@ from required_layers import layer_skipif
 
 from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
-from hvdscale.matrix.jobspec import JobSpec
+from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.trainer.model import parameter_count
 from hvdscale.trainer.schedule import warmup_lr, warmup_updates
 
@@ -523,7 +523,7 @@ def test_ranks_exit_when_torchrun_itself_is_killed(tmp_path, tiny_run_setup):
 def test_sigusr1_stops_with_a_checkpoint_and_the_rerun_resumes_to_the_same_result(
     tmp_path, tiny_run_setup
 ):
-    """SLURM's time-limit warning (launch.timelimit): both ranks stop after the epoch's
+    """SLURM's time-limit warning (slurm.timelimit): both ranks stop after the epoch's
     checkpoint with exit 4; the same command resumes from it (weights, KerasAdam state,
     shuffle by epoch) and ends where an uninterrupted run ends."""
     config, data = tiny_run_setup

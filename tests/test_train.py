@@ -34,8 +34,8 @@ from conftest_train import (
     write_config,
 )
 
+from hvdscale.config.load import validate_config
 from hvdscale.errors import DataError, UserError
-from hvdscale.matrix.config import validate_config
 from hvdscale.record.build import model_bytes
 from hvdscale.record.timing import PHASES
 from hvdscale.trainer.checkpoint import ResumeState
@@ -214,7 +214,7 @@ def test_the_step_program_factory_takes_the_training_section_settings():
 
 FP16_STEP = """
 import numpy as np, tensorflow as tf
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import LOSS_SCALE_INITIAL, build_step_program
 from hvdscale.trainer.worker import WorkerInfo

@@ -9,8 +9,8 @@ from fixtures_runs import record_from_epochs, write_failure, write_record, write
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tuning import candidates, select_tuned
+from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.runtable import find_run, run_config, run_table
 
 TUNE = {

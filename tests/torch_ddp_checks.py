@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from hvdscale.matrix.config import validate_config
+from hvdscale.config.load import validate_config
 
 LR_STEP = 1e-3
 GLOBAL_BATCH = 16

@@ -15,8 +15,8 @@ from snakemake.settings.types import DeploymentMethod
 os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.matrix.runid import ALLREDUCE_ID_WILDCARD
-from hvdscale.matrix.config import count_parameters, data_section, validate_config
-from hvdscale.matrix.deployment import deployment_problem
+from hvdscale.config.load import count_parameters, data_section, validate_config
+from hvdscale.slurm.deployment import deployment_problem
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.runkinds import rerun_runs, target_config
 from hvdscale.matrix.runtable import (
@@ -27,8 +27,8 @@ from hvdscale.matrix.runtable import (
     run_table,
 )
 from hvdscale.matrix.runid import RUN_ID_WILDCARD, parse_run_id
-from hvdscale.matrix.slurmsite import slurm_partition_problem
-from hvdscale.matrix.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.slurm.partitions import slurm_partition_problem
+from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
@@ -260,7 +260,7 @@ def model_bytes(wildcards):
 
 
 # --------------------------------------------------------------------------- resources
-# The layout of every job that starts ranks comes from one JobSpec (hvdscale.matrix.jobspec):
+# The layout of every job that starts ranks comes from one JobSpec (hvdscale.slurm.jobspec):
 # nodes, tasks, tasks per node, CPUs per task, gres, memory, runtime per attempt,
 # mpi. train_run and measure_allreduce share JOB_RESOURCES, one callable per SLURM
 # resource (snakemake-executor-plugin-slurm maps them to sbatch flags); a callable

@@ -25,8 +25,8 @@ from hvdscale.analysis.records import (
 )
 from hvdscale.analysis.schemas import SUMMARY_SCHEMA
 from hvdscale.analysis.summary import summarise
+from hvdscale.config.load import config_hash, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import config_hash, validate_config
 from hvdscale.matrix.runid import run_kind
 from hvdscale.matrix.runtable import find_run, run_config, run_table
 

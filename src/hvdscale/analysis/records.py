@@ -24,8 +24,8 @@ from hvdscale.analysis.columns import (
     SYNC_FIELDS,
 )
 from hvdscale.analysis.schemas import RUNS_SCHEMA, describe_failures, parse_any_run_id
+from hvdscale.config.load import RUN_SCHEMA
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.config import RUN_SCHEMA
 
 # ----------------------------------------------------------------------------- validation
 

@@ -16,8 +16,8 @@ import pandas as pd
 from hvdscale.analysis.columns import reference_framework
 from hvdscale.analysis.stats import bootstrap_ci, rng_for
 from hvdscale.analysis.view import config_order, preferred_group, summary_batch
+from hvdscale.config.load import validate_config
 from hvdscale.io import atomic_path
-from hvdscale.matrix.config import validate_config
 from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS
 
 COLUMNS = [

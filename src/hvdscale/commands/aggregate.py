@@ -71,8 +71,8 @@ from hvdscale.analysis.tables import (
     write_csv,
 )
 from hvdscale.analysis.tuning import select_tuned
+from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
-from hvdscale.matrix.config import load_config
 
 
 def add_arguments(p):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import sys
 
+from hvdscale.config.load import load_config
 from hvdscale.io import write_json_atomic
-from hvdscale.matrix.config import load_config
 from hvdscale.target import calibrate_target, read_records
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvdscale.matrix.config import config_hash, load_config
+from hvdscale.config.load import config_hash, load_config
 from hvdscale.matrix.runtable import run_table
 
 

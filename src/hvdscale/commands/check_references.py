@@ -41,7 +41,7 @@ from hvdscale.analysis.references import (
     write_references,
 )
 from hvdscale.analysis.tables import read_runs, read_summary
-from hvdscale.matrix.config import load_config
+from hvdscale.config.load import load_config
 
 
 def add_arguments(p):

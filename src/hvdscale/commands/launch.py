@@ -8,11 +8,11 @@ train env through the configured launcher:
   srun        srun --mpi=pmix -n N --kill-on-bad-exit=1 PYTHON -m hvdscale.cli ...
               (inside a SLURM allocation: nodes and tasks per node come from it); a
               1-worker run starts no srun: its rank is this command's child in its own
-              job step (hvdscale.launch.gloo_slurm.build_in_step; a launch note says so)
+              job step (hvdscale.slurm.rendezvous.build_in_step; a launch note says so)
 
 A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs ``-m hvdscale.trainer.torch_ddp``
 instead: ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun)
-under horovodrun/mpirun, one srun task per rank under srun (launch.gloo_slurm). torchrun
+under horovodrun/mpirun, one srun task per rank under srun (slurm.rendezvous). torchrun
 exits 1 for any failing rank: the exit status is the failing rank's own (its exit marker).
 
 The collective backend of the run (from its run_id) selects the Horovod environment:
@@ -52,8 +52,8 @@ import sys
 import time
 
 from hvdscale import native
+from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
-from hvdscale.launch import gloo_slurm
 from hvdscale.launch.command import (
     allreduce_outcome,
     allreduce_program,
@@ -72,9 +72,9 @@ from hvdscale.launch.launchspec import (
     build_launch,
     default_train_python,
 )
-from hvdscale.matrix.config import load_config
-from hvdscale.matrix.deployment import module_load_problem
 from hvdscale.record.build import write_failure
+from hvdscale.slurm import rendezvous
+from hvdscale.slurm.deployment import module_load_problem
 
 
 def add_arguments(p):
@@ -192,7 +192,7 @@ def run(args) -> int:
     for n in spec.notes:
         print(f"hvdscale launch: note: {n}", file=sys.stderr, flush=True)
     t0 = time.time()
-    with gloo_slurm.rendezvous_for(spec, python):  # Horovod's Gloo rendezvous (gloo + srun)
+    with rendezvous.rendezvous_for(spec, python):  # Horovod's Gloo rendezvous (gloo + srun)
         status, tail = run_spec(spec, timeout_s=args.timeout)
     took = time.time() - t0
     if status < 0:  # killed by a signal

@@ -12,7 +12,7 @@ are listed on their own line with the same worst case.
 Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
 requests (gres per node x nodes), 0 on CPU partitions.
 
-GPUs the train env cannot use are said before anything runs (hvdscale.matrix.gpu_support,
+GPUs the train env cannot use are said before anything runs (hvdscale.slurm.gpu_support,
 issue 20): TensorFlow 2.15 is built against CUDA 12, which needs compute capability
 >= 5.0, so a K80 partition (3.7, the thesis's gpu2) fails at run time with it. The plan,
 Snakemake's start banner and the report's overview say so and what to do instead.

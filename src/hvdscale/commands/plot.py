@@ -30,8 +30,8 @@ from hvdscale.analysis.tables import (
     read_runs,
     read_summary,
 )
+from hvdscale.config.load import load_config
 from hvdscale.figures.draw import FIGURES, load_costmodel, plot_all
-from hvdscale.matrix.config import load_config
 
 
 def add_arguments(p):

@@ -39,8 +39,8 @@ from hvdscale.analysis.tables import (
     read_summary,
 )
 from hvdscale.analysis.tuning import read_tuned
+from hvdscale.config.load import load_config
 from hvdscale.figures.draw import load_costmodel
-from hvdscale.matrix.config import load_config
 from hvdscale.report.pdf import build_report
 from hvdscale.report.provenance import load_provenance
 from hvdscale.target import read_target

@@ -33,8 +33,8 @@ from __future__ import annotations
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tables import read_runs, read_status, write_csv
 from hvdscale.analysis.tuning import selection
+from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
-from hvdscale.matrix.config import load_config
 
 
 def add_arguments(p):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
+from hvdscale.config.load import data_section, validate_config
 from hvdscale.io import write_json_atomic
-from hvdscale.matrix.config import data_section, validate_config
 
 
 def add_arguments(p):

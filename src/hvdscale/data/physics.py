@@ -54,8 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.config.load import data_section, read_config_file, validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.config import data_section, read_config_file, validate_config
 
 GENERATOR_NAME = "hvdscale-elastoplastic-1d"
 GENERATOR_VERSION = 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdscale.config.load import config_hash
 from hvdscale.data import h5
 from hvdscale.data.check import sha256_file
 from hvdscale.data.physics import (
@@ -18,7 +19,6 @@ from hvdscale.data.physics import (
     GeneratorParams,
 )
 from hvdscale.errors import DataError
-from hvdscale.matrix.config import config_hash
 
 VALIDATION_VERSION = 1
 STRESS_REL_TOL = 1e-5  # float32 rounding of stress and labels

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from hvdscale.matrix.config import count_parameters
+from hvdscale.config.load import count_parameters
 from hvdscale.matrix.runtable import run_table
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.target import FLAT_GAIN

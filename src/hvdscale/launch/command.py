@@ -17,14 +17,14 @@ import threading
 from pathlib import Path
 
 from hvdscale.errors import UserError
-from hvdscale.launch import timelimit
 from hvdscale.launch.launchspec import (
     TRAIN_MODULES,
     LaunchSpec,
 )
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runtable import find_run
 from hvdscale.record.build import EXIT_NAN, read_record
+from hvdscale.slurm import timelimit
+from hvdscale.slurm.jobspec import JobSpec
 
 
 def companion(python: str, tool: str) -> str:

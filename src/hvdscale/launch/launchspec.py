@@ -14,12 +14,12 @@ from pathlib import Path
 
 from hvdscale import native
 from hvdscale.errors import UserError
-from hvdscale.launch import gloo_slurm, timelimit
-from hvdscale.matrix import backends, site_settings
-from hvdscale.matrix.jobspec import JobSpec
-from hvdscale.matrix.threads import threads_for_rank
+from hvdscale.matrix import backends
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.record.startup import stamp_env
+from hvdscale.slurm import rendezvous, site, timelimit
+from hvdscale.slurm.jobspec import JobSpec
+from hvdscale.slurm.threads import threads_for_rank
 
 LAUNCHERS = ("horovodrun", "mpirun", "srun", "torchrun")
 #: the interpreter module torchrun is (`python -m torch.distributed.run` = `torchrun`)
@@ -244,7 +244,7 @@ def build_launch(
     env.update(stamp_env(started_at))
     env.update(rank_path_env(environment))
     if launcher == "srun" and job.in_launcher_step:  # 1 worker: the rank in our own step
-        argv, env, note = gloo_slurm.build_in_step(
+        argv, env, note = rendezvous.build_in_step(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, controller=controller
         )
         return LaunchSpec(argv, env, controller=controller, launcher="srun", notes=[*notes, note])
@@ -252,7 +252,7 @@ def build_launch(
         argv, env = _torch_launch(launcher, job, list(program_argv), env, hosts, srun, notes)
         return LaunchSpec(argv, env, controller=controller, launcher=launcher, notes=notes)
     if launcher == "srun" and controller == "gloo":  # Gloo across nodes without ssh
-        argv, env, note = gloo_slurm.build_gloo_srun(
+        argv, env, note = rendezvous.build_gloo_srun(
             job=job, program_argv=list(program_argv), env=env, hosts=hosts, srun=srun
         )
         notes = [note, *_gpu_notes(job)]
@@ -313,9 +313,9 @@ def _launch_env(
     )
     # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's
     # job step strips SLURM_JOB_NODELIST)
-    env.update(gloo_slurm.rank_env_from_slurm())
-    env.update(site_settings.nccl_env(training))  # NCCL_* from training.nccl, every launcher
-    # SIGUSR1 from the launcher before the time limit (hvdscale.launch.timelimit)
+    env.update(rendezvous.rank_env_from_slurm())
+    env.update(site.nccl_env(training))  # NCCL_* from training.nccl, every launcher
+    # SIGUSR1 from the launcher before the time limit (hvdscale.slurm.timelimit)
     env.update(timelimit.launch_env(training, out_dir, job.workers))
     return env
 
@@ -365,9 +365,9 @@ def _torch_launch(
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of a torch-ddp run: ``python -m torch.distributed.run --standalone`` (=
     torchrun) with the train env's interpreter on one machine, or one srun task per rank
-    (hvdscale.launch.gloo_slurm.build_torch_srun). ``program_argv``: PYTHON -m MODULE ..."""
+    (hvdscale.slurm.rendezvous.build_torch_srun). ``program_argv``: PYTHON -m MODULE ..."""
     if launcher == "srun":
-        argv, env, note = gloo_slurm.build_torch_srun(
+        argv, env, note = rendezvous.build_torch_srun(
             job=job, program_argv=program_argv, env=env, hosts=hosts, srun=srun
         )
         notes += [note, *_gpu_notes(job)]
@@ -419,7 +419,7 @@ def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:
     elif job.nodes == 1:
         names = ["localhost"]
     else:
-        names = gloo_slurm.slurm_hostnames()
+        names = rendezvous.slurm_hostnames()
         if not names:
             raise UserError(
                 f"{job.nodes} nodes but no host list: run inside a SLURM allocation "

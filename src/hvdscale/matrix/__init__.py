@@ -1,2 +1,2 @@
-"""The run matrix: backends, the config and its schema, run ids, the run table and
-each run's job layout (pure Python; both environments import it)."""
+"""The run matrix: backends, run ids, the run table, run kinds and the selection
+(pure Python; both environments import it)."""

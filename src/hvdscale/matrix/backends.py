@@ -94,7 +94,7 @@ REGISTRY: dict[tuple[str, str], Backend] = {
         Backend(
             "gloo",
             cpu_operations="gloo",
-            # Gloo needs horovodrun's rendezvous, or hvdscale.launch.gloo_slurm's under srun
+            # Gloo needs horovodrun's rendezvous, or hvdscale.slurm.rendezvous's under srun
             controllers={"horovodrun": "gloo", "srun": "gloo"},
             timeline_op="GLOO_ALLREDUCE",
             color="#7570b3",
@@ -105,7 +105,7 @@ REGISTRY: dict[tuple[str, str], Backend] = {
 }
 
 # PyTorch DistributedDataParallel (issue 19): torchrun on one machine, srun on SLURM (one
-# task per rank, hvdscale.launch.gloo_slurm's rendezvous); no Horovod, so no Horovod
+# task per rank, hvdscale.slurm.rendezvous's rendezvous); no Horovod, so no Horovod
 # variables and no timeline: the label proof checks what torch.distributed reports.
 _TORCH = "torch-ddp"
 REGISTRY.update(

@@ -4,7 +4,7 @@ The re-runs of the selected tuning candidates (kind rerun, run ids ``..._rerun_r
 depend on the selection (checkpoint select_tuned -> tuned.csv), so they are not in
 ``run_table``; ``rerun_runs`` builds them from the selected candidates. ``target_config``
 cuts out the part of the config the study's target depends on (rule calibrate_target).
-Re-exported by ``hvdscale.matrix.config``.
+Re-exported by ``hvdscale.config.load``.
 """
 
 from __future__ import annotations

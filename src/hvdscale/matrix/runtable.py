@@ -3,7 +3,7 @@
 ``run_table`` expands the sweeps (and the re-tuning candidates of ``scaling.tune``) into
 one ``Run`` per training run; ``run_config`` and ``allreduce_config`` cut out the part of
 the config one training run or one allreduce sweep depends on. Re-exported by
-``hvdscale.matrix.config``.
+``hvdscale.config.load``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass
 
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix import backends
-from hvdscale.matrix.clusters import in_scope
-from hvdscale.matrix.jobspec import JobSpec, nodes_for, workers_per_node_for
 from hvdscale.matrix.runid import (
     COMPILE_MODES,
     PRECISIONS,
@@ -30,6 +28,8 @@ from hvdscale.matrix.runid import (
 )
 from hvdscale.matrix.subset import parse as parse_selection
 from hvdscale.matrix.subset import run_selected, sweep_selected
+from hvdscale.slurm.clusters import in_scope
+from hvdscale.slurm.jobspec import JobSpec, nodes_for, workers_per_node_for
 
 # the kinds of run and their index in the seed derivation (run_seed)
 SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
@@ -117,7 +117,7 @@ def run_table(cfg: dict) -> list[Run]:
 
     Scaling runs and candidates only of the config's selection (key ``select``,
     hvdscale.matrix.subset); the calibration runs always (the target needs them). With
-    ``only_cluster`` only the runs on that cluster's partitions (matrix/clusters.py). The
+    ``only_cluster`` only the runs on that cluster's partitions (slurm/clusters.py). The
     re-runs of the selected tuning candidates depend on the selection: rerun_runs.
     """
     sel = parse_selection(cfg.get("select"))
@@ -250,7 +250,7 @@ def _make_run(
     repeat: int,
     **extra,
 ) -> Run:
-    """A run on partition ``part`` (its config section), laid out by hvdscale.matrix.jobspec;
+    """A run on partition ``part`` (its config section), laid out by hvdscale.slurm.jobspec;
     ``extra``: the candidate (lr_mult, tune_warmup), kind, seed_base and framework."""
     return Run(
         partition=partition,

@@ -18,15 +18,15 @@ import time
 from pathlib import Path
 
 from hvdscale import native
+from hvdscale.config.load import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.matrix.config import RUN_SCHEMA
-from hvdscale.matrix.site_settings import nccl_env_now
-from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.project import git_commit
 from hvdscale.record.history import history_csv
 from hvdscale.record.startup import launch_to_target, total_startup
 from hvdscale.record.summary import noise_scale_block, summarise, target_block
 from hvdscale.record.timing import TIMING_METHODS, instrumentation_block, sync_block
+from hvdscale.slurm.site import nccl_env_now
+from hvdscale.slurm.threads import threads_for_rank
 
 SCHEMA_VERSION = 1
 
@@ -330,7 +330,7 @@ def build_record(
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
-    ``run``: the config's scaling-matrix row (hvdscale.matrix.config.find_run); ``cfg``: the full
+    ``run``: the config's scaling-matrix row (hvdscale.config.load.find_run); ``cfg``: the full
     validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
     test-only fault hook's setting (hvdscale.trainer.fault), recorded only when set;
     ``system``: system_block() of rank 0, recorded only when given (optional field);

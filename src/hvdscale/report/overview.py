@@ -9,12 +9,12 @@ import pandas as pd
 
 from hvdscale.analysis.columns import STATUSES, with_framework
 from hvdscale.analysis.stats import CI_METHOD
-from hvdscale.matrix.gpu_support import gpu_support_notes
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.frameworks_section import GPU_NOTE
 from hvdscale.report.headline_text import headline_section
 from hvdscale.report.method import equal_accuracy_bullets
+from hvdscale.slurm.gpu_support import gpu_support_notes
 
 STATUS_NOTE = (
     "Runs by partition and status (completed; nan_loss: stopped by a non-finite loss; "

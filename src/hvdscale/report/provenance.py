@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from hvdscale.analysis.columns import ENV_VERSIONS
+from hvdscale.config.load import config_hash
 from hvdscale.errors import UserError
 from hvdscale.matrix.backends import is_gpu_partition
-from hvdscale.matrix.config import config_hash
 from hvdscale.project import git_commit
 
 WORKFLOW_PACKAGES = [

@@ -13,9 +13,9 @@ import pandas as pd
 from hvdscale.analysis.columns import ENV_VERSIONS
 from hvdscale.analysis.stats import bootstrap_ci, intervals_overlap, rng_for
 from hvdscale.analysis.tables import read_runs
+from hvdscale.config.load import config_hash
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
-from hvdscale.matrix.config import config_hash
 from hvdscale.matrix.runid import CONFIG_KEYS
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
 from hvdscale.study.export import read_archive

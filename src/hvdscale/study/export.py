@@ -13,9 +13,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+from hvdscale.config.load import config_hash
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
-from hvdscale.matrix.config import config_hash
 from hvdscale.project import PROJECT_ROOT, git_commit
 from hvdscale.record.system import collect_system
 from hvdscale.report.provenance import workflow_versions

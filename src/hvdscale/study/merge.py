@@ -1,7 +1,7 @@
 """One report from several studies of one config, each run on its own cluster (issue 29).
 
 A site with one Slurm instance per cluster runs a study as one Snakemake run per cluster
-(``--config only_cluster=NAME``, hvdscale.matrix.clusters), each on that cluster's login
+(``--config only_cluster=NAME``, hvdscale.slurm.clusters), each on that cluster's login
 node, each into its own results directory. ``hvdscale merge A B ... --out DIR``
 (``make report FROM="A B"``) joins them: every part is a results directory or an archive
 of ``hvdscale export``.
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import yaml
 
+from hvdscale.config.load import config_hash, validate_config
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
-from hvdscale.matrix.config import config_hash, validate_config
 from hvdscale.matrix.subset import describe as describe_selection
 from hvdscale.study.export import TARGET, read_archive, report_rules_command, study_inputs
 

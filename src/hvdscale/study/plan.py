@@ -8,14 +8,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdscale.config.load import read_config_file, validate_config
 from hvdscale.errors import ConfigError
 from hvdscale.io import atomic_path
-from hvdscale.matrix.config import read_config_file, validate_config
-from hvdscale.matrix.gpu_support import gpu_support_notes
-from hvdscale.matrix.jobspec import JobSpec
 from hvdscale.matrix.runkinds import rerun_runs
 from hvdscale.matrix.runtable import allreduce_jobs, run_table, tune_runs
 from hvdscale.matrix.subset import describe
+from hvdscale.slurm.gpu_support import gpu_support_notes
+from hvdscale.slurm.jobspec import JobSpec
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hvdscale.errors import UserError
-from hvdscale.launch import timelimit
+from hvdscale.slurm import timelimit
 
 
 def run_rank(args, rank: int, train, on_term) -> int:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdscale.launch import timelimit
 from hvdscale.matrix.runid import run_kind
 from hvdscale.record.build import epoch_entry, finite_or_none
 from hvdscale.record.timing import PHASES, EpochTimer
+from hvdscale.slurm import timelimit
 from hvdscale.target import has_flattened
 from hvdscale.trainer.checkpoint import Checkpointer, ResumeState
 from hvdscale.trainer.metrics import EpochMetrics

@@ -26,9 +26,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from hvdscale.config.load import config_hash, load_config
 from hvdscale.errors import UserError
 from hvdscale.matrix import backends
-from hvdscale.matrix.config import config_hash, load_config
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runtable import find_run
 from hvdscale.record.build import (

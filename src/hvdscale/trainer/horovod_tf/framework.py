@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from hvdscale.matrix import backends
-from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.record.labelproof import prove
+from hvdscale.slurm.threads import threads_for_rank
 from hvdscale.trainer.device import bind_cpus, pin_device
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import build_step_program

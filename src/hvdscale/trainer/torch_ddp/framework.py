@@ -3,7 +3,7 @@ DistributedDataParallel run (``FRAMEWORK``, named in ``matrix.backends.TRAINERS`
 19). The run, its rows, seeds, loop, checkpoints and record are the Horovod trainer's.
 
 A rank binds its CPUs from torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, takes
-``threads_per_worker`` torch threads (``matrix.threads``: auto is SLURM_CPUS_PER_TASK),
+``threads_per_worker`` torch threads (``slurm.threads``: auto is SLURM_CPUS_PER_TASK),
 picks its device (``device.choose_device``: the CPU with gloo, ``cuda:LOCAL_RANK`` with
 nccl) and joins the process group (``dist.TorchWorker``) (``start``); the network,
 KerasAdam and the LR of every update come from ``net``, the DDP steps from ``step``. The
@@ -22,8 +22,8 @@ import torch
 import torch.distributed
 
 from hvdscale.errors import UserError
-from hvdscale.matrix.threads import threads_for_rank
 from hvdscale.record.labelproof import prove
+from hvdscale.slurm.threads import threads_for_rank
 from hvdscale.trainer.device import bind_cpus
 from hvdscale.trainer.rank import Started
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device, device_label

@@ -51,7 +51,7 @@ from hvdscale.errors import UserError
 
 #: precision -> the autocast dtype (mixed precision); fp32 / tf32 run without autocast
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: precisions a CPU cannot run (matrix.config refuses them for partitions without GPUs)
+#: precisions a CPU cannot run (config.load refuses them for partitions without GPUs)
 GPU_ONLY = ("fp16", "tf32")
 
 

@@ -19,12 +19,12 @@ import yaml
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
-from hvdscale.matrix.clusters import only_cluster_problems
-from hvdscale.matrix.jobspec import sbatch_flag_problems
 from hvdscale.matrix.runtable import run_table
 from hvdscale.matrix.subset import check as check_selection
 from hvdscale.matrix.subset import describe as describe_selection
 from hvdscale.project import PROJECT_ROOT
+from hvdscale.slurm.clusters import only_cluster, only_cluster_problems
+from hvdscale.slurm.jobspec import sbatch_flag_problems
 
 # PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.project)
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
@@ -281,7 +281,7 @@ def _check_semantics(cfg: dict) -> None:
     if not problems:
         problems += _check_select(cfg)
     if not problems:
-        problems += only_cluster_problems(cfg)
+        problems += only_cluster_problems(cfg) or _only_cluster_select_problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -385,6 +385,18 @@ def _check_select(cfg: dict) -> list[str]:
             "scaling matrix"
         )
     return problems
+
+
+def _only_cluster_select_problems(cfg: dict) -> list[str]:
+    """only_cluster and select together keep a run of the scaling matrix (the
+    calibration runs alone do not count)."""
+    name = only_cluster(cfg)
+    if name and cfg.get("select") and all(r.kind == "cal" for r in run_table(cfg)):
+        return [
+            f"config key only_cluster: cluster {name!r} and config key select together "
+            "keep no run of the scaling matrix"
+        ]
+    return []
 
 
 def _tune_problems(cfg: dict) -> list[str]:

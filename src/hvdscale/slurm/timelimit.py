@@ -18,7 +18,7 @@
 A 1-worker run is a plain (non-MPI) plugin job whose own job step (Snakemake under
 ``srun -n1``) would die of SLURM's SIGUSR1, so it gets no ``--signal``; the launcher's
 signal alone warns it (its child is the rank itself: no srun, see
-``hvdscale.launch.gloo_slurm.build_in_step``).
+``hvdscale.slurm.rendezvous.build_in_step``).
 """
 
 from __future__ import annotations

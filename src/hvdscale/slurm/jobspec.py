@@ -19,7 +19,7 @@ Plugin 2.8 quirks live here and nowhere else:
 - the plugin refuses ``mpi`` jobs with one task: a 1-worker run is a plain job, which
   the plugin's job step runs as its one task (``srun -n1 --cpus-per-task=...``: the
   job's CPUs, memory and GPUs). Its launcher starts no srun (``in_launcher_step``): the
-  single rank is the launcher's child in that step (hvdscale.launch.gloo_slurm,
+  single rank is the launcher's child in that step (hvdscale.slurm.rendezvous,
   ``build_in_step``), not a nested step that may get neither the GPU nor the memory.
 
 Pure Python (no Snakemake, no TensorFlow): used by the workflow, the launcher and tests.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from hvdscale.errors import UserError
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK, is_gpu_partition
 from hvdscale.matrix.runid import allreduce_id_pattern
-from hvdscale.matrix.threads import planned_threads
+from hvdscale.slurm.threads import planned_threads
 
 #: scaling.partitions.<name>.gpu_bind -> srun options of the ranks on a GPU partition:
 #: per-task gives every task one GPU of its own (CUDA_VISIBLE_DEVICES names one id; what
@@ -106,10 +106,10 @@ class JobSpec:
     runtime_min: int | None = None  # time limit of one attempt
     account: str = ""
     constraint: str = ""
-    threads_per_worker: int = 1  # as planned: auto counts as 1 (matrix.threads)
+    threads_per_worker: int = 1  # as planned: auto counts as 1 (slurm.threads)
     cluster: str = ""  # the partition's SLURM cluster (sbatch --clusters), "" for the default
     runtime_min_retry: int | None = None  # time limit of attempts 2, 3, ... (None: runtime_min)
-    signal: str | None = None  # sbatch --signal=... before the time limit (launch.timelimit)
+    signal: str | None = None  # sbatch --signal=... before the time limit (slurm.timelimit)
     srun_mpi: str = "pmix"  # srun --mpi= type (training.srun_mpi)
     node_cores: int = 0  # the partition's cores_per_node (a local run takes them all)
     framework: str = DEFAULT_FRAMEWORK  # what the ranks run (hvdscale.matrix.backends.FRAMEWORKS)
@@ -153,7 +153,7 @@ class JobSpec:
             account=part.get("account", ""),
             constraint=part.get("constraint", ""),
             threads_per_worker=planned_threads(cfg["training"].get("threads_per_worker", 1)),
-            # only_cluster (matrix/clusters.py): this run is on the cluster's own login
+            # only_cluster (slurm/clusters.py): this run is on the cluster's own login
             # node (its SLURM_CONF), so no sbatch --clusters
             cluster="" if cfg.get("only_cluster") else (part.get("cluster") or ""),
             runtime_min_retry=part.get("runtime_min_retry"),
@@ -167,7 +167,7 @@ class JobSpec:
 
     @classmethod
     def for_run(cls, cfg: dict, run) -> JobSpec:
-        """The layout of a run of the scaling matrix (a ``hvdscale.matrix.config.Run``)."""
+        """The layout of a run of the scaling matrix (a ``hvdscale.config.load.Run``)."""
         framework = getattr(run, "framework", DEFAULT_FRAMEWORK)
         return cls.for_workers(cfg, run.partition, run.backend, run.workers, framework=framework)
 
@@ -324,7 +324,7 @@ SIGNAL_NAME = "USR1"
 
 def signal_option(training: dict, workers: int = 2) -> str | None:
     """The sbatch option that asks for the warning, or None when it is turned off (and
-    for 1-worker jobs, see hvdscale.launch.timelimit)."""
+    for 1-worker jobs, see hvdscale.slurm.timelimit)."""
     margin = int(training.get("time_limit_margin_s", 120) or 0)
     return f"--signal={SIGNAL_NAME}@{margin}" if margin > 0 and workers > 1 else None
 

@@ -8,10 +8,10 @@ gloo run in three pieces, the same ones horovodrun uses, with srun in place of s
    the first node, then the next; the same plan as Horovod's ``get_host_assignments``)
    from the allocation's host list;
 2. it starts Horovod's own ``RendezvousServer`` (``horovod.runner.http.http_server``) in
-   the train env (``python -m hvdscale.launch.gloo_slurm serve``), initialised with that plan,
+   the train env (``python -m hvdscale.slurm.rendezvous serve``), initialised with that plan,
    and learns its port;
 3. ``srun --mpi=none --distribution=block`` starts every rank through
-   ``python -m hvdscale.launch.gloo_slurm exec -- PROGRAM``, which turns SLURM_PROCID into the
+   ``python -m hvdscale.slurm.rendezvous exec -- PROGRAM``, which turns SLURM_PROCID into the
    variables Horovod's Gloo controller reads (HOROVOD_RANK/SIZE, HOROVOD_LOCAL_RANK/SIZE,
    HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), checks that srun placed the rank where the
    plan says, and execs PROGRAM. HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
@@ -67,7 +67,7 @@ PLAN_WORKERS = "HVDSCALE_GLOO_WORKERS"
 NODELIST = "HVDSCALE_SLURM_NODELIST"
 PORT_PLACEHOLDER = "<port>"
 #: this module as ``python -m`` runs it in the ranks (exec) and next to the launcher (serve)
-MODULE = "hvdscale.launch.gloo_slurm"
+MODULE = "hvdscale.slurm.rendezvous"
 #: Gloo's rendezvous waits 30 s by default; ranks that import TensorFlow on busy or
 #: oversubscribed nodes reach hvd.init() minutes apart
 DEFAULT_GLOO_TIMEOUT_S = "600"
@@ -494,14 +494,14 @@ def exec_rank(program: list[str], framework: str = "horovod-tf", rank: int | Non
     or torch.distributed's (framework torch-ddp)."""
     env = os.environ
     if not program:
-        raise UserError("gloo_slurm exec: no program given")
+        raise UserError("rendezvous exec: no program given")
     slots = plan_from_env(env)
     if rank is None:
         slot = srun_slot(slots, env)
     elif 0 <= rank < len(slots):  # started by the launcher (build_in_step): no srun placement
         slot = slots[rank]
     else:
-        raise UserError(f"gloo_slurm exec: --rank {rank} but the plan has {len(slots)}")
+        raise UserError(f"rendezvous exec: --rank {rank} but the plan has {len(slots)}")
     new_env = dict(env)
     new_env.update(slot.torch_env() if framework == "torch-ddp" else slot.env())
     os.execvpe(program[0], program, new_env)
@@ -512,10 +512,10 @@ def srun_slot(slots: list[Slot], env: dict[str, str]) -> Slot:
     """The slot of the srun task ``env`` describes (SLURM_PROCID), checked against where
     srun placed it (SLURM_NODEID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS)."""
     if "SLURM_PROCID" not in env:
-        raise UserError("gloo_slurm exec: SLURM_PROCID is not set (start it with srun)")
+        raise UserError("rendezvous exec: SLURM_PROCID is not set (start it with srun)")
     rank = int(env["SLURM_PROCID"])
     if not 0 <= rank < len(slots):
-        raise UserError(f"gloo_slurm exec: SLURM_PROCID {rank} but the plan has {len(slots)}")
+        raise UserError(f"rendezvous exec: SLURM_PROCID {rank} but the plan has {len(slots)}")
     slot = slots[rank]
     node_id = env.get("SLURM_NODEID")
     local_id = env.get("SLURM_LOCALID")
@@ -523,13 +523,13 @@ def srun_slot(slots: list[Slot], env: dict[str, str]) -> Slot:
         local_id is not None and int(local_id) != slot.local_rank
     ):
         raise UserError(
-            f"gloo_slurm exec: srun placed rank {rank} as local id {local_id} on node {node_id}; "
+            f"rendezvous exec: srun placed rank {rank} as local id {local_id} on node {node_id}; "
             f"the Gloo plan says local rank {slot.local_rank} on node {slot.cross_rank} "
             "(srun needs --distribution=block and the plan's tasks per node)"
         )
     tasks = env.get("SLURM_STEP_NUM_TASKS")
     if tasks is not None and int(tasks) != slot.size:
-        raise UserError(f"gloo_slurm exec: srun started {tasks} tasks; the plan has {slot.size}")
+        raise UserError(f"rendezvous exec: srun started {tasks} tasks; the plan has {slot.size}")
     return slot
 
 

@@ -8,7 +8,7 @@
   (``sbatch --clusters``), for sites whose partitions live in separate SLURM clusters.
 
 One GPU per rank: the job asks for ``--gres=gpu:<ranks on the node>`` per node; the
-partition's ``gpu_bind`` (``hvdscale.matrix.jobspec.GPU_BIND_SRUN``) decides the ranks'
+partition's ``gpu_bind`` (``hvdscale.slurm.jobspec.GPU_BIND_SRUN``) decides the ranks'
 srun options: ``per-task`` (default) ``--gpus-per-task=1`` gives each rank its own
 CUDA_VISIBLE_DEVICES (one id, which it uses), ``single`` ``--gpu-bind=single:1`` the
 same by binding, ``none`` lets every rank see the node's GPUs and training pins the GPU

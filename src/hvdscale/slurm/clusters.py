@@ -40,7 +40,8 @@ def scoped_partitions(cfg: dict) -> list[str]:
 
 def only_cluster_problems(cfg: dict) -> list[str]:
     """Config problems of only_cluster: a cluster no partition names, a study with no
-    sweep on it, calibration runs on another cluster."""
+    sweep on it, calibration runs on another cluster (with ``select``, the config check
+    also asks the run table whether a run is left: hvdscale.config.load)."""
     name = only_cluster(cfg)
     if not name:
         return []
@@ -69,12 +70,4 @@ def only_cluster_problems(cfg: dict) -> list[str]:
             "of one study needs the same target: use training.target {mode: absolute, value: "
             "<the value of the first cluster's results/scaling/target.json>}"
         )
-    if not problems and cfg.get("select"):
-        from hvdscale.matrix.runtable import run_table  # (runtable imports this module)
-
-        if all(r.kind == "cal" for r in run_table(cfg)):
-            problems.append(
-                f"config key only_cluster: cluster {name!r} and config key select together "
-                "keep no run of the scaling matrix"
-            )
     return problems
