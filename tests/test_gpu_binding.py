@@ -9,7 +9,14 @@ import pytest
 
 from hvdscale.errors import UserError
 from hvdscale.record.labelproof import gpu_id, rank_gpu_ids
-from hvdscale.trainer.device import cuda_visible_devices, gpu_for_rank, gpu_label, visible_gpu_id
+from hvdscale.trainer.device import (
+    GpuDemand,
+    cuda_visible_devices,
+    framework_sees,
+    gpu_for_rank,
+    gpu_label,
+    visible_gpu_id,
+)
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -145,3 +152,76 @@ def test_each_gpu_bind_gives_every_local_rank_its_own_gpu(bind, visible_by_local
         labels.append(gpu_label(index, A100, env))
     assert [gpu_id(label) for label in labels] == gpu_ids
     assert rank_gpu_ids(labels, visible_by_local_rank) == gpu_ids
+
+
+# --------------------------------------------------------------------------- GPU label, GPU
+
+ALPHA = GpuDemand("alpha", 8, emulated=False, run_id="alpha_mpi_n1_w2_b75_lrnone_r0")
+CPU_TF = framework_sees("TensorFlow 2.15.1", 0, False, "tf.test.is_built_with_cuda() is False", "1")
+
+
+def test_a_cpu_rank_of_a_gpu_partition_stops_naming_rank_host_what_it_sees_and_the_fix():
+    with pytest.raises(UserError) as exc:
+        ALPHA.check(False, rank=1, host="node1", sees=CPU_TF)
+    msg = str(exc.value)
+    assert msg.startswith(
+        "run alpha_mpi_n1_w2_b75_lrnone_r0: rank 1 on host node1 would train on the CPU, "
+        "but partition 'alpha' has 8 GPUs per node; stopped before the first step."
+    )
+    assert (
+        "The framework sees: TensorFlow 2.15.1 lists no GPU: a CPU-only build "
+        "(tf.test.is_built_with_cuda() is False); CUDA_VISIBLE_DEVICES='1'." in msg
+    )
+    assert "make setup-gpu" in msg and "HVD_GPU=1 scripts/setup.sh" in msg
+    assert "CUDA module" in msg and "scaling.partitions.alpha.gpus_per_node" in msg
+
+
+def test_a_gpu_rank_a_cpu_partition_and_emulated_gpus_pass():
+    ALPHA.check(True, rank=0, host="n", sees="")  # on its GPU
+    GpuDemand("local", 0).check(False, rank=0, host="n", sees="")  # a CPU partition
+    emulated = GpuDemand("alpha", 8, emulated=True)
+    emulated.check(False, rank=0, host="n", sees="")  # the test cluster's emulated GPUs
+    assert emulated.gpu_partition and not emulated.needs_gpu and ALPHA.needs_gpu
+
+
+def test_the_demand_comes_from_the_runs_partition():
+    cfg = {"scaling": {"partitions": {"alpha": {"gpus_per_node": 8}, "local": {}}}}
+
+    class Run:
+        partition, run_id = "alpha", "alpha_gloo_n1_w1_b75_lrnone_r0"
+
+    assert GpuDemand.of(cfg, Run) == GpuDemand("alpha", 8, False, Run.run_id)
+    cfg["scaling"]["partitions"]["alpha"]["emulated_gpus"] = True
+    assert GpuDemand.of(cfg, Run).emulated is True
+    Run.partition = "local"
+    assert not GpuDemand.of(cfg, Run).gpu_partition
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_torch_without_a_gpu_on_a_gpu_partition_stops_whatever_the_backend(backend):
+    cpu_build = CudaFacts("2.13.0+cpu", False, 0, visible="0", cuda_build=None)
+    with pytest.raises(UserError) as exc:
+        choose_device(backend, 0, "r", cpu_build, rank=3, demand=ALPHA, host="node2")
+    msg = str(exc.value)
+    assert "rank 3 on host node2 would train on the CPU" in msg
+    assert (
+        "torch 2.13.0+cpu lists no GPU: a CPU-only build (torch.version.cuda is None); "
+        "CUDA_VISIBLE_DEVICES='0'" in msg
+    )
+    # a CUDA build that finds no GPU (no driver, no GPU allocated) says so
+    no_gpu = CudaFacts("2.13.0+cu121", False, 0, visible=None, cuda_build="12.1")
+    with pytest.raises(UserError, match="a CUDA build that finds no usable GPU.*unset"):
+        choose_device(backend, 0, "r", no_gpu, rank=0, demand=ALPHA, host="node2")
+
+
+def test_torch_gloo_computes_on_the_gpu_of_a_gpu_partition_and_on_the_cpu_elsewhere():
+    cuda = CudaFacts("2.13.0+cu121", True, 2, visible="0,1", cuda_build="12.1")
+    assert choose_device("gloo", 1, "r", cuda, demand=ALPHA) == "cuda:1"
+    assert choose_device("gloo", 1, "r", cuda, demand=GpuDemand("local", 0)) == "cpu"
+    assert choose_device("gloo", 1, "r", cuda) == "cpu"  # no partition given: as before
+    # emulated GPUs: torch finds none, gloo trains on the CPU; nccl cannot
+    emulated = GpuDemand("alpha", 8, emulated=True)
+    cpu_build = CudaFacts("2.13.0+cpu", False, 0, visible="1")
+    assert choose_device("gloo", 1, "r", cpu_build, demand=emulated) == "cpu"
+    with pytest.raises(UserError, match="backend nccl needs a CUDA build of torch"):
+        choose_device("nccl", 1, "r", cpu_build, demand=emulated)

@@ -260,3 +260,65 @@ def test_cli_prints_every_ranks_gpu_id_per_host(tmp_path, capsys):
     (tmp_path / "cpu" / "metrics.json").write_text(json.dumps(record("gloo")))
     main([str(tmp_path / "cpu")])
     assert "GPU ids" not in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- device vs partition
+
+
+def on_partition(rec: dict, gpus_per_node: int, emulated: bool | None = None) -> dict:
+    """``rec`` as a run of partition ``alpha`` with ``gpus_per_node`` GPUs per node (the
+    record's config says so since the label proof checks it); ``emulated``: the record's
+    config.emulated_gpus (None: absent)."""
+    rec["config"].update(partition="alpha", gpus_per_node=gpus_per_node)
+    if emulated is not None:
+        rec["config"]["emulated_gpus"] = emulated
+    return rec
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_cpu_ranks_on_a_gpu_partition_are_mislabelled_whatever_the_backend(tmp_path, backend):
+    """A crafted record: an mpi (or gloo) run of a partition with 8 GPUs per node whose
+    ranks report CPU devices is rejected, even though its collective and hosts are right."""
+    act = "MPI_ALLREDUCE" if backend == "mpi" else "GLOO_ALLREDUCE"
+    for emulated in (None, False):
+        p = prove(on_partition(record(backend), 8, emulated), timeline(tmp_path / "t.json", act))
+        assert not p["ok"] and p["collective"] == act, p
+        assert p["problems"] == [
+            "partition alpha has 8 GPUs per node, but 2 rank(s) ran on the CPU (rank 0, 1)"
+        ]
+        assert p["gpus_per_node"] == 8 and p["emulated_gpus"] is False
+    # the CLI says so too
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.json").write_text(json.dumps(on_partition(record(backend), 8)))
+    assert main([str(d)]) == 1
+
+
+def test_one_cpu_rank_among_gpu_ranks_is_named():
+    rec = on_partition(record("mpi", 4, 1, 4), 4)
+    rec["environment"]["devices"] = [f"GPU:{i} (A100)" for i in range(3)] + ["CPU (1 thread)"]
+    p = prove(rec)
+    assert not p["ok"] and p["problems"] == [
+        "partition alpha has 4 GPUs per node, but 1 rank(s) ran on the CPU (rank 3)"
+    ]
+    rec["environment"]["devices"][3] = "GPU:3 (A100)"
+    assert prove(rec)["ok"]
+
+
+def test_a_partition_with_emulated_gpus_may_train_on_the_cpu_but_nccl_may_not():
+    p = prove(on_partition(record("mpi"), 8, emulated=True))
+    assert p["ok"] and p["emulated_gpus"] is True and p["devices"] == {"CPU": 2}, p
+    p = prove(on_partition(record("nccl"), 8, emulated=True))
+    assert not p["ok"] and p["problems"] == [
+        "backend nccl needs GPUs, but 2 rank(s) ran on the CPU (rank 0, 1)"
+    ]
+    p = prove(on_partition(record("nccl"), 8, emulated=False))
+    assert p["problems"] == [
+        "partition alpha has 8 GPUs per node and backend nccl needs GPUs, but 2 rank(s) "
+        "ran on the CPU (rank 0, 1)"
+    ]
+
+
+def test_cpu_ranks_on_a_cpu_partition_are_fine():
+    p = prove(on_partition(record("mpi"), 0, emulated=False))
+    assert p["ok"] and p["gpus_per_node"] == 0, p

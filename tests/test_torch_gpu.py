@@ -130,15 +130,18 @@ def nccl_config(path: Path) -> Path:
 
 
 @needs_cpu_torch
-def test_an_nccl_run_on_a_cpu_build_stops_with_the_clear_error(tmp_path):
+def test_an_nccl_run_on_a_cpu_build_of_a_gpu_partition_stops_with_the_clear_error(tmp_path):
     config = nccl_config(tmp_path / "config.json")
     out = tmp_path / "run"
     cmd = [str(TRAIN_PY), "-m", "hvdscale.trainer.torch_ddp", "--config", str(config), "--run-id",
            NCCL_ID, "--data-dir", str(tmp_path / "no-data"), "--out-dir", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"run {NCCL_ID}: backend nccl needs a CUDA build of torch" in r.stderr
-    assert "0 GPUs" in r.stderr and "Traceback" not in r.stderr
+    # a rank of a GPU partition without a GPU: the partition's error, before any step
+    assert f"run {NCCL_ID}: rank 0 on host " in r.stderr
+    assert "would train on the CPU, but partition 'gpu' has 1 GPU per node" in r.stderr
+    assert "a CPU-only build (torch.version.cuda is None)" in r.stderr
+    assert "make setup-gpu" in r.stderr and "Traceback" not in r.stderr
     assert not (out / "metrics.json").exists()
 
 
@@ -189,8 +192,8 @@ def test_the_sweep_config_has_every_run_id_and_the_ratio_is_75_over_1000(tmp_pat
 
 
 def test_the_sweep_plan_runs_the_first_variant_at_every_batch_then_the_others(tmp_path):
-    from hvdscale.errors import ConfigError
     from hvdscale.config.load import validate_config
+    from hvdscale.errors import ConfigError
 
     sweep = sweep_module()
     a = sweep.parse_args(["--batches", "75,300,1000", "--variants", "off/fp32,max/bf16,off/tf32"])

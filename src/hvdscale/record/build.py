@@ -219,6 +219,13 @@ def epoch_entry(
     }
 
 
+def emulated_gpus(cfg: dict, partition: str) -> bool:
+    """Whether ``partition`` declares its GPUs emulated in ``cfg``
+    (``scaling.partitions.<name>.emulated_gpus``; false when the config does not say)."""
+    parts = (cfg.get("scaling") or {}).get("partitions") or {}
+    return bool((parts.get(partition) or {}).get("emulated_gpus", False))
+
+
 def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, kind) -> dict:
     """The run's configuration as the record states it (first part; build_record adds the
     model, Horovod and step settings)."""
@@ -226,6 +233,10 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
     return {
         "framework": getattr(run, "framework", "horovod-tf"),  # issue 19 (Run.framework)
         "partition": run.partition,
+        # the partition's GPUs and whether they are emulated (a test cluster's GPUs, the
+        # ranks train on the CPU): the label proof checks every rank's device against them
+        "gpus_per_node": getattr(run, "gpus_per_node", None),
+        "emulated_gpus": emulated_gpus(cfg, run.partition),
         "backend": run.backend,
         "nodes": run.nodes,
         "workers": workers,

@@ -5,7 +5,10 @@ and, when the run wrote one, Horovod's timeline:
 
 - world size = workers of the label; distinct hosts = nodes; ranks per host follow the
   sequential fill (workers_per_node on each node but the last), in rank order;
-- device per rank (GPU or CPU), and that an nccl run ran on GPUs;
+- device per rank (GPU or CPU), against the partition (``config.gpus_per_node``): on a
+  partition with GPUs every rank, whatever the backend, must have computed on one, unless
+  the partition declares its GPUs emulated (``config.emulated_gpus``, the local test
+  cluster's); an nccl run must have run on GPUs in any case;
 - no two ranks on one host used the same GPU (the id in each rank's device label,
   ``GPU:{id} (...)``: the node's id, from CUDA_VISIBLE_DEVICES where set), nor were bound
   the same one: a rank whose CUDA_VISIBLE_DEVICES (``environment.visible_gpus``, records
@@ -203,6 +206,26 @@ def core_overlaps(hosts: list[str], cores: list[str]) -> list[str]:
     return out
 
 
+def device_problems(cfg: dict, devices: list, needs_gpu: bool) -> list[str]:
+    """The ranks that computed on the CPU where they must not: every rank of a partition
+    with GPUs (``cfg["gpus_per_node"]`` > 0; records before it was recorded say nothing
+    here) unless its GPUs are emulated (``cfg["emulated_gpus"]``), and every rank of a
+    backend that needs GPUs (``needs_gpu``, e.g. nccl) anywhere."""
+    cpu = [i for i, d in enumerate(devices) if not str(d).startswith("GPU")]
+    if not cpu:
+        return []
+    ranks = ", ".join(map(str, cpu[:8])) + (", ..." if len(cpu) > 8 else "")
+    gpn = int(cfg.get("gpus_per_node") or 0)
+    why = []
+    if gpn > 0 and not cfg.get("emulated_gpus", False):
+        why.append(f"partition {cfg.get('partition')} has {gpn} GPUs per node")
+    if needs_gpu:
+        why.append(f"backend {cfg.get('backend')} needs GPUs")
+    if not why:
+        return []
+    return [f"{' and '.join(why)}, but {len(cpu)} rank(s) ran on the CPU (rank {ranks})"]
+
+
 def prove(record: dict, timeline: str | Path | None = None) -> dict:
     cfg, env = record["config"], record.get("environment") or {}
     backend, workers, nodes = cfg["backend"], cfg["workers"], cfg["nodes"]
@@ -221,8 +244,7 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
         problems.append(f"ranks per host {dict(zip(order, per_host))}, sequential fill is {want}")
     kinds = Counter("GPU" if str(d).startswith("GPU") else "CPU" for d in devices)
     entry = backends.get(backend, cfg.get("framework") or backends.DEFAULT_FRAMEWORK)
-    if entry.needs_gpu and kinds.get("CPU"):
-        problems.append(f"backend {backend} but {kinds['CPU']} rank(s) ran on the CPU")
+    problems += device_problems(cfg, devices, entry.needs_gpu)
     visible = env.get("visible_gpus")
     gpus = rank_gpu_ids(devices, visible)
     problems += shared_gpus(hosts, gpus, [gpu_id(d) is None for d in devices])
@@ -247,6 +269,8 @@ def prove(record: dict, timeline: str | Path | None = None) -> dict:
         "hosts": order,
         "ranks_per_host": dict(zip(order, per_host)),
         "devices": dict(kinds),
+        "gpus_per_node": cfg.get("gpus_per_node"),
+        "emulated_gpus": bool(cfg.get("emulated_gpus", False)),
         "gpu_ids": gpus,
         "visible_gpus": None if visible is None else list(visible),
         "cores": None if cores is None else list(cores),

@@ -3,12 +3,16 @@ and its TensorFlow device. All of it happens before any TensorFlow op runs.
 
 ``gpu_for_rank`` (which visible GPU a rank uses), ``visible_gpu_id`` and ``gpu_label`` (the
 record's name of it) are pure and framework-free: the torch-ddp trainer's device choice
-(``trainer.torch_ddp.device``) uses them too."""
+(``trainer.torch_ddp.device``) uses them too, and so does ``GpuDemand``, which stops a rank
+of a GPU partition that would compute on the CPU before its first step (whatever the
+framework and backend), unless the partition declares its GPUs emulated
+(``scaling.partitions.<name>.emulated_gpus``, a test cluster's)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hvdscale.errors import UserError
 from hvdscale.record.labelproof import compact_cores, visible_ids
@@ -133,6 +137,83 @@ def gpu_for_rank(
     )
 
 
+#: how a rank of a GPU partition gets its GPU: the three things a CPU rank there lacks
+GPU_FIX = (
+    "build the GPU train env (make setup-gpu, or HVD_GPU=1 scripts/setup.sh, on a machine "
+    "with the cluster's CUDA) and train with it, load the CUDA module it was built with "
+    "(config key environment.modules or your --sdm env-modules list), and request the "
+    "partition's GPUs (scaling.partitions.{partition}.gpus_per_node, with your site's GPU "
+    "gres); or run the sweep on a partition with gpus_per_node 0"
+)
+
+
+def framework_sees(
+    framework: str, n_visible: int, cuda_build: bool, build_probe: str, visible: str | None
+) -> str:
+    """What a framework reports about its GPUs, for ``GpuDemand``'s error: how many it
+    lists, whether it is a CPU-only build (``build_probe``: the expression that says so,
+    e.g. ``tf.test.is_built_with_cuda() is False``) and the CUDA_VISIBLE_DEVICES value."""
+    listed = f"{n_visible} GPU{'s' if n_visible != 1 else ''}" if n_visible else "no GPU"
+    build = (
+        f"a CPU-only build ({build_probe})"
+        if not cuda_build
+        else "a CUDA build that finds no usable GPU (no driver, or no GPU given to this task)"
+    )
+    cvd = "CUDA_VISIBLE_DEVICES unset" if visible is None else f"CUDA_VISIBLE_DEVICES={visible!r}"
+    return f"{framework} lists {listed}: {build}; {cvd}"
+
+
+@dataclass(frozen=True)
+class GpuDemand:
+    """What a run's partition asks of every rank's device. A partition with GPUs
+    (``gpus_per_node`` > 0) trains on them: a rank there that would compute on the CPU
+    stops before its first step (``check``), whatever the framework and backend. The one
+    exception is a partition whose config declares its GPUs emulated
+    (``scaling.partitions.<name>.emulated_gpus: true``: a test cluster that announces GPUs
+    to SLURM but has none); its ranks train on the CPU and the record says so."""
+
+    partition: str
+    gpus_per_node: int
+    emulated: bool = False
+    run_id: str = ""
+
+    @classmethod
+    def of(cls, cfg: dict, run_) -> GpuDemand:
+        """The demand of run ``run_`` (a matrix Run) under ``cfg`` (its partition section)."""
+        part = cfg["scaling"]["partitions"][run_.partition]
+        return cls(
+            run_.partition,
+            int(part.get("gpus_per_node") or 0),
+            bool(part.get("emulated_gpus", False)),
+            run_.run_id,
+        )
+
+    @property
+    def gpu_partition(self) -> bool:
+        """The partition has GPUs (real or emulated)."""
+        return self.gpus_per_node > 0
+
+    @property
+    def needs_gpu(self) -> bool:
+        """A rank must compute on a GPU: a GPU partition whose GPUs are not emulated."""
+        return self.gpu_partition and not self.emulated
+
+    def check(self, on_gpu: bool, *, rank: int | None, host: str, sees: str) -> None:
+        """A UserError when this rank would compute on the CPU (``on_gpu`` false) where a
+        GPU is needed, naming the run, the rank, the host, what the framework sees
+        (``framework_sees``) and the fix."""
+        if on_gpu or not self.needs_gpu:
+            return
+        who = "this rank" if rank is None else f"rank {rank}"
+        run = f"run {self.run_id}: " if self.run_id else ""
+        raise UserError(
+            f"{run}{who} on host {host} would train on the CPU, but partition "
+            f"{self.partition!r} has {self.gpus_per_node} GPU"
+            f"{'s' if self.gpus_per_node != 1 else ''} per node; stopped before the first "
+            f"step. The framework sees: {sees}. To fix: " + GPU_FIX.format(partition=self.partition)
+        )
+
+
 def visible_gpu_id(index: int, env: Mapping[str, str]) -> str:
     """The id of visible GPU ``index`` as the node knows it: entry ``index`` of
     CUDA_VISIBLE_DEVICES (an ordinal, a UUID or a MIG id) when that is set, else the index."""
@@ -150,9 +231,12 @@ def gpu_label(index: int, name: str, env: Mapping[str, str]) -> str:
     return f"GPU:{visible_gpu_id(index, env)} ({detail})"
 
 
-def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
+def pin_device(
+    worker: WorkerInfo, threads: int, demand: GpuDemand | None = None
+) -> tuple[str, str]:
     """One device per rank (``gpu_for_rank``); thread pools sized before any TensorFlow
-    op runs.
+    op runs. A rank of a GPU partition (``demand``) that finds no GPU stops here
+    (``GpuDemand.check``); without ``demand`` (a benchmark) the CPU is taken silently.
 
     Returns (TF device string, description for the record).
     """
@@ -161,13 +245,17 @@ def pin_device(worker: WorkerInfo, threads: int) -> tuple[str, str]:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     gpus = tf.config.list_physical_devices("GPU")
-    index = gpu_for_rank(
-        worker.local_rank,
-        worker.local_size,
-        len(gpus),
-        worker.rank,
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
-    )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    index = gpu_for_rank(worker.local_rank, worker.local_size, len(gpus), worker.rank, visible)
+    if demand is not None:
+        sees = framework_sees(
+            f"TensorFlow {tf.__version__}",
+            len(gpus),
+            tf.test.is_built_with_cuda(),
+            "tf.test.is_built_with_cuda() is False",
+            visible,
+        )
+        demand.check(index is not None, rank=worker.rank, host=worker.hostname, sees=sees)
     if index is not None:
         gpu = gpus[index]  # HVD: one GPU per rank
         tf.config.experimental.set_memory_growth(gpu, True)

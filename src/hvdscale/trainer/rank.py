@@ -44,7 +44,7 @@ from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
-from hvdscale.trainer.device import affinity, cuda_visible_devices
+from hvdscale.trainer.device import GpuDemand, affinity, cuda_visible_devices
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.frame import run_rank
 from hvdscale.trainer.loop import LoopPlan, TimelineWindow, train_epochs
@@ -77,9 +77,11 @@ class Framework(Protocol):
         """{"rank", ...} as the launcher announced it, before the framework is up (the
         pid file and the exit marker are named by it)."""
 
-    def start(self, args, run_, tcfg: dict) -> Started:
+    def start(self, args, run_, tcfg: dict, demand: GpuDemand | None = None) -> Started:
         """Bind the CPUs, initialise the framework, pin the rank's device, in that order
-        (before any thread or op of the framework exists)."""
+        (before any thread or op of the framework exists). A rank that would compute on
+        the CPU where ``demand`` (its partition) needs a GPU stops with
+        ``GpuDemand.check``'s error."""
 
     def optimisation(self, cfg: dict, run_, worker, steps: int, device) -> Optimiser:
         """The network seeded with the run's seed, its optimizer with the run's LR rule
@@ -159,7 +161,9 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     target = run_target(args.target)
     seed = run_.seed  # run_seed(config seed, repeat, kind)
     check_framework(run_, framework)
-    rank = framework.start(args, run_, tcfg)  # Horovod: bind, hvd.init(), pin the device
+    # Horovod: bind, hvd.init(), pin the device; a rank of a GPU partition without a GPU
+    # stops here, before its first step (GpuDemand)
+    rank = framework.start(args, run_, tcfg, GpuDemand.of(cfg, run_))
     worker = rank.worker
     check_worker_count(run_, worker)
     log = root_logger(worker, framework.log_name)

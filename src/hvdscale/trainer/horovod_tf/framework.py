@@ -20,7 +20,7 @@ from pathlib import Path
 from hvdscale.matrix import backends
 from hvdscale.record.labelproof import prove
 from hvdscale.slurm.threads import threads_for_rank
-from hvdscale.trainer.device import bind_cpus, pin_device
+from hvdscale.trainer.device import GpuDemand, bind_cpus, pin_device
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import build_step_program
 from hvdscale.trainer.horovod_tf.xla_cache import cache_for_device, use_xla_cache
@@ -47,7 +47,7 @@ class HorovodTF:
     def rank_env(self) -> dict:
         return launcher_rank_env()
 
-    def start(self, args, run_, tcfg: dict) -> Started:
+    def start(self, args, run_, tcfg: dict, demand: GpuDemand | None = None) -> Started:
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"))  # before any thread exists
         dynamic_timeline(tcfg, args.no_horovod)  # before hvd.init
         # issue 32: XLA's compiled programs cached in results/cache/xla (TF_XLA_FLAGS, read
@@ -59,7 +59,7 @@ class HorovodTF:
         )  # fmt: skip
         worker = WorkerInfo.init(use_horovod=not args.no_horovod)  # HVD: hvd.init() first
         threads = threads_for_rank(tcfg["threads_per_worker"], os.environ)
-        device, desc = pin_device(worker, threads)  # HVD: one per rank
+        device, desc = pin_device(worker, threads, demand)  # HVD: one per rank
         self.compile_cache = cache_for_device(xla_flags_cache, device)
         set_tf32(tcfg.get("precision", "fp32"))
         summary = f"{worker.size} worker(s), controller {worker.controller}, {desc}"

@@ -1,13 +1,15 @@
-"""Where a torch-ddp rank computes: with the ``nccl`` backend the GPU the Horovod trainer
-would pin (``trainer.device.gpu_for_rank``: ``cuda:{LOCAL_RANK}`` when the rank sees
-several GPUs, ``cuda:0`` when SLURM bound one GPU to the task), the CPU with ``gloo``; and
-the device helpers the steps need (``synchronize`` at timing boundaries, the record's
+"""Where a torch-ddp rank computes: with the ``nccl`` backend, and with ``gloo`` on a
+partition with GPUs, the GPU the Horovod trainer would pin (``trainer.device.gpu_for_rank``:
+``cuda:{LOCAL_RANK}`` when the rank sees several GPUs, ``cuda:0`` when SLURM bound one GPU
+to the task); the CPU with ``gloo`` on a CPU partition (or one whose GPUs are emulated);
+and the device helpers the steps need (``synchronize`` at timing boundaries, the record's
 device name).
 
-``choose_device`` is a pure function of the backend, the local rank and what torch finds
-(``CudaFacts``: a CUDA build, the number of visible GPUs, CUDA_VISIBLE_DEVICES) that
-returns the device's name (``torch.device(name)``), so that it and its errors are tested on
-a CPU without torch; torch is imported only by the helpers that need it.
+``choose_device`` is a pure function of the backend, the local rank, what torch finds
+(``CudaFacts``: a CUDA build, the number of visible GPUs, CUDA_VISIBLE_DEVICES) and what
+the partition asks (``trainer.device.GpuDemand``) that returns the device's name
+(``torch.device(name)``), so that it and its errors are tested on a CPU without torch;
+torch is imported only by the helpers that need it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdscale.errors import UserError
-from hvdscale.trainer.device import gpu_for_rank, gpu_label
+from hvdscale.trainer.device import GpuDemand, framework_sees, gpu_for_rank, gpu_label
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class CudaFacts:
     available: bool
     count: int
     visible: str | None = None
+    #: torch.version.cuda: the CUDA version torch was built with; None for a CPU-only build
+    cuda_build: str | None = None
 
     @classmethod
     def probe(cls) -> CudaFacts:
@@ -37,7 +41,23 @@ class CudaFacts:
 
         available = bool(torch.cuda.is_available())
         count = torch.cuda.device_count() if available else 0
-        return cls(torch.__version__, available, count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return cls(
+            torch.__version__,
+            available,
+            count,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            torch.version.cuda,
+        )
+
+    def sees(self) -> str:
+        """What torch reports about its GPUs (``trainer.device.framework_sees``)."""
+        return framework_sees(
+            f"torch {self.torch_version}",
+            self.count if self.available else 0,
+            self.cuda_build is not None,
+            "torch.version.cuda is None",
+            self.visible,
+        )
 
 
 def choose_device(
@@ -48,16 +68,28 @@ def choose_device(
     *,
     rank: int | None = None,
     local_size: int | None = None,
+    demand: GpuDemand | None = None,
+    host: str = "",
 ) -> str:
-    """``cpu`` for ``gloo``; for ``nccl`` ``cuda:{i}`` with ``i`` from ``gpu_for_rank`` (the
-    local rank, or 0 when the rank sees the one GPU SLURM bound to it). A UserError naming
-    the run, the backend and what was found when nccl finds no GPU, or (``gpu_for_rank``'s,
-    naming ``rank`` when given) no GPU of this rank's own."""
-    if backend == "gloo":
-        return "cpu"
-    if backend != "nccl":
+    """``cuda:{i}`` for ``nccl``, and for ``gloo`` on a partition with GPUs (``demand``;
+    torch's Gloo reduces CUDA tensors through the host), with ``i`` from ``gpu_for_rank``
+    (the local rank, or 0 when the rank sees the one GPU SLURM bound to it); ``cpu`` for
+    ``gloo`` on a CPU partition or where the partition's GPUs are emulated and torch finds
+    none. A UserError (``GpuDemand.check``: the run, the rank, ``host``, what torch sees,
+    the fix) when a rank of a GPU partition finds no GPU; naming the run, the backend and
+    what was found when nccl finds no GPU elsewhere; ``gpu_for_rank``'s (naming ``rank``
+    when given) when the rank has no GPU of its own."""
+    if backend not in ("gloo", "nccl"):
         raise UserError(f"run {run_id}: torch-ddp backend {backend!r}; expected gloo or nccl")
-    if not cuda.available or cuda.count < 1:
+    gpu_partition = demand is not None and demand.gpu_partition
+    if backend == "gloo" and not gpu_partition:
+        return "cpu"
+    usable = cuda.available and cuda.count >= 1
+    if not usable and demand is not None:
+        demand.check(False, rank=rank, host=host or "?", sees=cuda.sees())
+    if not usable and backend == "gloo":
+        return "cpu"  # a partition whose GPUs are emulated (GpuDemand.check let it pass)
+    if not usable:
         raise UserError(
             f"run {run_id}: backend nccl needs a CUDA build of torch and a GPU per rank; "
             f"found torch {cuda.torch_version}, {cuda.count} GPU{'s' if cuda.count != 1 else ''}"
@@ -67,7 +99,7 @@ def choose_device(
     try:
         index = gpu_for_rank(local_rank, local_size, cuda.count, rank, cuda.visible)
     except UserError as exc:
-        raise UserError(f"run {run_id}: backend nccl: {exc}") from None
+        raise UserError(f"run {run_id}: backend {backend}: {exc}") from None
     return f"cuda:{index}"
 
 

@@ -4,8 +4,9 @@ DistributedDataParallel run (``FRAMEWORK``, named in ``matrix.backends.TRAINERS`
 
 A rank binds its CPUs from torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, takes
 ``threads_per_worker`` torch threads (``slurm.threads``: auto is SLURM_CPUS_PER_TASK),
-picks its device (``device.choose_device``: the CPU with gloo, ``cuda:LOCAL_RANK`` with
-nccl) and joins the process group (``dist.TorchWorker``) (``start``); the network,
+picks its device (``device.choose_device``: ``cuda:LOCAL_RANK`` with nccl and on any
+partition with GPUs, the CPU with gloo elsewhere; a rank of a GPU partition without a GPU
+stops there) and joins the process group (``dist.TorchWorker``) (``start``); the network,
 KerasAdam and the LR of every update come from ``net``, the DDP steps from ``step``. The
 record says ``config.framework`` = ``torch-ddp``, has no Horovod timeline, and its label
 proof adds what torch.distributed reports (backend, world size) to the hosts. The module
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import torch
@@ -24,7 +26,7 @@ import torch.distributed
 from hvdscale.errors import UserError
 from hvdscale.record.labelproof import prove
 from hvdscale.slurm.threads import threads_for_rank
-from hvdscale.trainer.device import bind_cpus
+from hvdscale.trainer.device import GpuDemand, bind_cpus
 from hvdscale.trainer.rank import Started
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device, device_label
 from hvdscale.trainer.torch_ddp.dist import TorchWorker, detect_torch_launcher, torch_rank_env
@@ -36,7 +38,8 @@ NAME = "torch-ddp"
 
 
 class TorchDDP:
-    """PyTorch DDP over gloo (CPU) or nccl (GPU), started by torchrun or srun."""
+    """PyTorch DDP over gloo (CPU, or GPU on a GPU partition) or nccl (GPU), started by
+    torchrun or srun."""
 
     name = NAME
     log_name = "hvdscale torchddp"
@@ -51,7 +54,7 @@ class TorchDDP:
     def rank_env(self) -> dict:
         return torch_rank_env()
 
-    def start(self, args, run_, tcfg: dict) -> Started:
+    def start(self, args, run_, tcfg: dict, demand: GpuDemand | None = None) -> Started:
         r = torch_rank_env()
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
         torch.set_num_threads(threads_for_rank(tcfg["threads_per_worker"], os.environ))
@@ -64,6 +67,8 @@ class TorchDDP:
                 CudaFacts.probe(),
                 rank=r["rank"],
                 local_size=r["local_size"],
+                demand=demand,
+                host=socket.gethostname(),
             )
         )
         check_precision(tcfg["precision"], device, run_.run_id)  # before the group
