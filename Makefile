@@ -10,7 +10,7 @@ CONFIG ?= config/config.yaml
 
 .PHONY: help setup run report-partial plan export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
-        bench bench-data bench-train bench-dag bench-report bench-scaling bench-frameworks bench-torch-overhead bench-slurm bench-allreduce bench-cycle bench-costmodel perf-docs clean
+        bench bench-scaling bench-frameworks bench-train bench-data bench-costmodel perf-docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -64,42 +64,25 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-data bench-train bench-allreduce bench-cycle bench-dag bench-report bench-scaling bench-frameworks bench-torch-overhead bench-slurm bench-costmodel perf-docs  ## every benchmark -> benchmarks/results/*.csv -> docs/performance.md
+bench: bench-scaling bench-frameworks bench-train bench-data perf-docs  ## the kept benchmarks, alone on the machine -> benchmarks/results/*.csv -> docs/performance.md (bench-costmodel apart: root)
 
-bench-data:  ## data stage at 1,000,000 curves vs dd
-	$(VENV)/bin/python benchmarks/bench_data.py
-
-bench-train:  ## hvdscale train vs Keras model.fit at its best settings, 1 rank
-	.venv-train/bin/python benchmarks/bench_train_overhead.py
-
-bench-dag:  ## time to plan the thesis DAG
-	$(VENV)/bin/python benchmarks/bench_dag.py
-
-bench-report:  ## aggregation + report for 1,000 synthetic run records
-	$(VENV)/bin/python benchmarks/bench_report.py
-
-bench-allreduce:  ## bare hvd.allreduce of the 614 kB gradient at 2 ranks: MPI vs Gloo and their knobs
-	.venv-train/bin/python benchmarks/bench_allreduce_bare.py
-
-bench-cycle:  ## Horovod's cycle time vs samples/s, 1 and 2 workers, batch 75: the measurement behind cycle_time_ms auto
-	$(VENV)/bin/python benchmarks/bench_cycle_time.py
-
-bench-scaling:  ## 1 vs 2 workers, fair: hvdscale vs Keras vs MultiWorkerMirroredStrategy vs independent
+bench-scaling:  ## 1 vs 2 workers against the machine's ceiling, Keras model.fit and MWMS; the bare allreduce of the gradient (MPI, Gloo)
 	$(VENV)/bin/python benchmarks/bench_scaling.py
+	.venv-train/bin/python benchmarks/bench_allreduce_bare.py
 
 bench-frameworks:  ## Horovod-TF vs torch DDP over Gloo, 1 and 2 workers, batch 75 and 1000: epoch time, efficiency vs ceiling, time to target
 	$(VENV)/bin/python benchmarks/bench_frameworks.py
 
-bench-torch-overhead:  ## share of a torch-ddp step outside ATen's operators (what several steps per call could remove), 1 rank, 1 core
-	PYTHONPATH=src taskset -c 1 .venv-train/bin/python benchmarks/torch_step_overhead.py
+bench-train:  ## hvdscale's step vs Keras model.fit at its best settings, 1 rank; the instrumentation overhead
+	.venv-train/bin/python benchmarks/bench_train_overhead.py
 
-bench-slurm:  ## 2-worker run: direct vs sbatch vs Snakemake+SLURM plugin; one job per run vs job arrays (root)
-	$(VENV)/bin/python benchmarks/bench_slurm_overhead.py --arm all
+bench-data:  ## data stage at 1,000,000 curves vs dd
+	$(VENV)/bin/python benchmarks/bench_data.py
 
 bench-costmodel:  ## allreduce sweeps on the emulated two-node partition -> cost model fitted from <= 4 ranks, validated on 8 and 16 (root)
 	$(VENV)/bin/python benchmarks/bench_costmodel.py
 
-perf-docs:  ## regenerate the tables of docs/performance{,-history}.md from benchmarks/results/*.csv
+perf-docs:  ## regenerate the tables of docs/performance.md from benchmarks/results/*.csv
 	cd benchmarks && $(abspath $(VENV))/bin/python -m perfdocs
 
 clean:  ## remove results and Snakemake state (keeps the envs)

@@ -1,10 +1,13 @@
-"""Measure alone: the quiet guard and the foreign-CPU meter of every benchmark (issue 17).
+"""Measure alone: the quiet guard and the foreign-CPU meter of every benchmark.
 
 On a 2-core machine anything else running at the same time takes the cores the arms are
-measured on, so a benchmark
+measured on. Every limit is per core (``CORES``, this machine's count; a CSV row's from
+its ``machine`` column), so a 16-core GPU machine is judged like the 2-core one. A
+benchmark
 
 1. waits, before each arm (``QuietGuard.wait``), until the 1-minute load average is below
-   ``--max-load`` (default 0.5; environment ``HVDSCALE_BENCH_MAX_LOAD``), and gives up
+   ``--max-load`` (default ``MAX_LOAD_PER_CORE`` = 0.25 per core: 0.5 on 2 cores, 4 on
+   16; environment ``HVDSCALE_BENCH_MAX_LOAD``, in load units), and gives up
    after ``--quiet-timeout`` seconds (default 600; ``HVDSCALE_BENCH_QUIET_TIMEOUT``) with
    ``NotQuiet``, whose message names the load and the busiest processes;
 2. records per row ``foreign_cpu``: the CPU time that processes *outside* the arm's own
@@ -19,8 +22,10 @@ measured on, so a benchmark
    (``irq_cpu``): the kernel charges it to no process, and most of it is the arm's own
    network traffic (Gloo's and gRPC's loopback TCP), so it is no sign of a foreign
    process;
-3. marks a row with ``foreign_cpu`` above ``FOREIGN_CPU_MAX`` (0.1) invalid
-   (``valid`` false, ``invalid_reason``); docs/performance.md shows no figure of it.
+3. marks a row invalid (``valid`` false, ``invalid_reason``) when ``foreign_cpu`` is above
+   ``FOREIGN_CPU_PER_CORE`` (0.05 of a core per core: 0.1 on 2 cores, 0.8 on 16) or the
+   load before it above ``LOAD_BEFORE_PER_CORE`` (0.5 per core: 1.0 on 2 cores, 8 on 16);
+   docs/performance.md shows no figure of it.
 
 The load average after an arm is no criterion: a 2-worker arm raises it to about 2 by
 itself. No heavy imports here: the page generator (perfdocs) uses ``row_validity``.
@@ -29,6 +34,7 @@ itself. No heavy imports here: the page generator (perfdocs) uses ``row_validity
 from __future__ import annotations
 
 import os
+import re
 import resource
 import sys
 import threading
@@ -36,12 +42,15 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-MAX_LOAD_DEFAULT = 0.5
+CORES = os.cpu_count() or 1
+MAX_LOAD_PER_CORE = 0.25
+FOREIGN_CPU_PER_CORE = 0.05
+LOAD_BEFORE_PER_CORE = 0.5
+MAX_LOAD_DEFAULT = MAX_LOAD_PER_CORE * CORES
 QUIET_TIMEOUT_DEFAULT = 600.0
-FOREIGN_CPU_MAX = 0.1
 ENV_MAX_LOAD = "HVDSCALE_BENCH_MAX_LOAD"
 ENV_TIMEOUT = "HVDSCALE_BENCH_QUIET_TIMEOUT"
-NO_FOREIGN = "no foreign_cpu recorded (measured before the quiet guard of issue 17)"
+NO_FOREIGN = "no foreign_cpu recorded (measured before the quiet guard)"
 
 
 class NotQuiet(RuntimeError):
@@ -361,32 +370,60 @@ def _self_cpu() -> float:
     return s.ru_utime + s.ru_stime
 
 
-def validity(foreign_cpu: float | None, limit: float = FOREIGN_CPU_MAX) -> tuple[bool, str]:
-    """(valid, reason) of a measurement with this foreign CPU share."""
+def validity(
+    foreign_cpu: float | None, cores: int | None = None, load_before: float | None = None
+) -> tuple[bool, str]:
+    """(valid, reason) of a measurement with this foreign CPU (in cores) on a machine of
+    ``cores`` cores (None: this one's) that started at ``load_before``: the limits are
+    per core."""
+    cores = cores or CORES
     if foreign_cpu is None:
         return False, "foreign CPU not measurable on this system"
-    if foreign_cpu > limit:
+    if foreign_cpu > FOREIGN_CPU_PER_CORE * cores:
         return False, (
-            f"foreign_cpu {foreign_cpu:.2f} > {limit:g}: other processes ran during the arm"
+            f"foreign_cpu {foreign_cpu:.2f} > {FOREIGN_CPU_PER_CORE * cores:g} "
+            f"({FOREIGN_CPU_PER_CORE:g} per core, {cores} cores): other processes ran"
+        )
+    if load_before is not None and load_before > LOAD_BEFORE_PER_CORE * cores:
+        return False, (
+            f"load before {load_before:.2f} > {LOAD_BEFORE_PER_CORE * cores:g} "
+            f"({LOAD_BEFORE_PER_CORE:g} per core, {cores} cores): started on a busy machine"
         )
     return True, ""
 
 
+def cores_of(machine: str) -> int:
+    """The core count a CSV row's ``machine`` column names ("..., 16 cores, ..."); 1 when
+    it names none (the strictest limits)."""
+    m = re.search(r"(\d+) cores", machine or "")
+    return int(m.group(1)) if m else 1
+
+
+def _number(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
 def row_validity(row: dict) -> tuple[bool, str]:
-    """(valid, reason) of a CSV row (strings): no foreign_cpu (an old row) -> invalid;
-    foreign_cpu above the limit -> invalid; ``valid`` false -> invalid with its reason."""
+    """(valid, reason) of a CSV row (strings), judged again by the per-core limits: no
+    foreign_cpu (an old row) -> invalid; foreign CPU or load before above the limits ->
+    invalid; ``valid`` false for another reason (a failed run) -> invalid with it."""
     raw = (row.get("foreign_cpu") or "").strip()
     if not raw:
         return False, NO_FOREIGN
-    try:
-        fc = float(raw)
-    except ValueError:
+    fc = _number(raw)
+    if fc is None:
         return False, f"foreign_cpu {raw!r} is not a number"
-    ok, why = validity(fc)
+    before = _number((row.get("load_before") or "").strip())
+    ok, why = validity(fc, cores_of(row.get("machine", "")), before)
     if not ok:
         return ok, why
-    if str(row.get("valid", "true")).strip().lower() in ("false", "0", "no"):
-        return False, row.get("invalid_reason") or "marked invalid"
+    reason = row.get("invalid_reason") or ""
+    marked = str(row.get("valid", "true")).strip().lower() in ("false", "0", "no")
+    if marked and not re.search(r"foreign|load", reason):  # quiet rules: judged above
+        return False, reason or "marked invalid"
     return True, ""
 
 
@@ -397,7 +434,7 @@ def add_quiet_args(ap) -> None:
         type=float,
         default=None,
         help=f"before each arm wait until the 1-minute load is below this (default "
-        f"{MAX_LOAD_DEFAULT}; env {ENV_MAX_LOAD})",
+        f"{MAX_LOAD_PER_CORE:g} per core = {MAX_LOAD_DEFAULT:g} here; env {ENV_MAX_LOAD})",
     )
     ap.add_argument(
         "--quiet-timeout",

@@ -117,7 +117,7 @@ class Measured:
         self.foreign, self.irq = self.meter.stop()
         self.after = load_avg()
         warn_load(self.before, f"{self.what} ({self.before} -> {self.after})")
-        ok, why = validity(self.foreign)
+        ok, why = validity(self.foreign, load_before=self.before)
         if not ok:
             print(f"WARNING: {self.what}: row invalid: {why}", file=sys.stderr, flush=True)
 
@@ -129,7 +129,7 @@ class Measured:
         return False
 
     def fields(self) -> dict:
-        ok, why = validity(self.foreign)
+        ok, why = validity(self.foreign, load_before=self.before)
         return {
             "load": max(self.before, self.after),
             "load_before": self.before,

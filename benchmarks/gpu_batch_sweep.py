@@ -64,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _results import (  # noqa: E402
-    GUARD,
     ROOT,
     Measured,
     add_quiet_args,
@@ -354,8 +353,6 @@ def main(argv=None) -> int:
         print(f"prepared {', '.join(map(str, cfg_paths.values()))} and {data}", flush=True)
         return 0
     configure_quiet(a)
-    if a.max_load is None:  # a many-core GPU node: a one-rank run leaves load ~1 behind
-        GUARD.max_load = max(GUARD.max_load, 0.25 * (os.cpu_count() or 1))
     print(f"gpu_batch_sweep on {gpu}: batches {a.batches}, variants {a.variants}, "
           f"{a.epochs} epochs", flush=True)  # fmt: skip
     common = {"machine": f"{machine()}, GPU {gpu}", **({"commit": a.commit} if a.commit else {})}

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _quiet import validity  # noqa: E402
-from _results import LOAD_WARN, write_csv  # noqa: E402
+from _results import write_csv  # noqa: E402
 
 
 def main() -> int:
@@ -62,10 +62,7 @@ def main() -> int:
     # the sweeps' own ranks (up to 16 on 2 cores) make the load during them: the peak
     # is recorded, but whether the machine was shared is the load before they started
     peak = max([args.load_before, args.load_after, *samples])
-    ok, why = validity(args.foreign_cpu)
-    alone = args.load_before <= LOAD_WARN and ok
-    if args.load_before > LOAD_WARN:
-        why = f"started at load {args.load_before:.2f} (> {LOAD_WARN}): not measured alone"
+    alone, why = validity(args.foreign_cpu, load_before=args.load_before)
     quality = {
         "foreign_cpu": args.foreign_cpu,
         "valid": "true" if alone else "false",

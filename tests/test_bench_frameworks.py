@@ -201,16 +201,15 @@ def test_a_run_beside_foreign_work_is_recorded_invalid_and_left_out(monkeypatch,
 
 
 def test_the_docs_blocks_show_valid_figures_only(tmp_path):
-    """benchmarks/perfdocs' frameworks blocks: a valid summary figure (sync in ms),
-    a censored time to target as '> budget', no figure of an invalid run."""
+    """benchmarks/perfdocs.py's frameworks blocks: a valid summary figure, a censored
+    time to target as '> budget', no figure of an invalid run."""
     import shutil
     import subprocess
 
     res = tmp_path / "results"
     shutil.copytree(ROOT / "benchmarks" / "results", res)
-    docs = tmp_path / "docs"
-    shutil.copytree(ROOT / "docs", docs)
-    page = docs / "performance.md"
+    page = tmp_path / "performance.md"
+    shutil.copy(ROOT / "docs" / "performance.md", page)
     _results.write_csv("frameworks", fs.summarise([75], results(1)), res / "frameworks.csv")
     bad = {**GOOD, "foreign_cpu": 0.4, "valid": "false", "invalid_reason": "foreign_cpu 0.4"}
     runs = [fs.run_row(0, 75, "torch-ddp", 2, {**fs.arm_result(record(reached=False))}, GOOD, 9),
@@ -219,12 +218,12 @@ def test_the_docs_blocks_show_valid_figures_only(tmp_path):
     _results.write_csv("frameworks_runs", runs, res / "frameworks_runs.csv")
     gen = [sys.executable, "-m", "perfdocs"]  # from benchmarks/, as make perf-docs runs it
     r = subprocess.run(
-        [*gen, "--docs", docs, "--results", res], capture_output=True, text=True, cwd=BENCH
+        [*gen, "--page", page, "--results", res], capture_output=True, text=True, cwd=BENCH
     )
     assert r.returncode == 0, r.stderr
     text = page.read_text()
-    assert "| 75 | sync: exposed, ms/step | torch-ddp | 2 | **1.000** |" in text
-    assert "| 0 | 75 | torch-ddp | 2 | 3.000 | 150 | > budget |" in text
+    assert "| 75 | sync_exposed_s | torch-ddp | 2 | **0.001** | 0.001-0.001 | 3 |" in text
+    assert "| 0 | 75 | torch-ddp | 2 | 3.000 | 150 | > budget | ok |" in text
     assert "7.777" not in text and "| 1 | 75 | torch-ddp | 2 | invalid | invalid |" in text
 
 

@@ -83,10 +83,10 @@ def test_threshold_and_timeout_from_the_environment(monkeypatch):
         _quiet.QuietGuard()
 
 
-def test_a_benchmark_stops_with_the_message_before_measuring(monkeypatch, capsys):
-    """bench_dag's harness on a busy machine: waits, then exits 3 with the guard's
-    message, and never starts its measurement (snakemake)."""
-    import bench_dag
+def test_a_benchmark_stops_with_the_message_before_measuring(monkeypatch, capsys, tmp_path):
+    """bench_data's harness on a busy machine: waits, then exits 3 with the guard's
+    message, and never starts its measurement (the data commands)."""
+    import bench_data
 
     t = FakeTime()
     fake = guard(2.7, t)
@@ -96,12 +96,15 @@ def test_a_benchmark_stops_with_the_message_before_measuring(monkeypatch, capsys
     def no_run(*a, **k):
         raise AssertionError("the benchmark measured on a busy machine")
 
-    monkeypatch.setattr(bench_dag.subprocess, "run", no_run)
-    rc = bench_dag.main(["--max-load", "0.5", "--quiet-timeout", "20"])
+    monkeypatch.setattr(bench_data.subprocess, "run", no_run)
+    monkeypatch.setattr(bench_data.subprocess, "Popen", no_run)
+    argv = ["--max-load", "0.5", "--quiet-timeout", "20", "--tmpdir", str(tmp_path)]
+    rc = bench_data.main(argv)
     assert rc == 3
     err = capsys.readouterr().err
     assert "machine not quiet" in err and "2.70" in err and "waiting" in err
     assert sum(t.sleeps) == 20.0
+    assert not list(tmp_path.iterdir())  # nothing generated
 
 
 def fake_meter(busy_s: float, own_s: float, wall_s: float = 10.0) -> _quiet.CpuMeter:
@@ -124,7 +127,8 @@ def measured(meter, load=0.2):
     return m.fields()
 
 
-def test_foreign_cpu_above_the_limit_marks_the_row_invalid(tmp_path):
+def test_foreign_cpu_above_the_limit_marks_the_row_invalid(tmp_path, monkeypatch):
+    monkeypatch.setattr(_quiet, "CORES", 2)  # the limit is 0.05 of a core per core
     # 3.5 core-seconds busy, 2.0 of them the arm's own, over 10 s: 0.15 of a core foreign
     f = measured(fake_meter(3.5, 2.0))
     assert f["foreign_cpu"] == 0.15 and f["irq_cpu"] == 0.05
@@ -134,13 +138,39 @@ def test_foreign_cpu_above_the_limit_marks_the_row_invalid(tmp_path):
     with open(out, newline="") as fh:
         (row,) = list(csv.DictReader(fh))
     assert row["valid"] == "false" and row["foreign_cpu"] == "0.15"
+    row["machine"] = "vm: AMD EPYC, 2 cores"
     assert _quiet.row_validity(row) == (False, f["invalid_reason"])
 
 
-def test_foreign_cpu_below_the_limit_keeps_the_row_valid():
+def test_foreign_cpu_below_the_limit_keeps_the_row_valid(monkeypatch):
+    monkeypatch.setattr(_quiet, "CORES", 2)
     f = measured(fake_meter(2.5, 2.0))  # 0.05 of a core foreign
     assert (f["foreign_cpu"], f["valid"], f["invalid_reason"]) == (0.05, "true", "")
-    assert _quiet.row_validity({k: str(v) for k, v in f.items()}) == (True, "")
+    row = {k: str(v) for k, v in f.items()}
+    assert _quiet.row_validity({**row, "machine": "vm: AMD EPYC, 2 cores"}) == (True, "")
+
+
+@pytest.mark.parametrize(
+    "cores, foreign, before, reason",
+    [
+        (2, "0.13", "0.5", "foreign_cpu 0.13 > 0.1 (0.05 per core, 2 cores)"),
+        (16, "0.73", "0.5", ""),
+        (16, "0.81", "0.5", "foreign_cpu 0.81 > 0.8 (0.05 per core, 16 cores)"),
+        (2, "0.01", "1.10", "load before 1.10 > 1 (0.5 per core, 2 cores)"),
+        (16, "0.01", "1.10", ""),
+    ],
+)
+def test_the_validity_rule_is_per_core(cores, foreign, before, reason):
+    """A 16-core GPU machine is judged like the 2-core one: foreign CPU and load before
+    per core. A row the benchmark marked invalid by the old absolute load rule is judged
+    again; one marked invalid for another reason stays so."""
+    machine = f"vm: Intel Xeon, {cores} cores, GPU NVIDIA H200"
+    old = {"valid": "false", "invalid_reason": "load before 1.1 > 1.0: started on a busy machine"}
+    row = {"machine": machine, "foreign_cpu": foreign, "load_before": before, **old}
+    ok, why = _quiet.row_validity(row)
+    assert ok == (not reason) and why.startswith(reason) and bool(why) == bool(reason)
+    failed = {**row, "invalid_reason": "the run failed"}
+    assert _quiet.row_validity(failed)[0] is False
 
 
 def test_rows_without_foreign_cpu_are_invalid():
