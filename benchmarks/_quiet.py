@@ -189,7 +189,7 @@ def own_cpu_seconds() -> float:
 
 class TreeSampler(threading.Thread):
     """Samples (psutil) the CPU time of every live descendant of this process, plus the
-    processes named ``names`` and their descendants (bench_slurm_overhead: the SLURM
+    processes named ``names`` and their descendants (bench_costmodel: the SLURM
     daemons run its jobs outside this tree). ``total()``: the sum of the last value seen
     of each process, a lower bound of what the tree used since ``start``."""
 

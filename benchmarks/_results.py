@@ -91,7 +91,7 @@ class Measured:
     it stays busy), records the load before and starts the foreign-CPU meter; ``stop()``
     records the load after and the foreign CPU share, and warns. ``with Measured("keras
     b75") as m: ...``, then ``m.fields()`` for the CSV row. ``names``: processes outside
-    this tree that belong to the arm (bench_slurm_overhead: the SLURM daemons)."""
+    this tree that belong to the arm (bench_costmodel: the SLURM daemons)."""
 
     def __init__(
         self,

@@ -29,11 +29,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _results import Measured, add_quiet_args, configure_quiet, load_avg, quiet_main  # noqa: E402
-from bench_slurm_overhead import SLURM_NAMES, cluster_env, sh  # noqa: E402
 
+SLURM_NAMES = ("slurmctld", "slurmd", "slurmstepd", "munged")  # their CPU is the arm's own
 CONFIG = ".test/slurm-costmodel.yaml"
 RESULTS = "benchmarks/out/costmodel"
 SMK = [sys.executable, "-m", "snakemake", "--profile", "profiles/test-slurm"]
+
+
+def sh(cmd, env=None, check=True, **kw):
+    """Run ``cmd`` in the project root; a failure shows its output (then raises)."""
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, text=True, capture_output=True, **kw
+    )
+    if check and proc.returncode:
+        print(f"{' '.join(map(str, cmd))[:300]}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        proc.check_returncode()
+    return proc
+
+
+def cluster_env() -> dict:
+    """The local SLURM cluster's environment (``slurm-cluster.sh env``)."""
+    out = sh(["bash", "scripts/slurm-cluster.sh", "env"]).stdout
+    env = {}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export ") :].partition("=")
+            env[k] = v.strip("'\"")
+    return env
 
 
 def cluster_mode() -> str:

@@ -156,8 +156,8 @@ def horovod_env(
     return env
 
 
-# training.horovod.cycle_time_ms: auto (docs/performance.md, "Horovod's cycle time",
-# benchmarks/bench_cycle_time.py). With 2 ranks, each bound to its own core, a short cycle
+# training.horovod.cycle_time_ms: auto (docs/performance-history.md, "Horovod's cycle
+# time"). With 2 ranks, each bound to its own core, a short cycle
 # hands a gradient to MPI sooner; a rank alone has nothing to coordinate, and every cycle
 # wakes Horovod's background thread on the core the compute runs on.
 AUTO_CYCLE_MS = {"alone": 1.0, "bound": 0.01, "shared": 0.1}
