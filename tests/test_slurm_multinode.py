@@ -220,6 +220,8 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
             assert len(hosts) == workers and len(set(hosts)) == 1, hosts
             nodelist = hosts[0]
         assert all(d.startswith("CPU") for d in envb["devices"])  # emulated GPUs: CPU training
+        # the partition declares it (scaling.partitions.alpha.emulated_gpus): the record says so
+        assert rec["config"]["emulated_gpus"] is True and rec["config"]["gpus_per_node"] == 8
         # issue 29: gpu_bind per-task (the default): srun --gpus-per-task=1 gave every rank
         # exactly one GPU id of its own, different from the other ranks' on its node
         assert_one_gpu_per_rank(envb["visible_gpus"], hosts, run_id)

@@ -398,11 +398,15 @@ def _partition_slice(cfg: dict, partition: str) -> dict:
     retrains nothing and the slices of earlier configs stay as they were. ``gpu_bind``
     only on GPU partitions: there it decides where each rank computes (one GPU of its own
     under cgroup isolation, or all of the node's, which NCCL's peer-to-peer paths need), so
-    a change retrains; CPU partitions ignore it, and their slices stay as they were."""
+    a change retrains; CPU partitions ignore it, and their slices stay as they were.
+    ``emulated_gpus`` only when true (a test cluster's partition: its ranks train on the
+    CPU), so the slices of every other partition stay as they were."""
     part = copy.deepcopy(cfg["scaling"]["partitions"][partition])
     part.pop("sbatch_flags", None)
     if not backends.is_gpu_partition(part):
         part.pop("gpu_bind", None)
+    if not part.get("emulated_gpus", False):
+        part.pop("emulated_gpus", None)
     return part
 
 

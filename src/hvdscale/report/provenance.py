@@ -158,6 +158,9 @@ def collect(
                 if is_gpu_partition(p)
                 else "no GPU"
             )
+            if is_gpu_partition(p) and p.get("emulated_gpus", False):
+                # scaling.partitions.<name>.emulated_gpus: a test cluster's; trained on CPUs
+                gpus += " (emulated GPUs (CPU))"
             mem_gb = p["mem_mb_per_node"] // 1000
             hardware.append(f"{name}: {gpus}, {p['cores_per_node']} cores, {mem_gb} GB per node")
     return {
