@@ -85,7 +85,7 @@ def test_pins_are_the_lock_files():
     for name, version in pins.items():
         if name in lock:
             assert version == lock[name], (name, version, lock[name])
-    # what hvdscale itself needs in the ranks' python (launch/command.py checks these)
+    # what hvdscale itself needs in the ranks' python (launch/runner.py checks these)
     for need in ("numpy", "h5py", "pyyaml", "jsonschema"):
         assert need in pins, need
 

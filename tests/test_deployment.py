@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest_train import base_config
 
-from hvdscale.commands.launch import check_modules_loaded, check_train_python
 from hvdscale.config.load import validate_config
 from hvdscale.errors import UserError
-from hvdscale.launch.command import train_python_problem
+from hvdscale.launch.command import check_modules_loaded, check_train_python
 from hvdscale.launch.launchspec import build_launch, rank_path_env
+from hvdscale.launch.runner import train_python_problem
 from hvdscale.slurm.deployment import deployment_problem, missing_modules, module_load_problem
 from hvdscale.slurm.jobspec import JobSpec
 

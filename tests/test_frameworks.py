@@ -293,7 +293,7 @@ def test_exec_gives_each_srun_task_its_torch_rank(tmp_path):
 
 
 def test_the_failing_rank_s_own_exit_status_replaces_torchrun_s(tmp_path):
-    from hvdscale.launch.command import describe_failure, first_failed_rank, torchrun_status
+    from hvdscale.launch.runner import describe_failure, first_failed_rank, torchrun_status
 
     pids = tmp_path / ".pids"
     pids.mkdir()

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from conftest_train import TRAIN_PY, needs_train_env, sub_env
 
-from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.launch.runner import companion
 from hvdscale.slurm.jobspec import JobSpec
 
 SCRIPT = textwrap.dedent("""

@@ -15,8 +15,8 @@ import pytest
 
 from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.launch.command import job_for
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.launch.runner import job_for
 from hvdscale.matrix.runtable import find_run, run_table
 from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
 

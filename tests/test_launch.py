@@ -15,7 +15,6 @@ from conftest_train import TRAIN_PY, base_config, needs_train_env, sub_env, writ
 
 from hvdscale.config.load import validate_config
 from hvdscale.errors import UserError
-from hvdscale.launch.command import describe_failure, job_for
 from hvdscale.launch.launchspec import (
     build_launch,
     controller_for,
@@ -23,6 +22,7 @@ from hvdscale.launch.launchspec import (
     default_train_python,
     horovod_env,
 )
+from hvdscale.launch.runner import describe_failure, job_for
 from hvdscale.matrix.runtable import allreduce_config
 from hvdscale.slurm.jobspec import JobSpec
 

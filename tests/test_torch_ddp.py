@@ -30,8 +30,8 @@ from conftest_train import (
 )
 from required_layers import layer_skipif
 
-from hvdscale.launch.command import companion
 from hvdscale.launch.launchspec import build_launch
+from hvdscale.launch.runner import companion
 from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.trainer.model import parameter_count
 from hvdscale.trainer.schedule import warmup_lr, warmup_updates

@@ -1,101 +1,109 @@
 """The ``hvdscale`` command line: one subcommand per pipeline step.
 
-Every subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``. Modules are imported only when their command runs, because the
-two environments differ: the workflow env has pandas/pandera/matplotlib but no
-TensorFlow, the train env has TensorFlow/Horovod but no pandas.
+Every subcommand is a thin entry beside its logic: ``add_arguments(parser)`` and
+``run(args) -> int`` in the module that does the work (``COMMANDS`` names it;
+"module:name" names ``add_<name>_arguments`` and ``run_<name>`` of a module with more
+than one command). The ``run`` function's docstring is the command's ``--help``
+description. Modules are imported only when their command runs, because the two
+environments differ: the workflow env has pandas/pandera/matplotlib but no TensorFlow,
+the train env has TensorFlow/Horovod but no pandas.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import json
 import os
 import sys
 
 from hvdscale import __version__
+from hvdscale.config.load import config_hash, data_section, load_config, validate_config
 from hvdscale.errors import UserError
+from hvdscale.io import write_json_atomic
+from hvdscale.matrix.runtable import run_table
 
-# name -> (module, one-line help). The order is the pipeline order.
+# name -> (module or "module:name", one-line help). The order is the pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": (
-        "hvdscale.commands.check_config",
+        "hvdscale.cli:check_config",
         "validate a config file and print its run table",
     ),
     "plan": (
-        "hvdscale.commands.plan",
+        "hvdscale.study.plan",
         "the node-hour budget of a config (per partition) before anything is submitted",
     ),
     "write-config": (
-        "hvdscale.commands.write_config",
+        "hvdscale.cli:write_config",
         "write the validated config (or its data section) as JSON",
     ),
     "generate-shard": (
-        "hvdscale.commands.generate_shard",
+        "hvdscale.data.generate",
         "generate one shard of synthetic stress-strain curves",
     ),
     "validate-shard": (
-        "hvdscale.commands.validate_shard",
+        "hvdscale.data.validate",
         "validate a generated shard with pandera (every sample)",
     ),
     "split-dataset": (
-        "hvdscale.commands.split_dataset",
+        "hvdscale.data.split",
         "split validated shards into train/val/test HDF5 shards + manifest.json",
     ),
     "check-data": (
-        "hvdscale.commands.check_data",
+        "hvdscale.data.check",
         "check a data directory against its manifest (files, datasets, checksums)",
     ),
     "calibrate-target": (
-        "hvdscale.commands.calibrate_target",
+        "hvdscale.target",
         "the study's target validation loss (absolute, or from the calibration runs)",
     ),
     "launch": (
-        "hvdscale.commands.launch",
+        "hvdscale.launch.command",
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
     "train": (
-        "hvdscale.commands.train",
+        "hvdscale.trainer.rank:train",
         "train one run (one rank; started by 'launch' or a launcher)",
     ),
     "measure-allreduce": (
-        "hvdscale.commands.measure_allreduce",
+        "hvdscale.trainer.horovod_tf.allreduce",
         "time Horovod allreduce over a range of message sizes",
     ),
     "aggregate": (
-        "hvdscale.commands.aggregate",
+        "hvdscale.analysis.aggregate",
         "aggregate run records into runs.csv and summary.csv",
     ),
     "tabulate-systems": (
-        "hvdscale.commands.tabulate_systems",
+        "hvdscale.analysis.systems",
         "the run records' system descriptions per partition (systems.csv)",
     ),
     "select-tuned": (
-        "hvdscale.commands.select_tuned",
+        "hvdscale.analysis.aggregate:select_tuned",
         "pick the best learning-rate candidate per tuning group (selection.csv)",
     ),
     "fit-costmodel": (
-        "hvdscale.commands.fit_costmodel",
+        "hvdscale.analysis.costmodel",
         "fit the ring-allreduce cost model and predict scaling",
     ),
-    "plot": ("hvdscale.commands.plot", "draw the scaling figures (PDF and PNG)"),
-    "report": ("hvdscale.commands.report", "typeset results/report.pdf"),
+    "plot": ("hvdscale.figures.draw", "draw the scaling figures (PDF and PNG)"),
+    "report": ("hvdscale.report.pdf", "typeset results/report.pdf"),
     "check-references": (
-        "hvdscale.commands.check_references",
+        "hvdscale.analysis.references",
         "compare measured values with the config's references (within/better/worse)",
     ),
-    "compare": ("hvdscale.commands.compare", "compare two studies (results dirs or archives)"),
-    "export": ("hvdscale.commands.export", "write one archive of a finished study"),
+    "compare": ("hvdscale.study.compare", "compare two studies (results dirs or archives)"),
+    "export": ("hvdscale.study.export", "write one archive of a finished study"),
     "describe-system": (
-        "hvdscale.commands.describe_system",
+        "hvdscale.record.system",
         "describe this machine (CPU, memory, GPUs, MPI, network, kernel) as JSON",
     ),
     "rebuild": (
-        "hvdscale.commands.rebuild",
+        "hvdscale.study.export:rebuild",
         "rebuild every figure and the report from an archive (no training env)",
     ),
     "merge": (
-        "hvdscale.commands.merge",
+        "hvdscale.study.merge",
         "one report from several studies of one config, one per cluster (results dirs or archives)",
     ),
 }
@@ -118,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry(target: str):
+    """``(add_arguments, run)`` of a COMMANDS target: "module" (its ``add_arguments`` and
+    ``run``) or "module:name" (its ``add_<name>_arguments`` and ``run_<name>``)."""
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    if name:
+        return getattr(module, f"add_{name}_arguments"), getattr(module, f"run_{name}")
+    return module.add_arguments, module.run
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -126,17 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     name, rest = argv[0], argv[1:]
-    module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
+    target, help_text = COMMANDS[name]
+    add_arguments, run = entry(target)
     sub = argparse.ArgumentParser(
         prog=f"hvdscale {name}",
-        description=module.__doc__ or help_text,
+        description=inspect.getdoc(run) or help_text,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    module.add_arguments(sub)
+    add_arguments(sub)
     args = sub.parse_args(rest)
     try:
-        return int(module.run(args) or 0)
+        return int(run(args) or 0)
     except KeyboardInterrupt:
         print(f"hvdscale {name}: interrupted", file=sys.stderr)
         return 130
@@ -169,6 +187,52 @@ def finish(code: int) -> None:
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+# -------------------------------------------------- the command: hvdscale check-config
+
+
+def add_check_config_arguments(p):
+    p.add_argument("config", help="YAML config file, e.g. config/config.yaml")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+
+def run_check_config(args) -> int:
+    """Validate a config file (schema, defaults, cross-key checks) and print its run table."""
+    cfg = load_config(args.config)
+    runs = run_table(cfg)
+    if not args.quiet:
+        for r in runs:
+            print(
+                f"{r.run_id}\tnodes={r.nodes}\tworkers={r.workers}\tglobal_batch={r.global_batch}"
+            )
+    print(f"{args.config}: valid; {len(runs)} training runs; config hash {config_hash(cfg)[:12]}")
+    return 0
+
+
+# -------------------------------------------------- the command: hvdscale write-config
+
+
+def add_write_config_arguments(p):
+    p.add_argument("--json", required=True, help="the config as a JSON string")
+    p.add_argument(
+        "--section",
+        choices=["full", "data"],
+        default="full",
+        help="full config, or only what the data stage depends on (default: full)",
+    )
+    p.add_argument("--out", required=True, help="output JSON file")
+
+
+def run_write_config(args) -> int:
+    """Write the validated config (all of it, or the data section) as canonical JSON.
+
+    Snakemake passes the config as JSON; the output is the snapshot that later steps read
+    and whose hash goes into every run record.
+    """
+    cfg = validate_config(json.loads(args.json))
+    write_json_atomic(args.out, data_section(cfg) if args.section == "data" else cfg)
+    return 0
 
 
 if __name__ == "__main__":

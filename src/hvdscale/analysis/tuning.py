@@ -1,7 +1,7 @@
 """The learning-rate re-tuning sweep (scaling.tune): selection on validation, re-runs.
 
 The command line, with what it reads and writes in full, is ``hvdscale select-tuned``
-(hvdscale.commands.select_tuned).
+(hvdscale.analysis.aggregate.run_select_tuned).
 """
 
 from __future__ import annotations

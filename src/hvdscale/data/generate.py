@@ -1,7 +1,7 @@
 """Generate one shard of synthetic stress-strain curves (HDF5).
 
 The command line, with what it reads and writes in full, is ``hvdscale generate-shard``
-(hvdscale.commands.generate_shard).
+(``add_arguments``/``run`` at the end of this module).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import numpy as np
 from hvdscale.data import h5
 from hvdscale.data.physics import (
     GeneratorParams,
+    add_data_config_argument,
     generate_block,
+    load_data_config,
 )
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
@@ -118,3 +120,49 @@ def generate_shard(
         "seconds": time.perf_counter() - t0,
         "path": str(out),
     }
+
+
+# -------------------------------------------------- the command: hvdscale generate-shard
+
+
+def add_arguments(p):
+    add_data_config_argument(p)
+    p.add_argument(
+        "--shard", required=True, type=int, help="generation shard index K, 0 <= K < data.n_shards"
+    )
+    p.add_argument(
+        "--out", required=True, help="output HDF5 file, e.g. results/data/raw/shard-0000.h5"
+    )
+    p.add_argument(
+        "--block",
+        type=int,
+        default=DEFAULT_BLOCK,
+        help=f"samples generated per vectorised block (memory/speed only; default {DEFAULT_BLOCK})",
+    )
+
+
+def run(args) -> int:
+    """Generate one shard of synthetic stress-strain curves (HDF5).
+
+    Shard K of data.n_shards holds the contiguous sample ids [K*n//S, (K+1)*n//S). Each
+    curve comes from 1-D elasto-plasticity with linear isotropic hardening (return mapping)
+    along a loading/unloading strain path; see hvdscale.data.physics for the model and its
+    conventions. Sample i depends only on (seed, i): the shard count, the block size and the
+    machine do not change any value. The file is written atomically (temporary file, then
+    rename).
+
+    Example:
+      hvdscale generate-shard --config results/config/data.json --shard 0 \
+      --out results/data/raw/shard-0000.h5
+    """
+    tune_malloc()
+    cfg = load_data_config(args.config)
+
+    def progress(msg):
+        print(f"generate-shard {args.shard}: {msg}", file=sys.stderr, flush=True)
+
+    ids = shard_range(cfg["data"]["n_samples"], cfg["data"]["n_shards"], args.shard)
+    progress(f"generating sample ids {ids}")
+    info = generate_shard(cfg, args.shard, args.out, block=args.block, progress=progress)
+    progress(f"wrote {info['n_samples']} curves to {args.out} in {info['seconds']:.1f} s")
+    return 0

@@ -1,14 +1,28 @@
 """Typeset the scaling report (results/report.pdf) with reportlab.
 
 The command line, with what it reads and writes in full, is ``hvdscale report``
-(hvdscale.commands.report).
+(``add_arguments``/``run`` at the end of this module).
 """
 
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
+from hvdscale.analysis.references import read_references
+from hvdscale.analysis.systems import read_systems
+from hvdscale.analysis.tables import (
+    default_epochs_path,
+    read_epochs,
+    read_headline,
+    read_runs,
+    read_status,
+    read_summary,
+)
+from hvdscale.analysis.tuning import read_tuned
+from hvdscale.config.load import load_config
+from hvdscale.figures.draw import load_costmodel
 from hvdscale.figures.registry import FIGURE_NAMES, caption_markup, caption_values
 from hvdscale.io import atomic_path
 from hvdscale.report.accuracy import accuracy_section
@@ -22,11 +36,12 @@ from hvdscale.report.overview import (
     provenance_section,
     title_section,
 )
-from hvdscale.report.provenance import collect
+from hvdscale.report.provenance import collect, load_provenance
 from hvdscale.report.reference_section import reference_section
 from hvdscale.report.results import figures_section, results_section
 from hvdscale.report.step_settings_section import step_settings_section
 from hvdscale.report.systems_section import systems_section
+from hvdscale.target import read_target
 
 # The report, in order: each section is a function (Doc, ReportData) in its own module;
 # numbered sections number themselves (Doc.section).
@@ -117,3 +132,124 @@ def build_report(
     with atomic_path(out, ".pdf") as tmp:
         Path(tmp).write_bytes(pdf)
     return info
+
+
+# -------------------------------------------------- the command: hvdscale report
+
+
+def add_arguments(p):
+    p.add_argument(
+        "--config-file",
+        required=True,
+        nargs="+",
+        help="the YAML config file(s) the study was run with, in the order Snakemake merged "
+        "them (paths and sha256 go into the provenance)",
+    )
+    p.add_argument(
+        "--config", required=True, help="the validated config JSON (results/config/full.json)"
+    )
+    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
+    p.add_argument(
+        "--summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
+    )
+    p.add_argument("--status", default="results/scaling/status.csv", help="(default: %(default)s)")
+    p.add_argument(
+        "--costmodel", help="costmodel.json (optional: without it the cost-model section says so)"
+    )
+    p.add_argument("--epochs", help="epochs.csv (default: next to --runs, when it exists)")
+    p.add_argument(
+        "--tuned",
+        help="tuned.csv of 'hvdscale aggregate --out-tuned' (default: next to --runs, when it "
+        "exists; without it the report has no tuned figures)",
+    )
+    p.add_argument("--plots-dir", default="results/plots", help="(default: %(default)s)")
+    p.add_argument(
+        "--provenance", help="optional provenance JSON (e.g. train env versions, hardware)"
+    )
+    p.add_argument(
+        "--references",
+        help="references.csv (optional: the verdicts in the reference study's section)",
+    )
+    p.add_argument(
+        "--systems", help="systems.csv (optional: the 'System description' section per partition)"
+    )
+    p.add_argument(
+        "--headline",
+        help="headline.csv (the first page's headline and the factors of every speedup; "
+        "default: next to --runs, when it exists; without it the first page says so)",
+    )
+    p.add_argument(
+        "--target", help="target.json of calibrate_target (without it: the config's target)"
+    )
+    p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
+
+
+def run(args) -> int:
+    """Typeset the scaling report (results/report.pdf) with reportlab.
+
+    Sections: the headline (one generated sentence per per-worker batch from headline.csv),
+    provenance (git commit, config file and hash, package versions of both
+    environments, hosts and hardware, dates); the system description per partition
+    (systems.csv, when given); how every time was measured; tables of
+    speedup, efficiency, speedup per GPU, sync share and the test loss reached (speed is
+    never shown without the test loss it reached); the figures with numbered captions; a
+    side-by-side comparison with the reference study; Horovod against PyTorch DDP where
+    the records hold both (report/frameworks_section.py); the cost-model fit and its
+    prediction error; the list of missing and failed runs. Written atomically.
+
+    Example
+      hvdscale report --config-file config/thesis.yaml --config results/config/full.json \
+      --runs results/scaling/runs.csv --summary results/scaling/summary.csv \
+      --status results/scaling/status.csv --costmodel results/scaling/costmodel.json \
+      --plots-dir results/plots --headline results/scaling/headline.csv \
+      --target results/scaling/target.json --out results/report.pdf \
+      [--provenance results/provenance.json]
+
+    A study merged by ``hvdscale merge`` has config/merged_from.json beside the config JSON:
+    the source, results directory, config files and hash, git commit and partitions of each
+    part go into the provenance table.
+    """
+    cfg = load_config(args.config)
+    runs = read_runs(args.runs)
+    summary = read_summary(args.summary)
+    status = read_status(args.status)
+    cm = load_costmodel(args.costmodel)
+    if args.costmodel and cm is None:
+        print(
+            f"hvdscale report: warning: cost model {args.costmodel} not found; section left empty",
+            file=sys.stderr,
+        )
+    for path in args.config_file:
+        if not Path(path).exists():
+            print(
+                f"hvdscale report: warning: config file {path} not found; "
+                "no hash in the provenance",
+                file=sys.stderr,
+            )
+
+    epochs_path = Path(args.epochs) if args.epochs else default_epochs_path(args.runs)
+    epochs = read_epochs(epochs_path) if epochs_path.exists() else None
+    tuned_path = Path(args.tuned) if args.tuned else Path(args.runs).with_name("tuned.csv")
+    tuned = read_tuned(tuned_path) if args.tuned or tuned_path.exists() else None
+    inputs = dict(runs=runs, summary=summary, status=status, cm=cm, epochs=epochs, tuned=tuned)
+    prov = load_provenance(args.provenance)
+    # a study merged from several clusters' studies (hvdscale merge): each part's origin
+    merged = Path(args.config).with_name("merged_from.json")
+    if merged.is_file():
+        prov = {**(load_provenance(merged) or {}), **(prov or {})}
+
+    head = Path(args.headline) if args.headline else Path(args.runs).with_name("headline.csv")
+    inputs["headline"] = read_headline(head) if args.headline or head.exists() else None
+    inputs["target"] = read_target(args.target) if args.target else None
+    build_report(
+        args.out,
+        config_file=args.config_file,
+        cfg=cfg,
+        plots_dir=args.plots_dir,
+        provenance=prov,
+        references=read_references(args.references),
+        systems=read_systems(args.systems),
+        **inputs,
+    )
+    print(f"report: wrote {args.out}")
+    return 0

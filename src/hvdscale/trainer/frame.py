@@ -1,7 +1,7 @@
 """The frame around one rank's training, the same for every framework: the pid file, the
 orphan watchdog, the SIGTERM handler, the SIGUSR1 time-limit stop, and the exit marker
 OUT_DIR/.pids/rank-N.exit (diagnostics: a rank without one was killed or crashed hard;
-``launch.command`` reads the markers to name the rank that failed first)."""
+``launch.runner`` reads the markers to name the rank that failed first)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``torchrun --standalone --nproc-per-node N -m hvdscale.trainer.torch_ddp ARGS`` (started
 directly it is a one-rank job): the arguments, the run and the outputs are those of
-``hvdscale train`` (``hvdscale.commands.train``), with the torch-ddp trainer
+``hvdscale train`` (``hvdscale.trainer.rank.run_train``), with the torch-ddp trainer
 (``hvdscale.trainer.torch_ddp.framework``) and one more option, ``--backend``. Rank 0
 writes OUT_DIR/metrics.json (the run record, valid against workflow/schemas/run.schema.json)
 and history.csv, and a checkpoint per epoch in OUT_DIR/checkpoint/ (re-running the
@@ -18,9 +18,8 @@ import argparse
 import sys
 
 from hvdscale.cli import finish
-from hvdscale.commands.train import add_arguments
 from hvdscale.errors import UserError
-from hvdscale.trainer.rank import run
+from hvdscale.trainer.rank import add_train_arguments, run
 from hvdscale.trainer.torch_ddp.framework import FRAMEWORK
 
 
@@ -33,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
         "--data-dir results/data --out-dir results/runs/local_torch-ddp_gloo_n1_w2_b75_lrnone_r0"
         " (hvdscale launch starts it so, or with srun on SLURM)",
     )
-    add_arguments(p)
+    add_train_arguments(p)
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="torch.distributed backend (default: the run id's: gloo on CPUs, "
                    "nccl on GPUs); the run id's backend must name the same")  # fmt: skip
