@@ -36,8 +36,10 @@ def test_sentence_when_the_target_is_reached():
     assert s == (
         f"2 workers reach the target validation loss 1.40x [1.20{D}1.70] faster than 1 worker "
         f"(5/5 reached; 1 worker 5/5); epoch time 1.80x [1.70{D}1.90]; "
-        "78 % of the epoch-time gain survives at equal accuracy"
+        "the time-to-target speedup is 0.78x the epoch-time speedup (ratio of the medians; "
+        "the epochs ratio and the warm-up make up the rest)"
     )
+    assert "survives" not in s  # a ratio of speedups, not a share of a gain
 
 
 def test_sentence_when_slower_says_so():
@@ -45,7 +47,7 @@ def test_sentence_when_slower_says_so():
         RF.headline_row(epochs_ratio=0.5, speedup_ttt_lo=0.8, speedup_ttt_hi=0.99)
     )
     assert "more slowly than 1 worker: speedup 0.90x" in s and "faster than" not in s
-    assert "50 % of the epoch-time gain survives" in s
+    assert "the time-to-target speedup is 0.50x the epoch-time speedup" in s
 
 
 def test_sentence_when_the_interval_holds_one_claims_neither_direction():
@@ -86,21 +88,38 @@ def test_no_interval_no_direction():
 def test_sentence_without_a_faster_epoch_names_the_hardware_not_a_share():
     row = RF.headline_row(epoch_speedup=0.97, epoch_lo=0.8, epoch_hi=1.07, epochs_ratio=0.93)
     s = headline_sentence(row)
-    assert "no epoch-time gain to keep: the epoch itself is not faster (hardware)" in s
-    assert "survives" not in s
+    # the epoch-time interval holds 1: neither "faster" nor "not faster" from the point
+    assert f"no epoch-time gain shown: the epoch-time interval 0.97x [0.80{D}1.07] holds 1" in s
+    assert "survives" not in s and "not faster" not in s
+    slow = headline_sentence(RF.headline_row(epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=0.95))
+    assert f"no epoch-time gain to keep: the epoch itself is slower (0.90x [0.80{D}0.95]" in slow
+    one = headline_sentence(RF.headline_row(epoch_speedup=0.9, epoch_lo=math.nan))
+    assert "the epoch-time speedup 0.90x has no interval" in one and "slower" not in one
 
 
 def test_sentence_when_censored_has_no_median_and_names_the_factor():
     none = headline_sentence(RF.censored_row(0))
-    assert none.startswith("2 workers do not reach the target within the budget (0/5 reached)")
+    assert none.startswith("2 workers do not reach the target (0/5 reached, 5 hit the budget)")
     assert "epoch time 1.80x" in none and "needs more epochs" in none
     assert "predicts an epochs ratio of 0.94" in none and "faster than" not in none
     some = headline_sentence(RF.censored_row(2))
-    assert "reach the target in only 2/5 runs within the budget: no median" in some
-    slow = headline_sentence(RF.censored_row(0, epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=1.0))
-    assert "the epoch itself is not faster (0.90x: hardware" in slow
+    assert "reach the target in only 2/5 runs (2/5 reached, 3 hit the budget): no median" in some
+    # an epoch-time interval that holds 1 names no factor (no direction from the point)
+    held = headline_sentence(RF.censored_row(0, epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=1.0))
+    assert f"the epoch-time speedup 0.90x [0.80{D}1.00]: its interval holds 1" in held
+    assert "not faster" not in held and "slower" not in held
+    slow = headline_sentence(RF.censored_row(0, epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=0.95))
+    assert f"the epoch itself is slower (0.90x [0.80{D}0.95]: hardware" in slow
     base = headline_sentence(RF.censored_row(5, base_reached=2))
-    assert base.startswith("1 worker reaches the target in only 2/5 runs")
+    assert base.startswith("1 worker reaches the target in only 2/5 runs (2/5 reached, 3 hit")
+    # diverged runs are named as such, not as budget
+    div = headline_sentence(RF.censored_row(2, diverged=3))
+    assert "only 2/5 runs (2/5 reached, 3 diverged (non-finite loss)): no median" in div
+    assert "budget" not in div and "needs more epochs" not in div
+    mixed = headline_sentence(RF.censored_row(0, diverged=2))
+    assert "(0/5 reached, 2 diverged (non-finite loss), 3 hit the budget)" in mixed
+    ok = headline_sentence(RF.headline_row(reached=4, diverged=1, base_reached=5))
+    assert "(4/5 reached, 1 diverged (non-finite loss); 1 worker 5/5)" in ok
 
 
 def test_sentence_without_an_interval_says_why():
@@ -146,10 +165,13 @@ def test_the_fastest_1_worker_baseline_stands_beside_the_per_batch_one():
         speedup_ttt_best1=0.85, speedup_ttt_best1_lo=0.6, speedup_ttt_best1_hi=1.1,
     )  # fmt: skip
     s = batch_sentence(row, None)
-    want = "; against the fastest 1-worker configuration (batch 1000, LR none): "
+    want = (
+        "; against the fastest 1-worker configuration of this setting (batch 1000, LR none; "
+        "chosen on these runs, the interval resamples the choice): "
+    )
     assert want + f"0.85x [0.60{D}1.10], the interval holds 1" in s
     row.update(speedup_ttt_best1_lo=0.5, speedup_ttt_best1_hi=0.9)
-    assert "(batch 1000, LR none): 0.85x [0.50" in batch_sentence(row, None)
+    assert "the choice): 0.85x [0.50" in batch_sentence(row, None)
     assert "0.90], slower" in batch_sentence(row, None)
     row.update(best1_baseline="")
     assert "fastest 1-worker" not in batch_sentence(row, None)
@@ -172,16 +194,33 @@ def test_conclusions_follow_from_the_numbers():
     def c(**kw):
         return conclusion(pd.DataFrame([RF.headline_row(**kw)]).iloc[0])
 
-    assert "needs 1.33x the epochs of 1 worker" in c() and "75 % of the epoch-time gain" in c()
+    assert "needs 1.33x the epochs of 1 worker" in c()
+    assert "the time-to-target speedup is 0.75x the epoch-time speedup" in c()
+    assert c().startswith("Batch 75, 2 workers (local, mpi, untuned): time to target 1.35x")
+    assert "(local, mpi, bf16, compile default, tuned)" in c(
+        precision="bf16", compile="default", tuned=True
+    )
     # the measured speedup keeps the fixed costs the two factors leave out
     slow_start = c(fixed_factor=0.8)
     assert "time to target 1.08x = epoch time 1.80x" in slow_start
     assert "x 0.80 (the rest: the warm-up epochs beyond a steady-state epoch)" in slow_start
-    assert "60 % of the epoch-time gain" in slow_start
+    assert "the time-to-target speedup is 0.60x the epoch-time speedup" in slow_start
     cens = conclusion(pd.DataFrame([RF.censored_row(1)]).iloc[0])
-    assert "budget was hit (1/5 reached)" in cens and "epochs-to-target factor" in cens
-    hw = conclusion(pd.DataFrame([RF.censored_row(1, epoch_speedup=0.95)]).iloc[0])
-    assert "the hardware factor stops it" in hw
+    assert "no median time to target (1/5 reached: 4 hit the budget)" in cens
+    assert f"although the epoch is faster (1.80x [1.70{D}1.90])" in cens
+    assert "epochs-to-target factor" in cens
+    div = conclusion(pd.DataFrame([RF.censored_row(1, diverged=4)]).iloc[0])
+    assert "(1/5 reached: 4 diverged (non-finite loss))" in div and "budget" not in div
+    assert "statistics" not in div
+    hw = conclusion(
+        pd.DataFrame([RF.censored_row(1, epoch_speedup=0.9, epoch_lo=0.8, epoch_hi=0.95)]).iloc[0]
+    )
+    assert "the epoch is slower (0.90x" in hw and "the hardware factor stops it" in hw
+    # a point estimate below 1 whose interval holds 1: no factor named
+    held = conclusion(
+        pd.DataFrame([RF.censored_row(1, epoch_speedup=0.95, epoch_lo=0.8, epoch_hi=1.05)]).iloc[0]
+    )
+    assert "do not say which factor" in held and "hardware factor" not in held
 
 
 def test_headline_reader_names_the_file_and_the_problem(tmp_path):
@@ -193,7 +232,10 @@ def test_headline_reader_names_the_file_and_the_problem(tmp_path):
     for text, needle in (
         (good.read_text().replace("ci_method", "method"), "missing column(s) ci_method"),
         (good.read_text().replace(",False,", ",maybe,", 1), "column tuned must be"),
-        (good.read_text().replace(",5,5,5,5,", ",5,x,5,5,", 1), "column total must be a count"),
+        (
+            good.read_text().replace(",5,5,5,5,0,0,", ",5,x,5,5,0,0,", 1),
+            "column total must be a count",
+        ),
         ("", "not a readable CSV"),
     ):
         bad.write_text(text)
@@ -265,8 +307,9 @@ def test_censored_median_and_every_time_to_target():
     runs.loc[1, "status"] = status.loc[1, "status"] = "nan_loss"  # lost before the target
     runs.loc[1, ["time_to_target_s", "reached_target"]] = [math.nan, False]
     plain = ttt_rows(runs, status)[0]
-    assert (plain["reached"], plain["total"]) == (1, 4)
-    assert plain["each"] == f"{fmt.seconds(10.0)}, {CENSORED}, {CENSORED}, {CENSORED}"
+    assert (plain["reached"], plain["total"], plain["diverged"]) == (1, 4, 1)
+    # named as diverged, not as a run that hit its budget
+    assert plain["each"] == f"{fmt.seconds(10.0)}, diverged, {CENSORED}, {CENSORED}"
 
 
 def test_method_text_states_the_rules():
@@ -288,7 +331,8 @@ def test_method_text_states_the_rules():
         "test loss is evaluated once",
         "0.0105 = (1 + 5 %)",
         "training.max_epochs = 40, training.max_train_s = 600 s",
-        "fewer than half of the repeats are censored",
+        "fewer than half of the repeats did not reach it",
+        "named as diverged",
         "(5 re-runs, scaling.tune.rerun_repeats)",
         "every 10-th call",
         "3.0 % (median over 3 runs",
@@ -455,6 +499,9 @@ def test_results_table_time_to_target_carries_reached_over_total():
     assert ttt_with_counts(12.34, 4, 5) == f"{fmt.seconds(12.34)} (4/5)"
     assert ttt_with_counts(math.nan, 2, 5) == f"{CENSORED} (2/5)"
     assert ttt_with_counts(math.nan, math.nan, 0) == fmt.MISSING
+    # a diverged run is counted in the total and named
+    assert ttt_with_counts(12.34, 3, 5, 1) == f"{fmt.seconds(12.34)} (3/5; 1 diverged)"
+    assert ttt_with_counts(math.nan, 2, 5, 2) == "not reached (2/5; 2 diverged)"
 
 
 def test_report_command_names_a_malformed_input(rendered, tmp_path, capsys):

@@ -316,6 +316,8 @@ HEADLINE_COLUMNS = [
     "total",
     "base_reached",
     "base_total",
+    "diverged",  # of the runs not reached, those whose loss diverged (non-finite)
+    "base_diverged",
     "epoch_speedup",
     "epoch_lo",
     "epoch_hi",
@@ -345,6 +347,8 @@ HEADLINE_COLUMNS = [
 HEADLINE_LATER = {
     "precision": "fp32",  # written before the step settings were a key: fp32, eager
     "compile": "off",
+    "diverged": 0,  # written before the reasons were counted: none said diverged
+    "base_diverged": 0,
     "b_simple_lo": float("nan"),  # issue 30: the noise-scale interval
     "b_simple_hi": float("nan"),
     "best1_baseline": "",

@@ -22,7 +22,10 @@ False/True); the baseline is always of the same framework:
                   inside the epoch time, so inside epoch_speedup)
   retained_fraction  speedup_ttt / epoch_speedup: how much of the parallel gain
                   survives at equal accuracy
-  reached/total, base_reached/base_total   runs that reached the target, per side
+  reached/total, base_reached/base_total   runs that reached the target, per side, of
+                  the runs that ended for a reason of training (completed or diverged)
+  diverged, base_diverged   of those, the runs whose loss diverged (non-finite) before
+                  the target; the rest of the runs not reached hit the budget
   b_simple, critical_batch   McCandlish et al.'s simple noise scale of the completed
                   n-worker runs near the target (the last 3 non-warm-up epochs up to the
                   target epoch), with the finite-shard correction
@@ -75,6 +78,7 @@ from hvdscale.analysis.stats import (
 )
 from hvdscale.analysis.tuning import candidate_runs, reruns_of, select_tuned, stream_key
 from hvdscale.analysis.view import pref_lr
+from hvdscale.target import TOO_LOOSE
 
 
 def noise_scale_of(runs: pd.DataFrame, name: str) -> tuple[float, float, float, str]:
@@ -130,15 +134,28 @@ def loose_count(runs: pd.DataFrame) -> int:
     return int((runs["reached_target"].astype(bool) & (after < LOOSE_EPOCHS)).sum())
 
 
+def counts(runs: pd.DataFrame, prefix: str = "") -> dict:
+    """reached, total (every run that ended for a reason of training: completed or
+    diverged) and diverged (non-finite loss before the target) of one side's runs."""
+    reached = runs["reached_target"].astype(bool)
+    diverged = (runs["status"] == "nan_loss") & ~reached if "status" in runs else reached & False
+    return {
+        f"{prefix}reached": int(reached.sum()),
+        f"{prefix}total": int(runs["epochs_to_target"].notna().sum()),
+        f"{prefix}diverged": int(diverged.sum()),
+    }
+
+
+def in_warmup(runs: pd.DataFrame) -> bool:
+    """Whether a run met the target in its warm-up (the target is too loose there:
+    target.TOO_LOOSE; summary.csv and tuned.csv show no time-to-target speedup then)."""
+    return "target_in_warmup" in runs and bool(runs["target_in_warmup"].fillna(False).any())
+
+
 def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     """The headline figures of completed n-worker ``runs`` against completed 1-worker
     ``base`` runs (same partition, backend, per-worker batch)."""
-    out = {
-        "reached": int(runs["reached_target"].astype(bool).sum()),
-        "total": int(runs["epochs_to_target"].notna().sum()),
-        "base_reached": int(base["reached_target"].astype(bool).sum()),
-        "base_total": int(base["epochs_to_target"].notna().sum()),
-    }
+    out = {**counts(runs), **counts(base, "base_")}
     reps = dict(base_repeats=seed_ids(base), repeats=seed_ids(runs))
     out["epoch_speedup"] = float(base["epoch_time_s"].median() / runs["epoch_time_s"].median())
     out["epoch_lo"], out["epoch_hi"], enote = speedup_interval(
@@ -146,17 +163,20 @@ def factors(base: pd.DataFrame, runs: pd.DataFrame, name: str) -> dict:
     )
     out["epochs_ratio"], _ = _median_ratio(base["epochs_to_target"], runs["epochs_to_target"])
     ttt, cnote = _median_ratio(base["time_to_target_s"], runs["time_to_target_s"])
+    tlo = thi = math.nan
+    tnote = cnote
+    if in_warmup(base) or in_warmup(runs):  # as summary.csv and tuned.csv: no speedup
+        ttt, tnote, cnote = math.nan, TOO_LOOSE, TOO_LOOSE
     out["speedup_ttt"] = ttt
     out["fixed_factor"] = ttt / (out["epoch_speedup"] * out["epochs_ratio"])
     out["retained_fraction"] = ttt / out["epoch_speedup"]
-    tlo = thi = math.nan
-    tnote = cnote
     if not cnote:
         tlo, thi, tnote = speedup_interval(
             base["time_to_target_s"], runs["time_to_target_s"], name + "/ttt", **reps
         )
     out["speedup_ttt_lo"], out["speedup_ttt_hi"] = tlo, thi
-    out.update(launch_speedup(base, runs, name, reps))
+    if tnote != TOO_LOOSE:
+        out.update(launch_speedup(base, runs, name, reps))
     bc, out["b_simple_lo"], out["b_simple_hi"], nnote = noise_scale_of(runs, name + "/noise")
     out["b_simple"] = out["critical_batch"] = bc
     # the epoch-time interval's note only where it says something else
@@ -247,6 +267,8 @@ def _against_best(best: dict, key: tuple, g: pd.DataFrame, name: str) -> dict:
     if key not in best or g.empty:
         return out
     label, b = best[key][0]
+    if in_warmup(b) or in_warmup(g):  # the target too loose: no time-to-target speedup
+        return out
     ratio, note = _median_ratio(b["time_to_target_s"], g["time_to_target_s"])
     out.update(best1_baseline=label, speedup_ttt_best1=ratio)
     if not note:
@@ -271,8 +293,7 @@ def _untuned(runs: pd.DataFrame, best: dict) -> list[dict]:
             row.update(workers=int(w), tuned=False, global_batch=int(w * bs))
             if base.empty:  # said, with the counts of the n-worker side (never dropped)
                 row["note"] = "no completed 1-worker baseline"
-                row.update(reached=int(g["reached_target"].astype(bool).sum()), base_reached=0)
-                row.update(total=int(g["epochs_to_target"].notna().sum()), base_total=0)
+                row.update(counts(g), base_reached=0, base_total=0, base_diverged=0)
             else:
                 row.update(factors(base, g, f"headline/{tag}/{lr}/{w}"))
             row.update(_against_best(best, like, g, f"headline/{tag}/{w}"))
@@ -316,14 +337,13 @@ def _tuned(runs: pd.DataFrame, tuned: pd.DataFrame | None, best: dict) -> list[d
             # like against like: a tuned n-worker result is never compared with untuned
             # 1-worker runs (the 1-worker side would get none of the n-worker side's tuning)
             row["note"] = NO_TUNED_BASELINE
-            row.update(base_reached=0, base_total=0)
-            row.update(reached=int(mine["reached_target"].astype(bool).sum()))
-            row.update(total=int(mine["epochs_to_target"].notna().sum()))
+            row.update(counts(mine), base_reached=0, base_total=0, base_diverged=0)
         elif b.status != "selected" or r.status != "selected":
             worst = r.status if r.status != "selected" else b.status
             side = "" if r.status != "selected" else "1 worker: "
             row["note"] = side + TUNED_GAP.get(str(worst), f"tuned: {worst}")
-            row.update(reached=0, total=0, base_reached=0, base_total=0)
+            row.update(reached=0, total=0, diverged=0)
+            row.update(base_reached=0, base_total=0, base_diverged=0)
         else:
             row.update(factors(reruns_of(re_, b), mine, name))
         if r.status == "selected":
@@ -354,7 +374,7 @@ def headline(
     out["predicted_epochs_ratio"] = [
         predicted_epochs_ratio(x1, xn, bc) for x1, xn, bc in zip(b1, bn, out["critical_batch"])
     ]
-    for c in ("reached", "total", "base_reached", "base_total"):
+    for c in ("reached", "total", "diverged", "base_reached", "base_total", "base_diverged"):
         out[c] = out[c].astype("Int64")
     out["note"] = out["note"].fillna("")
     out["best1_baseline"] = (

@@ -126,7 +126,16 @@ _TEXT = [
 ]
 
 
-_COUNTS = ["batch_per_worker", "workers", "reached", "total", "base_reached", "base_total"]
+_COUNTS = [
+    "batch_per_worker",
+    "workers",
+    "reached",
+    "total",
+    "diverged",
+    "base_reached",
+    "base_total",
+    "base_diverged",
+]
 
 
 def read_headline(path) -> pd.DataFrame:
@@ -171,4 +180,6 @@ def read_headline(path) -> pd.DataFrame:
     for c in ("note", "ci_method", "best1_baseline"):
         df[c] = df[c].fillna("")
     df["framework"] = df["framework"].fillna(FRAMEWORK_DEFAULT)
+    for c in ("precision", "compile"):  # empty: the default step setting (fp32, off)
+        df[c] = df[c].fillna(STEP_SETTING_DEFAULTS[c])
     return df

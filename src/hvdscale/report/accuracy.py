@@ -34,8 +34,9 @@ TTT_NOTE = (
     "launcher's start (hvdscale launch) to its first epoch, plus the training time to the end "
     "of the target epoch; queue wait and the SLURM allocation are not included. A run that "
     "reaches "
-    "its budget first, or whose loss diverges (NaN), is censored: shown as '> budget', "
-    "counted as +infinity (not reached), never dropped."
+    "its budget first is censored: shown as '> budget'; one whose loss diverges "
+    "(non-finite) first is shown as 'diverged'; both count as +infinity (not reached), "
+    "never dropped."
 )
 TABLE_NOTE = (
     "Speedup at equal accuracy. Epoch S: speedup of the median epoch time; TTT S: speedup "

@@ -19,6 +19,7 @@ from hvdscale.analysis.columns import (
     ttt_runs,
     with_framework,
 )
+from hvdscale.analysis.like import DEFAULT_SETTING, setting_label
 from hvdscale.analysis.noise_scale import NEAR_TARGET_EPOCHS, agrees, implied_critical_batch
 from hvdscale.analysis.stats import censored_median
 from hvdscale.matrix.runid import config_id, run_kind
@@ -26,13 +27,22 @@ from hvdscale.report import fmt
 from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
 
 CENSORED = "> budget"
+DIVERGED = "diverged"
+
+
+def _reached(reached, total, diverged) -> str:
+    """'4/5', '3/5 (1 diverged)': reached/total with the diverged runs named."""
+    div = int(diverged) if fmt.isnum(diverged) else 0
+    return f"{int(reached)}/{int(total)}" + (f" ({div} diverged)" if div else "")
+
 
 TTT_TABLE_NOTE = (
     "Time to the target validation loss of every run that ended for a reason of training, "
     "per configuration (run id without its repeat): median over repeats with a censored run "
     "counted as +infinity (a median exists while fewer than half are censored), "
     "reached/total, and each repeat's time in repeat order; "
-    f"'{CENSORED}': the run hit its budget first or its loss diverged (censored, kept). "
+    f"'{CENSORED}': the run hit its budget first; 'diverged': its loss became non-finite "
+    "first (both not reached, counted as +infinity, kept). "
     "Tuned configurations (kind rerun) are the winners of the tuning sweep re-run with fresh "
     "seeds; tuning selection runs and calibration runs are not listed. Failed and "
     "mislabelled runs are excluded and listed in the last section."
@@ -46,9 +56,10 @@ FACTOR_NOTE = (
     "global batch needs more epochs). Fixed: the rest, the warm-up epochs' time beyond a "
     "steady-state epoch (tracing, first collectives) and the gap between a median of "
     "products and a product of medians; the validation pass after every epoch is part of "
-    "the epoch time, so of epoch S. Retained: TTT S / epoch "
-    "S, the share of the epoch-time gain that survives at equal accuracy. Reached: n-worker "
-    "runs / 1-worker runs that reached the target. Brackets: 95 % bootstrap intervals."
+    "the epoch time, so of epoch S. TTT S / epoch S: the ratio of the two speedups "
+    "(point estimates: the epochs ratio x fixed). Reached: n-worker runs / 1-worker runs "
+    "that reached the target, of those that ended for a reason of training, with the "
+    "diverged ones (non-finite loss) counted. Brackets: 95 % bootstrap intervals."
 )
 FACTOR_HEADER = [
     "Partition / backend",
@@ -60,7 +71,7 @@ FACTOR_HEADER = [
     "Epoch S [95 % CI]",
     "Epochs ratio",
     "Fixed",
-    "Retained",
+    "TTT S / epoch S",
     "Reached",
     "Note",
 ]
@@ -94,7 +105,11 @@ def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dic
     for cfg_id, g in ok.sort_values(order + ["repeat"]).groupby("config", sort=False):
         reached = g["reached_target"].astype(bool) & g["time_to_target_s"].notna()
         times = [t if ok_ else math.inf for t, ok_ in zip(g["time_to_target_s"], reached)]
-        each = [fmt.seconds(t) if math.isfinite(t) else CENSORED for t in times]
+        lost = (g["status"] == "nan_loss") & ~reached
+        each = [
+            fmt.seconds(t) if math.isfinite(t) else (DIVERGED if d else CENSORED)
+            for t, d in zip(times, lost)
+        ]
         rows.append(
             {
                 "config": cfg_id,
@@ -103,6 +118,7 @@ def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dic
                 "tuned": g["kind"].iloc[0] == "rerun",
                 "reached": int(reached.sum()),
                 "total": len(g),
+                "diverged": int(lost.sum()),
                 "median": censored_median(times)[0],
                 "each": ", ".join(each),
             }
@@ -120,8 +136,10 @@ def ttt_table(d, runs, status) -> None:
             d.cell(x["config"]),
             str(x["workers"]),
             str(x["global_batch"]),
-            f"{x['reached']}/{x['total']}",
-            fmt.seconds(x["median"]) if fmt.isnum(x["median"]) else f"{CENSORED} (no median)",
+            _reached(x["reached"], x["total"], x["diverged"]),
+            fmt.seconds(x["median"])
+            if fmt.isnum(x["median"])
+            else f"{'not reached' if x['diverged'] else CENSORED} (no median)",
             d.cell(x["each"]),
         ]
         for x in rows
@@ -152,8 +170,9 @@ def factor_cells(x) -> list[str]:
         epoch,
         fmt.speedup(x.epochs_ratio),
         fmt.speedup(x.fixed_factor),
-        fmt.percent(x.retained_fraction, 0),
-        f"{int(x.reached)}/{int(x.total)} | {int(x.base_reached)}/{int(x.base_total)}",
+        fmt.speedup(x.retained_fraction),
+        f"{_reached(x.reached, x.total, getattr(x, 'diverged', 0))} | "
+        f"{_reached(x.base_reached, x.base_total, getattr(x, 'base_diverged', 0))}",
         str(x.note or ""),
     ]
 
@@ -221,8 +240,7 @@ def noise_sentence(x) -> str | None:
 def conclusion(x) -> str:
     """What follows from one row's numbers, in words (never more)."""
     ws = workers_text(x.workers)
-    label = f"Batch {int(x.batch_per_worker)}, {ws} ({x.partition}, {x.backend}"
-    label += ", tuned)" if x.tuned else ")"
+    label = f"Batch {int(x.batch_per_worker)}, {ws} ({row_conditions(x)})"
     e, m = x.epoch_speedup, x.epochs_ratio
     if fmt.isnum(x.speedup_ttt):
         text = f"{label}: time to target {fmt.speedup(x.speedup_ttt)}x"
@@ -240,25 +258,51 @@ def conclusion(x) -> str:
                     "steady-state epoch)"
                 )
         if fmt.isnum(x.retained_fraction):
-            text += f"; {survival_clause(x.retained_fraction, e)}"
+            text += f"; {survival_clause(x.retained_fraction, e, x.epoch_lo, x.epoch_hi)}"
         return text + "."
+    base = fmt.counts(x.base_reached, x.base_total, getattr(x, "base_diverged", 0))
     if no_median(int(x.base_reached), int(x.base_total)):
         return (
-            f"{label}: the 1-worker baseline reached the target in only "
-            f"{int(x.base_reached)}/{int(x.base_total)} runs: the budget was hit by the "
-            "baseline itself, so no speedup at equal accuracy can be measured."
+            f"{label}: the 1-worker baseline has no median time to target ({base}), so no "
+            "speedup at equal accuracy can be measured."
         )
+    mine = fmt.counts(x.reached, x.total, getattr(x, "diverged", 0))
     if not fmt.isnum(e):
-        return f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached)."
-    if e <= 1:
+        return f"{label}: no median time to target ({mine})."
+    lo, hi = getattr(x, "epoch_lo", math.nan), getattr(x, "epoch_hi", math.nan)
+    ep = with_interval(e, lo, hi)
+    way = fmt.direction(lo, hi)
+    if way == "slower":
         return (
-            f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached) and the "
-            f"epoch is not faster ({fmt.speedup(e)}x): the hardware factor stops it."
+            f"{label}: no median time to target ({mine}), and the epoch is slower "
+            f"({ep}): the hardware factor stops it."
+        )
+    div = int(getattr(x, "diverged", 0)) if fmt.isnum(getattr(x, "diverged", 0)) else 0
+    if way == "faster" and div >= int(x.total) - int(x.reached):
+        return (
+            f"{label}: no median time to target ({mine}) although the epoch is faster "
+            f"({ep}): the runs that did not reach it diverged (non-finite loss)."
+        )
+    if way == "faster":
+        return (
+            f"{label}: no median time to target ({mine}) although the epoch is faster "
+            f"({ep}): the epochs-to-target factor (statistics) stops it."
         )
     return (
-        f"{label}: the budget was hit ({int(x.reached)}/{int(x.total)} reached) although the "
-        f"epoch is {fmt.speedup(e)}x faster: the epochs-to-target factor (statistics) stops it."
+        f"{label}: no median time to target ({mine}); epoch time {ep}: the numbers do not "
+        "say which factor stops it."
     )
+
+
+def row_conditions(x) -> str:
+    """'local, mpi, untuned' and the step setting where it is not fp32, eager: the
+    conditions of a headline row, both sides (the baseline shares them)."""
+    parts = [str(x.partition), str(x.backend)]
+    setting = (getattr(x, "precision", "fp32"), getattr(x, "compile", "off"))
+    if setting != DEFAULT_SETTING:
+        parts.append(setting_label(*setting))
+    parts.append("tuned" if x.tuned else "untuned")
+    return ", ".join(parts)
 
 
 def factors_part(d, headline: pd.DataFrame | None) -> None:

@@ -114,3 +114,26 @@ def spread(mid: str, lo: str, hi: str) -> str:
 def rel_error(x) -> str:
     """A signed relative error as a percentage ('+12.3 %')."""
     return f"{100 * float(x):+.1f} %" if isnum(x) else MISSING
+
+
+def not_reached(reached, total, diverged) -> str:
+    """Why runs did not reach the target: '2 diverged (non-finite loss), 1 hit the
+    budget'; '' where every run reached it."""
+    total, reached = int(total) if isnum(total) else 0, int(reached) if isnum(reached) else 0
+    div = int(diverged) if isnum(diverged) else 0
+    budget = max(total - reached - div, 0)
+    parts = []
+    if div:
+        parts.append(f"{div} diverged (non-finite loss)")
+    if budget:
+        parts.append(f"{budget} hit the budget")
+    return ", ".join(parts)
+
+
+def counts(reached, total, diverged=0) -> str:
+    """'3/5 reached' with the reasons of the others: '3/5 reached: 1 diverged
+    (non-finite loss), 1 hit the budget'."""
+    r = int(reached) if isnum(reached) else 0
+    head = f"{r}/{int(total) if isnum(total) else 0} reached"
+    why = not_reached(reached, total, diverged)
+    return f"{head}: {why}" if why else head

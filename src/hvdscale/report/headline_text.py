@@ -26,6 +26,8 @@ from hvdscale.analysis.columns import (
     names_framework,
     with_framework,
 )
+from hvdscale.analysis.like import DEFAULT_SETTING, LIKE_KEYS, setting_label
+from hvdscale.analysis.stats import COVERAGE_FEW, FEW_REPEATS
 from hvdscale.report import fmt
 
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
@@ -74,19 +76,39 @@ def _epoch_clause(row: Mapping) -> str:
     return "epoch time " + with_interval(row["epoch_speedup"], row["epoch_lo"], row["epoch_hi"])
 
 
+def _side(reached, total, diverged, word: str = " reached") -> str:
+    """'5/5 reached'; '3/5 reached, 1 diverged (non-finite loss), 1 hit the budget'."""
+    why = fmt.not_reached(reached, total, diverged)
+    return f"{int(reached)}/{int(total)}{word}" + (f", {why}" if why else "")
+
+
+def _counts(row: Mapping) -> str:
+    """Both sides' reached/total with the reasons of the runs not reached."""
+    mine = _side(row["reached"], row["total"], row.get("diverged", 0))
+    base = _side(row["base_reached"], row["base_total"], row.get("base_diverged", 0), "")
+    return f"{mine}; 1 worker {base}"
+
+
 def _stopped_by(row: Mapping) -> str:
-    """Which factor stops a censored n-worker configuration, from the numbers."""
-    e = row["epoch_speedup"]
+    """Which factor stops a censored n-worker configuration, from the numbers: a
+    direction word only where the epoch-time interval lies on one side of 1."""
+    e, lo, hi = row["epoch_speedup"], row.get("epoch_lo"), row.get("epoch_hi")
+    t, r = int(row["total"]), int(row["reached"])
+    div = int(row.get("diverged", 0)) if fmt.isnum(row.get("diverged", 0)) else 0
     if not fmt.isnum(e):
-        return "the budget was hit"
-    if float(e) <= 1:
-        return (
-            f"the budget was hit and the epoch itself is not faster ({_x(e)}: hardware, "
-            "see the phase split)"
-        )
+        return "no epoch-time speedup to say which factor stops it"
+    ep = with_interval(e, lo, hi)
+    way = fmt.direction(lo, hi)
+    if way == "slower":
+        return f"the epoch itself is slower ({ep}: hardware, see the phase split)"
+    if way != "faster":
+        held = "its interval holds 1" if fmt.has_interval(lo, hi) else "it has no interval"
+        return f"the epoch-time speedup {ep}: {held}, so no factor is shown to stop it"
+    if div >= t - r:  # every run not reached diverged: the loss, not the epochs
+        return f"the epoch is faster ({ep}), but the runs that did not reach it diverged"
     text = (
-        f"the budget was hit although the epoch is {_x(e)} faster: the larger global batch "
-        "needs more epochs to the target (statistics)"
+        f"the epoch is faster ({ep}), so the larger global batch needs more epochs to the "
+        "target (statistics)"
     )
     p = row.get("predicted_epochs_ratio")
     if fmt.isnum(p):
@@ -100,24 +122,26 @@ def _censored_clause(row: Mapping) -> str:
     ws = workers_text(w)
     if t == 0:
         return f"{ws}: {row.get('note') or 'no completed run'}"
+    mine = _side(r, t, row.get("diverged", 0))
+    base = _side(br, bt, row.get("base_diverged", 0))
     if bt == 0:
         why = str(row.get("note") or "no completed 1-worker run, so no baseline")
-        return f"{why} ({ws} {r}/{t} reached)"
+        return f"{why} ({ws} {mine})"
     if no_median(r, t):
         head = (
-            f"{ws} do not reach the target within the budget ({r}/{t} reached)"
+            f"{ws} do not reach the target ({mine})"
             if r == 0
-            else f"{ws} reach the target in only {r}/{t} runs within the budget: no median "
-            f"time to target (1 worker {br}/{bt})"
+            else f"{ws} reach the target in only {r}/{t} runs ({mine}): no median time to "
+            f"target (1 worker {base})"
         )
         return f"{head}; {_epoch_clause(row)}; {_stopped_by(row)}"
     if no_median(br, bt):
         return (
-            f"1 worker reaches the target in only {br}/{bt} runs within the budget: no "
-            f"baseline time to target ({ws} {r}/{t} reached); {_epoch_clause(row)}"
+            f"1 worker reaches the target in only {br}/{bt} runs ({base}): no baseline time "
+            f"to target ({ws} {mine}); {_epoch_clause(row)}"
         )
     note = str(row.get("note") or "no time-to-target speedup")
-    return f"{ws}: {note} ({r}/{t} reached; 1 worker {br}/{bt}); {_epoch_clause(row)}"
+    return f"{ws}: {note} ({_counts(row)}); {_epoch_clause(row)}"
 
 
 def headline_sentence(row: Mapping) -> str:
@@ -126,8 +150,7 @@ def headline_sentence(row: Mapping) -> str:
     if not fmt.isnum(s):
         return _censored_clause(row)
     w = int(row["workers"])
-    counts = f"{int(row['reached'])}/{int(row['total'])} reached; 1 worker "
-    counts += f"{int(row['base_reached'])}/{int(row['base_total'])}"
+    counts = _counts(row)
     gap = _interval_gap(row)
     if gap:
         counts += f"; {gap}"
@@ -158,17 +181,27 @@ def headline_sentence(row: Mapping) -> str:
         text += f"; {loose[0]}: the time to target says little about convergence"
     rf = row["retained_fraction"]
     if fmt.isnum(rf):
-        text += f"; {survival_clause(rf, row['epoch_speedup'])}"
+        text += f"; {survival_clause(rf, row['epoch_speedup'], row['epoch_lo'], row['epoch_hi'])}"
     return text
 
 
-def survival_clause(retained_fraction, epoch_speedup) -> str:
-    """How much of the parallel gain survives at equal accuracy; with no faster epoch
-    there is no gain to keep, and the clause names the factor that stops the speedup."""
-    if fmt.isnum(epoch_speedup) and float(epoch_speedup) > 1:
-        share = f"{100 * float(retained_fraction):.0f} %"
-        return f"{share} of the epoch-time gain survives at equal accuracy"
-    return "no epoch-time gain to keep: the epoch itself is not faster (hardware)"
+def survival_clause(retained_fraction, epoch_speedup, epoch_lo=None, epoch_hi=None) -> str:
+    """The time-to-target speedup as a fraction of the epoch-time speedup (a ratio of
+    speedups, of the two medians: the epochs ratio and the warm-up make up the rest),
+    where the epoch-time interval shows a faster epoch; otherwise what that interval
+    shows, with it (no direction from a point estimate)."""
+    ep = with_interval(epoch_speedup, epoch_lo, epoch_hi)
+    way = fmt.direction(epoch_lo, epoch_hi)
+    if way == "faster":
+        return (
+            f"the time-to-target speedup is {float(retained_fraction):.2f}x the epoch-time "
+            "speedup (ratio of the medians; the epochs ratio and the warm-up make up the rest)"
+        )
+    if way == "slower":
+        return f"no epoch-time gain to keep: the epoch itself is slower ({ep}: hardware)"
+    if fmt.has_interval(epoch_lo, epoch_hi):
+        return f"no epoch-time gain shown: the epoch-time interval {ep} holds 1"
+    return f"no epoch-time gain shown: the epoch-time speedup {ep} has no interval"
 
 
 #: what the first page's time to target counts, and what the launch-to-target figure adds
@@ -230,17 +263,21 @@ def best1_clause(row: Mapping) -> str:
     else:
         word = "no interval"
     return (
-        f"; against the fastest 1-worker configuration ({label}): "
-        f"{with_interval(s, lo, hi)}, {word}"
+        f"; against the fastest 1-worker configuration of this setting ({label}; chosen "
+        f"on these runs, the interval resamples the choice): {with_interval(s, lo, hi)}, {word}"
     )
 
 
 def batch_sentence(
-    untuned: Mapping | None, tuned: Mapping | None, name_framework: bool = False
+    untuned: Mapping | None,
+    tuned: Mapping | None,
+    name_framework: bool = False,
+    name_setting: bool = False,
 ) -> str:
-    """The first page's sentence for one (partition, [framework,] backend, batch, workers):
-    untuned and tuned; a missing side says so. ``name_framework``: name the framework
-    (a study with more than one)."""
+    """The first page's sentence for one (partition, [framework,] backend, [setting,]
+    batch, workers): untuned and tuned; a missing side says so. ``name_framework``: name
+    the framework (a study with more than one); ``name_setting``: the step setting
+    (a study with another than fp32, eager)."""
     row = untuned if untuned is not None else tuned
     if row is None:
         raise ValueError("batch_sentence needs at least one row")
@@ -266,6 +303,8 @@ def batch_sentence(
     where = [row["partition"], row["backend"]]
     if name_framework:
         where.insert(1, framework_label(row.get("framework", FRAMEWORK_DEFAULT)))
+    if name_setting:
+        where.append(setting_label(row.get("precision", "fp32"), row.get("compile", "off")))
     head = f"Batch {int(row['batch_per_worker'])} per worker ({', '.join(map(str, where))})"
     return (
         f"{head}: " + ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
@@ -279,7 +318,9 @@ def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
         return []
     headline = with_framework(headline)
     multi = names_framework(headline["framework"])
-    keys = ["partition", "framework", "backend", "batch_per_worker", "workers"]
+    settings = set(zip(headline["precision"], headline["compile"]))
+    named = settings != {DEFAULT_SETTING}
+    keys = [*LIKE_KEYS, "batch_per_worker", "workers"]
     rows = headline[headline["workers"] > 1]
     out = []
     for _, g in rows.groupby(keys, sort=True):
@@ -290,9 +331,30 @@ def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
                 u.iloc[0].to_dict() if len(u) else None,
                 t.iloc[0].to_dict() if len(t) else None,
                 name_framework=multi,
+                name_setting=named,
             )
         )
     return out
+
+
+def coverage_note(headline: pd.DataFrame) -> str:
+    """Where a headline interval comes from fewer than FEW_REPEATS repeats on a side: how
+    often such intervals cover (analysis/stats.COVERAGE_FEW, from the project's simulation);
+    '' where every interval has enough repeats."""
+    rows = headline[headline["workers"] > 1]
+    has = [
+        fmt.has_interval(lo, hi) for lo, hi in zip(rows["speedup_ttt_lo"], rows["speedup_ttt_hi"])
+    ]
+    rows = rows[has]
+    if rows.empty:
+        return ""
+    fewest = int(min(rows["total"].min(), rows["base_total"].min()))
+    if fewest >= FEW_REPEATS:
+        return ""
+    return (
+        f"Coverage: some intervals here rest on {fewest} repeats per side; "
+        f"{COVERAGE_FEW}. Read them as wider than printed."
+    )
 
 
 def headline_section(d, r) -> None:
@@ -313,6 +375,9 @@ def headline_section(d, r) -> None:
         return
     d.p("<b>Headline: speedup at equal accuracy</b> (medians over repeats, 95 % intervals)")
     d.p(escape(startup_note(getattr(r, "runs", None))))
+    few = coverage_note(headline)
+    if few:
+        d.p(escape(few))
     bold = []
     for s in sentences:
         head, _, rest = s.partition(": ")

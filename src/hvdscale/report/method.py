@@ -72,9 +72,13 @@ def equal_accuracy_bullets(
         "reported and never used to choose anything.",
         f"<b>Target</b>: {escape(_target(cfg, target))}.",
         f"<b>Censoring</b>: a run that reaches its budget ({escape(budget)}) before the "
-        "target is censored: '&gt; budget', counted as +infinity, never dropped. A median "
-        "time to target exists while fewer than half of the repeats are censored; every time "
-        "to target comes with reached/total.",
+        "target is censored: '&gt; budget', counted as +infinity, never dropped. A run whose "
+        "loss diverges (non-finite) before the target is counted the same way, as not "
+        "reached, and named as diverged; for such runs this median is not Kaplan-Meier's "
+        "(which would let them reach the target later) but the larger one of a "
+        "configuration that can diverge. A median time to target exists while fewer than "
+        "half of the repeats did not reach it; every time to target comes with "
+        "reached/total over every run that ended for a reason of training.",
         "<b>Start-up</b>: time to target is training time, start-up excluded: the "
         "interpreter and framework import, the framework's initialisation, reading the rank's "
         "data, building the model and the first compilation happen before the first epoch. "

@@ -155,8 +155,10 @@ def _method_bullets(warm) -> list[str]:
         "first epoch whose validation loss is at or below the target; its speedup S_ttt(n) "
         "uses the same baseline and splits into epoch-time speedup x ratio of epochs to "
         "target; a target met in the warm-up epoch is flagged (target too loose), not shown "
-        "as a speedup. Only completed runs enter the statistics (not failed, nan_loss or "
-        "mislabelled ones).",
+        "as a speedup (in no table and on no page). Epoch times come from completed runs; the "
+        "time to target counts every run that ended for a reason of training: a run whose "
+        "loss diverged (nan_loss) is counted as not reached, never dropped. Failed and "
+        "mislabelled runs are excluded from the statistics and listed.",
     ]
 
 

@@ -43,9 +43,12 @@ CONFIG_NOTE = (
     "interval over repeats [lo-hi] that resamples the baseline's repeats too (none with fewer "
     "than 3 completed repeats: summary.csv's ci_note says why); sync and data shares of the "
     "epoch time; final test loss (evaluated once, at the end of each run) and time to the "
-    "target validation loss (median over repeats, a censored run counted as +infinity, with "
-    "reached/total; '> budget': half or more censored, no median; 'too loose': the target "
-    "was met in the warm-up epoch). Runs: completed/expected repeats."
+    "target validation loss (median over repeats, a run that did not reach it counted as "
+    "+infinity, with reached/total over every run that ended for a reason of training, "
+    "completed or diverged, and how many diverged (non-finite loss); '> budget': half or "
+    "more hit the budget, no median; 'not reached': half or more did not reach it, some "
+    "diverged; 'too loose': the target was met in the warm-up epoch). Runs: "
+    "completed/expected repeats."
 )
 CONFIG_HEADER = [
     "Workers",
@@ -137,19 +140,28 @@ def _config_row(x) -> list[str]:
         fmt.percent(x.sync_share),
         fmt.percent(x.data_share),
         fmt.loss(x.final_test_loss),
-        ttt_with_counts(x.time_to_target_s, x.n_reached_target, x.n_completed),
+        ttt_with_counts(
+            x.time_to_target_s,
+            x.n_reached_target,
+            getattr(x, "n_ttt_total", x.n_completed),
+            getattr(x, "n_nan_loss", 0),
+        ),
     ]
 
 
-def ttt_with_counts(median, reached, total) -> str:
-    """A median time to target with reached/total: '12.3 (4/5)'; '> budget (2/5)' where
-    half or more of the runs are censored (no median)."""
+def ttt_with_counts(median, reached, total, diverged=0) -> str:
+    """A median time to target with reached/total over every run that ended for a
+    reason of training (completed or diverged): '12.3 (4/5)', '12.3 (3/5; 1 diverged)';
+    '> budget (2/5)' where half or more of the runs are censored (no median) and none
+    diverged, 'not reached (2/5; 2 diverged)' where some did."""
     if not fmt.isnum(total) or int(total) == 0:
         return fmt.MISSING
-    counts = f"({int(reached) if fmt.isnum(reached) else 0}/{int(total)})"
+    div = int(diverged) if fmt.isnum(diverged) else 0
+    counts = f"({int(reached) if fmt.isnum(reached) else 0}/{int(total)}"
+    counts += f"; {div} diverged)" if div else ")"
     if fmt.isnum(median):
         return f"{fmt.seconds(median)} {counts}"
-    return f"> budget {counts}"
+    return f"{'not reached' if div else '> budget'} {counts}"
 
 
 def _config_table(d: Doc, summary: pd.DataFrame) -> None:
