@@ -1,11 +1,12 @@
-"""Partitions whose GPUs the train env's TensorFlow 2.15 cannot use (issue 20, item 3):
-K80 (compute capability 3.7, the thesis's gpu2) needs CUDA 11, TF 2.15 is built against
-CUDA 12 (>= 5.0). `hvdscale plan`, Snakemake's start banner and the report's overview
-say so and what to do instead, before anything is submitted."""
+"""Partitions whose GPUs the train env's TensorFlow 2.15 cannot use: K80 (compute
+capability 3.7, the thesis's gpu2) needs CUDA 11, TF 2.15 is built against CUDA 12 (>= 5.0).
+With the pinned train env the config check refuses a sweep over such a partition (`hvdscale
+plan`, `snakemake -n`), naming it, its compute capability and the way out; with the site's
+own stack `hvdscale plan`, Snakemake's start banner and the report's overview say what it
+needs, before anything is submitted."""
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -13,7 +14,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
+import yaml
 
+from hvdscale.errors import ConfigError
 from hvdscale.report.overview import title_section
 from hvdscale.slurm.gpu_support import compute_capability, gpu_support_notes
 from hvdscale.study.plan import format_plan, merged_config, plan
@@ -32,44 +36,75 @@ def test_compute_capability_of_gpu_models():
     assert compute_capability("") is None and compute_capability("MI250") is None
 
 
-def test_thesis_gpu2_is_named_with_what_to_do_instead(tmp_path):
-    cfg = thesis()
-    notes = gpu_support_notes(cfg)
-    assert len(notes) == 1, notes  # gpu2 only: alpha (A100) and hpdlf are fine
-    note = notes[0]
-    assert note.startswith("Partition gpu2 (K80, compute capability 3.7)")
-    assert "TensorFlow 2.15" in note and "CUDA 12" in note and ">= 5.0" in note
-    assert "CUDA-11 TensorFlow" in note and "environment:" in note
-    assert "partition=gpu2" in note and "drop gpu2 from the sweeps" in note
-    text = format_plan(plan(cfg, tmp_path))
-    assert f"  ! {note}" in text.splitlines()
-    banner = format_plan(plan(cfg, tmp_path), short=True)  # Snakemake's start banner
-    assert note in banner
+GPU2_SWEEP = {
+    "name": "workers",
+    "partitions": ["alpha", "gpu2"],
+    "workers": [1, 2],
+    "backends": ["nccl"],
+    "batch_sizes": [75],
+    "lr_rules": ["none"],
+}
 
 
-def test_no_note_when_gpu2_is_not_swept_and_a_hint_for_other_deployments():
+def with_gpu2(tmp_path, environment: dict | None = None) -> Path:
+    """An overlay of config/thesis.yaml that sweeps gpu2 (K80), with ``environment``."""
+    overlay = {"scaling": {"sweeps": [GPU2_SWEEP]}}
+    if environment:
+        overlay["environment"] = environment
+    path = tmp_path / "gpu2.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    return path
+
+
+def test_thesis_plans_no_gpu2(tmp_path):
     cfg = thesis()
-    for sweep in cfg["scaling"]["sweeps"]:
-        sweep["partitions"] = [p for p in sweep["partitions"] if p != "gpu2"]
     assert gpu_support_notes(cfg) == []
-    cfg = copy.deepcopy(thesis())
-    cfg["environment"]["deployment"] = "conda"
-    (note,) = gpu_support_notes(cfg)
-    assert "unless environment: (deployment conda) gives it a CUDA-11 build" in note
+    assert "gpu2" in cfg["scaling"]["partitions"]  # kept, for the commented CUDA-11 route
+    assert not any("gpu2" in s["partitions"] for s in cfg["scaling"]["sweeps"])
+    assert "gpu2" not in format_plan(plan(cfg, tmp_path))
 
 
-def test_hvdscale_plan_cli_says_it():
+def test_a_k80_sweep_with_the_pinned_train_env_is_refused_naming_it_and_the_way_out(tmp_path):
+    for env in (None, {"deployment": "conda"}):  # .venv-train, the project's conda env
+        with pytest.raises(ConfigError) as exc:
+            merged_config([THESIS, with_gpu2(tmp_path, env)])
+        msg = str(exc.value)
+        assert "config key scaling.partitions.gpu2.gpu_model: K80 has compute capability 3.7" in msg
+        assert "TensorFlow 2.15.1 (CUDA 12) needs >= 5.0" in msg
+        assert "drop gpu2 from scaling.sweeps" in msg and "select" in msg
+        assert "CUDA-11 TensorFlow (<= 2.11)" in msg and "env-modules" in msg
+        assert "alpha" not in msg.split("gpu_model:")[1]  # A100 is fine
+    # leaving gpu2 out with select: nothing runs on it, nothing refused
+    cfg = merged_config([THESIS, with_gpu2(tmp_path)], select="partition=alpha")
+    assert gpu_support_notes(cfg) == []
+
+
+def test_hvdscale_plan_refuses_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
-        [sys.executable, "-m", "hvdscale.cli", "plan", str(THESIS)],
+        [sys.executable, "-m", "hvdscale.cli", "plan", str(THESIS), str(with_gpu2(tmp_path))],
         capture_output=True,
         text=True,
         env=env,
         cwd=ROOT,
         timeout=120,
     )
-    assert out.returncode == 0, out.stderr
-    assert "! Partition gpu2 (K80, compute capability 3.7) cannot run" in out.stdout
+    assert out.returncode != 0, out.stdout
+    assert "gpu2.gpu_model: K80 has compute capability 3.7" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_sites_own_stack_may_run_it_and_plan_says_what_it_needs(tmp_path):
+    own = {"deployment": "env-modules", "modules": ["TensorFlow/2.6.0-CUDA-11.3.1"]}
+    cfg = merged_config([THESIS, with_gpu2(tmp_path, own)])
+    (note,) = gpu_support_notes(cfg)
+    assert note.startswith("Partition gpu2 (K80, compute capability 3.7)")
+    assert "unless environment: (deployment env-modules) gives it a CUDA-11 build" in note
+    assert f"  ! {note}" in format_plan(plan(cfg, tmp_path)).splitlines()
+    assert note in format_plan(plan(cfg, tmp_path), short=True)  # Snakemake's start banner
+    conda = {"deployment": "conda", "conda_env": "envs/site-cuda11.yaml"}
+    cfg = merged_config([THESIS, with_gpu2(tmp_path, conda)])
+    assert len(gpu_support_notes(cfg)) == 1
 
 
 class _Doc:
@@ -83,11 +118,13 @@ class _Doc:
         pass
 
 
-def test_report_overview_says_it():
+def test_report_overview_says_it(tmp_path):
     status = pd.DataFrame({"partition": ["gpu2", "alpha"], "status": ["missing", "completed"]})
     info = {"config_file": "config/thesis.yaml", "report_date": "2026-11-24"}
+    own = {"deployment": "env-modules", "modules": ["TensorFlow/2.6.0-CUDA-11.3.1"]}
+    cfg = merged_config([THESIS, with_gpu2(tmp_path, own)])
     d = _Doc()
-    title_section(d, SimpleNamespace(info=info, status=status, cfg=thesis()))
+    title_section(d, SimpleNamespace(info=info, status=status, cfg=cfg))
     assert any(p.startswith("Partition gpu2 (K80") for p in d.paragraphs), d.paragraphs
     d = _Doc()
     title_section(d, SimpleNamespace(info=info, status=status, cfg=None))

@@ -121,12 +121,30 @@ def test_dry_run_test_config_plans_calibration():
     assert "local_gloo_n1_w1_b75_lrnone_cal_r0" in text
 
 
-def test_dry_run_thesis_config_plans_every_run():
-    out = snakemake("-n", "--configfile", "config/thesis.yaml")
+def test_dry_run_thesis_config_plans_every_run_and_none_on_gpu2():
+    out = snakemake("-n", "--profile", "profiles/slurm", "--configfile", "config/thesis.yaml")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    assert _job_count(text, "train_run") == 579  # 576 scaling runs + 3 calibration runs
+    assert _job_count(text, "train_run") == 417  # 414 scaling runs + 3 calibration runs
     assert _job_count(text, "generate_shard") == 16
+    # gpu2 (K80) is out of the sweeps: the pinned TensorFlow cannot run it
+    assert "gpu2_" not in text and "gpu2:" not in text
+
+
+def test_a_sweep_over_a_k80_partition_is_refused_before_any_job(tmp_path):
+    overlay = tmp_path / "gpu2.yaml"
+    overlay.write_text(
+        "scaling:\n  sweeps:\n    - name: workers\n      partitions: [alpha, gpu2]\n"
+        "      workers: [1, 2]\n      backends: [nccl]\n      batch_sizes: [75]\n"
+        "      lr_rules: [none]\n"
+    )
+    out = snakemake("-n", "--configfile", "config/thesis.yaml", str(overlay))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert "config key scaling.partitions.gpu2.gpu_model: K80 has compute capability 3.7" in text
+    assert "TensorFlow 2.15.1 (CUDA 12) needs >= 5.0" in text
+    assert "CUDA-11 TensorFlow" in text and "env-modules" in text
+    assert _job_count(text, "train_run") is None  # nothing planned
 
 
 FAKE_CONDA = """#!/bin/sh

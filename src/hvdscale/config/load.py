@@ -24,6 +24,7 @@ from hvdscale.matrix.subset import check as check_selection
 from hvdscale.matrix.subset import describe as describe_selection
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.slurm.clusters import only_cluster, only_cluster_problems
+from hvdscale.slurm.gpu_support import unsupported_gpu_problems
 from hvdscale.slurm.jobspec import sbatch_flag_problems
 
 # PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.project)
@@ -278,6 +279,8 @@ def _check_semantics(cfg: dict) -> None:
     problems = list(dict.fromkeys(problems))  # a problem of both frameworks once
     if not problems:
         problems += _precision_problems(cfg)
+    if not problems:  # GPUs the pinned TensorFlow cannot run (gpu_support)
+        problems += unsupported_gpu_problems(cfg, [r.partition for r in run_table(cfg)])
     if not problems:
         problems += _check_select(cfg)
     if not problems:

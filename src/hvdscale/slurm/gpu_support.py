@@ -1,9 +1,15 @@
-"""GPUs the train env cannot use (issue 20), said before anything runs.
+"""GPUs the train env cannot use, refused or said before anything runs.
 
-TensorFlow 2.15 (the train env) is built against CUDA 12, which needs compute capability
->= 5.0, so a K80 partition (3.7, the thesis's gpu2) fails at run time with it.
-``hvdscale plan``, Snakemake's start banner and the report's overview read
-``gpu_support_notes``. Which partitions have GPUs: hvdscale.matrix.backends.partition_kind.
+TensorFlow 2.15.1 (the pinned train env) is built against CUDA 12 for compute
+capabilities sm_50 to sm_80 and compute_90 (TensorFlow's official build configuration), so
+a K80 partition (3.7, the reference study's gpu2) cannot run it. A config whose run table
+has a run on such a partition is refused by the config check (``unsupported_gpu_problems``,
+read by ``validate_config``: ``hvdscale plan``, ``snakemake -n`` and every command stop
+there) while the train env is the pinned one (deployment venv, or conda with the project's
+envs/train.conda.yaml). With the site's own stack (env-modules, or conda with another env
+file) the user may bring a CUDA-11 TensorFlow: then ``gpu_support_notes`` says it in
+``hvdscale plan``, Snakemake's start banner and the report's overview. Which partitions have
+GPUs: hvdscale.matrix.backends.partition_kind.
 """
 
 from __future__ import annotations
@@ -27,6 +33,46 @@ COMPUTE_CAPABILITY = {
 }
 #: TensorFlow 2.15 (the train env) is built against CUDA 12, whose oldest target is sm_50
 TRAIN_ENV_MIN_CC = 5.0
+#: the conda env file of the pinned train env (config key environment.conda_env's default)
+PINNED_CONDA_ENV = "envs/train.conda.yaml"
+
+
+def pinned_train_env(cfg: dict) -> bool:
+    """Whether the training jobs run the project's pinned TensorFlow 2.15.1: deployment
+    venv (.venv-train, made by setup from the lock files), or conda with the project's
+    env file; not with env-modules or another conda env file (the site's own stack)."""
+    env = cfg.get("environment") or {}
+    deployment = env.get("deployment", "venv")
+    if deployment == "venv":
+        return True
+    return deployment == "conda" and env.get("conda_env", PINNED_CONDA_ENV) == PINNED_CONDA_ENV
+
+
+def unsupported_gpu_problems(cfg: dict, partitions) -> list[str]:
+    """One config problem per partition of ``partitions`` (those with runs in the run
+    table) whose gpu_model the pinned TensorFlow cannot run, naming the partition, its
+    compute capability and the way out; empty when the train env is the site's own
+    (``pinned_train_env`` false: ``gpu_support_notes`` says it instead)."""
+    if not pinned_train_env(cfg):
+        return []
+    parts = cfg.get("scaling", {}).get("partitions", {})
+    problems = []
+    for name in dict.fromkeys(partitions):
+        part = parts.get(name, {})
+        cc = compute_capability(part.get("gpu_model", ""))
+        if not is_gpu_partition(part) or cc is None or cc >= TRAIN_ENV_MIN_CC:
+            continue
+        problems.append(
+            f"config key scaling.partitions.{name}.gpu_model: {part['gpu_model']} has compute "
+            f"capability {cc}, but the train env's TensorFlow 2.15.1 (CUDA 12) needs "
+            f">= {TRAIN_ENV_MIN_CC}, so every run on partition {name!r} would fail on its "
+            f"GPUs; drop {name} from scaling.sweeps (and the tuning sweep and calibration), "
+            f"or leave it out with select, or run {name} in a config of its own with a "
+            "CUDA-11 TensorFlow (<= 2.11) and Horovod built against it through "
+            "environment.deployment env-modules (the site's modules) or conda with your own "
+            "environment.conda_env"
+        )
+    return problems
 
 
 def compute_capability(gpu_model: str) -> float | None:
@@ -37,7 +83,10 @@ def compute_capability(gpu_model: str) -> float | None:
 
 def gpu_support_notes(cfg: dict) -> list[str]:
     """One sentence per swept GPU partition whose GPUs TF 2.15 (CUDA 12) cannot use, with
-    what the user does instead. Empty when every swept partition is fine."""
+    what the user does instead, where the train env is the site's own (env-modules, or
+    conda with another env file: it may be a CUDA-11 build); with the pinned train env the
+    config check refuses such a partition instead (``unsupported_gpu_problems``). Empty
+    when every swept partition is fine."""
     parts = cfg.get("scaling", {}).get("partitions", {})
     swept = dict.fromkeys(
         p for s in cfg.get("scaling", {}).get("sweeps", []) for p in s["partitions"]
@@ -49,11 +98,9 @@ def gpu_support_notes(cfg: dict) -> list[str]:
         cc = compute_capability(part.get("gpu_model", ""))
         if not is_gpu_partition(part) or cc is None or cc >= TRAIN_ENV_MIN_CC:
             continue
-        unless = (
-            ""
-            if deployment == "venv"  # .venv-train: TensorFlow 2.15
-            else f" unless environment: (deployment {deployment}) gives it a CUDA-11 build"
-        )
+        if pinned_train_env(cfg):  # refused by the config check (unsupported_gpu_problems)
+            continue
+        unless = f" unless environment: (deployment {deployment}) gives it a CUDA-11 build"
         notes.append(
             f"Partition {name} ({part['gpu_model']}, compute capability {cc}) cannot run "
             f"the train env's TensorFlow 2.15: its CUDA 12 needs compute capability >= "
