@@ -39,7 +39,8 @@ def thesis_raw() -> dict:
 def test_thesis_budget_matches_a_hand_computation():
     """config/thesis.yaml: 3 repeats; 'workers' sweep 6 worker counts x 3 backends x 3 LR
     rules on alpha (8 GPUs/node, 2 h) and hpdlf (3 GPUs/node, 2 h) (gpu2, K80, is out of
-    the sweeps: the pinned TensorFlow cannot run it); 'batch' sweep adds 5 new batch sizes x workers 1 and 8 x 3 LR rules on alpha (nccl)."""
+    the sweeps: the pinned TensorFlow cannot run it); 'batch' sweep adds 5 new batch sizes
+    x workers 1 and 8 x 3 LR rules on alpha (nccl)."""
     nodes = {  # sequential fill: ceil(workers / GPUs per node) for 1, 2, 4, 8, 16, 32 workers
         "alpha": [1, 1, 1, 1, 2, 4],
         "hpdlf": [1, 1, 2, 3, 6, 11],
