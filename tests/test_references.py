@@ -5,6 +5,8 @@ reference study's figures)."""
 
 from __future__ import annotations
 
+import re
+
 import fixtures_runs as F
 import pandas as pd
 
@@ -64,7 +66,8 @@ def test_report_and_captions_follow_the_config(tmp_path):
     refs = cfg["references"]
     assert refs["batch_epoch_speedup"]["batch_from"] == 75  # the schema's default filled in
     F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
-    summary = aggregate(tmp_path / "runs", cfg).summary
+    agg = aggregate(tmp_path / "runs", cfg)
+    summary = agg.summary
     rows = {r["quantity"]: r for r in reference_rows(summary, refs)}
     assert list(rows)[0] == "Speedup per GPU, local"  # a partition of its own: its name
     assert rows["Speedup per GPU, local"]["reference"] == "0.90"
@@ -76,6 +79,12 @@ def test_report_and_captions_follow_the_config(tmp_path):
     sentence = batch_question(summary, None, refs["batch_epoch_speedup"])
     assert sentence.startswith("Batch 75 -> 150 per worker") and "(reference study: 3x)" in sentence
     assert batch_question(summary, None, None) is None
+    # with the runs (one repeat each here): the ratios from them, no interval and so no
+    # direction word
+    s = batch_question(summary, None, refs["batch_epoch_speedup"], agg.runs)
+    assert re.search(r"epoch-time speedup \d\.\d\dx, no interval: fewer than 3 repeats", s), s
+    assert "faster" not in s and "slower" not in s
+    assert "no runs table" not in s
     # after re-tuning: the selected candidate's re-runs (tuned.csv), never the selection runs
     x0 = summary[(summary.batch_per_worker == 75) & summary.time_to_target_s.notna()]
     x0 = x0.sort_values("workers").iloc[-1]
@@ -87,10 +96,17 @@ def test_report_and_captions_follow_the_config(tmp_path):
     ttt0 = x0.time_to_target_s
     selected = pd.DataFrame([{**row, "status": "selected", "time_to_target_s": ttt0 / 2}])
     s = batch_question(summary, selected, refs["batch_epoch_speedup"])
-    assert "after re-tuning (LR linear x2, warm-up 1; median of its 5 re-runs" in s
-    assert s.endswith(f"is 2.00x faster ({fmt.seconds(ttt0 / 2)} s).")
+    # both sides' conditions named; without the runs no interval and no direction word
+    assert "(local, gloo, " in s and "both untuned, LR " in s
+    assert "untuned batch 75 takes" in s
+    assert "tuned batch 150 (LR linear x2, warm-up 1; median of its 5 re-runs" in s
+    assert s.endswith(
+        f"{fmt.seconds(ttt0 / 2)} s: time-to-target speedup of tuned batch 150 over "
+        "untuned batch 75 2.00x, no interval (no runs table)."
+    )
+    assert "faster" not in s and "slower" not in s
     censored = selected.assign(time_to_target_s=float("nan"))
-    assert "did not reach it within the budget (censored)" in batch_question(
+    assert "half or more of them did not reach it (no median)" in batch_question(
         summary, censored, refs["batch_epoch_speedup"]
     )
     missed = selected.assign(status="none_reached")
@@ -116,3 +132,28 @@ def test_epoch_time_figure_labels_the_configured_batches(tmp_path):
     assert labels and all("(b75->150: " in label for label in labels)
     fig = fig_epoch_time_batch(agg.runs, agg.summary, agg.epochs, None, references_of(None))
     assert not any("->" in label for label in fig.axes[0].get_legend_handles_labels()[1])
+
+
+def test_batch_question_carries_intervals_and_only_the_words_they_support(tmp_path):
+    """Five paired repeats per batch: the epoch and time-to-target ratios of untuned batch
+    150 over untuned batch 75 with their intervals over the runs, 'faster' only where the
+    whole interval lies above 1."""
+    loss = [0.5, 0.3, 0.2, 0.15, 0.10, 0.09]
+    for r in range(5):
+        for b, t in ((75, 1.0), (150, 0.6)):
+            rid = f"local_gloo_n1_w1_b{b}_lrnone_r{r}"
+            F.write_record(
+                tmp_path, F.record_from_epochs(rid, [t * (1 + 0.01 * r)] * 6, test_loss=loss,
+                                               target_test_loss=0.105)
+            )  # fmt: skip
+    agg = aggregate(tmp_path)
+    ref = {"value": 3.0, "batch_from": 75, "batch_to": 150}
+    s = batch_question(agg.summary, None, ref, agg.runs)
+    d = fmt.EN_DASH
+    m = re.search(rf"epoch-time speedup 1\.67x \[(\S+){d}(\S+)\], faster", s)
+    assert m and float(m.group(1)) > 1, s
+    assert "time-to-target speedup of batch 150 over batch 75, both untuned, 1.67x [" in s
+    assert s.rstrip(".").endswith("faster")
+    # without the runs: the same ratios, no interval, no word
+    bare = batch_question(agg.summary, None, ref)
+    assert "1.67x, no interval (no runs table)" in bare and "faster" not in bare

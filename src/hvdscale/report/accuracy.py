@@ -13,16 +13,24 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import names_framework, reference_framework, with_framework
+from hvdscale.analysis.columns import (
+    names_framework,
+    reference_framework,
+    ttt_runs,
+    with_framework,
+)
 from hvdscale.analysis.headline import TUNED_GAP
+from hvdscale.analysis.like import DEFAULT_SETTING, LIKE_KEYS, TUNE_KEYS, plain, seed_ids
 from hvdscale.analysis.references import references_of
-from hvdscale.analysis.tuning import TUNE_KEYS
+from hvdscale.analysis.stats import censored_median, speedup_interval
+from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, reruns_of
 from hvdscale.analysis.view import pref_lr
 from hvdscale.figures.registry import in_section
 from hvdscale.report import fmt
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
+from hvdscale.report.headline_text import with_interval
 from hvdscale.target import TOO_LOOSE, describe, target_spec
 
 TTT_NOTE = (
@@ -95,7 +103,7 @@ def _untuned(summary: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(summary.columns) if summary is not None else [])
     keep = []
     summary = with_framework(summary)
-    for _, g in summary.groupby(["partition", "framework", "backend", "batch_per_worker"]):
+    for _, g in summary.groupby([*LIKE_KEYS, "batch_per_worker"]):
         keep.append(g[g["lr_rule"] == pref_lr(g["lr_rule"])])
     return pd.concat(keep, ignore_index=True)
 
@@ -118,7 +126,8 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
             if x["target_too_loose"]:
                 notes.append(TOO_LOOSE)
             elif int(x["n_completed"]) and not int(x["n_reached_target"]):
-                notes.append("untuned: target not reached within the budget")
+                why = fmt.not_reached(0, x["n_ttt_total"], x.get("n_nan_loss", 0))
+                notes.append(f"untuned: target not reached ({why or 'no run'})")
             elif x["ci_note"]:
                 notes.append("untuned: " + short_note(x["ci_note"]))
         else:
@@ -144,95 +153,155 @@ def equal_accuracy_rows(summary: pd.DataFrame, tuned: pd.DataFrame) -> list[dict
     return rows
 
 
-def _faster(t0: float, t1: float) -> str:
-    ratio = t0 / t1
-    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+def _pick_pair(summary: pd.DataFrame, b0: int, b1: int):
+    """(partition, backend, workers, rows by batch) of the untuned fp32/eager configurations
+    holding both batches: the most workers at which batch b0 reached its target (else the
+    most workers); None where no such pair exists."""
+    u = _untuned(summary)
+    u = u[(u["precision"] == DEFAULT_SETTING[0]) & (u["compile"] == DEFAULT_SETTING[1])]
+    u = u[u["epoch_time_s"].notna()]
+    best = None
+    for (part, be, w), g in u.groupby(["partition", "backend", "workers"]):
+        bt = g.set_index("batch_per_worker")
+        if b0 in bt.index and b1 in bt.index:
+            k = (not fmt.isnum(bt.at[b0, "time_to_target_s"]), -int(w), part, be)
+            if best is None or k < best[0]:
+                best = (k, part, be, int(w), bt)
+    return None if best is None else best[1:]
+
+
+def _side_runs(runs: pd.DataFrame | None, where: dict, tuned_row=None) -> pd.DataFrame:
+    """The runs of one side of the batch question: the untuned scaling runs of ``where``
+    (partition, backend, workers, batch_per_worker, lr_rule; fp32, eager, the default
+    framework) or, with ``tuned_row`` (a row of tuned.csv), its re-runs; every run that
+    ended for a reason of training (a diverged one not reached)."""
+    if runs is None or runs.empty:
+        return pd.DataFrame(columns=["time_to_target_s", "epoch_time_s", "repeat", "kind"])
+    if tuned_row is not None:
+        row = with_framework(pd.DataFrame([tuned_row]))
+        if any(k not in row for k in CANDIDATE_KEYS):
+            return pd.DataFrame(columns=["time_to_target_s", "epoch_time_s", "repeat", "kind"])
+        return reruns_of(ttt_runs(candidate_runs(runs, "rerun")), next(row.itertuples(index=False)))
+    r = ttt_runs(reference_framework(plain(runs)))
+    keep = (r["precision"] == DEFAULT_SETTING[0]) & (r["compile"] == DEFAULT_SETTING[1])
+    for k, v in where.items():
+        keep &= r[k] == v
+    return r[keep]
+
+
+def _ratio(base: pd.DataFrame, other: pd.DataFrame, column: str, name: str, medians) -> str:
+    """'2.29x [2.20-2.38], faster': median(base)/median(other) of ``column`` with its 95 %
+    interval over the runs (paired where both share seeds) and only the word the
+    interval supports ('the interval holds 1', 'no interval: ...'). Without the runs
+    (no runs table): the ratio of ``medians`` (base, other), no interval, no word."""
+    if base.empty or other.empty:
+        ratio = float(medians[0]) / float(medians[1])
+        return f"{fmt.speedup(ratio)}x, no interval (no runs table)"
+    ratio = censored_median(base[column].tolist())[0] / censored_median(other[column].tolist())[0]
+    if not fmt.isnum(ratio):
+        return "no ratio (no median on a side)"
+    lo, hi, note = speedup_interval(
+        base[column], other[column], name,
+        base_repeats=seed_ids(base), repeats=seed_ids(other),
+    )  # fmt: skip
+    word = fmt.direction(lo, hi)
+    if not word:
+        word = "the interval holds 1" if fmt.has_interval(lo, hi) else (note or "no interval")
+    return f"{with_interval(ratio, lo, hi)}, {word}"
+
+
+def _tuned_answer(x, b0: int, b1: int, base: pd.DataFrame, runs, ttt0: float) -> str:
+    """The time-to-target clause of the batch question against tuned batch ``b1`` (``x``:
+    its row of tuned.csv), untuned batch ``b0`` (``base``: its runs) on the other side."""
+    if x["status"] == "none_reached":
+        return (
+            f", no re-tuning candidate at batch {b1} reached it within the budget: "
+            "those runs are censored (see the factors below for which factor stops them)."
+        )
+    if x["status"] != "selected":
+        return f", batch {b1} after re-tuning: {TUNED_GAP.get(str(x['status']), x['status'])}."
+    n = int(x["n_repeats"]) if fmt.isnum(x["n_repeats"]) else 0
+    head = (
+        f", tuned batch {b1} (LR {x['lr_rule']} x{float(x['lr_multiplier']):g}, warm-up "
+        f"{int(x['warmup_epochs'])}; median of its {n} re-run{'s' if n != 1 else ''} with "
+        "fresh seeds)"
+    )
+    if not fmt.isnum(x["time_to_target_s"]):
+        return head + ": half or more of them did not reach it (no median)."
+    mine = _side_runs(runs, {}, x)
+    ratio = _ratio(
+        base, mine, "time_to_target_s", f"batch-question/{b0}/{b1}/tuned",
+        (ttt0, x["time_to_target_s"]),
+    )  # fmt: skip
+    return (
+        f"{head} {fmt.seconds(x['time_to_target_s'])} s: time-to-target speedup of tuned "
+        f"batch {b1} over untuned batch {b0} {ratio}."
+    )
 
 
 def batch_question(
     summary: pd.DataFrame,
     tuned: pd.DataFrame | None,
     ref: dict | None,
+    runs: pd.DataFrame | None = None,
 ) -> str | None:
     """One sentence answering the reference study's question, from the tables: the
     epoch-time speedup from batch b0 to b1 per worker (same partition, backend, workers,
-    LR rule as configured; summary.csv) and, at the study's target, the time-to-target
-    speedup after re-tuning: the median of the selected candidate's re-runs at b1
-    (tuned.csv; never the selection runs), else the untuned b1 runs. ``ref``: the
-    config's references.batch_epoch_speedup (value, batch_from, batch_to); None: no
-    question."""
+    LR rule as configured, fp32 and eager; both untuned) and, at the study's target, the
+    time-to-target speedup of batch b1 after re-tuning (the selected candidate's re-runs,
+    tuned.csv; never the selection runs) over untuned batch b0, else of untuned b1. Each
+    ratio with its 95 % interval over the runs of ``runs`` (runs.csv) and a direction word
+    only where the interval supports it. ``ref``: the config's
+    references.batch_epoch_speedup (value, batch_from, batch_to); None: no question."""
     summary, tuned = reference_framework(summary), reference_framework(tuned)  # Horovod's
     if summary is None or summary.empty or not ref:
         return None
     b0, b1 = ref["batch_from"], ref["batch_to"]
-    u = _untuned(summary)
-    u = u[u["epoch_time_s"].notna()]
-    best = None
-    for (part, be, w), g in u.groupby(["partition", "backend", "workers"]):
-        bt = g.set_index("batch_per_worker")
-        if b0 in bt.index and b1 in bt.index:
-            # the most workers at which batch b0 reached its target (else the most workers)
-            k = (not fmt.isnum(bt.at[b0, "time_to_target_s"]), -int(w), part, be)
-            if best is None or k < best[0]:
-                best = (k, part, be, int(w), bt)
-    if best is None:
+    pick = _pick_pair(summary, b0, b1)
+    if pick is None:
         return None
-    _, part, be, w, bt = best
+    part, be, w, bt = pick
     x0, x1 = bt.loc[b0], bt.loc[b1]
+    where = dict(partition=part, backend=be, workers=w)
+    r0 = _side_runs(runs, {**where, "batch_per_worker": b0, "lr_rule": x0["lr_rule"]})
+    r1 = _side_runs(runs, {**where, "batch_per_worker": b1, "lr_rule": x1["lr_rule"]})
     ws = f"{w} worker{'s' if w > 1 else ''}"
+    epoch = _ratio(
+        r0, r1, "epoch_time_s", f"batch-question/{b0}/{b1}/epoch",
+        (x0["epoch_time_s"], x1["epoch_time_s"]),
+    )  # fmt: skip
     text = (
-        f"Batch {b0} -> {b1} per worker ({part}, {be}, {ws}, LR {x0['lr_rule']}): the epoch "
-        f"is {fmt.speedup(x0['epoch_time_s'] / x1['epoch_time_s'])}x faster (reference "
-        f"study: {ref['value']:.0f}x)"
+        f"Batch {b0} -> {b1} per worker ({part}, {be}, {ws}, both untuned, LR "
+        f"{x0['lr_rule']}): epoch-time speedup {epoch} (reference study: {ref['value']:.0f}x)"
     )
     target, ttt0 = x0["target_test_loss"], x0["time_to_target_s"]
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
-        return text + f"; batch {b0} itself did not reach the target, so no time-to-target answer."
+        return text + f"; untuned batch {b0} did not reach the target, so no time-to-target answer."
     text += (
-        f"; to the target validation loss {fmt.loss(target)}, batch {b0} takes "
-        f"{fmt.seconds(ttt0)} s"
+        f"; to the target validation loss {fmt.loss(target)}, untuned batch {b0} takes "
+        f"{fmt.seconds(ttt0)} s (median)"
     )
     sel = pd.DataFrame()
     if tuned is not None and len(tuned):
-        sel = tuned[
-            (tuned["partition"] == part)
-            & (tuned["backend"] == be)
-            & (tuned["workers"] == w)
-            & (tuned["batch_per_worker"] == b1)
-        ]
+        t = with_framework(tuned)
+        sel = t[
+            (t["partition"] == part) & (t["backend"] == be) & (t["workers"] == w)
+            & (t["batch_per_worker"] == b1) & (t["precision"] == DEFAULT_SETTING[0])
+            & (t["compile"] == DEFAULT_SETTING[1])
+        ]  # fmt: skip
     if len(sel):
-        x = sel.iloc[0]
-        if x["status"] == "selected":
-            label = (
-                f"LR {x['lr_rule']} x{float(x['lr_multiplier']):g}, "
-                f"warm-up {int(x['warmup_epochs'])}"
-            )
-            n = int(x["n_repeats"]) if fmt.isnum(x["n_repeats"]) else 0
-            if fmt.isnum(x["time_to_target_s"]):
-                return text + (
-                    f", batch {b1} after re-tuning ({label}; median of its {n} re-run"
-                    f"{'s' if n != 1 else ''} with fresh seeds) is "
-                    f"{_faster(ttt0, float(x['time_to_target_s']))} "
-                    f"({fmt.seconds(x['time_to_target_s'])} s)."
-                )
-            return text + (
-                f", batch {b1} after re-tuning ({label}): half or more of its {n} re-run"
-                f"{'s' if n != 1 else ''} did not reach it within the budget (censored)."
-            )
-        if x["status"] == "none_reached":
-            return text + (
-                f", no re-tuning candidate at batch {b1} reached it within the budget: "
-                "those runs are censored (see the factors below for which factor stops them)."
-            )
-        return (
-            text + f", batch {b1} after re-tuning: {TUNED_GAP.get(str(x['status']), x['status'])}."
-        )
+        return text + _tuned_answer(sel.iloc[0], b0, b1, r0, runs, ttt0)
     if fmt.isnum(x1["time_to_target_s"]):
+        ratio = _ratio(
+            r0, r1, "time_to_target_s", f"batch-question/{b0}/{b1}/untuned",
+            (ttt0, x1["time_to_target_s"]),
+        )  # fmt: skip
         return text + (
-            f", batch {b1} without re-tuning (no sweep there) is "
-            f"{_faster(ttt0, float(x1['time_to_target_s']))}."
+            f", untuned batch {b1} (no re-tuning sweep there) {fmt.seconds(x1['time_to_target_s'])}"
+            f" s: time-to-target speedup of batch {b1} over batch {b0}, both untuned, {ratio}."
         )
-    return text + f", batch {b1} without re-tuning does not reach it within the budget."
+    why = fmt.counts(x1["n_reached_target"], x1["n_ttt_total"], x1.get("n_nan_loss", 0))
+    return text + f", untuned batch {b1} has no median time to target ({why})."
 
 
 def other_target_runs(runs: pd.DataFrame | None, target: dict | None) -> list[str]:
@@ -312,7 +381,7 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
     else:
         _summary_table(d, r)
     ref = references_of(r.cfg)["batch_epoch_speedup"]
-    sentence = batch_question(summary, tuned_table(r), ref)
+    sentence = batch_question(summary, tuned_table(r), ref, r.runs)
     if sentence:
         d.p(escape(sentence))
     for fig in in_section("accuracy"):
