@@ -356,7 +356,7 @@ def test_check_config_cli(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0 and "417 training runs" in out.stdout  # 3 calibration runs
+    assert out.returncode == 0 and "693 training runs" in out.stdout  # 3 calibration runs
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"training": {"launcher": "ssh"}}))
     out = subprocess.run(

@@ -519,3 +519,17 @@ def test_report_command_names_a_malformed_input(rendered, tmp_path, capsys):
     assert main(args + ["--target", str(target), "--out", str(tmp_path / "r.pdf")]) == 2
     assert f"target file {target}: missing key(s) mode" in capsys.readouterr().err
     assert not (tmp_path / "r.pdf").exists()
+
+
+def test_first_page_states_the_coverage_of_intervals_from_few_repeats():
+    from hvdscale.analysis.stats import COVERAGE_FEW
+    from hvdscale.report.headline_text import coverage_note
+
+    three = pd.DataFrame([RF.headline_row(total=3, reached=3, base_total=3, base_reached=3)])
+    note = coverage_note(three)
+    assert "rest on 3 repeats per side" in note and COVERAGE_FEW in note
+    assert "about 75 % with 3 paired repeats" in note
+    assert coverage_note(pd.DataFrame([RF.headline_row()])) == ""  # 5 per side
+    # a row without an interval says nothing about coverage
+    bare = RF.headline_row(total=2, base_total=2, speedup_ttt_lo=math.nan, speedup_ttt_hi=math.nan)
+    assert coverage_note(pd.DataFrame([bare])) == ""

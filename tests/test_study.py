@@ -37,7 +37,7 @@ def thesis_raw() -> dict:
 
 
 def test_thesis_budget_matches_a_hand_computation():
-    """config/thesis.yaml: 3 repeats; 'workers' sweep 6 worker counts x 3 backends x 3 LR
+    """config/thesis.yaml: 5 repeats; 'workers' sweep 6 worker counts x 3 backends x 3 LR
     rules on alpha (8 GPUs/node, 2 h) and hpdlf (3 GPUs/node, 2 h) (gpu2, K80, is out of
     the sweeps: the pinned TensorFlow cannot run it); 'batch' sweep adds 5 new batch sizes
     x workers 1 and 8 x 3 LR rules on alpha (nccl)."""
@@ -48,11 +48,12 @@ def test_thesis_budget_matches_a_hand_computation():
     hours = {"alpha": 2, "hpdlf": 2}
     gpus_per_node = {"alpha": 8, "hpdlf": 3}
     workers = [1, 2, 4, 8, 16, 32]
-    per_config = 3 * 3 * 3  # backends x LR rules x repeats
+    repeats = 5
+    per_config = 3 * 3 * repeats  # backends x LR rules x repeats
     hand_jobs = {p: 6 * per_config for p in nodes}
-    hand_jobs["alpha"] += 5 * 2 * 3 * 3
+    hand_jobs["alpha"] += 5 * 2 * 3 * repeats
     hand_nh = {p: sum(nodes[p]) * per_config * hours[p] for p in nodes}
-    hand_nh["alpha"] += 5 * 2 * 3 * 3 * 1 * hours["alpha"]
+    hand_nh["alpha"] += 5 * 2 * 3 * repeats * 1 * hours["alpha"]
     # GPUs requested: min(GPUs per node, workers) per node x nodes
     hand_gh = {
         p: sum(min(gpus_per_node[p], w) * n for w, n in zip(workers, nodes[p]))
@@ -60,12 +61,12 @@ def test_thesis_budget_matches_a_hand_computation():
         * hours[p]
         for p in nodes
     }
-    hand_gh["alpha"] += 5 * 3 * 3 * (1 + 8) * hours["alpha"]
+    hand_gh["alpha"] += 5 * 3 * repeats * (1 + 8) * hours["alpha"]
     # the target's 3 calibration runs: 1 GPU on one alpha node each (training.target)
     hand_jobs["alpha"] += 3
     hand_nh["alpha"] += 3 * 1 * hours["alpha"]
     hand_gh["alpha"] += 3 * 1 * hours["alpha"]
-    assert hand_nh == {"alpha": 726, "hpdlf": 1296}
+    assert hand_nh == {"alpha": 1206, "hpdlf": 2160}
 
     p = plan(load_config(THESIS), results=ROOT / "results-does-not-exist")
     rows = {r["partition"]: r for r in p["partitions"]}
@@ -73,8 +74,8 @@ def test_thesis_budget_matches_a_hand_computation():
     assert {k: r["node_hours_worst"] for k, r in rows.items()} == hand_nh
     assert {k: r["gpu_hours_worst"] for k, r in rows.items()} == hand_gh
     assert rows["hpdlf"]["nodes_per_job"] == "1,2,3,6,11"
-    assert p["total"]["jobs"] == 417 and p["total"]["node_hours_worst"] == 2022
-    assert "417 training jobs, worst case 2,022 node-h" in format_plan(p)
+    assert p["total"]["jobs"] == 693 and p["total"]["node_hours_worst"] == 3366
+    assert "693 training jobs, worst case 3,366 node-h" in format_plan(p)
 
 
 def test_expected_hours_from_records_and_cost_model(tmp_path):
@@ -205,7 +206,7 @@ def test_plan_command(capsys):
     assert "57 training jobs, worst case 438 node-h" in text
     assert "(select: partition=hpdlf repeat=0)" in text
     cfg = merged_config([THESIS, ROOT / "config" / "partial.yaml"])
-    assert cfg["report"]["allow_partial"] and len(run_table(cfg)) == 417
+    assert cfg["report"]["allow_partial"] and len(run_table(cfg)) == 693
 
 
 # --------------------------------------------------------------------------- references

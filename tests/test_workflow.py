@@ -125,7 +125,7 @@ def test_dry_run_thesis_config_plans_every_run_and_none_on_gpu2():
     out = snakemake("-n", "--profile", "profiles/slurm", "--configfile", "config/thesis.yaml")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    assert _job_count(text, "train_run") == 417  # 414 scaling runs + 3 calibration runs
+    assert _job_count(text, "train_run") == 693  # 690 scaling runs + 3 calibration runs
     assert _job_count(text, "generate_shard") == 16
     # gpu2 (K80) is out of the sweeps: the pinned TensorFlow cannot run it
     assert "gpu2_" not in text and "gpu2:" not in text
