@@ -19,10 +19,12 @@ import yaml
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.references import check_references, verdict
+from hvdscale.analysis.tables import read_runs
 from hvdscale.cli import main
 from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.runtable import run_table
+from hvdscale.study.compare import compare_runs
 from hvdscale.study.plan import format_plan, merged_config, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -362,7 +364,7 @@ def test_compare_flags_exactly_the_configurations_whose_intervals_do_not_overlap
         (2, "time_to_target_s"),
         (2, "efficiency"),
     }
-    assert set(df.loc[df.workers == 1, "flag"]) == {"overlap"}
+    assert set(df.loc[df.workers == 1, "flag"]) == {"holds 1"}
     row = df[(df.workers == 2) & (df.metric == "epoch_time_s")].iloc[0]
     assert row["a"] == pytest.approx(2.0) and row["b"] == pytest.approx(3.0)
     assert row["change"] == pytest.approx(0.5) and row["a_ci_low"] <= 2.0 <= row["a_ci_high"]
@@ -383,6 +385,56 @@ def test_compare_without_repeats_says_no_interval(tmp_path):
 
     df = compare_runs(ra, rb)
     assert set(df["flag"]) == {"no interval"} and df["a_n"].eq(1).all()
+
+
+def _compare_study(root: Path, diverged: str = "") -> Path:
+    """5 repeats of 1 and 2 workers through `hvdscale aggregate`; ``diverged``: the run id
+    whose loss became non-finite before the target (the rest as in the other study)."""
+    cfg = hand_config(repeats=5)
+    times = {1: [3.0, 3.1, 2.9, 3.05, 2.95], 2: [2.0, 2.1, 1.9, 2.05, 1.95]}
+    for w, reps in times.items():
+        for r, t in enumerate(reps):
+            rid = f"local_gloo_n1_w{w}_b75_lrnone_r{r}"
+            kw = dict(status="nan_loss", test_loss=[0.5, 0.4, 0.35, 0.3]) if rid == diverged else {}
+            rec = F.record_from_epochs(rid, [t] * 4, target_test_loss=0.2, **kw)
+            F.write_record(root / "runs", rec)
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "full.json").write_text(json.dumps(cfg))
+    s = root / "scaling"
+    assert main(["aggregate", "--runs-dir", str(root / "runs"), "--config",
+                 str(root / "config" / "full.json"), "--out-runs", str(s / "runs.csv"),
+                 "--out-summary", str(s / "summary.csv"), "--out-status",
+                 str(s / "status.csv"), "--quiet"]) == 0  # fmt: skip
+    return root
+
+
+def test_compare_a_study_with_itself_and_with_a_diverged_copy(tmp_path):
+    """The comparison uses the report's statistics: a study against itself gives ratio 1
+    with an interval that holds 1 everywhere; against a copy whose one 2-worker repeat
+    diverged, that run counts as not reached (4/5, never 4/4), as in the report."""
+    a = _compare_study(tmp_path / "a")
+    out = tmp_path / "same"
+    assert main(["compare", str(a), str(a), "--out", str(out)]) == 0
+    same = pd.read_csv(out / "comparison.csv")
+    assert set(same["metric"]) == {"epoch_time_s", "throughput", "time_to_target_s", "efficiency"}
+    assert np.allclose(same["ratio"], 1.0)
+    assert (same["ratio_lo"] <= 1).all() and (same["ratio_hi"] >= 1).all()
+    assert set(same["flag"]) == {"holds 1"} and not same["tuned"].any()
+    ttt = same[same["metric"] == "time_to_target_s"].set_index("workers")
+    assert (ttt.loc[2, "a_reached"], ttt.loc[2, "a_n"]) == (5, 5)
+
+    div = _compare_study(tmp_path / "b", diverged="local_gloo_n1_w2_b75_lrnone_r0")
+    df = compare_runs(
+        read_runs(a / "scaling" / "runs.csv"), read_runs(div / "scaling" / "runs.csv")
+    )
+    t2 = df[(df["metric"] == "time_to_target_s") & (df["workers"] == 2)].iloc[0]
+    assert (t2.a_reached, t2.a_n, t2.b_reached, t2.b_n) == (5, 5, 4, 5)
+    # the diverged run's +inf is in the median's interval and the ratio's, not dropped
+    assert t2.b_ci_high >= t2.b and t2.ratio_lo <= t2.ratio <= t2.ratio_hi
+    e2 = df[(df["metric"] == "epoch_time_s") & (df["workers"] == 2)].iloc[0]
+    assert (e2.a_n, e2.b_n) == (5, 4)  # epoch times: completed runs only, as the report
+    s = pd.read_csv(div / "scaling" / "summary.csv").set_index("workers")
+    assert (s.loc[2, "n_reached_target"], s.loc[2, "n_ttt_total"]) == (4, 5)
 
 
 def test_describe_system(tmp_path):

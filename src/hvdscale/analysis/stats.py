@@ -287,6 +287,28 @@ def median_interval(
     return (m, None, None) if ci is None else (m, ci[0], ci[1])
 
 
+def censored_median_interval(
+    values, *, name: str = "median", min_repeats: int = MIN_REPEATS
+) -> tuple[float, float, float]:
+    """(median, lo, hi) of one sample of times where +inf marks a run that did not reach
+    the target: ``censored_median`` with the percentile bootstrap interval of the median
+    computed with those runs kept (on the logarithm, clipped like the speedups, so the
+    upper end can be inf: an open end). NaN ends with fewer than ``min_repeats`` values or
+    without a median."""
+    x = _clean(values)
+    m = censored_median(x)[0]
+    if x.size < min_repeats or not math.isfinite(m):
+        return m, math.nan, math.nan
+
+    def log_median(v, axis=-1):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log(np.median(v, axis=axis))
+        return np.clip(r, -_BIG, _BIG)
+
+    lo, hi = _percentile((x,), log_median, rng=rng_for(name))
+    return m, _from_log(float(lo)), _from_log(float(hi))
+
+
 def bootstrap_ci(
     groups: Sequence[Sequence[float]],
     stat: Callable[[list[np.ndarray]], np.ndarray],

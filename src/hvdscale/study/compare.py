@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.columns import ENV_VERSIONS
-from hvdscale.analysis.stats import bootstrap_ci, intervals_overlap, rng_for
+from hvdscale.analysis.columns import ENV_VERSIONS, ttt_runs
+from hvdscale.analysis.like import plain, seed_ids
+from hvdscale.analysis.stats import (
+    bootstrap_ci,
+    censored_median,
+    censored_median_interval,
+    median_interval,
+    rng_for,
+    speedup_interval,
+)
 from hvdscale.analysis.tables import read_runs
+from hvdscale.analysis.tuning import candidate_runs
 from hvdscale.config.load import config_hash
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
 from hvdscale.matrix.runid import CONFIG_KEYS
+from hvdscale.report import fmt
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
 from hvdscale.study.export import read_archive
 
@@ -26,19 +37,28 @@ METRICS = {
     "time_to_target_s": "time to target (s)",
     "efficiency": "efficiency",
 }
+#: a configuration of the comparison: the report's (analysis/like.py) and its tuning
+#: state: untuned scaling runs, or the selected tuning candidate's re-runs (tuned)
+KEYS = [*CONFIG_KEYS, "tuned"]
 COLUMNS = [
-    *CONFIG_KEYS,
+    *KEYS,
     "metric",
     "a",
     "a_ci_low",
     "a_ci_high",
     "a_n",
+    "a_reached",
     "b",
     "b_ci_low",
     "b_ci_high",
     "b_n",
+    "b_reached",
+    "ratio",
+    "ratio_lo",
+    "ratio_hi",
     "change",
     "flag",
+    "note",
 ]
 
 
@@ -78,73 +98,119 @@ def load_study(path) -> Study:
     return Study(path.name or str(path), read_runs(runs_csv), cfg)
 
 
-def _done(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs[runs["status"] == "completed"]
+def _sides(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs the report's statistics use, with a ``tuned`` column: untuned scaling runs
+    and tuned re-runs (never calibration or tuning-selection runs), each that ended for a
+    reason of training (analysis.columns.ttt_runs: a diverged run stays, not reached)."""
+    untuned = plain(runs).assign(tuned=False)
+    tuned = candidate_runs(runs, "rerun").assign(tuned=True)
+    both = pd.concat([untuned, tuned], ignore_index=True)
+    return ttt_runs(both) if not both.empty else both
 
 
-def _samples(done: pd.DataFrame, key: tuple, column: str) -> list[float]:
-    sel = done
-    for k, v in zip(CONFIG_KEYS, key):
-        sel = sel[sel[k] == v]
-    return [float(x) for x in sel[column].dropna()]
+def _select(df: pd.DataFrame, key: dict) -> pd.DataFrame:
+    for k, v in key.items():
+        df = df[df[k] == v]
+    return df
 
 
-def _metric(done: pd.DataFrame, key: tuple, metric: str) -> tuple[float | None, tuple | None, int]:
-    """(median, 95 % interval or None, repeats) of a metric for one configuration."""
+def _metric(g: pd.DataFrame, base: pd.DataFrame, metric: str, name: str) -> dict:
+    """One study's side of a metric: median with its interval, repeats, reached."""
+    done = g[g["status"] == "completed"]
+    if metric == "time_to_target_s":
+        m, lo, hi = censored_median_interval(g[metric], name=name)
+        reached = int(g["reached_target"].astype(bool).sum())
+        return dict(value=m, lo=lo, hi=hi, n=len(g), reached=reached, runs=g)
     if metric != "efficiency":
-        xs = _samples(done, key, metric)
-        if not xs:
-            return None, None, 0
-        ci = bootstrap_ci([xs], lambda g: np.median(g[0], axis=-1), rng=rng_for("study"))
-        return float(np.median(xs)), ci, len(xs)
-    workers = int(key[CONFIG_KEYS.index("workers")])
-    base_key = tuple(1 if k == "workers" else v for k, v in zip(CONFIG_KEYS, key))
-    t1, tn = _samples(done, base_key, "epoch_time_s"), _samples(done, key, "epoch_time_s")
+        m, lo, hi = median_interval(done[metric], name=name)
+        return dict(value=m, lo=lo, hi=hi, n=len(done), reached=None, runs=done)
+    one = base[base["status"] == "completed"]
+    t1, tn = one["epoch_time_s"].dropna().tolist(), done["epoch_time_s"].dropna().tolist()
     if not t1 or not tn:
-        return None, None, 0
+        return dict(value=None, lo=None, hi=None, n=0, reached=None, runs=done)
+    w = int(g["workers"].iloc[0])
 
-    def eff(g):
-        return np.median(g[0], axis=-1) / (workers * np.median(g[1], axis=-1))
+    def eff(x):
+        return np.median(x[0], axis=-1) / (w * np.median(x[1], axis=-1))
 
+    ci = bootstrap_ci([t1, tn], eff, rng=rng_for(name))
     value = float(eff([np.array(t1), np.array(tn)]))
-    ci = bootstrap_ci([t1, tn], eff, rng=rng_for("study"))
-    return value, ci, min(len(t1), len(tn))
+    return dict(value=value, lo=ci and ci[0], hi=ci and ci[1], n=min(len(t1), len(tn)),
+                reached=None, runs=done, t1=t1, tn=tn)  # fmt: skip
+
+
+def _ratio(sa: dict, sb: dict, metric: str, name: str) -> tuple[float, float, float, str]:
+    """(B/A, lo, hi, note): the report's ratio of medians (analysis/stats.speedup_interval:
+    censored runs +inf, paired by seed where both studies ran the same seeds); for
+    efficiency the ratio of the two efficiencies, all four samples resampled."""
+    if metric == "efficiency":
+        if sa["value"] is None or sb["value"] is None:
+            return math.nan, math.nan, math.nan, "no efficiency on a side"
+
+        def stat(x):
+            eff_a = np.median(x[0], axis=-1) / np.median(x[1], axis=-1)
+            return np.median(x[2], axis=-1) / np.median(x[3], axis=-1) / eff_a
+
+        ci = bootstrap_ci([sa["t1"], sa["tn"], sb["t1"], sb["tn"]], stat, rng=rng_for(name))
+        lo, hi = ci if ci else (math.nan, math.nan)
+        return sb["value"] / sa["value"], lo, hi, "" if ci else "no interval: fewer than 3 repeats"
+    ra, rb = sa["runs"], sb["runs"]
+    ma = censored_median(ra[metric].tolist())[0]
+    mb = censored_median(rb[metric].tolist())[0]
+    ratio = mb / ma if math.isfinite(ma) and math.isfinite(mb) and ma else math.nan
+    lo, hi, note = speedup_interval(
+        rb[metric], ra[metric], name, base_repeats=seed_ids(rb), repeats=seed_ids(ra),
+        what="repeats",
+    )  # fmt: skip
+    return ratio, lo, hi, note.replace("this configuration", "A").replace("1-worker baseline", "B")
+
+
+def _flag(lo: float, hi: float) -> str:
+    """'differs' where the ratio's interval excludes 1, 'holds 1' where it holds it."""
+    if not (isinstance(lo, float) and isinstance(hi, float)) or math.isnan(lo) or math.isnan(hi):
+        return "no interval"
+    return "differs" if lo > 1 or hi < 1 else "holds 1"
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """The per-configuration table (COLUMNS) of two runs tables."""
-    da, db = _done(a), _done(b)
-    keys_a = set(map(tuple, da[CONFIG_KEYS].drop_duplicates().itertuples(index=False)))
-    keys_b = set(map(tuple, db[CONFIG_KEYS].drop_duplicates().itertuples(index=False)))
+    """The per-configuration table (COLUMNS) of two runs tables, with the report's
+    grouping, censoring and intervals: per configuration and tuning state measured in
+    both, each metric's median in A and in B with its interval, and the ratio B/A with
+    its 95 % bootstrap interval; flag 'differs' only where that interval excludes 1."""
+    da, db = _sides(a), _sides(b)
+    keys_a = set(map(tuple, da[KEYS].drop_duplicates().itertuples(index=False)))
+    keys_b = set(map(tuple, db[KEYS].drop_duplicates().itertuples(index=False)))
     rows = []
     for key in sorted(keys_a & keys_b, key=lambda k: tuple(str(x) for x in k)):
+        k = dict(zip(KEYS, key))
+        ga, gb = _select(da, k), _select(db, k)
+        one = {**k, "workers": 1}
+        ba, bb = _select(da, one), _select(db, one)
+        name = "compare/" + "/".join(map(str, key))
         for metric in METRICS:
-            va, ca, na = _metric(da, key, metric)
-            vb, cb, nb = _metric(db, key, metric)
-            if va is None and vb is None:
+            if metric == "efficiency" and k["workers"] == 1:
                 continue
-            overlap = intervals_overlap(ca, cb)
+            sa = _metric(ga, ba, metric, f"{name}/{metric}/a")
+            sb = _metric(gb, bb, metric, f"{name}/{metric}/b")
+            if all(x["value"] is None or pd.isna(x["value"]) for x in (sa, sb)):
+                continue
+            ratio, lo, hi, note = _ratio(sa, sb, metric, f"{name}/{metric}")
             rows.append(
                 {
-                    **dict(zip(CONFIG_KEYS, key)),
-                    "metric": metric,
-                    "a": va,
-                    "a_ci_low": ca[0] if ca else None,
-                    "a_ci_high": ca[1] if ca else None,
-                    "a_n": na,
-                    "b": vb,
-                    "b_ci_low": cb[0] if cb else None,
-                    "b_ci_high": cb[1] if cb else None,
-                    "b_n": nb,
-                    "change": (vb / va - 1) if va and vb is not None else None,
-                    "flag": "no interval"
-                    if overlap is None
-                    else ("overlap" if overlap else "differs"),
+                    **k, "metric": metric,
+                    "a": sa["value"], "a_ci_low": sa["lo"], "a_ci_high": sa["hi"],
+                    "a_n": sa["n"], "a_reached": sa["reached"],
+                    "b": sb["value"], "b_ci_low": sb["lo"], "b_ci_high": sb["hi"],
+                    "b_n": sb["n"], "b_reached": sb["reached"],
+                    "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
+                    "change": ratio - 1, "flag": _flag(lo, hi), "note": note,
                 }
-            )
+            )  # fmt: skip
     df = pd.DataFrame(rows, columns=COLUMNS)
-    for k in ("batch_per_worker", "workers", "a_n", "b_n"):
-        df[k] = df[k].astype("int64")
+    for c in ("batch_per_worker", "workers", "a_n", "b_n"):
+        df[c] = df[c].astype("int64")
+    for c in ("a_reached", "b_reached"):
+        df[c] = df[c].astype("Int64")
     return df
 
 
@@ -204,16 +270,31 @@ def _with_ci(v, lo, hi, metric) -> str:
     return s
 
 
+def _reached(reached, n) -> str:
+    return "" if reached is None or pd.isna(reached) else f" ({int(reached)}/{int(n)})"
+
+
+def _ratio_text(ratio, lo, hi) -> str:
+    if pd.isna(ratio):
+        return "-"
+    ci = fmt.interval(lo, hi)
+    return f"{fmt.speedup(ratio)}" + (f" {ci}" if ci else "")
+
+
 def write_pdf(path, a: Study, b: Study, table: pd.DataFrame, prov: list[dict]) -> None:
     """The short comparison PDF (deterministic like the report: invariant mode)."""
     d = Doc()
     d.p(f"Comparison of two studies: A = {a.name}, B = {b.name}", "title")
     n_diff = int((table["flag"] == "differs").sum())
     d.p(
-        f"{table[CONFIG_KEYS].drop_duplicates().shape[0]} configurations measured in both; "
-        f"{n_diff} metric(s) whose 95 % intervals do not overlap (marked 'differs'). "
-        "Intervals: percentile bootstrap over the completed repeats (3 or more), the "
-        "1-worker baseline resampled too for efficiency. Change = B/A - 1.",
+        f"{table[KEYS].drop_duplicates().shape[0]} configurations measured in both "
+        "(untuned scaling runs and tuned re-runs apart, each step setting apart); "
+        f"{n_diff} metric(s) whose ratio B/A has a 95 % interval that excludes 1 (marked "
+        "'differs'). The statistics are the report's: medians over the runs that ended for "
+        "a reason of training, a run that did not reach the target (budget or diverged) "
+        "counted as +infinity in the time to target, with reached/total; intervals: "
+        "percentile bootstrap (3 or more repeats), paired by seed where both studies ran "
+        "the same seeds; an interval with an open end is printed as one.",
     )
     d.section("Provenance")
     rows = [
@@ -230,23 +311,27 @@ def write_pdf(path, a: Study, b: Study, table: pd.DataFrame, prov: list[dict]) -
     rows = []
     for r in table.itertuples():
         m = r.metric
+        setting = (
+            "" if (r.precision, r.compile) == ("fp32", "off") else f", {r.precision}/{r.compile}"
+        )
+        where = f"{r.partition}, {r.backend}{setting}, b{r.batch_per_worker}, LR {r.lr_rule}"
         rows.append(
             [
-                d.cell(f"{r.partition}, {r.backend}, b{r.batch_per_worker}, LR {r.lr_rule}"),
+                d.cell(where + (", tuned" if r.tuned else ", untuned")),
                 str(r.workers),
                 d.cell(METRICS[m]),
-                d.cell(_with_ci(r.a, r.a_ci_low, r.a_ci_high, m)),
-                d.cell(_with_ci(r.b, r.b_ci_low, r.b_ci_high, m)),
-                "-" if pd.isna(r.change) else f"{100 * r.change:+.1f} %",
+                d.cell(_with_ci(r.a, r.a_ci_low, r.a_ci_high, m) + _reached(r.a_reached, r.a_n)),
+                d.cell(_with_ci(r.b, r.b_ci_low, r.b_ci_high, m) + _reached(r.b_reached, r.b_n)),
+                d.cell(_ratio_text(r.ratio, r.ratio_lo, r.ratio_hi)),
                 d.cell(r.flag.upper() if r.flag == "differs" else r.flag),
             ]
         )
     d.table(
-        "Medians of A and B with 95 % intervals; flag 'DIFFERS' where the intervals do not "
-        "overlap.",
-        ["Configuration", "n", "Metric", "A", "B", "Change", "Flag"],
+        "Medians of A and B with 95 % intervals (time to target: reached/total); B/A with "
+        "its 95 % interval; flag 'DIFFERS' where that interval excludes 1.",
+        ["Configuration", "n", "Metric", "A", "B", "B/A [95 % CI]", "Flag"],
         rows,
-        [40, 8, 28, 34, 34, 16, 20],
+        [44, 8, 26, 34, 34, 26, 16],
         align_right_from=1,
     )
     buf = io.BytesIO()
@@ -291,12 +376,16 @@ def run(args) -> int:
     archives written by ``hvdscale export``. Writes DIR/comparison.csv and a short
     DIR/comparison.pdf:
 
-    - per configuration (partition, backend, batch per worker, LR rule, workers) measured
-      in both: epoch time, throughput, time to target and efficiency of A and of B
-      (medians over completed repeats) with 95 % bootstrap intervals where both have 3 or
-      more repeats (efficiency resamples the 1-worker baseline too), the relative change
-      B/A - 1, and a flag: ``differs`` when the two intervals do not overlap, ``overlap``
-      when they do, ``no interval`` when one is missing;
+    - per configuration measured in both (partition, framework, backend, precision,
+      compile, batch per worker, LR rule, workers; untuned scaling runs and tuned re-runs
+      apart, calibration and tuning-selection runs left out): epoch time, throughput, time
+      to target and efficiency of A and of B with the report's statistics (medians over
+      the runs that ended for a reason of training; a run that did not reach the target,
+      budget or diverged, counted as +inf in the time to target, with reached/total) and
+      95 % bootstrap intervals where there are 3 or more repeats; the ratio B/A with its
+      95 % interval (paired by seed where both ran the same seeds), and a flag:
+      ``differs`` where that interval excludes 1, ``holds 1`` where it holds it, ``no
+      interval`` where there is none;
     - what differs in provenance: git commits, config hashes, package versions of the
       train env (run records) and, for archives, of the workflow env, hardware (CPU model,
       devices, hosts; system.json of an archive).
@@ -307,13 +396,15 @@ def run(args) -> int:
     table = compare(args.study_a, args.study_b, args.out)
     diff = table[table["flag"] == "differs"]
     print(
-        f"compare: {table[CONFIG_KEYS].drop_duplicates().shape[0]} configurations in both, "
-        f"{len(diff)} metric(s) differ (intervals do not overlap); wrote {args.out}/"
+        f"compare: {table[KEYS].drop_duplicates().shape[0]} configurations in both, "
+        f"{len(diff)} metric(s) differ (the interval of B/A excludes 1); wrote {args.out}/"
         "comparison.csv, provenance.csv, comparison.pdf"
     )
     for r in diff.itertuples():
+        state = "tuned" if r.tuned else "untuned"
         print(
-            f"  {r.partition} {r.backend} b{r.batch_per_worker} {r.lr_rule} w{r.workers} "
-            f"{r.metric}: {format_value(r.a, r.metric)} -> {format_value(r.b, r.metric)}"
+            f"  {r.partition} {r.backend} {r.precision}/{r.compile} b{r.batch_per_worker} "
+            f"{r.lr_rule} w{r.workers} {state} {r.metric}: {format_value(r.a, r.metric)} -> "
+            f"{format_value(r.b, r.metric)} (B/A {_ratio_text(r.ratio, r.ratio_lo, r.ratio_hi)})"
         )
     return 0
