@@ -82,3 +82,24 @@ def test_pairing_refuses_two_runs_of_one_seed():
         [1.0, 1.1, 1.2], [0.5, 0.6, 0.7], "x", base_repeats=[0, 1, 2], repeats=[0, 1, 2]
     )
     assert lo <= 1.1 / 0.6 <= hi and not math.isnan(lo)
+
+
+def test_a_target_met_in_the_warm_up_gives_no_speedup_in_any_table(tmp_path):
+    """summary.csv, tuned.csv and headline.csv agree: no time-to-target speedup where a
+    run met the target in its warm-up epoch (the target is too loose), and say why."""
+    from hvdscale.target import TOO_LOOSE
+
+    loose = [0.1, 0.09, 0.08, 0.07, 0.06, 0.05]  # below 0.105 already in epoch 0
+    for r in range(5):
+        for w, t in ((1, 1.0), (2, 0.6)):
+            rid = f"local_gloo_n1_w{w}_b75_lrnone_r{r}"
+            rec = F.record_from_epochs(rid, [t] * 6, test_loss=loose, target_test_loss=0.105)
+            F.write_record(tmp_path / "runs", rec)
+    out = _aggregate(tmp_path)
+    s = pd.read_csv(out / "summary.csv").set_index("workers")
+    h = pd.read_csv(out / "headline.csv").iloc[0]
+    assert bool(s.loc[2, "target_too_loose"]) and math.isnan(s.loc[2, "speedup_ttt"])
+    assert math.isnan(h.speedup_ttt) and math.isnan(h.speedup_ttt_lo)
+    assert math.isnan(h.speedup_ttt_best1) and math.isnan(h.speedup_launch_ttt)
+    assert TOO_LOOSE in h.note
+    assert h.epoch_speedup == pytest.approx(1 / 0.6)  # the epoch time is still measured
