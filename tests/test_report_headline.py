@@ -533,3 +533,17 @@ def test_first_page_states_the_coverage_of_intervals_from_few_repeats():
     # a row without an interval says nothing about coverage
     bare = RF.headline_row(total=2, base_total=2, speedup_ttt_lo=math.nan, speedup_ttt_hi=math.nan)
     assert coverage_note(pd.DataFrame([bare])) == ""
+
+
+def test_conclusion_without_runs_on_a_side_gives_the_reason():
+    from hvdscale.analysis.headline import TUNED_GAP
+
+    nan = math.nan
+    row = RF.headline_row(
+        tuned=True, speedup_ttt=nan, reached=0, total=0, base_reached=0, base_total=0,
+        note=TUNED_GAP["awaiting_reruns"],
+    )  # fmt: skip
+    text = conclusion(pd.DataFrame([row]).iloc[0])
+    assert text.endswith(
+        "(local, mpi, tuned): the selected candidate's re-runs are not complete yet."
+    )

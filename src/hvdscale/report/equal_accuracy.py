@@ -260,6 +260,8 @@ def conclusion(x) -> str:
         if fmt.isnum(x.retained_fraction):
             text += f"; {survival_clause(x.retained_fraction, e, x.epoch_lo, x.epoch_hi)}"
         return text + "."
+    if int(x.base_total) == 0 or int(x.total) == 0:  # no runs to compare: the note says why
+        return f"{label}: {str(x.note or 'no runs on a side')}."
     base = fmt.counts(x.base_reached, x.base_total, getattr(x, "base_diverged", 0))
     if no_median(int(x.base_reached), int(x.base_total)):
         return (
