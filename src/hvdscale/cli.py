@@ -62,6 +62,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.launch.command",
         "start one training run as N ranks (horovodrun, mpirun or srun)",
     ),
+    "preflight": (
+        "hvdscale.launch.preflight",
+        "check a partition (env, GPUs, backends, data) on its node before its training runs",
+    ),
+    "preflight-rank": (
+        "hvdscale.trainer.preflight",
+        "one rank of a partition's preflight (started by 'preflight')",
+    ),
     "train": (
         "hvdscale.trainer.rank:train",
         "train one run (one rank; started by 'launch' or a launcher)",

@@ -118,7 +118,7 @@ def measure(sweep: Sweep) -> int:
     device = "/GPU:0" if gpus else "/CPU:0"
     rows = []
     for nbytes in sweep.sizes:
-        n, slowest = _time_allreduce(tf, worker, device, nbytes, sweep)
+        n, slowest = time_allreduce(tf, worker, device, nbytes, sweep)
         rows.append(_size_row(sweep, backend, worker.size, nodes, n, slowest))
         if worker.is_root:
             print(
@@ -136,7 +136,7 @@ def measure(sweep: Sweep) -> int:
     return 0
 
 
-def _time_allreduce(tf, worker, device: str, nbytes: int, sweep: Sweep) -> tuple[int, list]:
+def time_allreduce(tf, worker, device: str, nbytes: int, sweep: Sweep) -> tuple[int, list]:
     """(float32 elements, slowest rank's seconds per timed iteration) for one message size."""
     hvd, p = worker.hvd, worker.size
     n = max(1, nbytes // 4)
