@@ -30,6 +30,7 @@ from hvdscale.matrix.runid import RUN_ID_WILDCARD, parse_run_id
 from hvdscale.slurm.partitions import slurm_partition_problem
 from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python
+from hvdscale.slurm.preflight import preflights
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
 # means no tuning sweep; Snakemake's validate() fills defaults only into mappings
@@ -266,6 +267,8 @@ def model_bytes(wildcards):
 # resource (snakemake-executor-plugin-slurm maps them to sbatch flags); a callable
 # returning None leaves the resource unset (no sbatch flag).
 
+# one preflight job per partition (hvdscale.slurm.preflight), 2 ranks laid out like the runs
+PREFLIGHTS = preflights(CFG)
 JOBS = {run.run_id: JobSpec.for_run(CFG, run) for run in RUNS}
 JOBS.update({job_id: JobSpec.for_allreduce_id(CFG, job_id) for job_id in ALLREDUCE})
 
@@ -283,6 +286,8 @@ def check_slurm_partitions():
 def job_spec(wildcards):
     """The JobSpec of a train_run (run_id) or measure_allreduce (allreduce_id) job; a
     re-run of a tuning candidate (not in the run table) is laid out on first use."""
+    if hasattr(wildcards, "partition"):  # preflight_partition
+        return PREFLIGHTS[wildcards.partition].job
     if hasattr(wildcards, "run_id"):
         if wildcards.run_id not in JOBS:
             JOBS[wildcards.run_id] = JobSpec.for_run(
@@ -306,3 +311,29 @@ JOB_RESOURCES = {key: _job_resource(key) for key in RESOURCE_KEYS}
 def job_threads(wildcards):
     """Cores the job occupies on a single machine (the local profile's --cores)."""
     return job_spec(wildcards).local_threads
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def _preflight_file(partition):
+    """The partition's preflight JSON, ancient: a preflight run again (its params changed,
+    or --forcerun preflight_partition) retrains nothing; none for a partition without one."""
+    if partition not in PREFLIGHTS:
+        return []
+    return [ancient(f"{RESULTS}/preflight/{partition}.json")]
+
+
+def preflight_of_run(wildcards):
+    """The preflight of a train_run's partition: no run starts before it passed."""
+    return _preflight_file(parse_run_id(wildcards.run_id)["partition"])
+
+
+def preflight_of_allreduce(wildcards):
+    """The preflight of a measure_allreduce job's partition."""
+    return _preflight_file(JOBS[wildcards.allreduce_id].partition)
+
+
+def preflight_json(wildcards):
+    """What a partition's preflight depends on (nodes, checks, resources)."""
+    return json.dumps(PREFLIGHTS[wildcards.partition].slice(), sort_keys=True)

@@ -57,6 +57,37 @@ rule calibrate_target:
         " --out {output} > {log} 2>&1"
 
 
+rule preflight_partition:
+    # one short job per partition, on its compute node(s), with the train env and the
+    # launcher of the runs: modules, data, imports, GPUs, each backend's allreduce
+    input:
+        # ancient: a config edit or new data does not repeat the preflight
+        config=ancient(f"{RESULTS}/config/full.json"),
+        manifest=ancient(f"{RESULTS}/data/manifest.json"),
+    output:
+        f"{RESULTS}/preflight/{{partition}}.json",
+    log:
+        f"{RESULTS}/logs/preflight_partition/{{partition}}.log",
+    conda:
+        f"../../{TRAIN_CONDA_ENV}"
+    envmodules:
+        *TRAIN_MODULES,
+    threads: job_threads
+    resources:
+        **JOB_RESOURCES,
+    params:
+        hvd=LAUNCH,
+        datadir=dir_of_input_manifest,
+        launcher=launcher,
+        python=train_python,
+        # repeated when what it checks changes (nodes, backends, resources)
+        checks=preflight_json,
+    shell:
+        "{params.hvd} preflight --config {input.config} --partition {wildcards.partition}"
+        " --data-dir {params.datadir} --out {output} --launcher {params.launcher}"
+        " --train-python {params.python} > {log} 2>&1"
+
+
 rule train_run:
     input:
         config=f"{RESULTS}/runs/{{run_id}}/config.json",
@@ -65,6 +96,8 @@ rule train_run:
         manifest=f"{RESULTS}/data/manifest.json",
         # the target validation loss (not for a calibration run, which sets it)
         target=target_of_run,
+        # the partition's preflight passed (rule preflight_partition)
+        preflight=preflight_of_run,
     output:
         metrics=f"{RESULTS}/runs/{{run_id}}/metrics.json",
         history=f"{RESULTS}/runs/{{run_id}}/history.csv",
@@ -111,6 +144,7 @@ rule write_allreduce_config:
 rule measure_allreduce:
     input:
         config=f"{RESULTS}/config/allreduce/{{allreduce_id}}.json",
+        preflight=preflight_of_allreduce,
     output:
         f"{RESULTS}/allreduce/{{allreduce_id}}.csv",
     log:
