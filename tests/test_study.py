@@ -23,7 +23,7 @@ from hvdscale.analysis.tables import read_runs
 from hvdscale.cli import main
 from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import ConfigError
-from hvdscale.matrix.runtable import run_table
+from hvdscale.matrix.runtable import run_config, run_table
 from hvdscale.study.compare import compare_runs
 from hvdscale.study.plan import format_plan, merged_config, plan
 
@@ -102,6 +102,10 @@ def test_expected_hours_from_records_and_cost_model(tmp_path):
     }
     (tmp_path / "scaling" / "costmodel.json").write_text(json.dumps(cm))
     (tmp_path / "runs" / ids[0]).mkdir(parents=True)
+    # done: a record and the config slice it was trained with (rule write_run_config's)
+    slice_json = json.dumps(run_config(cfg, ids[0]), sort_keys=True)
+    out = str(tmp_path / "runs" / ids[0] / "config.json")
+    assert main(["write-config", "--json", slice_json, "--out", out]) == 0
     (tmp_path / "runs" / ids[0] / "metrics.json").write_text("{}")
     row = plan(cfg, tmp_path)["partitions"][0]
     epochs = cfg["training"]["max_epochs"]

@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hvdscale.study.plan",
         "the node-hour budget of a config (per partition) before anything is submitted",
     ),
+    "status": (
+        "hvdscale.study.status",
+        "progress of a study: runs done/running/queued/failed per partition, node-hours, ETA",
+    ),
     "write-config": (
         "hvdscale.cli:write_config",
         "write the validated config (or its data section) as JSON",

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdscale.config.load import read_config_file, validate_config
+from hvdscale.config.load import check_results_dir, read_config_file, validate_config
 from hvdscale.errors import ConfigError
 from hvdscale.io import atomic_path
 from hvdscale.matrix.runkinds import rerun_runs
@@ -16,6 +16,8 @@ from hvdscale.matrix.runtable import allreduce_jobs, run_table, tune_runs
 from hvdscale.matrix.subset import describe
 from hvdscale.slurm.gpu_support import gpu_support_notes
 from hvdscale.slurm.jobspec import JobSpec
+from hvdscale.study.changes import Retrain, retrained_runs
+from hvdscale.study.changes import describe as describe_retrain
 
 
 @dataclass
@@ -26,6 +28,7 @@ class PartitionPlan:
     node_hours: float = 0.0
     gpu_hours: float = 0.0
     done: int = 0
+    retrain: int = 0  # runs with a record that the current config trains again
     expected_node_hours: float = 0.0
     estimated: int = 0  # jobs with an expected time (measured or predicted)
 
@@ -37,6 +40,7 @@ class PartitionPlan:
             "node_hours_worst": round(self.node_hours, 3),
             "gpu_hours_worst": round(self.gpu_hours, 3),
             "jobs_done": self.done,
+            "jobs_retrain": self.retrain,
             "jobs_estimated": self.estimated,
             "node_hours_expected": round(self.expected_node_hours, 3) if self.estimated else None,
         }
@@ -94,12 +98,17 @@ def worst_case_reruns(cfg: dict) -> list:
 
 
 def plan(cfg: dict, results: str | Path | None = None) -> dict:
-    """The budget of the config's (selected) run table; ``results`` defaults to results_dir."""
+    """The budget of the config's (selected) run table; ``results`` defaults to results_dir.
+
+    A run counts as done when it has a record and the current config does not train it
+    again (hvdscale.study.changes: its config slice is the one it was trained with)."""
     results = Path(results if results is not None else cfg["results_dir"])
     measured, predicted = _load_expected(results)
     parts = cfg["scaling"]["partitions"]
     by_part: dict[str, PartitionPlan] = {}
-    for r in run_table(cfg) + worst_case_reruns(cfg):
+    runs = run_table(cfg) + worst_case_reruns(cfg)
+    retrain = retrained_runs(cfg, runs, results)
+    for r in runs:
         epochs = budget_epochs(cfg, r)
         p = by_part.setdefault(r.partition, PartitionPlan(r.partition))
         hours = parts[r.partition]["runtime_min"] / 60
@@ -107,7 +116,9 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         p.nodes.add(r.nodes)
         p.node_hours += r.nodes * hours
         p.gpu_hours += JobSpec.for_run(cfg, r).total_gpus * hours  # the rules' gres
-        if (results / "runs" / r.run_id / "metrics.json").exists():
+        if r.run_id in retrain.runs:
+            p.retrain += 1
+        elif (results / "runs" / r.run_id / "metrics.json").exists():
             p.done += 1
         t = measured.get(r.run_id)
         if t is None:
@@ -124,6 +135,7 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "node_hours_worst": round(sum(r["node_hours_worst"] for r in rows), 3),
         "gpu_hours_worst": round(sum(r["gpu_hours_worst"] for r in rows), 3),
         "jobs_done": sum(r["jobs_done"] for r in rows),
+        "jobs_retrain": len(retrain),
     }
     shapes = job_shapes(cfg)
     return {
@@ -132,6 +144,7 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
         "notes": gpu_support_notes(cfg),
+        "retrain": retrain.runs,
         "job_shapes": len(shapes),
         "array_jobs": sum(len(s["runs"]) for s in shapes),
     }
@@ -190,7 +203,8 @@ def format_plan(p: dict, short: bool = False) -> str:
         f"hvdscale plan: {t['jobs']} training jobs, worst case {_h(t['node_hours_worst'])} "
         f"node-h, {_h(t['gpu_hours_worst'])} GPU-h"
         + (f" (select: {sel})" if sel else "")
-        + (f"; {t['jobs_done']} have a record" if t["jobs_done"] else "")
+        + (f"; {t['jobs_done']} done (record, config unchanged)" if t["jobs_done"] else "")
+        + (f"; {t['jobs_retrain']} finished run(s) retrain" if t.get("jobs_retrain") else "")
     )
     lines = [head]
     for r in p["partitions"]:
@@ -220,6 +234,8 @@ def format_plan(p: dict, short: bool = False) -> str:
             + (f"; {single} calibration run(s) go as single jobs first" if single else "")
         )
     lines += [f"  ! {note}" for note in p.get("notes", [])]
+    retrain = describe_retrain(Retrain(p.get("retrain") or {}), limit=5 if short else None)
+    lines += [f"  ! {line}" if i == 0 else f"  {line}" for i, line in enumerate(retrain)]
     if not short:
         lines.append(
             "worst case: every job runs to its partition's runtime_min; expected: measured "
@@ -239,17 +255,35 @@ def write_csv(p: dict, path: str | Path) -> None:
             w.writerow(r)
 
 
-def merged_config(paths, select=None) -> dict:
-    """Config files merged like Snakemake (mappings merge, lists replace), validated."""
+def merged_config(paths, select=None, overrides=None) -> dict:
+    """Config files merged like Snakemake (mappings merge, lists replace), then the
+    ``--config KEY=VALUE`` overrides parsed and applied as Snakemake does, validated."""
     merged: dict = {}
     for path in paths:
         _merge(merged, read_config_file(path))
+    if overrides:
+        _merge(merged, parse_overrides(overrides))
     if select is not None:
         merged["select"] = select
     try:
         return validate_config(merged)
     except ConfigError as exc:
-        raise ConfigError(f"config file(s) {' + '.join(map(str, paths))}: {exc}") from None
+        where = " + ".join(map(str, paths))
+        where += f" --config {' '.join(overrides)}" if overrides else ""
+        raise ConfigError(f"config file(s) {where}: {exc}") from None
+
+
+def parse_overrides(entries) -> dict:
+    """``KEY=VALUE`` entries as Snakemake's ``--config`` reads them (its own parser)."""
+    from snakemake.cli import parse_config
+
+    try:
+        return parse_config(list(entries))
+    except (ValueError, SystemExit) as exc:
+        raise ConfigError(
+            f"--config {' '.join(entries)}: {exc}; give top-level keys as KEY=VALUE, e.g. "
+            "results_dir=results-b"
+        ) from None
 
 
 def _merge(a: dict, b: dict) -> None:
@@ -275,6 +309,14 @@ def snakemake_banner(cfg: dict, stream=None) -> None:
 def add_arguments(ap):
     ap.add_argument("config", nargs="+", help="config file(s), merged in order like --configfile")
     ap.add_argument("--select", help="a selection, e.g. 'partition=alpha workers=1-8 repeat=0'")
+    ap.add_argument(
+        "--config",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        metavar="KEY=VALUE",
+        help="overrides as given to snakemake --config (they count for what retrains)",
+    )
     ap.add_argument("--results", help="results directory (default: the config's results_dir)")
     ap.add_argument("--csv", help="also write the per-partition table as CSV")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -297,6 +339,13 @@ def run(args) -> int:
     (results/scaling/costmodel.json). The allreduce size sweeps (rule measure_allreduce)
     are listed on their own line with the same worst case.
 
+    Done and retrained: a run is done when it has a record (metrics.json) and the
+    current config gives it the config slice it was trained with (its config.json).
+    Snakemake trains a finished run again when its slice changed (the slice is a param
+    of write_run_config), and every run but the calibration runs when the target's
+    slice changed; the plan counts those runs, names them and the config keys that
+    changed. Overrides you give Snakemake with --config count: give them here too.
+
     Node-hours count whole nodes (jobs are exclusive); GPU-hours count the GPUs a job
     requests (gres per node x nodes), 0 on CPU partitions.
 
@@ -317,7 +366,8 @@ def run(args) -> int:
       hvdscale plan config/thesis.yaml [--select "partition=alpha workers=1-8"] [--csv plan.csv]
       hvdscale plan config/thesis.yaml --arrays    # one array submission per job shape
     """
-    cfg = merged_config(args.config, args.select)
+    cfg = merged_config(args.config, args.select, args.overrides)
+    check_results_dir(cfg["results_dir"])  # where the study will write, before it runs
     p = plan(cfg, args.results)
     if args.csv:
         write_csv(p, args.csv)
