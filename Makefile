@@ -7,8 +7,12 @@ PYTEST := $(VENV)/bin/python -m pytest
 RUFF ?= $(VENV)/bin/ruff
 SNAKEFMT ?= $(VENV)/bin/snakefmt
 CONFIG ?= config/config.yaml
+# the Snakemake profile of run, report-partial and export: profiles/local, or profiles/slurm on a cluster
+PROFILE ?= profiles/local
+# the results directory of $(CONFIG) (its results_dir)
+RESULTS_DIR = $$($(VENV)/bin/python -c 'import sys; from hvdscale.study.plan import merged_config; print(merged_config(sys.argv[1:])["results_dir"])' $(CONFIG))
 
-.PHONY: help setup run report-partial plan export report compare test test-quick test-slurm test-multinode \
+.PHONY: help setup run report-partial plan status export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
         bench bench-scaling bench-frameworks bench-train bench-data bench-costmodel perf-docs clean
 
@@ -18,20 +22,23 @@ help:  ## list the targets
 setup:  ## install Debian packages (as root), .venv and .venv-train (Horovod wheel cached)
 	bash scripts/setup.sh
 
-run: setup  ## the main job: whole pipeline on $(CONFIG) with the local profile -> results/report.pdf
-	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) \
+run: setup  ## the main job: whole pipeline on $(CONFIG) with $(PROFILE) -> results/report.pdf
+	$(SNAKEMAKE) --profile $(PROFILE) --configfile $(CONFIG) \
 	  || { echo "make run: some jobs failed; completed runs are kept. Building the report from what exists:"; \
 	       $(MAKE) --no-print-directory report-partial; exit 1; }
-	@echo "make run: done -> $$(ls -1 results/report.pdf)"
+	@echo "make run: done -> $(RESULTS_DIR)/report.pdf"
 
-report-partial:  ## build the report from the runs that exist (missing/failed runs are listed)
-	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) config/partial.yaml -- results/report.pdf
+report-partial:  ## build the report of $(CONFIG) from the runs that exist, with $(PROFILE) (missing/failed runs are listed)
+	$(SNAKEMAKE) --profile $(PROFILE) --configfile $(CONFIG) config/partial.yaml -- "$(RESULTS_DIR)/report.pdf"
 
 plan:  ## node-/GPU-hour budget of $(CONFIG) per partition (SELECT="partition=alpha workers=1-8")
 	$(VENV)/bin/python -m hvdscale.cli plan $(CONFIG) $(if $(SELECT),--select "$(SELECT)")
 
+status:  ## progress of the study on $(CONFIG), also while it runs: runs done/running/queued/failed per partition, node-hours, ETA
+	$(VENV)/bin/python -m hvdscale.cli status $(CONFIG) $(if $(SELECT),--select "$(SELECT)")
+
 export:  ## one archive of the finished study on $(CONFIG) -> results/study.tar.gz
-	$(SNAKEMAKE) --profile profiles/local --configfile $(CONFIG) -- results/study.tar.gz
+	$(SNAKEMAKE) --profile $(PROFILE) --configfile $(CONFIG) -- "$(RESULTS_DIR)/study.tar.gz"
 
 report:  ## rebuild the report from an archive: make report FROM=study.tar.gz [OUT=rebuilt]; several clusters' studies: FROM="a b" (merged)
 	@test -n "$(FROM)" || { echo "make report: give the archive, e.g. make report FROM=results/study.tar.gz (several clusters' studies: FROM=\"a.tar.gz b.tar.gz\")"; exit 2; }
