@@ -192,12 +192,31 @@ def paired_runs(ceiling: float) -> dict:
 
 BURN = (
     "import os, time\n"
-    "if os.fork() == 0:\n"  # the burner is reparented, as slurmstepd is
+    "pid = os.fork()\n"
+    "if pid == 0:\n"  # the burner is reparented, as slurmstepd is
     "    t = time.process_time()\n"
     "    while time.process_time() - t < 0.6: pass\n"
     "    os._exit(0)\n"
+    "os.write(1, str(pid).encode())\n"
     "os._exit(0)\n"
 )
+
+
+def burn_reparented() -> None:
+    """Run BURN and wait until its reparented grandchild has ended: it burns 0.6 s of its
+    own CPU time, however long a busy machine makes that take (no fixed sleep)."""
+    pid = int(subprocess.run([sys.executable, "-c", BURN], check=True, capture_output=True,
+                             text=True).stdout)  # fmt: skip
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + 120  # a hang guard, not a measurement
+    while time.monotonic() < deadline:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return  # exited, not (yet) reaped by its new parent
+        except (FileNotFoundError, ProcessLookupError):
+            return  # exited and reaped
+        time.sleep(0.05)
+    raise AssertionError(f"the burner {pid} did not end within 120 s")
 
 
 def test_the_cgroup_account_charges_short_lived_reparented_processes():
@@ -208,12 +227,11 @@ def test_the_cgroup_account_charges_short_lived_reparented_processes():
         pytest.skip("no writable cgroup here (not root or no cgroup file system)")
     try:
         u0 = acct.usage()
-        subprocess.run([sys.executable, "-c", BURN], check=True)
-        time.sleep(1.0)  # the grandchild burns 0.6 s of CPU after its parent exited
+        burn_reparented()  # the grandchild burns 0.6 s of CPU after its parent exited
         used = acct.usage() - u0
     finally:
         acct.close()
-    assert used >= 0.55, used
+    assert used >= 0.55, used  # the 0.6 CPU seconds it burned, less the clock's grain
     assert not acct.dir.exists()
     assert str(os.getpid()) in (acct.root / "cgroup.procs").read_text().split()  # back
 
@@ -229,8 +247,7 @@ def test_the_meter_counts_a_named_process_tree_through_the_cgroup():
         if meter.cgroup is None:
             pytest.skip("no writable cgroup here")
         assert daemon.pid in map(int, (meter.cgroup.dir / "cgroup.procs").read_text().split())
-        subprocess.run([sys.executable, "-c", BURN], check=True)
-        time.sleep(1.0)
+        burn_reparented()
         own = meter.cgroup.usage() - meter.cg0
         meter.stop()
     finally:
