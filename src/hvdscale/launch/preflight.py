@@ -232,8 +232,11 @@ def run_ranks(cfg, pf: Preflight, framework, backend, launcher, python, work: Pa
     except UserError as exc:
         return [], str(exc)
     print(f"hvdscale preflight: {framework} {backend}: {spec.shell()}", file=sys.stderr, flush=True)
-    with rendezvous.rendezvous_for(spec, python):
-        status, tail = run_spec(spec, timeout_s=RANK_TIMEOUT_S)
+    try:
+        with rendezvous.rendezvous_for(spec, python):
+            status, tail = run_spec(spec, timeout_s=RANK_TIMEOUT_S)
+    except OSError as exc:  # the launcher itself is missing
+        return [], f"cannot start {spec.argv[0]}: {exc}"
     reports = [json.loads(f.read_text()) for f in sorted(work.glob("rank-*.json"))]
     if status != 0 or len(reports) < job.workers:
         why = describe_failure(tail, status, None, job.workers)
@@ -253,6 +256,8 @@ def preflight(cfg: dict, partition: str, data_dir, launcher: str, python: str, w
         )
     pf, part = pfs[partition], cfg["scaling"]["partitions"][partition]
     checks = [check_modules(cfg), check_data(data_dir)]
+    if not all(c.ok for c in checks):  # no rank started on a node that lacks these
+        return pf, checks
     env_check = Check("train-env")
     envc = cfg.get("environment") or {}
     if envc.get("deployment", "venv") != "venv":  # can the ranks' python import hvdscale?
