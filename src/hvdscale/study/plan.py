@@ -16,6 +16,7 @@ from hvdscale.matrix.runtable import allreduce_jobs, run_table, tune_runs
 from hvdscale.matrix.subset import describe
 from hvdscale.slurm.gpu_support import gpu_support_notes
 from hvdscale.slurm.jobspec import JobSpec
+from hvdscale.slurm.preflight import preflights
 from hvdscale.study.changes import Retrain, retrained_runs
 from hvdscale.study.changes import describe as describe_retrain
 
@@ -143,10 +144,21 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         "partitions": rows,
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
+        "preflight": preflight_budget(cfg),
         "notes": gpu_support_notes(cfg),
         "retrain": retrain.runs,
         "job_shapes": len(shapes),
         "array_jobs": sum(len(s["runs"]) for s in shapes),
+    }
+
+
+def preflight_budget(cfg: dict) -> dict:
+    """The preflight jobs (hvdscale.slurm.preflight): one per partition, worst case."""
+    pfs = preflights(cfg).values()
+    return {
+        "jobs": len(pfs),
+        "node_hours_worst": round(sum(pf.node_hours for pf in pfs), 3),
+        "gpu_hours_worst": round(sum(pf.gpu_hours for pf in pfs), 3),
     }
 
 
@@ -217,6 +229,12 @@ def format_plan(p: dict, short: bool = False) -> str:
         lines.append(
             f"  {r['partition']}: {r['jobs']} jobs x {r['nodes_per_job']} nodes, "
             f"worst {_h(r['node_hours_worst'])} node-h / {_h(r['gpu_hours_worst'])} GPU-h{exp}"
+        )
+    pre = p.get("preflight") or {}
+    if pre.get("jobs"):
+        lines.append(
+            f"  + {pre['jobs']} preflight jobs (preflight_partition, one per partition, "
+            f"before its runs), worst {_h(pre['node_hours_worst'])} node-h"
         )
     a = p["allreduce"]
     if a["jobs"]:
