@@ -418,6 +418,44 @@ def test_config_hash_match_compares_each_run_with_its_slice_of_the_config(tmp_pa
     assert f"trained under another config: {stale}" in row
 
 
+def test_config_hash_match_ignores_where_the_study_lives(tmp_path):
+    """results_dir is no part of a run's hash: the records of a study match the config
+    that names another results_dir (the study moved). Records whose hash still included
+    results_dir match with the results_dir their config.json was written for, or the
+    config's own; without either they are flagged, as a run of another config is."""
+    from hvdscale.config.load import config_hash, run_config_hash
+    from hvdscale.matrix.runtable import run_config
+
+    cfg = F.load_test_config("config.yaml", repeats=1)
+    ids = [r.run_id for r in run_table(cfg)]
+    runs = tmp_path / "runs"
+    F.write_study(runs, cfg)  # as trained in the default results_dir
+    moved = validate_config({**cfg, "results_dir": "/scratch/ws/study"})
+    agg = aggregate(runs, moved)
+    assert len(agg.runs) == len(ids) and agg.runs.config_hash_match.map(bool).all()
+
+    # records of a study in results-old, hashed with results_dir in the slice
+    old = validate_config({**cfg, "results_dir": "results-old"})
+    for rid in ids:
+        sub = validate_config(run_config(old, rid))
+        assert config_hash(sub) != run_config_hash(sub)  # the old hash did differ
+        path = runs / rid / "metrics.json"
+        rec = json.loads(path.read_text())
+        rec["environment"]["config_hash"] = config_hash(sub)
+        path.write_text(json.dumps(rec))
+    written = ids[0]  # its config.json as rule write_run_config wrote it
+    (runs / written / "config.json").write_text(json.dumps(run_config(old, written)))
+
+    def matches(c):
+        table = aggregate(runs, c).runs
+        return dict(zip(table.run_id, table.config_hash_match))
+
+    assert all(v is True for v in matches(old).values())  # unmoved: the config's results_dir
+    match = matches(moved)
+    assert match.pop(written) is True  # moved: the results_dir of its config.json
+    assert all(v is False for v in match.values())  # moved, nothing says where it was
+
+
 def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
     rc = main(
         [

@@ -87,10 +87,10 @@ def test_merge_refuses_configs_that_differ_beyond_partitions_and_overlaps():
     other["training"]["max_epochs"] = a["training"]["max_epochs"] + 1
     with pytest.raises(UserError, match=r"A and B are not parts of one study.*training.max_epochs"):
         check_parts([part(a, "A"), part(other, "B")])
+    # where a part's files lived is no part of its runs' configuration
     moved = copy.deepcopy(b)
-    moved["results_dir"] = "results-b"
-    with pytest.raises(UserError, match=r"config key results_dir.*same results_dir"):
-        check_parts([part(a, "A"), part(moved, "B")])
+    moved["results_dir"] = "/scratch/ws/study-b"
+    check_parts([part(a, "A"), part(moved, "B")])
     with pytest.raises(UserError, match=r"partition 'pa' is in both A and A2"):
         check_parts([part(a, "A"), part(a, "A2")])
 
@@ -101,6 +101,10 @@ def test_merged_config_has_the_parts_partitions_only():
     assert cfg["only_cluster"] == ""
     assert cfg["select"] == "partition=pa,pc"  # pb (never run) stays out of the run table
     assert {r.partition for r in run_table(cfg)} == {"pa", "pc"}
+    assert cfg["results_dir"] == a["results_dir"] == "results"
+    # the first part on scratch: the merged study lives in its own directory
+    a_scratch = {**copy.deepcopy(a), "results_dir": "/scratch/ws/study-a"}
+    assert merged_config([part(a_scratch, "A"), part(c, "C")])["results_dir"] == "results"
     # every cluster merged: no selection needed
     parts = [part(study(only_cluster=f"c{p}"), p) for p in ("pa", "pb", "pc")]
     cfg = merged_config(parts)

@@ -160,8 +160,8 @@ BAD_CONFIGS = [
         ["data.labels.yield_stress", "below max"],
     ),
     ({"model": {"hidden_units": []}}, ["model.hidden_units"]),
-    ({"results_dir": "/etc"}, ["results_dir", "'/etc'", "relative path"]),
-    ({"results_dir": "../outside"}, ["results_dir", "relative path"]),
+    ({"results_dir": "/scratch/ws/$USER"}, ["results_dir", "'/scratch/ws/$USER'", "no shell"]),
+    ({"results_dir": "../outside"}, ["results_dir", "without '..'", "or absolute"]),
     (
         {
             "scaling": {

@@ -15,7 +15,12 @@ from snakemake.settings.types import DeploymentMethod
 os.environ.update(HVDSCALE_ROOT=workflow.basedir)
 
 from hvdscale.matrix.runid import ALLREDUCE_ID_WILDCARD
-from hvdscale.config.load import count_parameters, data_section, validate_config
+from hvdscale.config.load import (
+    check_results_dir,
+    count_parameters,
+    data_section,
+    validate_config,
+)
 from hvdscale.slurm.deployment import deployment_problem
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.runkinds import rerun_runs, target_config
@@ -53,7 +58,11 @@ _problem = deployment_problem(
 if _problem:
     raise WorkflowError(_problem)
 
-RESULTS = CFG["results_dir"]
+RESULTS = CFG["results_dir"]  # relative to the working directory, or absolute (scratch)
+try:  # writable before any job: not a failed job after hours in the queue
+    check_results_dir(RESULTS)
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 RUNS = run_table(CFG)  # the selected runs (config key select)
 RUN_BY_ID = {r.run_id: r for r in RUNS}
 RUN_IDS = list(RUN_BY_ID)

@@ -35,7 +35,7 @@ from hvdscale.analysis.tables import (
     write_csv,
 )
 from hvdscale.analysis.tuning import select_tuned, selection
-from hvdscale.config.load import config_hash, load_config, validate_config
+from hvdscale.config.load import config_hash, load_config, run_config_hash, validate_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix.runid import run_kind
 from hvdscale.matrix.runtable import find_run, run_config, run_table
@@ -88,7 +88,7 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
         if rec is not None and st["in_config"]:
             row, eps = record_row(rec, st["path"])
             if slice_hash is not None:
-                row["config_hash_match"] = row["config_hash"] == slice_hash(d.name)
+                row["config_hash_match"] = slice_hash.matches(d.name, row["config_hash"], d)
             rows.append(row)
             epoch_rows.extend(eps)
         if not st["in_config"]:
@@ -125,23 +125,49 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
 
 
 class SliceHash:
-    """The config hash a run of ``cfg`` records: that of its validated slice of the
-    config (runtable.run_config, the snapshot hvdscale train reads), so a run record
-    whose hash differs was trained under another config. Runs that share a slice (the
-    repeats of a configuration) share the validation."""
+    """The config hash a run of ``cfg`` records: that of its validated slice of the config
+    (runtable.run_config, the snapshot hvdscale train reads) with results_dir at its
+    default (config.load.run_config_hash), so a run record whose hash differs was trained
+    under another config, wherever the study's files live now. Runs that share a slice
+    (the repeats of a configuration) share the validation."""
 
     def __init__(self, cfg: dict, table: dict):
         self.cfg, self.table, self._by_slice = cfg, table, {}
 
-    def __call__(self, run_id: str) -> str | None:
+    def _validated(self, run_id: str) -> dict | None:
         try:
             sub = run_config(self.cfg, run_id, self.table)
         except ConfigError:
             return None
         key = json.dumps(sub, sort_keys=True)
         if key not in self._by_slice:
-            self._by_slice[key] = config_hash(validate_config(sub))
+            self._by_slice[key] = validate_config(sub)
         return self._by_slice[key]
+
+    def __call__(self, run_id: str) -> str | None:
+        sub = self._validated(run_id)
+        return None if sub is None else run_config_hash(sub)
+
+    def matches(self, run_id: str, recorded, run_dir: Path | None = None) -> bool:
+        """Whether ``recorded`` is the run's hash; also the hash runs recorded while
+        results_dir was part of it: with the results_dir the run's config.json was written
+        for (in ``run_dir``), or this config's."""
+        sub = self._validated(run_id)
+        if sub is None or not isinstance(recorded, str):
+            return False
+        if recorded == run_config_hash(sub):
+            return True
+        dirs = {self.cfg["results_dir"], _written_results_dir(run_dir)} - {None}
+        return any(recorded == config_hash({**sub, "results_dir": d}) for d in dirs)
+
+
+def _written_results_dir(run_dir: Path | None) -> str | None:
+    """results_dir of the run's config.json (rule write_run_config), None if unreadable."""
+    try:
+        value = json.loads((run_dir / "config.json").read_text()).get("results_dir")
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:

@@ -12,6 +12,8 @@ import copy
 import functools
 import hashlib
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -104,6 +106,8 @@ def _describe_error(err) -> str:
         allowed = f"type {err.validator_value}"
     elif err.validator == "required":
         return f"config key {key}: {err.message}"
+    elif err.validator == "not" and "^/" not in json.dumps(err.validator_value):
+        allowed = "a path without '..' (relative to the project directory, or absolute)"
     elif err.validator == "not":
         allowed = "a relative path inside the project (no leading '/', no '..')"
     elif err.validator in ("oneOf", "anyOf") and all(
@@ -476,6 +480,48 @@ def config_hash(cfg: dict) -> str:
     return hashlib.sha256(
         json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
+
+
+# results_dir's schema default: the value a run's hash sees, wherever the study lives
+DEFAULT_RESULTS_DIR = "results"
+
+
+def run_config_hash(cfg: dict) -> str:
+    """The config hash a training run records: that of its (validated) slice of the config
+    with ``results_dir`` at its default. Where a study's files live is no part of a run's
+    configuration, so a study moved to another results_dir keeps matching its records; a
+    run of a study in the default ``results`` records the hash it recorded before."""
+    return config_hash({**cfg, "results_dir": DEFAULT_RESULTS_DIR})
+
+
+def check_results_dir(results_dir: str | Path, key: str = "results_dir") -> None:
+    """ConfigError unless ``results_dir`` (relative to the working directory, or absolute)
+    is a directory this user can write to, or can be made in one: tried by creating a file
+    in it or in its nearest existing parent (what the jobs will do; the mode bits alone say
+    nothing for root or on a read-only mount). Creates nothing that stays."""
+    path = Path(results_dir)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    where = "" if probe == path else f" (not there yet; its nearest existing parent is {probe})"
+    fix = (
+        "give a results_dir you can write to, relative to the project directory or absolute "
+        "(e.g. a workspace on the cluster's scratch file system): --config results_dir=PATH "
+        "or the key results_dir in your config file"
+    )
+    if not probe.is_dir():
+        raise ConfigError(f"config key {key}: {path}: {probe} is not a directory{where}; {fix}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hvdscale-write-check-", dir=probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"config key {key}: {path}: cannot create a file in {probe}{where} "
+            f"({exc.strerror or exc}); {fix}"
+        ) from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def data_section(cfg: dict) -> dict:

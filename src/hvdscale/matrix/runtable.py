@@ -329,7 +329,10 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     partition or the report settings leaves it, and so the completed run, untouched.
     The target value is not in it (train_run reads results/scaling/target.json); a
     calibration run gets training.target.calibration's max_epochs, no max_train_s and
-    stop_at_target false.
+    stop_at_target false. results_dir rides along unchanged (the params Snakemake recorded
+    for existing studies carry it, so they read the same), but it is no part of the run's
+    configuration: training ignores it and the run's hash sets it to its default
+    (config.load.run_config_hash), so a study moved to another results_dir keeps its runs.
     """
     run = find_run(cfg, run_id, runs)
     sub = {

@@ -13,7 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from hvdscale.config.load import config_hash
+from hvdscale.config.load import DEFAULT_RESULTS_DIR, config_hash
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
 from hvdscale.project import PROJECT_ROOT, git_commit
@@ -67,22 +67,29 @@ def study_inputs(base: Path) -> dict[str, Path]:
     return inputs
 
 
+def archived_results_dir(results: str) -> str:
+    """The results directory's name in an archive: as given, or ``results`` for an
+    absolute one (a workspace on scratch); a rebuild recreates it under its own directory."""
+    return DEFAULT_RESULTS_DIR if Path(results).is_absolute() else Path(results).as_posix()
+
+
 def study_files(results: str, root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     """(inputs, products): archive path -> file on disk."""
     base = root / results
     if not (base / "config" / "full.json").exists():
         raise UserError(f"{base}/config/full.json: not found (is {results} a finished study?)")
-    inputs = {f"{results}/{name}": path for name, path in study_inputs(base).items()}
+    name_ = archived_results_dir(results)
+    inputs = {f"{name_}/{name}": path for name, path in study_inputs(base).items()}
     products = {}
     for name in SCALING:
-        products[f"{results}/scaling/{name}"] = base / "scaling" / name
+        products[f"{name_}/scaling/{name}"] = base / "scaling" / name
     for rel in OPTIONAL_PRODUCTS:
         if (base / rel).exists():
-            products[f"{results}/{rel}"] = base / rel
+            products[f"{name_}/{rel}"] = base / rel
     for f in sorted((base / "plots").glob("*")):
         if f.suffix in (".pdf", ".png"):
-            products[f"{results}/plots/{f.name}"] = f
-    products[f"{results}/report.pdf"] = base / "report.pdf"
+            products[f"{name_}/plots/{f.name}"] = f
+    products[f"{name_}/report.pdf"] = base / "report.pdf"
     missing = [k for k, p in products.items() if not p.exists()]
     if missing:
         raise UserError(f"not a finished study: missing {', '.join(missing)}")
@@ -109,10 +116,11 @@ def export_study(
             files[f"envs/{name}"] = PROJECT_ROOT / "envs" / name
     members = {**files, **inputs, **products}
     data = {name: Path(p).read_bytes() for name, p in members.items()}
-    cfg = json.loads(data[f"{results}/config/full.json"])
+    archived = archived_results_dir(results)
+    cfg = json.loads(data[f"{archived}/config/full.json"])
     manifest = {
         "format": FORMAT,
-        "results_dir": results,
+        "results_dir": archived,
         "config_files": [_relative(c) for c in config_files],
         "git_commit": git_commit(),
         "config_hash": config_hash(cfg),
@@ -240,7 +248,12 @@ def add_arguments(p):
         help="the config files the study ran with, in Snakemake's order, relative to the "
         "project root (default: %(default)s)",
     )
-    p.add_argument("--results", default="results", help="results directory (default: %(default)s)")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="results directory, relative to the project root or absolute; an absolute one "
+        "is archived as results/ (default: %(default)s)",
+    )
     p.add_argument("--out", required=True, help="the archive to write (.tar.gz)")
 
 
@@ -261,6 +274,8 @@ def run(args) -> int:
       products          {results}/scaling/*.csv, costmodel.json, references.csv,
                         systems.csv (the system description per partition, from the
                         run records), {results}/plots/*.pdf|png, {results}/report.pdf
+                        ({results}: the results directory, or results/ for an absolute
+                        one, e.g. a workspace on scratch)
 
     ``hvdscale rebuild ARCHIVE --out DIR`` (``make report FROM=ARCHIVE``) extracts the
     inputs and config files into DIR and runs the report rules themselves there: Snakemake

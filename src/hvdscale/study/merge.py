@@ -9,16 +9,16 @@ of ``hvdscale export``.
 Checks (a UserError naming the key or file, nothing written):
   - the parts' validated configs (config/full.json) agree on everything but the
     partitions: ``only_cluster``, ``scaling.partitions`` and the partition lists of
-    ``scaling.sweeps``, ``scaling.tune`` and ``allreduce.sweeps`` may differ, nothing
-    else (``results_dir`` included: it is part of every run's config slice, so a run
-    record would not match the merged config; run each cluster's study in its own
-    checkout or ``snakemake --directory``, with the same results_dir);
+    ``scaling.sweeps``, ``scaling.tune`` and ``allreduce.sweeps`` may differ, and
+    ``results_dir`` (where a part's files lived is no part of its runs' configuration),
+    nothing else;
   - no partition is in two parts (the partitions of a part are those of its run table);
   - the parts' targets (scaling/target.json: mode and value) agree.
 
 DIR then holds one study: ``config/config.yaml`` (the merged config: the first part's,
-with the union of the parts' partitions and partition lists, no only_cluster, and a
-``select`` of the parts' partitions when the config names more), ``<results_dir>/``
+with the union of the parts' partitions and partition lists, no only_cluster, a
+``select`` of the parts' partitions when the config names more, and the first part's
+results_dir, or ``results`` where that was an absolute path), ``<results_dir>/``
 with every part's run records, allreduce tables and target, and
 ``<results_dir>/config/merged_from.json``, the provenance of each part (source, results
 directory, config files, config hash, git commit, partitions), which ``hvdscale report``
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from hvdscale.config.load import config_hash, validate_config
+from hvdscale.config.load import DEFAULT_RESULTS_DIR, config_hash, validate_config
 from hvdscale.errors import UserError
 from hvdscale.io import atomic_path
 from hvdscale.matrix.subset import describe as describe_selection
@@ -136,6 +136,7 @@ def load_part(source) -> Part:
 def _without_partitions(cfg: dict) -> dict:
     c = copy.deepcopy(cfg)
     c.pop("only_cluster", None)
+    c.pop("results_dir", None)
     c["scaling"]["partitions"] = {}
     for sweep in c["scaling"]["sweeps"]:
         sweep["partitions"] = []
@@ -179,17 +180,11 @@ def check_parts(parts: list[Part]) -> None:
         d = first_difference(base, _without_partitions(p.config))
         if d:
             key, a, b = d
-            hint = ""
-            if key == "results_dir":
-                hint = (
-                    " (part of every run's config slice: run each cluster's study with the "
-                    "same results_dir, in its own checkout or with snakemake --directory)"
-                )
             raise UserError(
                 f"merge: {first.source} and {p.source} are not parts of one study: their "
-                f"configs differ in config key {key}: {_short(a)} against {_short(b)}{hint}; "
+                f"configs differ in config key {key}: {_short(a)} against {_short(b)}; "
                 "only the partitions (only_cluster, scaling.partitions and the partition "
-                "lists of the sweeps) may differ"
+                "lists of the sweeps) and results_dir may differ"
             )
     seen: dict[str, str] = {}
     for p in parts:
@@ -237,6 +232,8 @@ def merged_config(parts: list[Part]) -> dict:
     parts' partitions when it names more."""
     cfg = copy.deepcopy(parts[0].config)
     cfg["only_cluster"] = ""
+    if Path(cfg["results_dir"]).is_absolute():  # the merged study lives in DIR
+        cfg["results_dir"] = DEFAULT_RESULTS_DIR
     for i, sweep in enumerate(cfg["scaling"]["sweeps"]):
         sweep["partitions"] = _union(p.config["scaling"]["sweeps"][i]["partitions"] for p in parts)
     if cfg["scaling"].get("tune"):

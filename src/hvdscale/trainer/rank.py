@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from hvdscale.config.load import config_hash, load_config
+from hvdscale.config.load import load_config, run_config_hash
 from hvdscale.errors import UserError
 from hvdscale.matrix import backends
 from hvdscale.matrix.runid import parse_run_id
@@ -172,7 +172,7 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
 
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
     optim = framework.optimisation(cfg, run_, worker, data.steps, rank.device)
-    chash = config_hash(cfg)
+    chash = run_config_hash(cfg)  # results_dir at its default: a moved study matches
     checkpointer = Checkpointer.for_run(
         out_dir, optim.checkpoint(), run_.run_id, chash, worker.size, seed, tcfg
     )
