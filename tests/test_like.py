@@ -103,3 +103,20 @@ def test_a_target_met_in_the_warm_up_gives_no_speedup_in_any_table(tmp_path):
     assert math.isnan(h.speedup_ttt_best1) and math.isnan(h.speedup_launch_ttt)
     assert TOO_LOOSE in h.note
     assert h.epoch_speedup == pytest.approx(1 / 0.6)  # the epoch time is still measured
+
+
+def test_results_table_names_each_step_setting_group(tmp_path):
+    import report_fixtures as RF
+
+    from hvdscale.analysis.tables import read_summary
+    from hvdscale.report.doc import Doc
+    from hvdscale.report.results import _config_table
+
+    _sweep(tmp_path / "runs")
+    out = _aggregate(tmp_path)
+    d = Doc()
+    _config_table(d, read_summary(out / "summary.csv"))
+    text = RF.story_text(d.story)
+    assert "local / gloo / batch 75 per worker" in text  # fp32, eager: as before
+    for label in ("bf16, eager", "fp32, compile default", "bf16, compile default"):
+        assert f"local / gloo / {label} / batch 75 per worker" in text

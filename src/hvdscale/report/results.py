@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from hvdscale.analysis.columns import framework_label, names_framework, with_framework
+from hvdscale.analysis.like import DEFAULT_SETTING, setting_label
 from hvdscale.figures.registry import in_section
 from hvdscale.matrix.runid import GROUP_KEYS
 from hvdscale.report import fmt
@@ -174,6 +175,8 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
         where = [k["partition"], k["backend"]]
         if multi:
             where.insert(1, framework_label(k["framework"]))
+        if (k["precision"], k["compile"]) != DEFAULT_SETTING:  # each setting its own group
+            where.append(setting_label(k["precision"], k["compile"]))
         head = (
             f"{' / '.join(where)} / batch {int(k['batch_per_worker'])} per worker / "
             f"LR {k['lr_rule']}  |  "
