@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from required_layers import (  # noqa: F401  (hooks: HVDSCALE_REQUIRE_LAYERS, issue 29)
     pytest_configure,
+    pytest_make_collect_report,
     pytest_report_header,
     pytest_runtest_makereport,
 )

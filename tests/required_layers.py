@@ -7,7 +7,8 @@ without it:
   (``slurm_support.slurm_cluster``);
 - ``multinode``: the same plus iproute2/util-linux for the two-node cluster
   (``slurm_support.slurm_cluster_two_nodes``, the alpha cluster of test_slurm_multinode);
-- ``horovod``: Horovod in .venv-train (``slurm_support.horovod_skip_reason``);
+- ``horovod``: Horovod in .venv-train (``slurm_support.horovod_skip_reason``), and the
+  compilers, MPI and cmake that build it (tests/test_setup_script.py);
 - ``train-env``: .venv-train itself (``conftest_train.needs_train_env``);
 - ``torch``: torch in .venv-train (``test_torch_ddp.needs_torch``);
 - ``poppler``: pdftotext/pdftoppm for the rendered-report tests;
@@ -21,13 +22,18 @@ hook ``pytest_runtest_makereport`` (imported by tests/conftest.py) turns the ski
 listed layer into a failure naming the layer, what was missing and the variable.
 ``.ci/run`` lists every layer; without the variable every layer skips as before.
 
-Skips that are not layers stay skips whatever the variable says:
+Skips that are not layers stay skips whatever the variable says, but only those listed
+in ``NO_LAYER_SKIPS`` (the start of their reason, and why they may skip in CI):
 
 - tests/test_torch_gpu.py's CPU checks skip on a machine *with* a GPU; the CI machine
   has none, and torch missing there fails the ``torch`` layer of test_torch_ddp.
 - tests/test_bench_scaling.py's cgroup checks skip without a writable cgroup: that
   depends on the container CI runs in, not on scripts/setup.sh, and the benchmark's
   meter falls back to sampling processes without one (benchmarks/_quiet.py).
+
+With the variable set, any other skip without a layer tag is a failure too (a test
+module or a test that skips untagged): a new skip must name its layer, or be added to
+``NO_LAYER_SKIPS`` with its reason, so that no test leaves CI silently.
 """
 
 from __future__ import annotations
@@ -40,6 +46,16 @@ import pytest
 ENV_VAR = "HVDSCALE_REQUIRE_LAYERS"
 LAYERS = ("slurm", "multinode", "horovod", "train-env", "torch", "poppler", "lmod")
 _TAGGED = re.compile(r"(?:Skipped: )?\[([a-z-]+)\] (.*)", re.DOTALL)
+
+# Skips that are no layer's: the start of the skip reason -> why it may skip in CI.
+NO_LAYER_SKIPS = {
+    "needs torch without a GPU in .venv-train": (
+        "GPU: test_torch_gpu's CPU checks skip on a machine with a GPU (CI has none)"
+    ),
+    "no writable cgroup here": (
+        "cgroup: depends on the container, not on setup; the meter samples without one"
+    ),
+}
 
 
 def required_layers() -> frozenset[str]:
@@ -76,10 +92,24 @@ def layer_skipif(layer: str, missing: str | None) -> pytest.MarkDecorator:
 
 
 def layer_failure(skip_reason: str) -> str | None:
-    """The failure message for a skip with this reason, or None when it may skip: it
-    carries no layer tag or its layer is not required."""
+    """The failure message for a skip with this reason, or None when it may skip: its
+    layer is not required, or it carries no layer tag and is one of ``NO_LAYER_SKIPS``
+    (an untagged skip that is not there fails whenever a layer is required)."""
+    required = required_layers()
+    if not required:
+        return None
     m = _TAGGED.fullmatch(skip_reason)
-    if not m or m.group(1) not in required_layers():
+    if m is None:
+        reason = skip_reason.removeprefix("Skipped: ")
+        if reason.startswith(tuple(NO_LAYER_SKIPS)):
+            return None
+        return (
+            f"a skip without a layer tag: {reason}\n"
+            f"({ENV_VAR}={os.environ[ENV_VAR]} makes it a failure: skip through "
+            "required_layers.require_layer or layer_skipif with the layer it needs, or add "
+            "the reason to required_layers.NO_LAYER_SKIPS if it may skip in CI)"
+        )
+    if m.group(1) not in required:
         return None
     layer, missing = m.groups()
     return (
@@ -101,12 +131,25 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"required test layers ({ENV_VAR}): {', '.join(sorted(layers))}"] if layers else []
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
-    report = yield
+def _fail_a_required_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
         failure = layer_failure(report.longrepr[2])
         if failure:
             report.outcome = "failed"
             report.longrepr = failure
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    _fail_a_required_skip(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    """A module that skips as a whole (``pytest.skip(..., allow_module_level=True)``):
+    the same rule, as a collection error."""
+    report = yield
+    _fail_a_required_skip(report)
     return report

@@ -1,14 +1,20 @@
 """GPU binding per task (issue 29, "run where users are"): which visible GPU a rank uses
 (``trainer.device.gpu_for_rank``, shared by the Horovod-TF and torch-ddp trainers) and the
-record's name of it (``visible_gpu_id``, ``gpu_label``). Pure functions: no GPU, no
-TensorFlow, no torch."""
+record's name of it (``visible_gpu_id``, ``gpu_label``), under the srun options of each
+partition gpu_bind (``JobSpec.gpu_bind_args``). Pure functions: no GPU, no TensorFlow, no
+torch."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from hvdscale.config.load import load_config, validate_config
 from hvdscale.errors import UserError
+from hvdscale.project import PROJECT_ROOT
 from hvdscale.record.labelproof import gpu_id, rank_gpu_ids
+from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.trainer.device import (
     GpuDemand,
     cuda_visible_devices,
@@ -133,25 +139,43 @@ def test_a_bound_gpu_the_framework_cannot_use_is_the_cpu_and_the_record_keeps_th
 
 
 @pytest.mark.parametrize(
-    "bind, visible_by_local_rank, gpu_ids",
+    "bind, srun_args, visible_by_local_rank, indices, gpu_ids",
     [
-        # CUDA_VISIBLE_DEVICES as SLURM set it on the emulated partition (DEVELOPERS.md)
-        ("per-task", ["0", "1"], ["0", "1"]),  # srun --gpus-per-task=1
-        ("single", ["0", "1"], ["0", "1"]),  # srun --gpu-bind=single:1
-        ("none", ["0,1", "0,1"], ["0", "1"]),  # every rank sees the node's GPUs
+        # CUDA_VISIBLE_DEVICES as SLURM set it under these srun options on the emulated
+        # partition (DEVELOPERS.md): one id per task when bound, the node's GPUs when not
+        ("per-task", ["--gpus-per-task=1"], ["0", "1"], [0, 0], ["0", "1"]),
+        ("single", ["--gpu-bind=single:1"], ["0", "1"], [0, 0], ["0", "1"]),
+        ("none", [], ["0,1", "0,1"], [0, 1], ["0", "1"]),
     ],
 )
-def test_each_gpu_bind_gives_every_local_rank_its_own_gpu(bind, visible_by_local_rank, gpu_ids):
-    """The device choice under each partition gpu_bind: the GPU each rank computes on is the
-    id its device label names, and the record's label proof reads the same ids."""
-    labels = []
+def test_each_gpu_bind_gives_every_local_rank_its_own_gpu(
+    alpha_config, bind, srun_args, visible_by_local_rank, indices, gpu_ids
+):
+    """The partition's gpu_bind end to end: the srun options its JobSpec gives the ranks,
+    then the device choice under what SLURM makes visible with them: a bound rank uses its
+    one visible GPU (index 0), an unbound one the GPU of its local rank; either way the GPU
+    each rank computes on is the id its device label names, and the record's label proof
+    reads the same ids."""
+    cfg = copy.deepcopy(alpha_config)
+    cfg["scaling"]["partitions"]["alpha"]["gpu_bind"] = bind
+    job = JobSpec.for_workers(validate_config(cfg), "alpha", "mpi", 2)
+    assert (job.gpu_bind, job.gpu_bind_args) == (bind, srun_args)
+    labels, chosen = [], []
     for lr, visible in enumerate(visible_by_local_rank):
         env = {"CUDA_VISIBLE_DEVICES": visible}
         n_visible = len(visible.split(","))
         index = gpu_for_rank(lr, 2, n_visible, rank=lr, visible=visible)
+        chosen.append(index)
         labels.append(gpu_label(index, A100, env))
+    assert chosen == indices
     assert [gpu_id(label) for label in labels] == gpu_ids
     assert rank_gpu_ids(labels, visible_by_local_rank) == gpu_ids
+
+
+@pytest.fixture(scope="module")
+def alpha_config() -> dict:
+    """The thesis config (its GPU partition alpha), validated."""
+    return load_config(PROJECT_ROOT / "config" / "thesis.yaml")
 
 
 # --------------------------------------------------------------------------- GPU label, GPU

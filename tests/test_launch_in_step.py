@@ -228,10 +228,10 @@ def setup(tmp_path_factory) -> tuple[Path, Path, Path]:
 def test_a_one_worker_run_trains_in_the_launcher_step(tmp_path, setup, run_id):
     config, data, bin_dir = setup
     if "torch" in run_id:
+        from required_layers import require_layer
         from test_torch_ddp import has_torch
 
-        if not has_torch():
-            pytest.skip("torch missing in .venv-train")
+        require_layer("torch", None if has_torch() else "torch missing in .venv-train")
     out = tmp_path / run_id
     env = {**STEP_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env["SLURM_NODELIST"] = env["SLURM_JOB_NODELIST"] = socket.gethostname().split(".")[0]

@@ -8,11 +8,14 @@ import subprocess
 import fixtures_runs as F
 import pandas as pd
 import pytest
+from required_layers import layer_skipif
 from test_report import pipeline
 
 from hvdscale.matrix.runtable import run_table
 
-pytestmark = pytest.mark.skipif(shutil.which("pdftotext") is None, reason="needs pdftotext")
+pytestmark = layer_skipif(
+    "poppler", "poppler-utils not installed" if shutil.which("pdftotext") is None else None
+)
 
 DIVERGED = "local_gloo_n1_w2_b75_lrlinear_r0"
 
