@@ -25,6 +25,7 @@ from hvdscale.data.check import (
     shard_name,
 )
 from hvdscale.data.generate import tune_malloc
+from hvdscale.data.normalisation import RunningStats
 from hvdscale.data.physics import (
     SPLIT_CODES,
     GeneratorParams,
@@ -32,7 +33,6 @@ from hvdscale.data.physics import (
     load_data_config,
     split_assign,
 )
-from hvdscale.data.stats import RunningStats
 from hvdscale.errors import DataError
 from hvdscale.io import atomic_path, read_json_object, write_json_atomic
 

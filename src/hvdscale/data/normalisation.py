@@ -1,4 +1,5 @@
-"""Streaming per-column mean and standard deviation for the split's normalisation."""
+"""Streaming per-column mean and standard deviation: the normalisation statistics of the
+split (manifest.json)."""
 
 from __future__ import annotations
 
