@@ -25,7 +25,7 @@ from hvdscale.record.build import (
     write_run_outputs,
 )
 from hvdscale.record.history import HISTORY_COLUMNS, history_csv
-from hvdscale.record.summary import summarise
+from hvdscale.record.run_summary import summarise
 from hvdscale.record.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error
 from hvdscale.target import time_to
 

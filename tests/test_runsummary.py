@@ -1,4 +1,4 @@
-"""The run record's derived blocks (hvdscale.record.summary, hvdscale.record.timing): the target
+"""The run record's derived blocks (hvdscale.record.run_summary, hvdscale.record.timing): the target
 block (reached / censored), the gradient-noise-scale raw means and the instrumentation
 block. Unit tests in the workflow env."""
 
@@ -9,7 +9,7 @@ from test_runrecord import epoch
 
 
 def test_target_block_reached_censored_and_without_target():
-    from hvdscale.record.summary import target_block
+    from hvdscale.record.run_summary import target_block
 
     eps = [epoch(0, val=0.5, elapsed=2.0), epoch(1, val=0.3, elapsed=3.0)]
     hit = target_block(eps, 0.3, "absolute", "target", 10, None)
@@ -25,7 +25,7 @@ def test_target_block_reached_censored_and_without_target():
 
 
 def test_noise_scale_block_over_the_non_warmup_epochs():
-    from hvdscale.record.summary import noise_scale_block
+    from hvdscale.record.run_summary import noise_scale_block
 
     eps = [epoch(0, warmup=True), epoch(1), epoch(2)]
     for e, (n, a, b) in zip(eps, [(5, 99.0, 99.0), (2, 4.0, 2.0), (6, 8.0, 6.0)]):

@@ -22,8 +22,8 @@ from hvdscale.config.load import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.project import git_commit
 from hvdscale.record.history import history_csv
+from hvdscale.record.run_summary import noise_scale_block, summarise, target_block
 from hvdscale.record.startup import launch_to_target, total_startup
-from hvdscale.record.summary import noise_scale_block, summarise, target_block
 from hvdscale.record.timing import TIMING_METHODS, instrumentation_block, sync_block
 from hvdscale.slurm.site import nccl_env_now
 from hvdscale.slurm.threads import threads_for_rank
