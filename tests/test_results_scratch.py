@@ -6,6 +6,7 @@ no job, and its runs still match their config hashes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,17 @@ def test_a_moved_study_plans_no_job_and_keeps_its_config_hashes(finished_study, 
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "Nothing to be done" in text and "Job stats" not in text, text[-4000:]
+    # the plan agrees: the finished run is done, nothing retrains
+    plan = subprocess.run(
+        [sys.executable, "-m", "hvdscale.cli", "plan", "--json", "config/config.yaml", *CONFIGS]
+        + ["--config", f"results_dir={scratch}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert plan.returncode == 0, plan.stderr
+    total = json.loads(plan.stdout)["total"]
+    assert (total["jobs_done"], total["jobs_retrain"]) == (1, 0), plan.stdout
     # the run records match their slices of the moved study's config, and the hash they
     # recorded is not the one that had the old results_dir in it
     cfg = merged_config(

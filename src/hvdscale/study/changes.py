@@ -75,6 +75,9 @@ def slice_keys(stored: dict | None, current: dict) -> list[str]:
     if stored is None:
         return ["config.json missing or unreadable (rewritten)"]
     keys = changed_keys(stored, validate_config(current))
+    # a results_dir other than the one the slice was written for is a moved study:
+    # Snakemake has no params record at the new paths, and the run's hash ignores it
+    keys = [k for k in keys if k != "results_dir"]
     own = [k for k in keys if _holds(current, k)]
     return own or keys
 
