@@ -15,7 +15,7 @@ from hvdscale.analysis.references import references_of
 from hvdscale.config.load import validate_config
 from hvdscale.figures.registry import caption_values
 from hvdscale.report import fmt
-from hvdscale.report.accuracy import batch_question
+from hvdscale.report.accuracy_section import batch_question
 from hvdscale.report.reference_section import reference_rows
 
 OWN = {

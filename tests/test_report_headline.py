@@ -314,7 +314,7 @@ def test_censored_median_and_every_time_to_target():
 
 def test_method_text_states_the_rules():
     from hvdscale.project import PROJECT_ROOT
-    from hvdscale.report.method import equal_accuracy_bullets
+    from hvdscale.report.method_section import equal_accuracy_bullets
 
     cfg = {
         "training": {"instrument_every": 10, "max_epochs": 40, "max_train_s": 600},

@@ -224,8 +224,8 @@ def test_the_first_page_sentence_carries_the_launch_to_target_speedup(tmp_path):
 
 
 def test_the_method_text_says_what_the_time_counts():
-    from hvdscale.report.accuracy import TTT_NOTE
-    from hvdscale.report.method import equal_accuracy_bullets
+    from hvdscale.report.accuracy_section import TTT_NOTE
+    from hvdscale.report.method_section import equal_accuracy_bullets
 
     assert "the start-up" in TTT_NOTE and "is not" in TTT_NOTE
     assert "launch-to-target" in TTT_NOTE and "queue wait" in TTT_NOTE

@@ -20,7 +20,7 @@ from hvdscale.analysis.frameworks import (
     sync_rows,
 )
 from hvdscale.report import fmt
-from hvdscale.report.accuracy import with_ci
+from hvdscale.report.accuracy_section import with_ci
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 

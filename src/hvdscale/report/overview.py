@@ -1,5 +1,5 @@
-"""The report's opening (title, run counts), its provenance and method sections, and the
-closing list of missing and failed runs."""
+"""The report's opening (title, run counts) and provenance sections, and the closing list
+of missing and failed runs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ from xml.sax.saxutils import escape
 
 import pandas as pd
 
-from hvdscale.analysis.columns import STATUSES, with_framework
-from hvdscale.analysis.stats import CI_METHOD
+from hvdscale.analysis.columns import STATUSES
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
-from hvdscale.report.frameworks_section import GPU_NOTE
 from hvdscale.report.headline_text import headline_section
-from hvdscale.report.method import equal_accuracy_bullets
 from hvdscale.slurm.gpu_support import gpu_support_notes
 
 STATUS_NOTE = (
@@ -121,59 +118,6 @@ def provenance_section(d: Doc, r: ReportData) -> None:
         [42, 138],
         align_right_from=99,
     )
-
-
-def _method_bullets(warm) -> list[str]:
-    return [
-        "<b>Epoch time</b>: rank 0's wall-clock time (time.perf_counter) of one epoch: the "
-        "training step loop, the validation evaluation and the reduction of the epoch's metrics, "
-        f"as recorded in each run's metrics.json. The first {warm} epoch(s) of every run are "
-        "warm-up (graph tracing, caches, learning-rate warm-up) and are excluded from every "
-        "timing statistic.",
-        "<b>Throughput</b>: samples of all ranks per second of the step loop (evaluation "
-        "excluded).",
-        "<b>Phase split</b>: data loading, compute (forward and backward pass), gradient "
-        "synchronisation (the backend's allreduce: Horovod or PyTorch DDP) and optimizer "
-        "update, timed inside the compiled training step on instrumented steps, scaled to all "
-        "steps and averaged over ranks. The "
-        "<b>shares</b> (sync, data) are each phase's sum over the timed epochs divided by the "
-        "sum of the four phases, i.e. shares of the training-step time; the rest of the epoch "
-        "wall time (evaluation, launch overhead) is 'other'.",
-        "<b>Per run</b>: the median over the run's timed epochs of the epoch time, the "
-        "throughput and the per-step phase times.",
-        "<b>Repeats</b>: every configuration is run several times; tables show the median over "
-        "completed repeats and the min-max range in parentheses.",
-        "<b>Baseline</b>: speedup S(n) = T(1)/T(n) divides the median epoch time of the 1-worker "
-        "run of the same partition, framework, backend, per-worker batch size and learning-rate "
-        "rule by "
-        "that of n workers; efficiency E(n) = S(n)/n. A group without a completed 1-worker run "
-        "has no speedup (flagged, not dropped). <b>Speedup per GPU</b> is the slope of a "
-        "least-squares line through (n, S(n)), n = 1 included, as in the reference study.",
-        "<b>Time to target</b>: training wall time from the start of training (warm-up "
-        "epochs and validation evaluation included, start-up excluded: the launch-to-target "
-        "time, 'with start-up', adds it) until the end of the "
-        "first epoch whose validation loss is at or below the target; its speedup S_ttt(n) "
-        "uses the same baseline and splits into epoch-time speedup x ratio of epochs to "
-        "target; a target met in the warm-up epoch is flagged (target too loose), not shown "
-        "as a speedup (in no table and on no page). Epoch times come from completed runs; the "
-        "time to target counts every run that ended for a reason of training: a run whose "
-        "loss diverged (nan_loss) is counted as not reached, never dropped. Failed and "
-        "mislabelled runs are excluded from the statistics and listed.",
-    ]
-
-
-def method_section(d: Doc, r: ReportData) -> None:
-    d.section("How the times were measured")
-
-    warm = r.cfg["training"]["warmup_epochs"] if r.cfg else "the configured"
-    d.bullets(_method_bullets(warm))
-    d.bullets(equal_accuracy_bullets(r.cfg, getattr(r, "target", None), CI_METHOD, r.runs))
-    runs = r.runs
-    if runs is not None and len(runs) and (with_framework(runs)["framework"] == "torch-ddp").any():
-        d.p(escape(GPU_NOTE))
-    methods = sorted(set(runs["timing_method"].dropna())) if runs is not None and len(runs) else []
-    for m in methods[:3]:
-        d.p(f"<i>Timing method recorded by the runs:</i> {escape(m)}", "note")
 
 
 def missing_section(d: Doc, r: ReportData) -> None:

@@ -25,17 +25,13 @@ from hvdscale.config.load import load_config
 from hvdscale.figures.draw import load_costmodel
 from hvdscale.figures.registry import FIGURE_NAMES, caption_markup, caption_values
 from hvdscale.io import atomic_path
-from hvdscale.report.accuracy import accuracy_section
+from hvdscale.report.accuracy_section import accuracy_section
 from hvdscale.report.context import ReportData
 from hvdscale.report.costmodel_section import costmodel_section
 from hvdscale.report.doc import Doc, a4_document, canvas_maker
 from hvdscale.report.frameworks_section import frameworks_section
-from hvdscale.report.overview import (
-    method_section,
-    missing_section,
-    provenance_section,
-    title_section,
-)
+from hvdscale.report.method_section import method_section
+from hvdscale.report.overview import missing_section, provenance_section, title_section
 from hvdscale.report.provenance import collect, load_provenance
 from hvdscale.report.reference_section import reference_section
 from hvdscale.report.results import figures_section, results_section

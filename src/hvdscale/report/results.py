@@ -12,7 +12,7 @@ from hvdscale.analysis.like import DEFAULT_SETTING, setting_label
 from hvdscale.figures.registry import in_section
 from hvdscale.matrix.runid import GROUP_KEYS
 from hvdscale.report import fmt
-from hvdscale.report.accuracy import with_ci
+from hvdscale.report.accuracy_section import with_ci
 from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import framework_backend
