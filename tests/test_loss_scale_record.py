@@ -198,6 +198,7 @@ def check_in_record(states: dict) -> None:
     assert math.isnan(row["loss_scale_final"]) and math.isnan(row["skipped_updates"])
 
 
+@pytest.mark.slow  # TensorFlow in train-env subprocesses
 @pytest.mark.horovod
 @needs_train_env
 def test_the_tf_step_s_overflow_reaches_the_record():
@@ -208,6 +209,7 @@ def test_the_tf_step_s_overflow_reaches_the_record():
     check_in_record(states)
 
 
+@pytest.mark.slow  # torch in train-env subprocesses
 @needs_torch
 def test_the_torch_step_counts_the_update_gradscaler_skipped():
     """torch-ddp: three finite updates (plain and timed) keep the scale; an overflow skips

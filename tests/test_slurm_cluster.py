@@ -123,6 +123,7 @@ def _sbatch_two_nodes(env: dict, script: Path, out: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.horovod
+@pytest.mark.multinode
 def test_two_node_job_spans_both_nodes(slurm_cluster_two_nodes, needs_horovod, tmp_path):
     env = slurm_cluster_two_nodes
     sinfo = run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N %T"], env).stdout.split("\n")

@@ -108,6 +108,7 @@ def snakemake(args: list[str], env: dict, timeout: float) -> subprocess.Complete
 # --------------------------------------------------------------------------- partition
 
 
+@pytest.mark.multinode
 def test_emulated_partition_accepts_thesis_requests_and_binds_one_gpu_per_rank(
     alpha_cluster, tmp_path
 ):

@@ -136,6 +136,7 @@ def keras_and_torch(tmp_path_factory) -> tuple[dict, dict]:
     return dict(np.load(d / "keras.npz")), dict(np.load(d / "torch.npz"))
 
 
+@pytest.mark.slow  # TensorFlow and torch in train-env subprocesses
 @needs_torch
 def test_the_parameter_count_is_the_keras_models(keras_and_torch):
     k, t = keras_and_torch
@@ -143,12 +144,14 @@ def test_the_parameter_count_is_the_keras_models(keras_and_torch):
     assert int(t["n_params"]) == 153441
 
 
+@pytest.mark.slow  # TensorFlow and torch in train-env subprocesses
 @needs_torch
 def test_same_weights_same_batch_same_loss(keras_and_torch):
     k, t = keras_and_torch
     assert float(t["loss"]) == pytest.approx(float(k["loss"]), rel=1e-6)
 
 
+@pytest.mark.slow  # TensorFlow and torch in train-env subprocesses
 @needs_torch
 def test_one_adam_step_moves_the_weights_as_keras_does(keras_and_torch):
     """KerasAdam = tf.keras.optimizers.Adam: the same epsilon (1e-7) in the same place.
@@ -161,6 +164,7 @@ def test_one_adam_step_moves_the_weights_as_keras_does(keras_and_torch):
         np.testing.assert_allclose(t[f"after{i}"], k[f"after{i}"], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # TensorFlow and torch in train-env subprocesses
 @needs_torch
 def test_the_lr_rule_and_warm_up_ramp_are_the_keras_ones():
     """Linear rule on 2 workers: 1e-3 -> 2e-3 over one warm-up epoch of 5 updates."""
