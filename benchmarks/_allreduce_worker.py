@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def bind(enabled: int) -> list[int] | None:
     if not enabled:
         return None
-    from hvdscale.trainer.device import bind_cpus
+    from hvdscale.trainer.placement import bind_cpus
 
     return bind_cpus("core")
 

@@ -133,9 +133,9 @@ def main() -> int:
     phases: list[list[float]] = []
 
     if a.mode == "hvdstep":
-        from hvdscale.trainer.device import pin_device
         from hvdscale.trainer.horovod_tf.step import build_step_program
         from hvdscale.trainer.loop import run_epoch_steps
+        from hvdscale.trainer.placement import pin_device
 
         device, _ = pin_device(worker, tcfg["threads_per_worker"])
         model = build_model(cfg)

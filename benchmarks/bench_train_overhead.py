@@ -206,10 +206,10 @@ def run(args):
     from _keras_arm import KerasArm
 
     from hvdscale.config.load import validate_config
-    from hvdscale.trainer.device import pin_device
     from hvdscale.trainer.horovod_tf.model import build_model
     from hvdscale.trainer.horovod_tf.step import StepProgram, build_step_program
     from hvdscale.trainer.loop import run_epoch_steps
+    from hvdscale.trainer.placement import pin_device
 
     device, _desc = pin_device(worker, 1)
     cfg = validate_config({})

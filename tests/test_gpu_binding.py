@@ -1,5 +1,5 @@
 """GPU binding per task (issue 29, "run where users are"): which visible GPU a rank uses
-(``trainer.device.gpu_for_rank``, shared by the Horovod-TF and torch-ddp trainers) and the
+(``trainer.placement.gpu_for_rank``, shared by the Horovod-TF and torch-ddp trainers) and the
 record's name of it (``visible_gpu_id``, ``gpu_label``), under the srun options of each
 partition gpu_bind (``JobSpec.gpu_bind_args``). Pure functions: no GPU, no TensorFlow, no
 torch."""
@@ -15,7 +15,7 @@ from hvdscale.errors import UserError
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.record.labelproof import gpu_id, rank_gpu_ids
 from hvdscale.slurm.jobspec import JobSpec
-from hvdscale.trainer.device import (
+from hvdscale.trainer.placement import (
     GpuDemand,
     cuda_visible_devices,
     framework_sees,

@@ -432,7 +432,7 @@ def test_fp16_and_tf32_are_refused_on_the_cpu_and_bf16_is_not(tmp_path):
     code = (
         "import torch\n"
         "from hvdscale.errors import UserError\n"
-        "from hvdscale.trainer.torch_ddp.speed import check_precision, compile_mode\n"
+        "from hvdscale.trainer.torch_ddp.precision_compile import check_precision, compile_mode\n"
         "cpu = torch.device('cpu')\n"
         "for p in ('fp16', 'tf32'):\n"
         "    try:\n"

@@ -177,7 +177,7 @@ def cycle_time_ms(setting, workers: int, bound: bool) -> float | None:
 
 def ranks_bound(training: dict, workers_per_node: int, node_cores: int) -> bool:
     """Whether the ranks will run on cores of their own: training.cpu_binding as
-    hvdscale.trainer.device.bind_cpus applies it (auto: core when a node runs 2 or more
+    hvdscale.trainer.placement.bind_cpus applies it (auto: core when a node runs 2 or more
     ranks and has a core for each), and no more ranks per node than cores."""
     policy = training.get("cpu_binding", "auto")
     own = 0 < workers_per_node <= node_cores

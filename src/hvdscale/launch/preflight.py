@@ -42,7 +42,7 @@ from hvdscale.launch.runner import companion, describe_failure, run_spec, train_
 from hvdscale.slurm import rendezvous
 from hvdscale.slurm.deployment import module_load_problem
 from hvdscale.slurm.preflight import GRADIENT_ELEMENTS, Preflight, node_gpus, preflights
-from hvdscale.trainer.device import GPU_FIX
+from hvdscale.trainer.placement import GPU_FIX
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 RANK_TIMEOUT_S = 600

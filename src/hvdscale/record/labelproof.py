@@ -125,7 +125,7 @@ def parse_cores(text: str) -> set[int]:
 
 def visible_ids(visible: str | None) -> list[str]:
     """The ids a CUDA_VISIBLE_DEVICES value names ([] when unset or empty); the trainer's
-    device choice (hvdscale.trainer.device) reads the variable with it too."""
+    device choice (hvdscale.trainer.placement) reads the variable with it too."""
     return [v.strip() for v in (visible or "").split(",") if v.strip()]
 
 

@@ -3,9 +3,9 @@
 - frame: the rank's process frame (pid file, signals, exit marker);
 - rank: ``train_rank``, the recipe for every framework, and ``Framework``, the small
   object through which a framework fills in its steps (one per framework folder);
-- device (rank detection, CPU binding, TensorFlow's device pinning), worker (who am I,
+- placement (rank detection, CPU binding, TensorFlow's device pinning), worker (who am I,
   and the book-keeping collectives), data (row planning, reading, normalisation, steps
-  per epoch), model (the network's facts), schedule (the LR warm-up), step (what the loop
+  per epoch), model (the network's facts), schedule (the LR warm-up), protocols (what the loop
   asks of a step program and an optimizer), checkpoint (find/save, ResumeState), metrics
   (EpochMetrics and its allreduce), loop (the epochs), utilisation (the CPU sampler),
   fault (test-only delay hook): shared by the frameworks;

@@ -17,7 +17,7 @@ from hvdscale.slurm import timelimit
 from hvdscale.target import has_flattened
 from hvdscale.trainer.checkpoint import Checkpointer, ResumeState
 from hvdscale.trainer.metrics import EpochMetrics
-from hvdscale.trainer.step import Optimiser, Steps
+from hvdscale.trainer.protocols import Optimiser, Steps
 from hvdscale.trainer.worker import WorkerInfo
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from hvdscale.io import write_json_atomic
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
 from hvdscale.slurm.preflight import GRADIENT_ELEMENTS
-from hvdscale.trainer.device import cuda_visible_devices
+from hvdscale.trainer.placement import cuda_visible_devices
 from hvdscale.trainer.worker import launcher_rank_env
 
 EXIT_IMPORT = 3

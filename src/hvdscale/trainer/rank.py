@@ -44,11 +44,11 @@ from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
-from hvdscale.trainer.device import GpuDemand, affinity, cuda_visible_devices
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.frame import run_rank
 from hvdscale.trainer.loop import LoopPlan, TimelineWindow, train_epochs
-from hvdscale.trainer.step import Optimiser, Steps
+from hvdscale.trainer.placement import GpuDemand, affinity, cuda_visible_devices
+from hvdscale.trainer.protocols import Optimiser, Steps
 from hvdscale.trainer.utilisation import NullSampler, UtilisationSampler
 from hvdscale.trainer.worker import WorkerInfo
 

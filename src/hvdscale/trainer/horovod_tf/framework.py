@@ -20,11 +20,11 @@ from pathlib import Path
 from hvdscale.matrix import backends
 from hvdscale.record.labelproof import prove
 from hvdscale.slurm.threads import threads_for_rank
-from hvdscale.trainer.device import GpuDemand, bind_cpus, pin_device
 from hvdscale.trainer.horovod_tf.optim import Optimisation
 from hvdscale.trainer.horovod_tf.step import build_step_program
 from hvdscale.trainer.horovod_tf.xla_cache import cache_for_device, use_xla_cache
 from hvdscale.trainer.loop import TimelineWindow
+from hvdscale.trainer.placement import GpuDemand, bind_cpus, pin_device
 from hvdscale.trainer.rank import Started
 from hvdscale.trainer.worker import WorkerInfo, detect_launcher, launcher_rank_env
 

@@ -11,7 +11,7 @@ Two independent choices shape the step, each an object instead of a flag:
 
 ``StepProgram`` compiles one ``tf.function`` per clock (timed and plain) for its source;
 one call runs n optimizer steps in a graph loop. Its host side is the interface the epoch
-loop drives (``trainer.step.Steps``). Every Horovod-specific line is marked
+loop drives (``trainer.protocols.Steps``). Every Horovod-specific line is marked
 ``# HVD:``. No TensorFlow import at module level (the workflow env imports the package).
 """
 
@@ -27,7 +27,7 @@ from hvdscale.matrix import backends
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.horovod_tf.xla_cache import CacheWatch
-from hvdscale.trainer.step import EVAL_BATCH
+from hvdscale.trainer.protocols import EVAL_BATCH
 from hvdscale.trainer.worker import WorkerInfo
 
 

@@ -1,5 +1,5 @@
 """Where a torch-ddp rank computes: with the ``nccl`` backend, and with ``gloo`` on a
-partition with GPUs, the GPU the Horovod trainer would pin (``trainer.device.gpu_for_rank``:
+partition with GPUs, the GPU the Horovod trainer would pin (``trainer.placement.gpu_for_rank``:
 ``cuda:{LOCAL_RANK}`` when the rank sees several GPUs, ``cuda:0`` when SLURM bound one GPU
 to the task); the CPU with ``gloo`` on a CPU partition (or one whose GPUs are emulated);
 and the device helpers the steps need (``synchronize`` at timing boundaries, the record's
@@ -7,7 +7,7 @@ device name).
 
 ``choose_device`` is a pure function of the backend, the local rank, what torch finds
 (``CudaFacts``: a CUDA build, the number of visible GPUs, CUDA_VISIBLE_DEVICES) and what
-the partition asks (``trainer.device.GpuDemand``) that returns the device's name
+the partition asks (``trainer.placement.GpuDemand``) that returns the device's name
 (``torch.device(name)``), so that it and its errors are tested on a CPU without torch;
 torch is imported only by the helpers that need it.
 """
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdscale.errors import UserError
-from hvdscale.trainer.device import GpuDemand, framework_sees, gpu_for_rank, gpu_label
+from hvdscale.trainer.placement import GpuDemand, framework_sees, gpu_for_rank, gpu_label
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CudaFacts:
         )
 
     def sees(self) -> str:
-        """What torch reports about its GPUs (``trainer.device.framework_sees``)."""
+        """What torch reports about its GPUs (``trainer.placement.framework_sees``)."""
         return framework_sees(
             f"torch {self.torch_version}",
             self.count if self.available else 0,
@@ -130,7 +130,7 @@ def _no_sync() -> None:
 
 def device_label(device, env: Mapping[str, str] | None = None) -> str:
     """The record's name of the device (a torch.device), as the Horovod trainer writes it
-    (``trainer.device.gpu_label``: ``GPU:{id} ({name})`` with the node's id of the GPU, from
+    (``trainer.placement.gpu_label``: ``GPU:{id} ({name})`` with the node's id of the GPU, from
     CUDA_VISIBLE_DEVICES in ``env``, this process's environment by default) or ``CPU:0``
     (``labelproof`` counts GPU vs CPU by the prefix)."""
     if device.type == "cuda":

@@ -26,12 +26,16 @@ import torch.distributed
 from hvdscale.errors import UserError
 from hvdscale.record.labelproof import prove
 from hvdscale.slurm.threads import threads_for_rank
-from hvdscale.trainer.device import GpuDemand, bind_cpus
+from hvdscale.trainer.placement import GpuDemand, bind_cpus
 from hvdscale.trainer.rank import Started
 from hvdscale.trainer.torch_ddp.device import CudaFacts, choose_device, device_label
 from hvdscale.trainer.torch_ddp.dist import TorchWorker, detect_torch_launcher, torch_rank_env
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
-from hvdscale.trainer.torch_ddp.speed import check_precision, compile_mode, use_compile_cache
+from hvdscale.trainer.torch_ddp.precision_compile import (
+    check_precision,
+    compile_mode,
+    use_compile_cache,
+)
 from hvdscale.trainer.torch_ddp.step import TorchStepProgram
 
 NAME = "torch-ddp"

@@ -1,5 +1,5 @@
 """The training steps and evaluation of one torch-ddp rank, behind the host interface of a
-step program (``hvdscale.trainer.step.Steps``: ``start_epoch``, ``run_steps``,
+step program (``hvdscale.trainer.protocols.Steps``: ``start_epoch``, ``run_steps``,
 ``epoch_results``, ``grad_sq``, ``val_sse``, ``test_sse``, ``warm_up``, ``n_local``), so
 that the epoch loop of ``hvdscale.trainer.loop`` drives it as it drives the Horovod one.
 
@@ -69,10 +69,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
-from hvdscale.trainer.step import EVAL_BATCH
+from hvdscale.trainer.protocols import EVAL_BATCH
 from hvdscale.trainer.torch_ddp.device import synchronizer
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
-from hvdscale.trainer.torch_ddp.speed import (
+from hvdscale.trainer.torch_ddp.precision_compile import (
     autocast,
     cache_counts,
     compile_cache_facts,
@@ -197,8 +197,8 @@ class TorchStepProgram:
         self.device = getattr(worker, "device", None) or torch.device("cpu")
         self.sync = synchronizer(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        # issue 32: the step's arithmetic and compilation (trainer.torch_ddp.speed); DDP
-        # wraps the compiled network (the speed module says why not the other way round)
+        # issue 32: the step's arithmetic and compilation (torch_ddp.precision_compile); DDP
+        # wraps the compiled network (precision_compile says why not the other way round)
         self.precision = training.get("precision", "fp32")
         self.compile = training.get("compile", "off")
         set_matmul_precision(self.precision)
@@ -362,7 +362,7 @@ class TorchStepProgram:
         are dropped (weights, optimizer state and loss scale stay as they were; every
         rank runs them, so the allreduces pair up). Eager: nothing. The record's config
         gets the compile cache's hits and misses of this compilation and its folder
-        (``speed.compile_cache_facts``)."""
+        (``precision_compile.compile_cache_facts``)."""
         if self.model is self.net:
             return
         before = cache_counts()

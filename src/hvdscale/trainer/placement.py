@@ -1,5 +1,6 @@
-"""Where this rank runs: its local rank (from the launcher's environment), its CPU cores,
-and its TensorFlow device. All of it happens before any TensorFlow op runs.
+"""Where this rank runs (its placement): its local rank (from the launcher's
+environment), its CPU cores, and its TensorFlow device. All of it happens before any
+TensorFlow op runs.
 
 ``gpu_for_rank`` (which visible GPU a rank uses), ``visible_gpu_id`` and ``gpu_label`` (the
 record's name of it) are pure and framework-free: the torch-ddp trainer's device choice
