@@ -8,11 +8,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from conftest_train import (
     PARTITIONS,
     TRAIN_PY,
@@ -21,6 +24,8 @@ from conftest_train import (
     needs_train_env,
     write_config,
 )
+from required_layers import require_layer
+from slurm_support import horovod_skip_reason
 
 from hvdscale.config.load import validate_config
 from hvdscale.launch.preflight import check_gpus
@@ -189,3 +194,93 @@ def test_an_unreadable_data_directory_fails_before_any_rank_starts(tmp_path, sma
     assert [c["name"] for c in rec["checks"]] == ["modules", "data"]  # no rank started
     r, rec = preflight(tmp_path, config(), tmp_path / "not-mounted")
     assert r.returncode == 1 and "not-mounted/manifest.json is not readable" in r.stderr
+
+
+# --------------------------------------------------------------------------- workflow
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "results-test-preflight"
+# one real training run (absolute target: no calibration; one worker: no allreduce sweep)
+STUDY = {
+    "training": {"max_epochs": 1, "warmup_epochs": 0, "target": {"mode": "absolute", "value": 10}},
+    "scaling": {
+        "sweeps": [
+            {
+                "name": "preflight",
+                "partitions": ["local"],
+                "workers": [1],
+                "backends": ["mpi"],
+                "batch_sizes": [75],
+                "lr_rules": ["none"],
+            }
+        ]
+    },
+}
+RUN = "local_mpi_n1_w1_b75_lrnone_r0"
+
+
+def snakemake(*args, study: dict = STUDY) -> subprocess.CompletedProcess:
+    (ROOT / RESULTS / "study.yaml").write_text(yaml.safe_dump(study))
+    env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE"}
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--configfile"]
+        + [".test/config/config.yaml", f"{RESULTS}/study.yaml"]
+        + ["--config", f"results_dir={RESULTS}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,  # a hang guard for a loaded machine, not a tolerance
+    )
+
+
+def planned(text: str, rule: str) -> int:
+    """How many jobs of ``rule`` a dry run's job table lists (0 when none)."""
+    m = re.search(rf"^{rule}\s+(\d+)$", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+@pytest.fixture(scope="module")
+def finished_study():
+    """A finished study (real Snakemake, real training, the local partition's preflight)."""
+    require_layer("horovod", horovod_skip_reason())
+    res = ROOT / RESULTS
+    shutil.rmtree(res, ignore_errors=True)
+    res.mkdir()
+    out = snakemake()
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    yield res
+    shutil.rmtree(res, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_the_preflight_gates_runs_to_train_and_never_retrains_a_finished_one(finished_study):
+    res = finished_study
+    rec = json.loads((res / "preflight" / "local.json").read_text())
+    assert rec["ok"] and [c["name"] for c in rec["checks"]][-1] == "allreduce horovod-tf mpi"
+    print(f"local preflight: {rec['seconds']:.1f} s inside the job")  # the README's figure
+    # the report's system section shows it
+    text = subprocess.run(
+        ["pdftotext", str(res / "report.pdf"), "-"], capture_output=True, text=True
+    ).stdout
+    assert "Preflight of partition local: passed" in text, text[-3000:]
+    assert "allreduce horovod-tf mpi" in text and "153,441 float32 in" in text
+    # the preflight is no input of the finished run: deleting it, or repeating it,
+    # trains nothing again (a study from before the preflight is in the same state)
+    (res / "preflight" / "local.json").unlink()
+    dry = snakemake("-n")
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0, text[-4000:]
+    assert planned(text, "train_run") == 0 and planned(text, "preflight_partition") == 0, text
+    # a new run on the partition: the preflight runs first, and only the new run trains
+    more = copy.deepcopy(STUDY)
+    more["scaling"]["sweeps"][0]["batch_sizes"] = [75, 150]
+    dry = snakemake("-n", study=more)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0, text[-4000:]
+    assert planned(text, "preflight_partition") == 1 and planned(text, "train_run") == 1, text
+    assert f"run_id={RUN}" not in text, text  # the finished run: no job at all
+    forced = snakemake("-n", "--forcerun", "preflight_partition", study=more)
+    text = forced.stdout + forced.stderr
+    assert planned(text, "train_run") == 1, text

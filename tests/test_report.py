@@ -571,8 +571,53 @@ def test_report_has_a_system_description_per_partition(tmp_path):
     for k in ("runs", "summary", "status", "costmodel"):
         args += [f"--{k}", str(out[k])]
     args += ["--plots-dir", str(out["plots"]), "--systems", str(systems), "--out", str(report)]
-    assert main(args) == 0
+    # each partition's preflight record (hvdscale preflight): one passed, one failed
+    check = {"ok": True, "seconds": 0.1}
+    passed = {
+        "partition": "local",
+        "ok": True,
+        "node": "vm",
+        "nodes": 1,
+        "launcher": "mpirun",
+        "seconds": 9.5,
+        "checks": [
+            {**check, "name": "gpus", "detail": "CPU partition: no GPU expected"},
+            {**check, "name": "allreduce horovod-tf gloo", "detail": "153,441 float32 in 2.10 ms"},
+        ],
+    }
+    failed = {
+        **passed,
+        "partition": "alpha",
+        "ok": False,
+        "emulated_gpus": True,
+        "checks": [
+            {
+                **check,
+                "name": "gpus",
+                "ok": False,
+                "detail": "node node1 declares GPUs of type a100, gpu_model says H100",
+                "fix": "set scaling.partitions.alpha.gpu_model to the nodes' GPU (A100)",
+            }
+        ],
+    }
+    pre = []
+    for rec in (passed, failed):
+        pre.append(tmp_path / f"{rec['partition']}.json")
+        pre[-1].write_text(json.dumps(rec))
+    assert main([*args, "--preflight", *map(str, pre)]) == 0
     text = pdf_text(report)
+    for needle in (
+        "Preflight of partition alpha: failed at gpus",
+        "emulated GPUs (CPU)",
+        "declares GPUs of type a100",
+        "Fix: set scaling.partitions.alpha.gpu_model",
+        "Preflight of partition local: passed",
+        "153,441 float32 in 2.10 ms",
+    ):
+        assert needle in " ".join(text.split()), needle
+    assert main(args) == 0  # an archived study from before the preflight: none shown
+    text = pdf_text(report)
+    assert "Preflight" not in text
     n = len(run_table(cfg))
     for needle in (
         "System description",

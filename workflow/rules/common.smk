@@ -325,22 +325,50 @@ def job_threads(wildcards):
 # --------------------------------------------------------------------------- preflight
 
 
-def _preflight_file(partition):
-    """The partition's preflight JSON, ancient: a preflight run again (its params changed,
-    or --forcerun preflight_partition) retrains nothing; none for a partition without one."""
-    if partition not in PREFLIGHTS:
-        return []
-    return [ancient(f"{RESULTS}/preflight/{partition}.json")]
+def _after_preflight(partition, output):
+    """Wait for the partition's preflight (checkpoint preflight_partition) while
+    ``output`` is still to be made; no input file either way. The preflight is never in
+    the set of input files Snakemake records for a run, so a finished run never trains
+    again because of it: not in a study from before the preflight, not when a preflight
+    is repeated (its params changed, --forcerun) or its JSON is gone. A failed preflight
+    leaves the partition's jobs waiting: none of them is submitted."""
+    if partition in PREFLIGHTS and not os.path.exists(output):
+        checkpoints.preflight_partition.get(partition=partition)
+    return []
 
 
 def preflight_of_run(wildcards):
-    """The preflight of a train_run's partition: no run starts before it passed."""
-    return _preflight_file(parse_run_id(wildcards.run_id)["partition"])
+    """A train_run without its metrics.json starts after its partition's preflight."""
+    run = wildcards.run_id
+    partition = parse_run_id(run)["partition"]
+    return _after_preflight(partition, f"{RESULTS}/runs/{run}/metrics.json")
 
 
 def preflight_of_allreduce(wildcards):
-    """The preflight of a measure_allreduce job's partition."""
-    return _preflight_file(JOBS[wildcards.allreduce_id].partition)
+    """A measure_allreduce sweep not yet measured starts after its partition's preflight."""
+    job = wildcards.allreduce_id
+    return _after_preflight(JOBS[job].partition, f"{RESULTS}/allreduce/{job}.csv")
+
+
+def preflight_records(wildcards):
+    """The report's preflight JSONs: those present, and those of partitions whose runs or
+    sweeps are still to be made (their preflight runs first); a finished study from
+    before the preflight has none and needs none."""
+    pending = {
+        run.partition
+        for run in RUNS
+        if not os.path.exists(f"{RESULTS}/runs/{run.run_id}/metrics.json")
+    }
+    pending |= {
+        JOBS[job].partition
+        for job in ALLREDUCE
+        if not os.path.exists(f"{RESULTS}/allreduce/{job}.csv")
+    }
+    return [
+        f"{RESULTS}/preflight/{p}.json"
+        for p in PREFLIGHTS
+        if p in pending or os.path.exists(f"{RESULTS}/preflight/{p}.json")
+    ]
 
 
 def preflight_json(wildcards):

@@ -170,6 +170,8 @@ rule build_report:
         systems=f"{RESULTS}/scaling/systems.csv",
         headline=f"{RESULTS}/scaling/headline.csv",
         target=f"{RESULTS}/scaling/target.json",
+        # each partition's preflight (none for a finished study from before it)
+        preflight=preflight_records,
         plots=expand(f"{RESULTS}/plots/{{name}}.pdf", name=PLOTS),
         pngs=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
     output:
@@ -190,7 +192,7 @@ rule build_report:
         " --costmodel {input.costmodel} --plots-dir {params.plotsdir}"
         " --references {input.references} --epochs {input.epochs} --tuned {input.tuned}"
         " --systems {input.systems} --headline {input.headline} --target {input.target}"
-        " --out {output} > {log} 2>&1"
+        " --preflight {input.preflight} --out {output} > {log} 2>&1"
 
 
 # One archive of the finished study (not part of `all`): `make export`, or ask for

@@ -57,7 +57,10 @@ rule calibrate_target:
         " --out {output} > {log} 2>&1"
 
 
-rule preflight_partition:
+# A checkpoint: the partition's train_runs and allreduce sweeps that are still to be
+# made wait for it without taking its JSON as an input (common.smk: _after_preflight),
+# so a preflight run again, or missing, never retrains a finished run.
+checkpoint preflight_partition:
     # one short job per partition, on its compute node(s), with the train env and the
     # launcher of the runs: modules, data, imports, GPUs, each backend's allreduce
     input:
@@ -96,7 +99,7 @@ rule train_run:
         manifest=f"{RESULTS}/data/manifest.json",
         # the target validation loss (not for a calibration run, which sets it)
         target=target_of_run,
-        # the partition's preflight passed (rule preflight_partition)
+        # none: a run still to train waits for its partition's preflight to pass
         preflight=preflight_of_run,
     output:
         metrics=f"{RESULTS}/runs/{{run_id}}/metrics.json",
@@ -144,6 +147,7 @@ rule write_allreduce_config:
 rule measure_allreduce:
     input:
         config=f"{RESULTS}/config/allreduce/{{allreduce_id}}.json",
+        # none: waits for the partition's preflight while not yet measured
         preflight=preflight_of_allreduce,
     output:
         f"{RESULTS}/allreduce/{{allreduce_id}}.csv",

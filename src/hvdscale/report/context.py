@@ -27,6 +27,7 @@ class ReportData:
     systems: list[dict] | None = None  # systems.csv rows (analysis.systems); None: no section
     headline: pd.DataFrame | None = None  # headline.csv (analysis.tables.read_headline)
     target: dict | None = None  # target.json (hvdscale.target.read_target)
+    preflight: list[dict] | None = None  # results/preflight/*.json (launch.preflight)
 
     def figure(self, d, name: str) -> None:
         """Figure ``name`` of the registry (its PNG) with its caption."""

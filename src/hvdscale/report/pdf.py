@@ -7,6 +7,7 @@ The command line, with what it reads and writes in full, is ``hvdscale report``
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def build_report(
     systems=None,
     headline=None,
     target=None,
+    preflight=None,
 ) -> dict:
     """Typeset the report to ``out`` (atomically); returns the provenance info used."""
     info = collect(config_file=config_file, cfg=cfg, runs=runs, provenance=provenance)
@@ -121,6 +123,7 @@ def build_report(
         systems=systems,
         headline=headline,
         target=target,
+        preflight=preflight,
     )
     d = Doc()
     build_story(d, data)
@@ -176,6 +179,13 @@ def add_arguments(p):
     )
     p.add_argument(
         "--target", help="target.json of calibrate_target (without it: the config's target)"
+    )
+    p.add_argument(
+        "--preflight",
+        nargs="*",
+        default=[],
+        help="the partitions' preflight JSONs, results/preflight/*.json (optional: shown in "
+        "the system description)",
     )
     p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
 
@@ -245,6 +255,7 @@ def run(args) -> int:
         provenance=prov,
         references=read_references(args.references),
         systems=read_systems(args.systems),
+        preflight=[json.loads(Path(f).read_text()) for f in args.preflight] or None,
         **inputs,
     )
     print(f"report: wrote {args.out}")
