@@ -379,8 +379,8 @@ def test_calibration_figure_shows_each_run_flat_or_not_and_the_target():
     import matplotlib.pyplot as plt
 
     from hvdscale.analysis.view import NoData
-    from hvdscale.figures.accuracy import fig_calibration
     from hvdscale.figures.registry import BY_NAME, in_section
+    from hvdscale.figures.time_to_target import fig_calibration
     from hvdscale.target import FLAT_GAIN, last_quarter_gain
 
     assert BY_NAME["calibration"] in in_section("accuracy")  # the PDF report shows it there

@@ -302,7 +302,7 @@ def test_framework_panels_compare_the_same_backend(tmp_path):
 
     matplotlib.use("Agg")
     from hvdscale.analysis.view import framework_panels
-    from hvdscale.figures.accuracy import fig_speedup_ttt
+    from hvdscale.figures.time_to_target import fig_speedup_ttt
     from hvdscale.figures.training import fig_loss_vs_time
 
     F.write_two_framework_study(tmp_path, small_config(repeats=1), epochs=6)
@@ -319,7 +319,7 @@ def test_tuning_heat_map_has_a_panel_per_framework(tmp_path):
 
     matplotlib.use("Agg")
     from hvdscale.analysis.view import framework_panels
-    from hvdscale.figures.accuracy import fig_tune_heatmap
+    from hvdscale.figures.time_to_target import fig_tune_heatmap
 
     raw = yaml.safe_load((PROJECT_ROOT / "config" / "config.yaml").read_text())
     raw["scaling"]["sweeps"] = [raw["scaling"]["sweeps"][1]]  # gloo only

@@ -220,7 +220,7 @@ def test_select_tuned_on_a_simulated_study_and_its_figures(tmp_path):
     matplotlib.use("Agg", force=True)
     from hvdscale.analysis.headline import headline
     from hvdscale.analysis.references import references_of
-    from hvdscale.figures.accuracy import fig_speedup_ttt, fig_tune_heatmap, tuned_points
+    from hvdscale.figures.time_to_target import fig_speedup_ttt, fig_tune_heatmap, tuned_points
 
     fig_tune_heatmap(agg.runs, agg.summary, agg.epochs, None, references_of(None))
     head = headline(everything, tuned)
@@ -304,7 +304,7 @@ def test_the_ttt_figure_plots_the_tuned_rows_of_the_headline():
     """Figure 1's tuned series is the headline table's: tuned 2 workers against tuned 1
     worker; a sweep that tunes 2 workers only has no tuned point."""
     from hvdscale.analysis.headline import headline
-    from hvdscale.figures.accuracy import tuned_points
+    from hvdscale.figures.time_to_target import tuned_points
 
     rows = []
     for w, e in ((1, 1.0), (2, 0.5)):

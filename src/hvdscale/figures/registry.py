@@ -86,25 +86,25 @@ FIGURES = (
     Figure(
         "calibration",
         "Calibration runs' validation loss",
-        "hvdscale.figures.accuracy:fig_calibration",
+        "hvdscale.figures.time_to_target:fig_calibration",
         "accuracy",
     ),
     Figure(
         "speedup_ttt",
         "Speedup at equal accuracy",
-        "hvdscale.figures.accuracy:fig_speedup_ttt",
+        "hvdscale.figures.time_to_target:fig_speedup_ttt",
         "accuracy",
     ),
     Figure(
         "tune_heatmap",
         "Learning-rate re-tuning: best validation loss",
-        "hvdscale.figures.accuracy:fig_tune_heatmap",
+        "hvdscale.figures.time_to_target:fig_tune_heatmap",
         "accuracy",
     ),
     Figure(
         "costmodel",
         "Ring-allreduce cost model: measured vs predicted",
-        "hvdscale.figures.costmodel:fig_costmodel",
+        "hvdscale.figures.costmodel_figure:fig_costmodel",
         "costmodel",
     ),
 )
