@@ -51,8 +51,9 @@ Modes:
 
 Emulated partition (--nodes 2 --emulate alpha; issue 12):
            node1 and node2 are declared as Taurus "alpha" nodes, the partition
-           alpha of config/thesis.yaml: Gres=gpu:8, CPUs=48, RealMemory=990000 per
-           node (override with HVD_SLURM_EMULATE_GPUS/_CPUS/_MEM_MB), accepted by
+           alpha of config/thesis.yaml: Gres=gpu:a100:8 (typed, as a site declares
+           its A100s), CPUs=48, RealMemory=990000 per node (override with
+           HVD_SLURM_EMULATE_GPUS/_GPU_TYPE/_CPUS/_MEM_MB), accepted by
            slurmd through SlurmdParameters=config_overrides. The GPUs are gres
            entries whose File= are character devices made with
            `mknod <dir>/dev/nvidiaN c 1 3` (SLURM rejects regular files: "not a
@@ -99,8 +100,9 @@ Environment:
                          (default 10.213.0); used only on the veths created here
   HVD_SLURM_MEM_HEADROOM_MB  memory left to the machine (default 2048)
   HVD_SLURM_TIMEOUT      seconds to wait for daemons/nodes (default 60)
-  HVD_SLURM_EMULATE_GPUS / HVD_SLURM_EMULATE_CPUS / HVD_SLURM_EMULATE_MEM_MB
-                         per-node hardware of --emulate alpha (8 / 48 / 990000)
+  HVD_SLURM_EMULATE_GPUS / HVD_SLURM_EMULATE_GPU_TYPE / HVD_SLURM_EMULATE_CPUS /
+  HVD_SLURM_EMULATE_MEM_MB
+                         per-node hardware of --emulate alpha (8 / a100 / 48 / 990000)
 
 Requires: root; Debian packages slurm-wlm munge (and iproute2 util-linux for
 --nodes 2). Missing packages are named with the exact apt-get line.
@@ -124,6 +126,7 @@ BRIDGE=hvdbr0
 HOSTS_MARK="# hvdscale-slurm-local"
 # issue 12: emulated thesis partition (--emulate alpha)
 EMU_GPUS="${HVD_SLURM_EMULATE_GPUS:-8}"
+EMU_GPU_TYPE="${HVD_SLURM_EMULATE_GPU_TYPE:-a100}"
 EMU_CPUS="${HVD_SLURM_EMULATE_CPUS:-48}"
 EMU_MEM_MB="${HVD_SLURM_EMULATE_MEM_MB:-990000}"
 
@@ -268,9 +271,10 @@ NodeName=node2 NodeHostname=node2 NodeAddr=$SUBNET.12 CPUs=1 RealMemory=$mem_mb 
             [[ -c "$DIR/dev/nvidia$i" ]] || { rm -f "$DIR/dev/nvidia$i"; mknod "$DIR/dev/nvidia$i" c 1 3; }
         done
         gres_types="GresTypes=gpu"
-        node_lines="NodeName=node1 NodeHostname=node1 NodeAddr=$SUBNET.11 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPUS State=UNKNOWN
-NodeName=node2 NodeHostname=node2 NodeAddr=$SUBNET.12 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPUS State=UNKNOWN"
-        printf 'AutoDetect=off\nNodeName=node[1-2] Name=gpu File=%s/dev/nvidia[0-%d]\n' "$DIR" "$last" >"$DIR/etc/gres.conf"
+        node_lines="NodeName=node1 NodeHostname=node1 NodeAddr=$SUBNET.11 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPU_TYPE:$EMU_GPUS State=UNKNOWN
+NodeName=node2 NodeHostname=node2 NodeAddr=$SUBNET.12 CPUs=$EMU_CPUS RealMemory=$EMU_MEM_MB Gres=gpu:$EMU_GPU_TYPE:$EMU_GPUS State=UNKNOWN"
+        printf 'AutoDetect=off\nNodeName=node[1-2] Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n' \
+            "$EMU_GPU_TYPE" "$DIR" "$last" >"$DIR/etc/gres.conf"
         partitions="$partitions
 PartitionName=alpha Nodes=ALL MaxTime=INFINITE State=UP"
     fi

@@ -83,6 +83,11 @@ def test_one_preflight_per_partition_laid_out_like_its_runs():
     assert alpha.node_hours == pytest.approx(2 * 10 / 60)
     # 1-node runs only: a 1-node preflight
     assert preflights(validate_config(config(alpha_workers=[1, 8])))["alpha"].nodes == 1
+    # what it checks against is in its params: an edited gpu_model repeats it
+    h100 = config(backends=("mpi", "gloo"), alpha_workers=[1, 16], gpu_model="H100")
+    other = preflights(validate_config(h100))
+    assert other["alpha"].slice() != alpha.slice() and other["local"].slice() == local.slice()
+    assert alpha.slice()["partition_config"]["gpu_model"] == "A100"
 
 
 def test_a_node_declares_its_gpus_in_its_gres():

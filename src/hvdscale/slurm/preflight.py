@@ -36,6 +36,8 @@ class Preflight:
     nodes: int  # 1, or 2 when the partition's runs span nodes
     checks: tuple[tuple[str, str], ...]  # (framework, backend) pairs, sorted
     job: JobSpec  # the layout of the first pair (the rule's SLURM resources)
+    #: what else it checks against: the partition's keys, the train env, the launcher
+    settings: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def layout(self, framework: str, backend: str) -> JobSpec:
         """The 2-rank job of one (framework, backend) pair: the same nodes and resources."""
@@ -51,12 +53,14 @@ class Preflight:
         return self.job.total_gpus * (self.job.runtime_min or 0) / 60
 
     def slice(self) -> dict:
-        """What the preflight depends on (a rule's params: editing anything else keeps it)."""
+        """What the preflight depends on (a rule's params: editing it repeats the
+        preflight, which retrains nothing; editing anything else keeps it)."""
         return {
             "partition": self.partition,
             "nodes": self.nodes,
             "checks": [list(c) for c in self.checks],
             "resources": self.job.slurm_resources(1),
+            **self.settings,
         }
 
 
@@ -82,7 +86,12 @@ def preflights(cfg: dict) -> dict[str, Preflight]:
         )
         minutes = min(job.runtime_min or PREFLIGHT_MINUTES, PREFLIGHT_MINUTES)
         job = dataclasses.replace(job, runtime_min=minutes, runtime_min_retry=None, signal=None)
-        out[part] = Preflight(part, nodes, checks, job)
+        settings = {
+            "partition_config": pcfg,
+            "environment": cfg.get("environment", {}),
+            "launcher": cfg["training"]["launcher"],
+        }
+        out[part] = Preflight(part, nodes, checks, job, settings)
     return out
 
 
