@@ -178,7 +178,7 @@ def test_gloo_always_starts_with_horovodrun(launcher, monkeypatch):
     with pytest.raises(UserError, match="horovodrun"):
         controller_for(launcher, "gloo")
     # inside a SLURM allocation of two nodes the hosts come from the allocation
-    monkeypatch.setattr("hvdscale.slurm.rendezvous.slurm_hostnames", lambda: ["c1", "c2"])
+    monkeypatch.setattr("hvdscale.slurm.slots.slurm_hostnames", lambda: ["c1", "c2"])
     s = spec(launcher, "gloo", workers=4, nodes=2, wpn=2)
     assert s.argv[s.argv.index("-H") + 1] == "c1:2,c2:2"
 

@@ -17,7 +17,7 @@ from hvdscale.errors import UserError
 from hvdscale.matrix import backends
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.record.startup import stamp_env
-from hvdscale.slurm import rendezvous, site, timelimit
+from hvdscale.slurm import rendezvous, site, slots, timelimit
 from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.slurm.threads import threads_for_rank
 
@@ -313,7 +313,7 @@ def _launch_env(
     )
     # the allocation's node list for the run record (HVDSCALE_SLURM_NODELIST: the plugin's
     # job step strips SLURM_JOB_NODELIST)
-    env.update(rendezvous.rank_env_from_slurm())
+    env.update(slots.rank_env_from_slurm())
     env.update(site.nccl_env(training))  # NCCL_* from training.nccl, every launcher
     # SIGUSR1 from the launcher before the time limit (hvdscale.slurm.timelimit)
     env.update(timelimit.launch_env(training, out_dir, job.workers))
@@ -419,7 +419,7 @@ def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:
     elif job.nodes == 1:
         names = ["localhost"]
     else:
-        names = rendezvous.slurm_hostnames()
+        names = slots.slurm_hostnames()
         if not names:
             raise UserError(
                 f"{job.nodes} nodes but no host list: run inside a SLURM allocation "
@@ -432,8 +432,8 @@ def hosts_argument(job: JobSpec, hosts: list[str] | None) -> str:
         )
     out, left = [], job.workers
     for h in names[: job.nodes]:
-        h, _, slots = h.partition(":")
-        n = min(left, int(slots) if slots else job.workers_per_node)
+        h, _, given = h.partition(":")
+        n = min(left, int(given) if given else job.workers_per_node)
         out.append(f"{h}:{n}")
         left -= n
     if left > 0:
