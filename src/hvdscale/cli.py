@@ -23,6 +23,7 @@ from hvdscale.config.load import config_hash, data_section, load_config, validat
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
 from hvdscale.matrix.runtable import run_table
+from hvdscale.workload.base import check_workload, is_default
 
 # name -> (module or "module:name", one-line help). The order is the pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,16 +44,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write the validated config (or its data section) as JSON",
     ),
     "generate-shard": (
-        "hvdscale.data.generate",
-        "generate one shard of synthetic stress-strain curves",
+        "hvdscale.workload.shards:generate",
+        "generate one shard of the workload's samples (stress-strain: synthetic curves)",
     ),
     "validate-shard": (
-        "hvdscale.data.validate",
-        "validate a generated shard with pandera (every sample)",
+        "hvdscale.workload.shards:validate",
+        "validate a generated shard (stress-strain: with pandera, every sample)",
     ),
     "split-dataset": (
-        "hvdscale.data.split",
+        "hvdscale.workload.shards:split",
         "split validated shards into train/val/test HDF5 shards + manifest.json",
+    ),
+    "import-data": (
+        "hvdscale.workload.shards:import",
+        "convert your own arrays (NumPy .npz or HDF5) into the sharded, checksummed format",
     ),
     "check-data": (
         "hvdscale.data.check",
@@ -210,14 +215,19 @@ def add_check_config_arguments(p):
 
 
 def run_check_config(args) -> int:
-    """Validate a config file (schema, defaults, cross-key checks) and print its run table."""
+    """Validate a config file (schema, defaults, cross-key checks, the workload: it imports,
+    gives every part and its first samples match its declared shapes) and print its run
+    table."""
     cfg = load_config(args.config)
+    wl = check_workload(cfg)
     runs = run_table(cfg)
     if not args.quiet:
         for r in runs:
             print(
                 f"{r.run_id}\tnodes={r.nodes}\tworkers={r.workers}\tglobal_batch={r.global_batch}"
             )
+    if not is_default(cfg):
+        print(wl.describe(cfg))
     print(f"{args.config}: valid; {len(runs)} training runs; config hash {config_hash(cfg)[:12]}")
     return 0
 

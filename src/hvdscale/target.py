@@ -43,6 +43,7 @@ from hvdscale.config.load import load_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.io import read_json_object, write_json_atomic
 from hvdscale.matrix.runtable import calibration_runs
+from hvdscale.workload.base import METRICS, VAL_LOSS, Metric, workload_for
 
 TARGET_JSON = Path("results/scaling/target.json")
 TOO_LOOSE = "target too loose: time to target not informative"
@@ -82,6 +83,9 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
     has no record, did not complete, or has no validation loss.
     """
     tgt = cfg["training"]["target"]
+    metric = workload_for(cfg).metric
+    if metric is not VAL_LOSS:
+        return _calibrate_metric(cfg, records, metric)
     if tgt["mode"] == "absolute":
         return {
             "mode": "absolute",
@@ -130,6 +134,44 @@ def calibrate_target(cfg: dict, records: dict[str, dict]) -> dict:
         "median_best_val_loss": median,
         "last_quarter_gains": gains,
         "calibration_epochs": epochs,
+    }
+
+
+def _calibrate_metric(cfg: dict, records: dict[str, dict], metric: Metric) -> dict:
+    """``calibrate_target`` of a workload whose target is on another metric (a validation
+    accuracy): absolute, or (1 - x/100) x the median best value of the calibration runs.
+    target.json names the metric and the workload."""
+    tgt = cfg["training"]["target"]
+    spec = {
+        "mode": tgt["mode"],
+        "metric": metric.key,
+        "workload": workload_for(cfg).name,
+        "calibration_runs": [],
+        "best_val_losses": [],
+        "median_best_val_loss": None,
+    }
+    if tgt["mode"] == "absolute":
+        return {**spec, "value": float(tgt["value"]), "percent": None}
+    run_ids = [r.run_id for r in calibration_runs(cfg)]
+    bests = []
+    for rid in run_ids:
+        rec = records.get(rid)
+        if rec is None or rec.get("status") != "completed":
+            raise UserError(f"calibration run {rid}: no completed record; run it again")
+        best = metric.best(e.get(metric.key) for e in rec.get("epochs") or [])
+        if best is None:
+            raise UserError(f"calibration run {rid}: no finite {metric.name} in its epochs")
+        bests.append(best)
+    median = float(statistics.median(bests))
+    percent = float(tgt["value"])
+    return {
+        **spec,
+        "value": (1.0 - percent / 100.0) * median,
+        "percent": percent,
+        "calibration_runs": run_ids,
+        "best_values": bests,
+        "median_best_value": median,
+        "calibration_epochs": [len(records[r].get("epochs") or []) for r in run_ids],
     }
 
 
@@ -223,8 +265,15 @@ def read_target(path: str | Path) -> dict:
         raise UserError(
             f"{what}: value must be a positive number (a validation loss), got {spec['value']!r}"
         )
+    if spec.get("metric", "val_loss") not in METRICS:
+        raise UserError(
+            f"{what}: metric must be one of {', '.join(METRICS)}, got {spec['metric']!r}"
+        )
     if spec["mode"] == "calibrated" and not (
-        _finite(spec["percent"]) and _finite(spec["median_best_val_loss"])
+        _finite(spec["percent"])
+        and _finite(
+            spec["median_best_val_loss"] if "metric" not in spec else spec.get("median_best_value")
+        )
     ):
         raise UserError(
             f"{what}: a calibrated target needs numbers percent and median_best_val_loss"
@@ -251,6 +300,9 @@ def _loss(x) -> str:
 def describe(spec: dict) -> str:
     """The target in words (the report's one wording): target.json, or the config's
     target before calibration."""
+    metric = METRICS.get(spec.get("metric") or "val_loss", VAL_LOSS)
+    if metric is not VAL_LOSS:
+        return _describe_metric(spec, metric)
     value = spec.get("value")
     if not _finite(value):
         return "validation loss target not set"
@@ -271,6 +323,24 @@ def describe(spec: dict) -> str:
     return f"validation loss {_loss(value)} (absolute, set in the config)"
 
 
+def _describe_metric(spec: dict, metric: Metric) -> str:
+    """A target on another metric than the validation loss, in its units."""
+    value = spec.get("value")
+    if not _finite(value):
+        return f"{metric.name} target not set"
+    text = (
+        f"{metric.name} {_loss(value)} or better ({metric.units}; {spec.get('workload')} workload)"
+    )
+    runs = spec.get("calibration_runs")
+    if spec.get("mode") == "calibrated" and runs and _finite(spec.get("median_best_value")):
+        return (
+            f"{text} = (1 - {spec['percent']:g} %) x {_loss(spec['median_best_value'])}, the "
+            f"median best {metric.name} of {len(runs)} calibration run"
+            f"{'s' if len(runs) != 1 else ''} (1 worker, {_trained(spec)}, target not applied)"
+        )
+    return f"{text}, absolute, set in the config"
+
+
 def _trained(spec: dict) -> str:
     """How long the calibration runs trained, in words (target.json's calibration_epochs,
     absent from files written before it)."""
@@ -278,22 +348,26 @@ def _trained(spec: dict) -> str:
     return f"trained {', '.join(map(str, eps))} epochs" if eps else "long budget"
 
 
-def first_epoch_at(epochs: list[dict], target: float | None) -> tuple[int, dict] | None:
-    """(index, epoch) of the first epoch whose validation loss is <= target; None where
-    none is (or there is no target)."""
+def first_epoch_at(
+    epochs: list[dict], target: float | None, metric: Metric = VAL_LOSS
+) -> tuple[int, dict] | None:
+    """(index, epoch) of the first epoch whose validation loss is <= target (a
+    classifier's ``metric``: whose validation accuracy is >= target); None where none is
+    (or there is no target)."""
     if target is None or not _finite(target):
         return None
     for i, ep in enumerate(epochs):
-        vl = ep.get("val_loss")
-        if _finite(vl) and vl <= target:
+        if metric.reached(ep.get(metric.key), target):
             return i, ep
     return None
 
 
-def time_to(epochs: list[dict], target: float | None) -> tuple[float | None, int | None, bool]:
+def time_to(
+    epochs: list[dict], target: float | None, metric: Metric = VAL_LOSS
+) -> tuple[float | None, int | None, bool]:
     """(time to target, its epoch, met in the warm-up) of one run's epochs (in order):
     the epoch's ``elapsed_s``; (None, None, False) where the run never reaches it."""
-    hit = first_epoch_at(epochs, target)
+    hit = first_epoch_at(epochs, target, metric)
     if hit is None:
         return None, None, False
     i, ep = hit
@@ -337,7 +411,9 @@ def run(args) -> int:
     cfg = load_config(args.config)
     tgt = calibrate_target(cfg, read_records(args.records))
     write_json_atomic(args.out, tgt)
-    if tgt["mode"] == "absolute":
+    if tgt.get("metric"):
+        msg = describe(tgt)
+    elif tgt["mode"] == "absolute":
         msg = f"absolute target validation loss {tgt['value']:.6g}"
     else:
         msg = (

@@ -36,6 +36,7 @@ from hvdscale.slurm.partitions import slurm_partition_problem
 from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
 from hvdscale.launch.launchspec import default_train_python
 from hvdscale.slurm.preflight import preflights
+from hvdscale.workload.base import check_workload
 
 # scaling.tune: null (an overlay removing the tuning sweep of the config it extends)
 # means no tuning sweep; Snakemake's validate() fills defaults only into mappings
@@ -44,6 +45,8 @@ if isinstance(config.get("scaling"), dict) and config["scaling"].get("tune", {})
 
 try:
     CFG = validate_config(config)
+    # the workload imports, gives every part, and its samples match its declared shapes
+    check_workload(CFG)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

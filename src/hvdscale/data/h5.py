@@ -89,8 +89,13 @@ def read_attrs(fh: h5py.File) -> dict:
 
 
 def check_layout(fh: h5py.File, path: str | Path, n_points: int | None = None) -> int:
-    """Check datasets, dtypes, shapes and required attributes; return the sample count."""
+    """Check datasets, dtypes, shapes and required attributes; return the sample count.
+
+    A shard of another workload than stress-strain carries its layout (attribute
+    ``layout_json``: sample and label shapes and dtypes) and is checked against it."""
     path = Path(path)
+    if "layout_json" in fh.attrs:
+        return _check_declared_layout(fh, path)
     missing = [name for name in DATASETS if name not in fh]
     if missing:
         have = ", ".join(sorted(fh.keys())) or "none"
@@ -137,11 +142,53 @@ def check_layout(fh: h5py.File, path: str | Path, n_points: int | None = None) -
     return n
 
 
+def _check_declared_layout(fh: h5py.File, path: Path) -> int:
+    """``check_layout`` of a shard that declares its layout (``layout_json``)."""
+    lay = json.loads(_decode(fh.attrs["layout_json"]))
+    want = {
+        "curves": (np.dtype(lay["sample_dtype"]), tuple(lay["sample_shape"])),
+        "labels": (np.dtype(lay["label_dtype"]), tuple(lay["label_shape"])),
+        "sample_id": (np.dtype(np.int64), ()),
+    }
+    missing = [name for name in want if name not in fh]
+    if missing:
+        have = ", ".join(sorted(fh.keys())) or "none"
+        raise DataError(f"{path}: dataset(s) {', '.join(missing)} missing (has: {have})")
+    n = fh["curves"].shape[0] if fh["curves"].ndim else -1
+    for name, (dtype, shape) in want.items():
+        ds = fh[name]
+        if ds.dtype != dtype:
+            raise DataError(f"{path}: dataset '{name}' has dtype {ds.dtype}; expected {dtype}")
+        if tuple(ds.shape) != (n, *shape):
+            raise DataError(
+                f"{path}: dataset '{name}' has shape {ds.shape}; expected {(n, *shape)}"
+            )
+    version = _decode(fh.attrs.get("format_version"))
+    if version != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {version!r}; this hvdscale reads {FORMAT_VERSION}")
+    return n
+
+
+def _buffers(fh: h5py.File, n: int):
+    """Empty arrays for ``n`` rows of the shard's curves, labels and sample ids."""
+    return (
+        np.empty((n, *fh["curves"].shape[1:]), dtype=fh["curves"].dtype),
+        np.empty((n, *fh["labels"].shape[1:]), dtype=fh["labels"].dtype),
+        np.empty(n, dtype=np.int64),
+    )
+
+
 def inspect_shard(path: str | Path, n_points: int | None = None) -> dict:
     """Open and check a shard without reading the arrays: ``{"n", "n_points", "attrs"}``."""
     with open_h5(path) as fh:
         n = check_layout(fh, path, n_points)
-        return {"n": n, "n_points": fh["curves"].shape[1], "attrs": read_attrs(fh)}
+        return {
+            "n": n,
+            "n_points": fh["curves"].shape[1],
+            "attrs": read_attrs(fh),
+            "row_shapes": (fh["curves"].shape[1:], fh["labels"].shape[1:]),
+            "dtypes": (fh["curves"].dtype, fh["labels"].dtype),
+        }
 
 
 def _first_bad(mask: np.ndarray, ids: np.ndarray, k: int = 10) -> str:
@@ -151,7 +198,7 @@ def _first_bad(mask: np.ndarray, ids: np.ndarray, k: int = 10) -> str:
 def check_finite(path, curves: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> None:
     """Raise DataError naming the file and the first sample ids with NaN/inf values."""
     bad_c = ~np.isfinite(curves).reshape(len(curves), -1).all(axis=1)
-    bad_l = ~np.isfinite(labels).all(axis=1)
+    bad_l = ~np.isfinite(labels).reshape(len(labels), -1).all(axis=1)
     bad = bad_c | bad_l
     if bad.any():
         raise DataError(
@@ -169,9 +216,7 @@ def read_shard(path: str | Path, n_points: int | None = None, check: bool = True
     """
     with open_h5(path) as fh:
         n = check_layout(fh, path, n_points)
-        curves = np.empty(fh["curves"].shape, dtype=np.float32)
-        labels = np.empty((n, len(LABEL_NAMES)), dtype=np.float32)
-        ids = np.empty(n, dtype=np.int64)
+        curves, labels, ids = _buffers(fh, n)
         if n:
             fh["curves"].read_direct(curves)
             fh["labels"].read_direct(labels)
@@ -191,10 +236,11 @@ def read_shards(paths: Sequence[str | Path], n_points: int | None = None, check:
     for p, info in zip(paths, infos):
         if info["n_points"] != n_points:
             raise DataError(f"{p}: {info['n_points']} points per curve; {paths[0]} has {n_points}")
+    for p, info in zip(paths, infos):
+        if info["row_shapes"] != infos[0]["row_shapes"] or info["dtypes"] != infos[0]["dtypes"]:
+            raise DataError(f"{p}: sample or label layout differs from {paths[0]}")
     total = sum(i["n"] for i in infos)
-    curves = np.empty((total, n_points, len(CHANNEL_NAMES)), dtype=np.float32)
-    labels = np.empty((total, len(LABEL_NAMES)), dtype=np.float32)
-    ids = np.empty(total, dtype=np.int64)
+    curves, labels, ids = empty_rows(infos[0], total)
     at = 0
     for p, info in zip(paths, infos):
         n = info["n"]
@@ -210,6 +256,12 @@ def read_shards(paths: Sequence[str | Path], n_points: int | None = None, check:
             check_finite(p, curves[at : at + n], labels[at : at + n], ids[at : at + n])
         at += n
     return curves, labels, ids
+
+
+def empty_rows(info: dict, n: int):
+    """Empty arrays for ``n`` rows laid out as the shard ``info`` (``inspect_shard``)."""
+    (cs, ls), (cd, ld) = info["row_shapes"], info["dtypes"]
+    return np.empty((n, *cs), dtype=cd), np.empty((n, *ls), dtype=ld), np.empty(n, dtype=np.int64)
 
 
 def read_range(
@@ -235,9 +287,7 @@ def read_range(
             f"rows {start}..{stop}: outside the {total} samples of {paths[0]} .. {paths[-1]}"
         )
     m = stop - start
-    curves = np.empty((m, n_points, len(CHANNEL_NAMES)), dtype=np.float32)
-    labels = np.empty((m, len(LABEL_NAMES)), dtype=np.float32)
-    ids = np.empty(m, dtype=np.int64)
+    curves, labels, ids = empty_rows(infos[0], m)
     offset = 0  # first row of the current file in the concatenation
     for p, info in zip(paths, infos):
         lo, hi = max(start, offset), min(stop, offset + info["n"])
@@ -269,10 +319,7 @@ def iter_blocks(
     """
     with open_h5(path) as fh:
         n = check_layout(fh, path, n_points)
-        P = fh["curves"].shape[1]
-        cbuf = np.empty((block, P, len(CHANNEL_NAMES)), dtype=np.float32)
-        lbuf = np.empty((block, len(LABEL_NAMES)), dtype=np.float32)
-        ibuf = np.empty(block, dtype=np.int64)
+        cbuf, lbuf, ibuf = _buffers(fh, block)
         stop = n if stop is None else min(int(stop), n)
         for a in range(max(0, int(start)), stop, block):
             b = min(stop, a + block)
@@ -355,6 +402,7 @@ class ShardWriter:
         attrs: dict,
         chunk_samples: int = 1024,
         writeback: bool = True,
+        layout: dict | None = None,
     ):
         self.path = Path(path)
         self.n = int(n)
@@ -372,6 +420,15 @@ class ShardWriter:
                     v = np.array(v, dtype=h5py.string_dtype())
                 self.fh.attrs[k] = v
             chunk = max(1, min(int(chunk_samples), self.n)) if self.n else 1
+            if layout is not None:  # another workload's shard (``Layout.as_dict``)
+                self.fh.attrs["layout_json"] = json.dumps(layout, sort_keys=True)
+                self._dtypes = (np.dtype(layout["sample_dtype"]), np.dtype(layout["label_dtype"]))
+                cs, ls = tuple(layout["sample_shape"]), tuple(layout["label_shape"])
+                self.curves = self._create("curves", (self.n, *cs), self._dtypes[0], (chunk, *cs))
+                self.labels = self._create("labels", (self.n, *ls), self._dtypes[1], (chunk, *ls))
+                self.ids = self._create("sample_id", (self.n,), np.int64, (chunk,))
+                return
+            self._dtypes = (np.dtype(np.float32), np.dtype(np.float32))
             self.curves = self._create(
                 "curves",
                 (self.n, n_points, len(CHANNEL_NAMES)),
@@ -406,8 +463,8 @@ class ShardWriter:
                 f"{self.path}: {self.at + m} samples written; the shard holds {self.n}"
             )
         sel = np.s_[self.at : self.at + m]
-        self.curves.write_direct(np.ascontiguousarray(curves, dtype=np.float32), dest_sel=sel)
-        self.labels.write_direct(np.ascontiguousarray(labels, dtype=np.float32), dest_sel=sel)
+        self.curves.write_direct(np.ascontiguousarray(curves, dtype=self._dtypes[0]), dest_sel=sel)
+        self.labels.write_direct(np.ascontiguousarray(labels, dtype=self._dtypes[1]), dest_sel=sel)
         self.ids.write_direct(np.ascontiguousarray(ids, dtype=np.int64), dest_sel=sel)
         self.at += m
         if self._fd is not None:

@@ -168,7 +168,8 @@ def load_data_config(path: str | Path) -> dict:
     if "data" not in raw or "seed" not in raw:
         raise ConfigError(f"config file {path}: expected a JSON object with keys 'seed' and 'data'")
     try:
-        cfg = validate_config({"seed": raw["seed"], "data": raw["data"]})
+        wl = {"workload": raw["workload"]} if "workload" in raw else {}
+        cfg = validate_config({"seed": raw["seed"], "data": raw["data"], **wl})
     except ConfigError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     sec = data_section(cfg)

@@ -121,13 +121,20 @@ def target_config(cfg: dict) -> dict:
     target.json, and so every trained run, untouched.
     """
     tgt = cfg["training"]["target"]
+    # another workload than stress-strain: its metric decides what the target means
+    wl = (
+        {"workload": cfg["workload"]}
+        if cfg.get("workload", "stress-strain") != "stress-strain"
+        else {}
+    )
     if tgt["mode"] != "calibrated":
-        return {"training": {"target": {"mode": tgt["mode"], "value": tgt["value"]}}}
+        return {**wl, "training": {"target": {"mode": tgt["mode"], "value": tgt["value"]}}}
     cal = copy.deepcopy(tgt["calibration"])
     if cal.get("framework") == DEFAULT_FRAMEWORK:
         del cal["framework"]  # as before issue 19: target.json of Horovod studies unchanged
     part = cal["partition"]
     return {
+        **wl,
         "seed": cfg["seed"],
         "training": {
             "target": {"mode": "calibrated", "value": tgt["value"], "calibration": cal},

@@ -339,6 +339,8 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
         k: copy.deepcopy(cfg[k])
         for k in ("seed", "results_dir", "data", "model", "training", "environment")
     }
+    if cfg.get("workload", "stress-strain") != "stress-strain":  # default: slices as before
+        sub["workload"] = cfg["workload"]
     # the target value reaches training as target.json (train_run's input --target), so
     # it is not part of the slice: editing the percent retrains no calibration run
     tgt = sub["training"].pop("target", None) or {}

@@ -27,6 +27,7 @@ from hvdscale.record.startup import launch_to_target, total_startup
 from hvdscale.record.timing import TIMING_METHODS, instrumentation_block, sync_block
 from hvdscale.slurm.site import nccl_env_now
 from hvdscale.slurm.threads import threads_for_rank
+from hvdscale.workload.base import VAL_LOSS, is_default, workload_for, workload_name
 
 SCHEMA_VERSION = 1
 
@@ -231,6 +232,8 @@ def _record_config(run, cfg, workers, controller, launcher, lr_base, lr, seed, k
     model, Horovod and step settings)."""
     tcfg = cfg["training"]
     return {
+        # another workload than stress-strain (records of stress-strain runs stay as they were)
+        **({} if is_default(cfg) else {"workload": workload_name(cfg)}),
         "framework": getattr(run, "framework", "horovod-tf"),  # issue 19 (Run.framework)
         "partition": run.partition,
         # the partition's GPUs and whether they are emulated (a test cluster's GPUs, the
@@ -294,7 +297,8 @@ def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> di
     )
 
 
-def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framework) -> dict:
+def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framework,
+                    metric=VAL_LOSS) -> dict:  # fmt: skip
     """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17, 19)."""
     tv = (target or {}).get("value")
     mode = (target or {}).get("mode", "none")
@@ -302,7 +306,7 @@ def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framewo
     sync = sync_block(epochs, workers, framework, inst["uninstrumented_step_s"])
     return {
         "target": target_block(
-            epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"]
+            epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"], metric
         ),
         "noise_scale": noise_scale_block(epochs, workers, b_local),
         "timing": {"instrumentation": inst, "sync": sync},
@@ -372,7 +376,7 @@ def build_record(
         "environment": environment,
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": epochs,
-        "summary": summarise(epochs, (target or {}).get("value")),
+        "summary": summarise(epochs, (target or {}).get("value"), workload_for(cfg).metric),
         **_outcome_blocks(
             epochs,
             workers,
@@ -381,6 +385,7 @@ def build_record(
             target,
             stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
             framework,
+            workload_for(cfg).metric,
         ),
         "loss_scale": loss_scale_block(loss_scale),  # issue 32: fp16's dynamic loss scale
         "initial_weights_sha256": initial_weights_sha256,

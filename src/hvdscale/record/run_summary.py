@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hvdscale.record.timing import PHASES, median
 from hvdscale.target import time_to
+from hvdscale.workload.base import VAL_LOSS, Metric
 
 
 def target_block(
@@ -15,12 +16,17 @@ def target_block(
     stop_reason: str,
     max_epochs: int,
     max_train_s: float | None,
+    metric: Metric = VAL_LOSS,
 ) -> dict:
     """The record's ``target``: reached or censored (stopped by a budget without reaching
     it: reached false, time null, best validation loss kept)."""
-    time_s, epoch, _ = time_to(epochs, target)
+    time_s, epoch, _ = time_to(epochs, target, metric)
     vals = [e["val_loss"] for e in epochs if e.get("val_loss") is not None]
+    other = {}  # another metric than the loss (a classifier's accuracy): named, its best
+    if metric is not VAL_LOSS:
+        other = {"metric": metric.key, "best_value": metric.best(e.get(metric.key) for e in epochs)}
     return {
+        **other,
         "value": target,
         "mode": mode,
         "reached": time_s is not None,
@@ -55,7 +61,7 @@ def noise_scale_block(epochs: list[dict], workers: int, b_local: int) -> dict | 
     }
 
 
-def summarise(epochs: list[dict], target: float | None) -> dict:
+def summarise(epochs: list[dict], target: float | None, metric: Metric = VAL_LOSS) -> dict:
     """Medians over the non-warm-up epochs (all epochs when every epoch is warm-up)."""
     timed = [e for e in epochs if not e["warmup"]] or list(epochs)
     split_total = sum(sum(e[f"time_{p}_s"] for p in PHASES) for e in timed)
@@ -79,6 +85,6 @@ def summarise(epochs: list[dict], target: float | None) -> dict:
         "best_test_loss": min(test_losses) if test_losses else None,
         "best_val_loss": min(val_losses) if val_losses else None,
         "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
-        "time_to_target_s": time_to(epochs, target)[0],
+        "time_to_target_s": time_to(epochs, target, metric)[0],
         "epochs_completed": len(epochs),
     }

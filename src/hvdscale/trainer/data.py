@@ -13,6 +13,7 @@ from hvdscale.data.check import load_manifest, verify_data_dir, verify_shard
 from hvdscale.errors import DataError, UserError
 from hvdscale.trainer.model import check_parameter_count, normalisation_from_manifest, normalise
 from hvdscale.trainer.worker import WorkerInfo
+from hvdscale.workload.base import workload_for
 
 
 def plan_rows(
@@ -55,9 +56,12 @@ def read_rows(data_dir: Path, entries: list[dict], plan: list[tuple[int, int, in
     if plan and all(lo == 0 and hi == entries[i]["n_samples"] for i, lo, hi in plan):
         return h5.read_shards([data_dir / entries[i]["file"] for i, _, _ in plan], n_points)
     total = sum(hi - lo for _, lo, hi in plan)
-    curves = np.empty((total, n_points, 3), dtype=np.float32)
-    labels = np.empty((total, 2), dtype=np.float32)
-    ids = np.empty(total, dtype=np.int64)
+    first = h5.inspect_shard(data_dir / entries[plan[0][0]]["file"], n_points) if plan else None
+    if first is None:  # no rows: stress-strain's empty arrays
+        curves = np.empty((0, n_points, 3), dtype=np.float32)
+        labels, ids = np.empty((0, 2), dtype=np.float32), np.empty(0, dtype=np.int64)
+        return curves, labels, ids
+    curves, labels, ids = h5.empty_rows(first, total)
     at = 0
     for i, lo, hi in plan:
         path = data_dir / entries[i]["file"]
@@ -90,6 +94,18 @@ def check_val_split(data_dir: Path, manifest: dict) -> None:
         )
 
 
+def check_manifest_layout(data_dir: Path, manifest: dict, cfg: dict) -> None:
+    """DataError when the data are not the config's workload's (name and layout)."""
+    wl = workload_for(cfg)
+    want = wl.layout(cfg).as_dict()
+    if manifest.get("workload") != wl.name or manifest["layout"] != want:
+        raise DataError(
+            f"{data_dir / 'manifest.json'}: data of workload {manifest.get('workload')!r} "
+            f"({manifest['layout']}); the config's workload {wl.name!r} declares {want}; "
+            "rebuild the data stage"
+        )
+
+
 def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
     """Check and read this rank's rows of the three splits; raise UserError/DataError on
     problems.
@@ -100,7 +116,10 @@ def prepare_data(data_dir: Path, cfg: dict, worker: WorkerInfo, batch: int):
     manifest = load_manifest(data_dir)
     check_val_split(data_dir, manifest)
     n_points = cfg["data"]["n_points"]
-    if manifest["n_points"] != n_points:
+    if "layout" in manifest:  # another workload's data: its declared layout, no n_points
+        n_points = None
+        check_manifest_layout(data_dir, manifest, cfg)
+    elif manifest["n_points"] != n_points:
         raise DataError(
             f"{data_dir / 'manifest.json'}: {manifest['n_points']} points per curve; "
             f"the config says data.n_points = {n_points}"

@@ -19,6 +19,7 @@ from hvdscale.trainer.checkpoint import Checkpointer, ResumeState
 from hvdscale.trainer.metrics import EpochMetrics
 from hvdscale.trainer.protocols import Optimiser, Steps
 from hvdscale.trainer.worker import WorkerInfo
+from hvdscale.workload.base import VAL_LOSS, Metric, workload_for
 
 
 class NanLoss(Exception):
@@ -70,6 +71,9 @@ class LoopPlan:
     timeline: TimelineWindow | None = None
     # a calibration run with until_flat: stop once flat after this many epochs (else None)
     flat_min_epochs: int | None = None
+    # the workload's validation metric the target is on (a loss to go below, an accuracy
+    # to reach; hvdscale.workload.base.Metric)
+    metric: Metric = VAL_LOSS
 
     @classmethod
     def from_config(
@@ -92,6 +96,7 @@ class LoopPlan:
             stop_at_target=t["stop_at_target"],
             max_train_s=t["max_train_s"],
             flat_min_epochs=int(cal.get("min_epochs") or 0) if flat else None,
+            metric=workload_for(cfg).metric,
         )
 
     @property
@@ -104,13 +109,15 @@ class LoopPlan:
         """Whether to stop after ``epoch`` (the same on every rank: reduced values). Never
         at the target inside the warm-up epochs: a record needs one timed epoch for its
         epoch time (time to target still counts from the first crossing, flagged as in
-        the warm-up by the aggregation). ``val_history``: the validation losses of every
-        epoch so far, this one included (a calibration run's flat rule reads them)."""
+        the warm-up by the aggregation). ``val_loss``: the value of the plan's metric (the
+        validation loss, or a classifier's validation accuracy). ``val_history``: the
+        validation losses of every epoch so far, this one included (a calibration run's
+        flat rule reads them)."""
         if (
             self.stop_at_target
             and self.target is not None
             and val_loss is not None
-            and val_loss <= self.target
+            and self.metric.reached(val_loss, self.target)
             and epoch >= self.warmup_epochs
         ):
             return "target"
@@ -216,7 +223,7 @@ def train_epochs(
                     "this configuration"
                 )
             result.stop_reason = plan.stop_reason(
-                epoch, m.val_loss, m.elapsed, _val_history(progress)
+                epoch, _metric_value(plan, m), m.elapsed, _val_history(progress)
             )
             if result.stop_reason is None and timelimit.stop_requested(
                 worker, epoch, plan.max_epochs
@@ -247,7 +254,7 @@ def _resumed_stop(plan: LoopPlan, progress: ResumeState) -> str | None:
     if not progress.history:
         return None
     last = progress.history[-1]
-    val = last.get("val_loss")
+    val = last.get(plan.metric.key)
     return plan.stop_reason(last["epoch"], val, last["elapsed_s"], _val_history(progress))
 
 
@@ -262,9 +269,29 @@ def _final_test(program, worker, progress, result, log) -> None:
     tot = worker.allreduce(np.asarray([sse, nvals], np.float64), op="sum", name="final_test")
     result.test_values = int(tot[1])  # HVD: (one allreduce)
     loss = float(tot[0] / tot[1]) if tot[1] > 0 else float("nan")
+    correct = _correct(program, "test")
     if progress.history:
         progress.history[-1]["test_loss"] = finite_or_none(loss)
+    if correct is not None:  # HVD: (one allreduce)
+        hits = worker.allreduce(np.asarray([correct], np.float64), op="sum", name="final_test_acc")
+        acc = float(hits[0] / tot[1]) if tot[1] > 0 else float("nan")
+        if progress.history:
+            progress.history[-1]["test_accuracy"] = finite_or_none(acc)
+        log(f"final test accuracy {acc:.4f}")
     log(f"final test loss {loss:.5g} (evaluated once, after the stop decision)")
+
+
+def _metric_value(plan: LoopPlan, m: EpochMetrics) -> float:
+    """The epoch's value of the plan's metric (validation loss or accuracy)."""
+    return m.val_accuracy if plan.metric.key == "val_accuracy" else m.val_loss
+
+
+def _correct(program, split: str) -> float | None:
+    """A classifier's correct predictions of its last evaluation of ``split`` (None for
+    a regression: its records keep the fields they had)."""
+    if getattr(program, "loss_name", "mse") != "cross_entropy":
+        return None
+    return float(program.eval_correct[split])
 
 
 def _sync_fields(program) -> dict:
@@ -288,6 +315,7 @@ def _one_epoch(program, worker, plan, progress, sampler, optim, epoch, result, l
     )
     te0 = time.perf_counter()
     sse, nvals = program.val_sse()
+    correct = _correct(program, "val")
     t_eval = time.perf_counter() - te0
     train_s = timer.headline_train_s(t_train)
     excess = t_train - train_s  # instrumentation (and timeline) time, out of the headline
@@ -295,8 +323,9 @@ def _one_epoch(program, worker, plan, progress, sampler, optim, epoch, result, l
     gsq = program.grad_sq()
     elapsed = progress.elapsed_s + time.perf_counter() - t_epoch0 - excess
     local = EpochMetrics(
-        loss_sum / plan.steps, sse, nvals, *phases, dispatch, t_train, t_eval, *gsq, elapsed
-    )
+        loss_sum / plan.steps, sse, nvals, *phases, dispatch, t_train, t_eval, *gsq, elapsed,
+        correct or 0.0,
+    )  # fmt: skip
     m = local.allreduce(worker, name=f"epoch_metrics_{epoch}")  # HVD: (one allreduce)
     measured = time.perf_counter() - t_epoch0
     wall = measured - excess
@@ -321,6 +350,7 @@ def _one_epoch(program, worker, plan, progress, sampler, optim, epoch, result, l
             **timer.instrumentation_fields(),
             **m.noise_fields(),
             **_sync_fields(program),
+            **({"val_accuracy": finite_or_none(m.val_accuracy)} if correct is not None else {}),
         },
     )
     progress.history.append(rec)

@@ -31,8 +31,9 @@ class EpochMetrics:
     g_global_sq: float = 0.0  # ... of |g_allreduced|^2
     noise_updates: float = 0.0  # how many updates those sums cover
     elapsed: float = 0.0  # the rank's training time so far (headline), for the budget
+    val_correct: float = 0.0  # a classifier's correct validation predictions
 
-    SUMMED = ("val_sse", "val_values")
+    SUMMED = ("val_sse", "val_values", "val_correct")
 
     @classmethod
     def size(cls) -> int:
@@ -64,6 +65,11 @@ class EpochMetrics:
     @property
     def val_loss(self) -> float:
         return self.val_sse / self.val_values if self.val_values > 0 else float("nan")
+
+    @property
+    def val_accuracy(self) -> float:
+        """A classifier's validation accuracy (its val_values are the validation rows)."""
+        return self.val_correct / self.val_values if self.val_values > 0 else float("nan")
 
     def finite(self) -> bool:
         return math.isfinite(self.train_loss) and math.isfinite(self.val_loss)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hvdscale.errors import UserError
+from hvdscale.workload.base import is_default, workload_for, workload_name
 
 N_CHANNELS = 3
 N_LABELS = 2
@@ -28,7 +29,18 @@ def parameter_count(n_points: int, hidden_units: list[int], n_labels: int = N_LA
 
 
 def check_parameter_count(cfg: dict) -> int:
-    """The parameter count; a clear error if ``model.expected_parameters`` is set and differs."""
+    """The parameter count; a clear error if ``model.expected_parameters`` is set and differs.
+    Another workload than stress-strain counts its own network (``Workload.parameter_count``)."""
+    if not is_default(cfg):
+        n = workload_for(cfg).parameter_count(cfg)
+        expected = cfg["model"].get("expected_parameters")
+        if expected is not None and n != expected:
+            raise UserError(
+                f"config key model.expected_parameters: the network of workload "
+                f"{workload_name(cfg)} has {n} trainable parameters, expected {expected}; set "
+                f"model.expected_parameters to {n} or to null"
+            )
+        return n
     n = parameter_count(cfg["data"]["n_points"], cfg["model"]["hidden_units"])
     expected = cfg["model"].get("expected_parameters")
     if expected is not None and n != expected:
@@ -53,6 +65,18 @@ def normalisation_from_manifest(manifest: dict) -> dict:
         nm = normalisation(manifest)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"manifest.json: bad normalisation block ({exc})") from None
+    if "layout" in manifest:  # another workload's data: per last-axis channel, labels if any
+        return {
+            part: (
+                nm[f"{key}_mean"].reshape(-1).astype(np.float32),
+                np.where(nm[f"{key}_std"] > 0, nm[f"{key}_std"], 1.0)
+                .reshape(-1)
+                .astype(np.float32),
+            )
+            if nm[f"{key}_mean"].size
+            else None
+            for part, key in (("curves", "curve"), ("labels", "label"))
+        }
     out = {}
     for part, key, size in (("curves", "curve", N_CHANNELS), ("labels", "label", N_LABELS)):
         mean, std = nm[f"{key}_mean"].reshape(-1), nm[f"{key}_std"].reshape(-1)
@@ -63,9 +87,14 @@ def normalisation_from_manifest(manifest: dict) -> dict:
 
 
 def normalise(curves: np.ndarray, labels: np.ndarray, norm: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Normalised float32 copies of ``curves`` (n, points, 3) and ``labels`` (n, 2)."""
+    """Normalised float32 copies of ``curves`` (n, points, 3) and ``labels`` (n, 2); of
+    another workload's samples per last-axis channel, its labels only when it normalises
+    them (class indices stay as they are)."""
     cm, cs = norm["curves"]
-    lm, ls = norm["labels"]
     x = ((curves - cm) / cs).astype(np.float32, copy=False)
-    y = ((labels - lm) / ls).astype(np.float32, copy=False)
+    if norm["labels"] is None:
+        return x, labels
+    lm, ls = norm["labels"]
+    shape = labels.shape[1:]
+    y = ((labels - lm.reshape(shape)) / ls.reshape(shape)).astype(np.float32, copy=False)
     return x, y

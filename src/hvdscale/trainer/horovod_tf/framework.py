@@ -74,6 +74,7 @@ class HorovodTF:
         return build_step_program(
             optim.model, optim.optimizer, worker, tcfg, train=train, test=test, val=val,
             batch=batch, device=device, fault=fault, compile_cache=self.compile_cache,
+            loss=optim.loss,
         )  # fmt: skip
 
     def timeline_window(self, worker, tcfg: dict, out_dir: Path, start_epoch: int):

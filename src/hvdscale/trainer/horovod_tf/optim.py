@@ -9,6 +9,7 @@ from hvdscale.matrix.runtable import learning_rate_for
 from hvdscale.trainer.horovod_tf.model import build_model
 from hvdscale.trainer.model import check_parameter_count
 from hvdscale.trainer.schedule import warmup_updates
+from hvdscale.workload.base import workload_for
 
 
 class WarmupSchedule:
@@ -46,6 +47,7 @@ class Optimisation:
     lr_base: float  # training.learning_rate
     lr: float  # after the run's LR rule
     n_params: int
+    loss: str = "mse"  # the workload's loss (hvdscale.workload)
 
     @classmethod
     def build(
@@ -66,7 +68,7 @@ class Optimisation:
         schedule = WarmupSchedule.make(lr_base, lr, ramp) if ramp else lr
         opt = tf.keras.optimizers.Adam(learning_rate=schedule)
         opt.build(model.trainable_variables)
-        return cls(model, opt, schedule, lr_base, lr, n_params)
+        return cls(model, opt, schedule, lr_base, lr, n_params, workload_for(cfg).loss)
 
     def weights_sha256(self) -> str:
         """sha256 of the model's weights (float32 bytes in variable order): the same

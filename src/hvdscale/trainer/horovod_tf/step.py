@@ -161,7 +161,7 @@ class HostBatches:
         tf = self.tf
         sig = [
             tf.TensorSpec([None, *self.x.shape[1:]], tf.float32),
-            tf.TensorSpec([None, 2], tf.float32),
+            tf.TensorSpec([None, *self.y.shape[1:]], tf.as_dtype(self.y.dtype)),
             tf.TensorSpec([], tf.int32),
         ]
         return tf.function(lambda x, y, n: loop(n, (x, y)), input_signature=sig, autograph=False)
@@ -183,7 +183,9 @@ class HostBatches:
 
     def empty_feed(self) -> tuple:
         tf = self.tf
-        return tf.zeros([0, *self.x.shape[1:]], tf.float32), tf.zeros([0, 2], tf.float32)
+        return tf.zeros([0, *self.x.shape[1:]], tf.float32), tf.zeros(
+            [0, *self.y.shape[1:]], tf.as_dtype(self.y.dtype)
+        )
 
 
 # =========================================================================== the program
@@ -226,10 +228,13 @@ class StepProgram:
         xla: bool = False,
         loss_scaling: bool = False,
         compile_cache: str | None = None,
+        loss: str = "mse",
     ):
         import tensorflow as tf
 
         self.tf = tf
+        self.loss_name = loss  # the workload's loss: mse or cross_entropy
+        self.eval_correct = {"val": 0.0, "test": 0.0}  # cross_entropy: correct predictions
         self.model = model
         self.opt = optimizer
         self.worker = worker
@@ -416,7 +421,7 @@ class StepProgram:
         tf = self.tf
         with tf.GradientTape() as tape:
             pred = tf.cast(self.model(x, training=True), tf.float32)
-            loss = tf.reduce_mean(tf.square(pred - y))
+            loss = self._batch_loss(pred, y)
             scaled = loss * self.loss_scale if self.loss_scaling else loss
         grads = tape.gradient(scaled, self.vars)
         if self.loss_scaling:  # the float32 gradient of the loss itself
@@ -481,7 +486,38 @@ class StepProgram:
         start = (tf.constant(0), clock.start())
         return tf.while_loop(lambda j, _: j < n, body, start, parallel_iterations=1)[1]
 
+    def _batch_loss(self, pred, y):
+        """The workload's training loss of a batch: the mean squared error, or the mean
+        cross-entropy of the logits ``pred`` against class indices ``y``."""
+        tf = self.tf
+        if self.loss_name == "cross_entropy":
+            return tf.reduce_mean(
+                tf.keras.losses.sparse_categorical_crossentropy(y, pred, from_logits=True)
+            )
+        return tf.reduce_mean(tf.square(pred - y))
+
+    def _eval_ce(self, xs, ys):
+        """[sum of the cross-entropies, correct predictions] over the rows (classifiers)."""
+        tf = self.tf
+        n = tf.shape(xs)[0]
+
+        def body(a, loss_sum, correct):
+            logits = tf.cast(self.model(xs[a : a + EVAL_BATCH], training=False), tf.float32)
+            y = ys[a : a + EVAL_BATCH]
+            ce = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            hit = tf.equal(tf.argmax(logits, axis=1, output_type=y.dtype), y)
+            return (a + EVAL_BATCH, loss_sum + tf.reduce_sum(tf.cast(ce, tf.float64)),
+                    correct + tf.reduce_sum(tf.cast(hit, tf.float64)))  # fmt: skip
+
+        zero = tf.constant(0.0, tf.float64)
+        _, loss_sum, correct = tf.while_loop(
+            lambda a, *_: a < n, body, (tf.constant(0), zero, zero)
+        )
+        return tf.stack([loss_sum, correct])
+
     def _eval_sse(self, xs, ys):
+        if self.loss_name == "cross_entropy":
+            return self._eval_ce(xs, ys)
         tf = self.tf
         n = tf.shape(xs)[0]
 
@@ -564,15 +600,26 @@ class StepProgram:
         a, b, n = (float(v) for v in self.gsq.numpy())
         return a, b, int(round(n))
 
+    def _losses(self, split: str, out, ys) -> tuple[float, int]:
+        """(loss sum, values) of an evaluation; a classifier's correct predictions go to
+        ``eval_correct[split]``."""
+        v = out.numpy()
+        if self.loss_name == "cross_entropy":
+            self.eval_correct[split] = float(v[1])
+            return float(v[0]), int(ys.shape[0])
+        return float(v), int(ys.shape[0]) * int(np.prod(tuple(ys.shape[1:])))
+
     def test_sse(self) -> tuple[float, int]:
-        """Sum of squared errors over this rank's test rows, and the number of values."""
-        return float(self._eval().numpy()), int(self.x_test.shape[0]) * 2
+        """Sum of squared errors (a classifier: of cross-entropies) over this rank's test
+        rows, and the number of values."""
+        return self._losses("test", self._eval(), self.y_test)
 
     def val_sse(self) -> tuple[float, int]:
-        """Sum of squared errors over this rank's validation rows, and the number of values."""
+        """Sum of squared errors (a classifier: of cross-entropies) over this rank's
+        validation rows, and the number of values."""
         if not self.has_val:
             raise ValueError("StepProgram: built without a validation split (x_val)")
-        return float(self._eval_val().numpy()), int(self.x_val.shape[0]) * 2
+        return self._losses("val", self._eval_val(), self.y_val)
 
 
 def build_step_program(
@@ -590,6 +637,7 @@ def build_step_program(
     in_device_memory: bool | None = None,
     program: type[StepProgram] = StepProgram,
     compile_cache: str | None = None,
+    loss: str = "mse",
 ) -> StepProgram:
     """The ``StepProgram`` of a rank with the settings of the config's training section
     (data in device memory, Horovod compression, backward passes per step), as
@@ -618,4 +666,5 @@ def build_step_program(
         xla=training.get("compile", "off") != "off",
         loss_scaling=training.get("precision", "fp32") == "fp16",
         compile_cache=compile_cache,
+        loss=loss,
     )

@@ -27,6 +27,7 @@ from torch import nn
 from hvdscale.matrix.runtable import learning_rate_for
 from hvdscale.trainer.model import N_CHANNELS, N_LABELS, check_parameter_count
 from hvdscale.trainer.schedule import warmup_lr, warmup_updates
+from hvdscale.workload.base import is_default, workload_for
 
 #: Keras activation name -> torch module (Keras' gelu is the exact one, swish = SiLU)
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "swish": nn.SiLU}
@@ -35,6 +36,8 @@ KERAS_ADAM = {"betas": (0.9, 0.999), "eps": 1e-7}  # tf.keras.optimizers.Adam de
 
 def build_net(cfg: dict) -> nn.Sequential:
     """The network for ``cfg`` with Keras' default initialisation (seed torch first)."""
+    if not is_default(cfg):
+        return _workload_net(cfg)
     n_points = cfg["data"]["n_points"]
     act = ACTIVATIONS[cfg["model"]["activation"]]
     layers: list[nn.Module] = [nn.Flatten()]
@@ -52,6 +55,63 @@ def build_net(cfg: dict) -> nn.Sequential:
     expected = check_parameter_count(cfg)
     if n != expected:  # the closed form and torch must agree
         raise RuntimeError(f"model has {n} parameters, closed form says {expected}")
+    return net
+
+
+class ChannelsFirst(nn.Module):
+    """(n, H, W, C) samples, as Keras reads them, to torch's (n, C, H, W)."""
+
+    def forward(self, x):
+        return x.permute(0, 3, 1, 2)
+
+
+def torch_layers(layers, sample_shape) -> list[nn.Module]:
+    """torch modules of a workload's layer description (``hvdscale.workload.base``), with
+    Keras' default initialisation (Glorot-uniform kernels, zero biases)."""
+    out: list[nn.Module] = []
+    shape = tuple(sample_shape)
+    if layers and layers[0][0] == "conv2d":
+        out.append(ChannelsFirst())
+    for layer in layers:
+        kind = layer[0]
+        if kind == "conv2d":
+            f, k = int(layer[1]), int(layer[2])
+            out.append(nn.Conv2d(shape[2], f, k))
+            if layer[3]:
+                out.append(ACTIVATIONS[layer[3]]())
+            shape = (shape[0] - k + 1, shape[1] - k + 1, f)
+        elif kind == "maxpool2d":
+            s = int(layer[1])
+            out.append(nn.MaxPool2d(s))
+            shape = (shape[0] // s, shape[1] // s, shape[2])
+        elif kind == "flatten":
+            out.append(nn.Flatten())
+            shape = (int(np.prod(shape)),)
+        else:
+            out.append(nn.Linear(shape[0], int(layer[1])))
+            if layer[2]:
+                out.append(ACTIVATIONS[layer[2]]())
+            shape = (int(layer[1]),)
+    for m in out:
+        if isinstance(m, nn.Linear | nn.Conv2d):
+            nn.init.xavier_uniform_(m.weight)  # = Keras glorot_uniform (fans include the kernel)
+            nn.init.zeros_(m.bias)
+    return out
+
+
+def _workload_net(cfg: dict) -> nn.Module:
+    """Another workload's network: its ``torch_module(cfg)``, else its layer description."""
+    wl = workload_for(cfg)
+    layers = wl.layers(cfg)
+    net = (
+        wl.torch_module(cfg)
+        if layers is None
+        else nn.Sequential(*torch_layers(layers, wl.layout(cfg).sample_shape))
+    )
+    n = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    expected = check_parameter_count(cfg)
+    if n != expected:
+        raise RuntimeError(f"model has {n} parameters, the workload says {expected}")
     return net
 
 
@@ -73,8 +133,14 @@ def load_keras_weights(net: nn.Module, weights: list[np.ndarray]) -> None:
 def keras_order_weights(net: nn.Module) -> list[np.ndarray]:
     """The weights in Keras' order and layout (kernels transposed to (in, out))."""
     out = []
-    for lin in linear_layers(net):
-        out += [lin.weight.detach().cpu().numpy().T.copy(), lin.bias.detach().cpu().numpy().copy()]
+    for m in net.modules():
+        if isinstance(m, nn.Linear):
+            w = m.weight.detach().cpu().numpy().T.copy()
+        elif isinstance(m, nn.Conv2d):  # torch (out, in, kh, kw) -> Keras (kh, kw, in, out)
+            w = m.weight.detach().cpu().numpy().transpose(2, 3, 1, 0).copy()
+        else:
+            continue
+        out += [w, m.bias.detach().cpu().numpy().copy()]
     return out
 
 
@@ -130,6 +196,7 @@ class TorchOptimisation:
     lr: float
     ramp: int  # warm-up updates (0: none)
     n_params: int
+    loss: str = "mse"  # the workload's loss (hvdscale.workload)
 
     @classmethod
     def build(cls, cfg: dict, lr_rule: str, workers: int, steps: int, seed: int | None = None,
@@ -145,7 +212,7 @@ class TorchOptimisation:
         lr = learning_rate_for(lr_base, lr_rule, workers)
         ramp = warmup_updates(tcfg, lr_base, lr, steps)
         opt = KerasAdam(net.parameters(), lr=lr if not ramp else lr_base)
-        return cls(net, opt, lr_base, lr, ramp, check_parameter_count(cfg))
+        return cls(net, opt, lr_base, lr, ramp, check_parameter_count(cfg), workload_for(cfg).loss)
 
     def current_lr(self) -> float:
         """The learning rate of the next update (Keras: the schedule at ``iterations``)."""

@@ -87,6 +87,16 @@ from hvdscale.trainer.torch_ddp.precision_compile import (
 WARM_UP_PASSES = 3
 
 
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A classifier's training loss: the mean cross-entropy of the logits against the
+    class indices (Keras' sparse_categorical_crossentropy with from_logits)."""
+    return torch.nn.functional.cross_entropy(logits.float(), y)
+
+
+#: the workload's loss (hvdscale.workload) -> the training loss of a batch
+LOSSES = {"mse": None, "cross_entropy": cross_entropy}
+
+
 def mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The training loss: the mean over the batch and both labels of the squared error
     (``tf.reduce_mean(tf.square(pred - y))``)."""
@@ -235,6 +245,8 @@ class TorchStepProgram:
         self.timers = np.zeros(len(STEP_PARTS))  # the four phases and the noise-scale sums
         self.gsq = np.zeros(3)
         self.no_comm_s: list[float] = []  # per timed step: data + compute + update
+        self.eval_correct = {"val": 0.0, "test": 0.0}  # cross_entropy: correct predictions
+        self.loss_name = getattr(optim, "loss", "mse")  # the workload's loss
 
     # ------------------------------------------------------------------ the steps
 
@@ -254,7 +266,7 @@ class TorchStepProgram:
 
     def _loss(self, x, y) -> torch.Tensor:
         with autocast(self.precision, self.device):
-            return mse(self.ddp(x), y)
+            return (LOSSES[self.loss_name] or mse)(self.ddp(x), y)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (
@@ -431,18 +443,31 @@ class TorchStepProgram:
         return a, b, int(round(n))
 
     @torch.no_grad()
-    def _sse(self, xs: torch.Tensor, ys: torch.Tensor) -> float:
+    def _sse(self, xs: torch.Tensor, ys: torch.Tensor, split: str = "val") -> float:
         self.net.eval()
+        if self.loss_name == "cross_entropy":  # a classifier: cross-entropies, correct ones
+            loss_sum, correct = self._zero(), self._zero()
+            for a in range(0, len(xs), EVAL_BATCH):
+                logits, y = self.net(xs[a : a + EVAL_BATCH]).float(), ys[a : a + EVAL_BATCH]
+                loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").double()
+                correct += (logits.argmax(dim=1) == y).sum().double()
+            self.eval_correct[split] = float(correct.item())
+            return float(loss_sum.item())
         sse = self._zero()
         for a in range(0, len(xs), EVAL_BATCH):
             err = torch.square(self.net(xs[a : a + EVAL_BATCH]) - ys[a : a + EVAL_BATCH])
             sse += torch.sum(err.double())
         return float(sse.item())
 
+    def _values(self, ys: torch.Tensor) -> int:
+        """Values a loss sum covers: rows (a classifier) or rows x labels."""
+        per_row = 1 if self.loss_name == "cross_entropy" else int(np.prod(tuple(ys.shape[1:])))
+        return int(ys.shape[0]) * per_row
+
     def test_sse(self) -> tuple[float, int]:
-        return self._sse(self.x_test, self.y_test), int(self.x_test.shape[0]) * 2
+        return self._sse(self.x_test, self.y_test, "test"), self._values(self.y_test)
 
     def val_sse(self) -> tuple[float, int]:
         if not self.has_val:
             raise ValueError("TorchStepProgram: built without a validation split")
-        return self._sse(self.x_val, self.y_val), int(self.x_val.shape[0]) * 2
+        return self._sse(self.x_val, self.y_val), self._values(self.y_val)

@@ -1,0 +1,372 @@
+"""The data stage of every workload but stress-strain (whose generator has its own
+physics checks, ``hvdscale.data``): make a generation shard from the workload's samples,
+validate it against the declared layout, and split the shards into train/val/test with
+the contract's rules (the split of each sample from (seed, sample id), checksummed
+shards, manifest.json with the train split's normalisation statistics). ``import_data``
+does all three at once for the user's own arrays (``hvdscale import-data``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hvdscale import __version__
+from hvdscale.data import generate, h5, validate
+from hvdscale.data import split as split_mod
+from hvdscale.data.check import MANIFEST_NAME, MANIFEST_VERSION, sha256_file, shard_name
+from hvdscale.data.generate import shard_range
+from hvdscale.data.normalisation import RunningStats
+from hvdscale.data.physics import SPLIT_CODES, load_data_config, split_assign
+from hvdscale.data.split import even_sizes, finish_file
+from hvdscale.errors import DataError, UserError
+from hvdscale.io import atomic_path, write_json_atomic
+from hvdscale.workload.arrays import ArrayWorkload, read_arrays
+from hvdscale.workload.base import Layout, Workload, workload_for, workload_name
+
+SPLITS = ("train", "val", "test")
+CHECKS = ("sample shape", "label shape", "dtypes", "finite values", "label range", "sample ids")
+
+
+def write_shard(path, x, y, ids, layout: Layout, attrs: dict, chunk: int) -> None:
+    """One HDF5 shard of the arrays, atomically, declaring its layout."""
+    with atomic_path(path, ".h5") as tmp:
+        w = h5.ShardWriter(tmp, len(ids), 0, attrs, chunk, layout=layout.as_dict())
+        try:
+            w.append(x, y, ids)
+            w.close()
+        finally:
+            w.abort()
+
+
+def _attrs(cfg: dict, wl: Workload, **extra) -> dict:
+    return {
+        "format_version": h5.FORMAT_VERSION,
+        "seed": int(cfg["seed"]),
+        "workload": wl.name,
+        **extra,
+    }
+
+
+def generate_shard(cfg: dict, wl: Workload, shard: int, out) -> dict:
+    """Generation shard ``shard`` of ``data.n_shards``: the workload's samples of its ids."""
+    t0 = time.perf_counter()
+    n_total, n_shards = wl.n_samples(cfg), int(cfg["data"]["n_shards"])
+    start, stop = shard_range(n_total, n_shards, shard)
+    if stop == start:
+        raise UserError(
+            f"config key data.n_shards: {n_shards} shards for {n_total} samples leaves shard "
+            f"{shard} empty; use at most {n_total} shards"
+        )
+    ids = np.arange(start, stop, dtype=np.int64)
+    x, y = (np.asarray(a) for a in wl.samples(cfg, ids))
+    lay = wl.layout(cfg)
+    bad = lay.problems(x, y, f"workload {wl.name}, sample ids {start}..{stop - 1}")
+    if bad:
+        raise DataError("; ".join(bad))
+    attrs = _attrs(
+        cfg,
+        wl,
+        kind="raw",
+        shard_index=shard,
+        n_shards=n_shards,
+        id_start=start,
+        id_stop=stop,
+        n_samples=n_total,
+    )
+    write_shard(out, x, y, ids, lay, attrs, int(cfg["data"]["chunk_samples"]))
+    return {"n_samples": stop - start, "seconds": time.perf_counter() - t0}
+
+
+def validate_shard(cfg: dict, wl: Workload, path, out) -> dict:
+    """Check a generation shard against the declared layout (shapes, dtypes, finite values,
+    class range, contiguous sample ids); write the report (``passed``) to ``out``."""
+    path = Path(path)
+    x, y, ids = h5.read_shard(path, check=False)
+    attrs = h5.inspect_shard(path)["attrs"]
+    problems = wl.layout(cfg).problems(x, y, str(path))
+    start = int(attrs.get("id_start", 0))
+    if not np.array_equal(ids, np.arange(start, start + len(ids))):
+        problems.append(f"{path}: sample ids are not {start}..{start + len(ids) - 1}")
+    report = {
+        "passed": not problems,
+        "problems": problems,
+        "checks": list(CHECKS),
+        "workload": wl.name,
+        "shard_file": path.name,
+        "id_start": start,
+        "id_stop": start + len(ids),
+        "n_samples": len(ids),
+        "seed": int(cfg["seed"]),
+        "sha256": sha256_file(path),
+    }
+    write_json_atomic(out, report)
+    if problems:
+        raise DataError("; ".join(problems))
+    return report
+
+
+def split(cfg: dict, wl: Workload, shards, validations, outdir) -> dict:
+    """Split validated generation shards into ``outdir``/{train,val,test} and manifest.json."""
+    reports = [json.loads(Path(v).read_text()) for v in validations]
+    for v, r in zip(validations, reports):
+        if r.get("passed") is not True or r.get("seed") != int(cfg["seed"]):
+            raise DataError(f"{v}: validation did not pass for this seed; validate the shard again")
+    parts = [h5.read_shard(p) for p in sorted(map(Path, shards))]
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    ids = np.concatenate([p[2] for p in parts])
+    order = np.argsort(ids, kind="stable")
+    x, y, ids = x[order], y[order], ids[order]
+    if not np.array_equal(ids, np.arange(len(ids))):
+        raise DataError(
+            f"shards {', '.join(map(str, shards))}: sample ids are not 0..{len(ids) - 1}"
+        )
+    summary = {
+        "passed": True,
+        "n_shards": len(reports),
+        "n_samples": len(ids),
+        "checks": list(CHECKS),
+        "shards": reports,
+    }
+    return write_splits(cfg, wl, x, y, ids, outdir, summary)
+
+
+def write_splits(cfg: dict, wl: Workload, x, y, ids, outdir, validation: dict) -> dict:
+    """Train/val/test shards of the arrays (split per (seed, sample id)), validation.json and
+    manifest.json in ``outdir``; returns the manifest."""
+    d, outdir, lay = cfg["data"], Path(outdir), wl.layout(cfg)
+    frac, vfrac, seed = float(d["train_fraction"]), float(d["val_fraction"]), int(cfg["seed"])
+    which = split_assign(seed, ids, frac, vfrac)
+    stats = {"curves": RunningStats(lay.sample_shape[-1] if lay.sample_shape else 1)}
+    if wl.normalise_labels:
+        stats["labels"] = RunningStats(int(np.prod(lay.label_shape or (1,))))
+    entries, counts = {}, {"total": len(ids)}
+    for s in SPLITS:
+        sel = np.flatnonzero(which == SPLIT_CODES[s])
+        counts[s] = len(sel)
+        k = int(d["split_shards"][s])
+        if len(sel) < k:
+            raise DataError(
+                f"{s} split: {len(sel)} samples for {k} shards (data.split_shards.{s}); use "
+                "more samples or fewer shards"
+            )
+        entries[s], at = [], 0
+        for i, m in enumerate(even_sizes(len(sel), k)):
+            rows = sel[at : at + m]
+            at += m
+            path = outdir / s / shard_name(i)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            attrs = _attrs(cfg, wl, kind=s, shard_index=i, n_shards=k)
+            write_shard(path, x[rows], y[rows], ids[rows], lay, attrs, int(d["chunk_samples"]))
+            entries[s].append(
+                {
+                    "file": f"{s}/{shard_name(i)}",
+                    "n_samples": int(m),
+                    "first_sample_id": int(ids[rows[0]]),
+                    "last_sample_id": int(ids[rows[-1]]),
+                    **finish_file(path),
+                }
+            )
+            if s == "train":
+                stats["curves"].add(x[rows].reshape(m, -1, stats["curves"].mean.shape[0]))
+                if "labels" in stats:
+                    stats["labels"].add(y[rows].reshape(m, -1).astype(np.float64))
+    cm, cs = stats["curves"].result()
+    lm, ls = stats["labels"].result() if "labels" in stats else ([], [])
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "format_version": h5.FORMAT_VERSION,
+        "created_by": f"hvdscale {__version__}",
+        "seed": seed,
+        "workload": wl.name,
+        "layout": lay.as_dict(),
+        "n_points": None,
+        "train_fraction": frac,
+        "val_fraction": vfrac,
+        "split_rule": "u = uniform(seed, sample_id): val if u < train_fraction * val_fraction, "
+        "train if u < train_fraction, else test (hvdscale.data.physics.split_assign)",
+        "counts": counts,
+        "shards": entries,
+        "normalisation": {
+            "source": "train split",
+            "curves": {"axis": "last", "mean": cm, "std": cs},
+            "labels": {"mean": lm, "std": ls},
+        },
+    }
+    write_json_atomic(outdir / "validation.json", validation)
+    write_json_atomic(outdir / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def import_data(wl: Workload, cfg: dict, outdir) -> dict:
+    """The user's arrays (the workload's samples, all of them) validated, split and written
+    as the sharded, checksummed format in ``outdir``; returns the manifest."""
+    lay = wl.layout(cfg)
+    ids = np.arange(wl.n_samples(cfg), dtype=np.int64)
+    x, y = (np.asarray(a) for a in wl.samples(cfg, ids))
+    bad = lay.problems(x, y, f"{getattr(wl, 'path', wl.name)}")
+    if bad:
+        raise DataError("; ".join(bad))
+    summary = {
+        "passed": True,
+        "n_shards": 1,
+        "n_samples": len(ids),
+        "checks": list(CHECKS),
+        "source": str(getattr(wl, "path", wl.name)),
+    }
+    return write_splits(cfg, wl, x, y, ids, outdir, summary)
+
+
+def handles(cfg: dict) -> bool:
+    """Whether this module makes the data of ``cfg`` (every workload but stress-strain)."""
+    return workload_name(cfg) != "stress-strain"
+
+
+# ------------------------------------------- the data-stage commands of every workload
+# generate-shard, validate-shard and split-dataset: stress-strain's own modules
+# (hvdscale.data.generate/validate/split) or this module's functions for other workloads
+
+
+def _data_cfg(args) -> dict:
+    return load_data_config(args.config)
+
+
+def add_generate_arguments(p):
+    generate.add_arguments(p)
+
+
+def run_generate(args) -> int:
+    cfg = _data_cfg(args)
+    if not handles(cfg):
+        return generate.run(args)
+    info = generate_shard(cfg, workload_for(cfg), args.shard, args.out)
+    print(
+        f"generate-shard {args.shard}: wrote {info['n_samples']} samples of workload "
+        f"{workload_name(cfg)} to {args.out} in {info['seconds']:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def add_validate_arguments(p):
+    validate.add_arguments(p)
+
+
+def run_validate(args) -> int:
+    cfg = _data_cfg(args)
+    if not handles(cfg):
+        return validate.run(args)
+    rep = validate_shard(cfg, workload_for(cfg), args.shard, args.out)
+    print(
+        f"validate-shard: {args.shard}: {rep['n_samples']} samples passed {len(CHECKS)} checks",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def add_split_arguments(p):
+    split_mod.add_arguments(p)
+
+
+def run_split(args) -> int:
+    cfg = _data_cfg(args)
+    if not handles(cfg):
+        return split_mod.run(args)
+    m = split(cfg, workload_for(cfg), args.shards, args.validations, args.outdir)
+    print(
+        f"split-dataset: {m['counts']} samples of workload {m['workload']} in {args.outdir}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+run_generate.__doc__ = generate.run.__doc__
+run_validate.__doc__ = validate.run.__doc__
+run_split.__doc__ = split_mod.run.__doc__
+
+
+# -------------------------------------------------- the command: hvdscale import-data
+
+
+def add_import_arguments(p):
+    p.add_argument("--input", required=True, help="a .npz or HDF5 file with samples and labels")
+    p.add_argument("--x-key", default="x", help="the samples' array in the file (default x)")
+    p.add_argument("--y-key", default="y", help="the labels' array in the file (default y)")
+    p.add_argument(
+        "--n-classes",
+        type=int,
+        default=None,
+        help="labels are class indices 0..N-1 (a classifier); leave out for regression",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
+    p.add_argument("--train-fraction", type=float, default=0.75)
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="share of the train fraction held out for validation (default 0.1)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        nargs=3,
+        default=[1, 1, 1],
+        metavar=("TRAIN", "VAL", "TEST"),
+        help="shards per split (default 1 1 1)",
+    )
+    p.add_argument(
+        "--out", required=True, help="output data directory (manifest.json, train/, val/, test/)"
+    )
+
+
+def run_import(args) -> int:
+    """Convert your own arrays into the sharded, checksummed, validated dataset format.
+
+    Reads samples (float) and labels from a .npz or HDF5 file, checks them (the same shape
+    for every sample, finite values, labels of a classifier integers in 0..N-1), decides
+    each sample's split from (seed, row) with the dataset contract's rule (validation:
+    u < train_fraction x val_fraction, train: u < train_fraction, else test), and writes
+    train/val/test HDF5 shards with their sha256 and the train split's normalisation
+    statistics in manifest.json. Sample i is row i of the file. Check the result with
+    hvdscale check-data --verify-checksums.
+
+    Example:
+      hvdscale import-data --input my_arrays.npz --n-classes 3 --out mydata
+    """
+    x, y = read_arrays(args.input, args.x_key, args.y_key)
+    if x.ndim < 2:
+        raise UserError(
+            f"{args.input}: samples {args.x_key!r} of shape {x.shape}; expected (n, ...)"
+        )
+    wl = ArrayWorkload(
+        Path(args.input).stem,
+        args.input,
+        [],
+        x.shape[1:],
+        y.shape[1:] if args.n_classes is None else (),
+        args.n_classes,
+        args.x_key,
+        args.y_key,
+    )
+    tr, va, te = args.shards
+    cfg = {
+        "seed": args.seed,
+        "data": {
+            "train_fraction": args.train_fraction,
+            "val_fraction": args.val_fraction,
+            "chunk_samples": 1024,
+            "split_shards": {"train": tr, "val": va, "test": te},
+        },
+    }
+    m = import_data(wl, cfg, args.out)
+    c = m["counts"]
+    print(
+        f"import-data: {c['total']} samples ({c['train']} train, {c['val']} val, {c['test']} "
+        f"test) of shape {tuple(x.shape[1:])} written to {args.out}",
+        file=sys.stderr,
+    )
+    return 0
