@@ -28,6 +28,7 @@ from hvdscale.project import PROJECT_ROOT
 from hvdscale.slurm.clusters import only_cluster, only_cluster_problems
 from hvdscale.slurm.gpu_support import unsupported_gpu_problems
 from hvdscale.slurm.jobspec import sbatch_flag_problems
+from hvdscale.workload.base import workload_for
 
 # PROJECT_ROOT: HVDSCALE_ROOT, the source tree or the current directory (hvdscale.project)
 SCHEMA_DIR = PROJECT_ROOT / "workflow" / "schemas"
@@ -527,12 +528,22 @@ def check_results_dir(results_dir: str | Path, key: str = "results_dir") -> None
 def data_section(cfg: dict) -> dict:
     """The part of the config the data stage depends on.
 
-    Training edits leave it unchanged, so they don't regenerate data.
+    Training edits leave it unchanged, so they don't regenerate data. The workload is in
+    it only when it is not the default (stress-strain studies keep their data section).
     """
-    return {"seed": cfg["seed"], "data": cfg["data"]}
+    sec = {"seed": cfg["seed"], "data": cfg["data"]}
+    if cfg.get("workload", DEFAULT_WORKLOAD) != DEFAULT_WORKLOAD:
+        sec["workload"] = cfg["workload"]
+    return sec
+
+
+#: the schema default of ``workload`` (hvdscale.workload.base.DEFAULT)
+DEFAULT_WORKLOAD = "stress-strain"
 
 
 def count_parameters(cfg: dict) -> int:
-    """Trainable parameters of the configured Dense network (no TensorFlow needed)."""
+    """Trainable parameters of the configured network (no TensorFlow needed)."""
+    if cfg.get("workload", DEFAULT_WORKLOAD) != DEFAULT_WORKLOAD:
+        return workload_for(cfg).parameter_count(cfg)
     sizes = [cfg["data"]["n_points"] * 3, *cfg["model"]["hidden_units"], 2]
     return sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
