@@ -189,6 +189,12 @@ def run(args) -> int:
         for n in spec.notes:
             print(f"# {n}")
         return 0
+    return start_ranks(args, cfg, spec, python, job, ident, out_dir, failure_path)
+
+
+def start_ranks(args, cfg, spec, python, job, ident, out_dir, failure_path) -> int:
+    """Check the deployment, start the ranks of ``spec``, wait for them and judge the
+    outcome (the exit status of ``hvdscale launch``; failure.json when it failed)."""
     check_modules_loaded(cfg)  # env-modules: Snakemake runs us whatever `module load` said
     check_train_python(cfg, python, spec.env)  # env-modules/conda: imports hvdscale?
     native.check_built(spec.env)  # Gloo / mkl_code_path intel: hvdscale.native's libraries

@@ -324,18 +324,28 @@ def snakemake_banner(cfg: dict, stream=None) -> None:
 # -------------------------------------------------- the command: hvdscale plan
 
 
-def add_arguments(ap):
+def add_study_arguments(ap, select_help: str, overrides_help: str) -> None:
+    """The arguments that name a study, shared by hvdscale plan and hvdscale status: its
+    config files, the selection, snakemake-style --config overrides and results_dir."""
     ap.add_argument("config", nargs="+", help="config file(s), merged in order like --configfile")
-    ap.add_argument("--select", help="a selection, e.g. 'partition=alpha workers=1-8 repeat=0'")
+    ap.add_argument("--select", help=select_help)
     ap.add_argument(
         "--config",
         dest="overrides",
         nargs="+",
         action="extend",
         metavar="KEY=VALUE",
-        help="overrides as given to snakemake --config (they count for what retrains)",
+        help=overrides_help,
     )
     ap.add_argument("--results", help="results directory (default: the config's results_dir)")
+
+
+def add_arguments(ap):
+    add_study_arguments(
+        ap,
+        "a selection, e.g. 'partition=alpha workers=1-8 repeat=0'",
+        "overrides as given to snakemake --config (they count for what retrains)",
+    )
     ap.add_argument("--csv", help="also write the per-partition table as CSV")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument(

@@ -47,7 +47,7 @@ from statistics import median
 from hvdscale.matrix.runkinds import rerun_runs
 from hvdscale.matrix.runtable import run_table
 from hvdscale.study.changes import Retrain, retrained_runs
-from hvdscale.study.plan import merged_config, plan, worst_case_reruns
+from hvdscale.study.plan import add_study_arguments, merged_config, plan, worst_case_reruns
 
 #: the plugin's --comment of a train_run job, before the run id
 TRAIN_COMMENT = "rule_train_run_wildcards_"
@@ -443,17 +443,11 @@ def format_status(s: dict) -> str:
 
 
 def add_arguments(ap):
-    ap.add_argument("config", nargs="+", help="config file(s), merged in order like --configfile")
-    ap.add_argument("--select", help="the selection the study runs with, as for hvdscale plan")
-    ap.add_argument(
-        "--config",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        metavar="KEY=VALUE",
-        help="overrides as given to snakemake --config",
+    add_study_arguments(
+        ap,
+        "the selection the study runs with, as for hvdscale plan",
+        "overrides as given to snakemake --config",
     )
-    ap.add_argument("--results", help="results directory (default: the config's results_dir)")
     ap.add_argument(
         "--no-squeue", action="store_true", help="do not ask squeue (records and logs only)"
     )
