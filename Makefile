@@ -12,7 +12,7 @@ PROFILE ?= profiles/local
 # the results directory of $(CONFIG) (its results_dir)
 RESULTS_DIR = $$($(VENV)/bin/python -c 'import sys; from hvdscale.study.plan import merged_config; print(merged_config(sys.argv[1:])["results_dir"])' $(CONFIG))
 
-.PHONY: help setup run report-partial plan status export report compare test test-quick test-slurm test-multinode \
+.PHONY: help setup run smoke report-partial plan status export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
         bench bench-scaling bench-frameworks bench-train bench-data bench-costmodel perf-docs clean
 
@@ -27,6 +27,9 @@ run: setup  ## the main job: whole pipeline on $(CONFIG) with $(PROFILE) -> resu
 	  || { echo "make run: some jobs failed; completed runs are kept. Building the report from what exists:"; \
 	       $(MAKE) --no-print-directory report-partial; exit 1; }
 	@echo "make run: done -> $(RESULTS_DIR)/report.pdf"
+
+smoke:  ## the smoke study of $(CONFIG) with $(PROFILE) (config/smoke.yaml): every partition, 1 and 2 workers, each backend, 3 epochs -> <results_dir>/smoke/report.pdf
+	$(MAKE) --no-print-directory run CONFIG="$(CONFIG) config/smoke.yaml"
 
 report-partial:  ## build the report of $(CONFIG) from the runs that exist, with $(PROFILE) (missing/failed runs are listed)
 	$(SNAKEMAKE) --profile $(PROFILE) --configfile $(CONFIG) config/partial.yaml -- "$(RESULTS_DIR)/report.pdf"

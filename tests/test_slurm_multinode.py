@@ -28,6 +28,7 @@ are emulated, and the run records say CPU). Needs root and Debian's slurm-wlm + 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -38,6 +39,7 @@ import pytest
 import yaml
 from required_layers import require_layer
 from slurm_support import (
+    PARTITION,
     PROJECT_ROOT,
     cluster_env,
     cluster_mode,
@@ -49,7 +51,8 @@ from slurm_support import (
     slurm_skip_reason,
 )
 
-from hvdscale.study.plan import array_commands, job_shapes, merged_config
+from hvdscale.matrix.runtable import run_table
+from hvdscale.study.plan import array_commands, job_shapes, merged_config, plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.horovod]
 
@@ -470,3 +473,77 @@ def test_a_torch_run_across_both_nodes_through_the_plugin(alpha_cluster, results
     log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
     assert "srun --mpi=none" in log and "exec --framework torch-ddp" in log
     assert "MASTER_ADDR=node1" in log and "horovodrun" not in log
+
+# --------------------------------------------------------------------------- smoke study
+
+
+def emulated_thesis() -> dict:
+    """config/thesis.yaml on the emulated cluster, as .test/slurm-thesis.yaml maps it: its
+    swept partitions onto the cluster's two (alpha as it is; hpdlf onto the default
+    partition, with the emulated nodes' 8 A100 and 48 cores: the preflight checks the GPUs
+    a node declares), emulated GPUs, nccl replaced by mpi (the ranks train on the
+    CPU), one thread per rank (2 cores in all); everything else as in the thesis."""
+    raw = yaml.safe_load((ROOT / "config" / "thesis.yaml").read_text())
+    names = {"alpha": "alpha", "hpdlf": PARTITION}
+    parts = raw["scaling"]["partitions"]
+    raw["scaling"]["partitions"] = {
+        names[p]: {**parts[p], "gpus_per_node": GPUS, "cores_per_node": CPUS}
+        | {"gpu_model": "A100", "emulated_gpus": True}
+        for p in names
+    }
+    for sweep in raw["scaling"]["sweeps"]:
+        sweep["partitions"] = [names[p] for p in sweep["partitions"]]
+        sweep["backends"] = list(dict.fromkeys(b.replace("nccl", "mpi") for b in sweep["backends"]))
+    raw["training"].update(threads_per_worker=1, cpu_binding="none")
+    raw["training"]["horovod"]["cycle_time_ms"] = 5
+    return raw
+
+
+@pytest.mark.multinode
+def test_smoke_study_of_the_thesis_partitions_reaches_a_report(alpha_cluster, tmp_path):
+    """`make smoke`'s study (config/smoke.yaml after the config) of config/thesis.yaml,
+    mapped onto the emulated cluster, through the SLURM plugin: both partitions' preflight,
+    1 and 2 workers with each backend, one calibration run, the allreduce sweeps and the
+    report, in <results_dir>/smoke, within the plan's budget of under one node-hour per
+    partition and with the smoke's short time limits."""
+    env = alpha_cluster
+    config = tmp_path / "thesis-emulated.yaml"
+    config.write_text(yaml.safe_dump(emulated_thesis()))
+    name = "results-test-smoke"
+    shutil.rmtree(ROOT / name, ignore_errors=True)
+    files = [str(config), "config/smoke.yaml"]
+    cfg = merged_config(files, overrides=[f"results_dir={name}"])
+    results = ROOT / cfg["results_dir"]
+    assert cfg["results_dir"] == f"{name}/smoke"
+    rows = {r["partition"]: r for r in plan(cfg, results)["partitions"]}
+    assert set(rows) == {"alpha", PARTITION}
+    assert all(r["node_hours_worst_all"] < 1 for r in rows.values()), rows
+    runs = {r.run_id: r for r in run_table(cfg)}
+    assert {(r.partition, r.backend, r.workers) for r in runs.values() if not r.kind} == {
+        (p, b, w) for p in ("alpha", PARTITION) for b in ("mpi", "gloo") for w in (1, 2)
+    }
+    try:
+        out = run_plugin(
+            ["--profile", "profiles/test-slurm", "--configfile", *files, "--config"]
+            + [f"results_dir={name}"],
+            env,
+            2400,
+            logs=[results / "logs", ROOT / ".snakemake" / "slurm_logs"],
+        )
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-6000:]
+        assert (results / "report.pdf").stat().st_size > 0
+        assert not (ROOT / name / "runs").exists()  # nothing beside the smoke folder
+        for part in ("alpha", PARTITION):
+            pre = json.loads((results / "preflight" / f"{part}.json").read_text())
+            assert pre["ok"], pre
+        for run_id, run in runs.items():
+            rec = json.loads((results / "runs" / run_id / "metrics.json").read_text())
+            assert rec["status"] == "completed", run_id
+            shown = show_job(rec["environment"]["slurm_job_id"], env)
+            assert field(shown, "Partition") == run.partition
+            assert field(shown, "TimeLimit") == "00:05:00"  # the smoke's short limit
+        # the aggregation saw every run, none missing or failed
+        with open(results / "scaling" / "runs.csv") as fh:
+            assert {row["run_id"] for row in csv.DictReader(fh)} >= set(runs)
+    finally:
+        shutil.rmtree(ROOT / name, ignore_errors=True)

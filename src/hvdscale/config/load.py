@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from hvdscale.config import smoke
 from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
@@ -141,6 +142,8 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe_error(e) for e in errors))
     _fill_partition_defaults(cfg, schema)
+    if cfg["smoke"]:  # the config's smoke study (hvdscale.config.smoke)
+        smoke.apply(cfg)
     _fill_calibration(cfg)
     _sync_target(cfg)
     _check_semantics(cfg)

@@ -32,6 +32,8 @@ class PartitionPlan:
     retrain: int = 0  # runs with a record that the current config trains again
     expected_node_hours: float = 0.0
     estimated: int = 0  # jobs with an expected time (measured or predicted)
+    preflight_node_hours: float = 0.0  # its preflight job, worst case
+    allreduce_node_hours: float = 0.0  # its allreduce sweeps, worst case
 
     def row(self) -> dict:
         return {
@@ -44,6 +46,12 @@ class PartitionPlan:
             "jobs_retrain": self.retrain,
             "jobs_estimated": self.estimated,
             "node_hours_expected": round(self.expected_node_hours, 3) if self.estimated else None,
+            "preflight_node_hours_worst": round(self.preflight_node_hours, 3),
+            "allreduce_node_hours_worst": round(self.allreduce_node_hours, 3),
+            # everything the partition's jobs may cost: training, preflight, allreduce
+            "node_hours_worst_all": round(
+                self.node_hours + self.preflight_node_hours + self.allreduce_node_hours, 3
+            ),
         }
 
 
@@ -128,9 +136,16 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
         if t is not None:
             p.estimated += 1
             p.expected_node_hours += r.nodes * min(t / 3600, hours)
-    rows = [by_part[k].row() for k in sorted(by_part)]
     ar = allreduce_jobs(cfg)
-    ar_node_hours = sum(j["nodes"] * parts[j["partition"]]["runtime_min"] / 60 for j in ar)
+    ar_node_hours = 0.0
+    for j in ar:
+        hours = j["nodes"] * parts[j["partition"]]["runtime_min"] / 60
+        ar_node_hours += hours
+        by_part.setdefault(j["partition"], PartitionPlan(j["partition"]))
+        by_part[j["partition"]].allreduce_node_hours += hours
+    for name, pf in preflights(cfg).items():
+        by_part.setdefault(name, PartitionPlan(name)).preflight_node_hours = pf.node_hours
+    rows = [by_part[k].row() for k in sorted(by_part)]
     total = {
         "jobs": sum(r["jobs"] for r in rows),
         "node_hours_worst": round(sum(r["node_hours_worst"] for r in rows), 3),
@@ -141,6 +156,8 @@ def plan(cfg: dict, results: str | Path | None = None) -> dict:
     shapes = job_shapes(cfg)
     return {
         "select": cfg.get("select"),
+        "smoke": bool(cfg.get("smoke")),
+        "results_dir": str(cfg["results_dir"]),
         "partitions": rows,
         "total": total,
         "allreduce": {"jobs": len(ar), "node_hours_worst": round(ar_node_hours, 3)},
@@ -207,6 +224,15 @@ def _h(x) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def _with_extras(row: dict) -> str:
+    """'; with its preflight and allreduce sweeps X node-h' where the partition has them."""
+    pre, ar = row.get("preflight_node_hours_worst"), row.get("allreduce_node_hours_worst")
+    if not pre and not ar:
+        return ""
+    what = " and ".join(w for w, h in (("preflight", pre), ("allreduce sweeps", ar)) if h)
+    return f"; with its {what} {_h(row['node_hours_worst_all'])} node-h"
+
+
 def format_plan(p: dict, short: bool = False) -> str:
     """The plan as text: one line per partition (short: the header says 'hvdscale plan')."""
     sel = describe(p["select"]) if p["select"] else ""
@@ -219,6 +245,11 @@ def format_plan(p: dict, short: bool = False) -> str:
         + (f"; {t['jobs_retrain']} finished run(s) retrain" if t.get("jobs_retrain") else "")
     )
     lines = [head]
+    if p.get("smoke"):
+        lines.append(
+            f"  smoke study (config key smoke) in {p['results_dir']}: 1 and 2 workers, one "
+            "repeat, a small dataset, a few epochs, short time limits"
+        )
     for r in p["partitions"]:
         exp = ""
         if r["jobs_estimated"]:
@@ -229,6 +260,7 @@ def format_plan(p: dict, short: bool = False) -> str:
         lines.append(
             f"  {r['partition']}: {r['jobs']} jobs x {r['nodes_per_job']} nodes, "
             f"worst {_h(r['node_hours_worst'])} node-h / {_h(r['gpu_hours_worst'])} GPU-h{exp}"
+            + _with_extras(r)
         )
     pre = p.get("preflight") or {}
     if pre.get("jobs"):
