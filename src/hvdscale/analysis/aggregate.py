@@ -283,6 +283,20 @@ def run(args) -> int:
         print(f"hvdscale aggregate: warning: {msg}", file=sys.stderr)
 
     agg = aggregate(runs_dir, cfg, warn=warn)
+    write_tables(agg, args)
+    if not args.quiet:
+        counts = agg.status["status"].value_counts()
+        parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
+        print(
+            f"aggregate: {len(agg.status)} runs ({parts}); {len(agg.summary)} configurations; "
+            f"wrote {args.out_runs}, {args.out_summary}, {args.out_status}"
+        )
+    return 0
+
+
+def write_tables(agg: Aggregation, args) -> None:
+    """runs.csv, summary.csv, status.csv, epochs.csv and, where asked, tuned.csv and
+    headline.csv of hvdscale aggregate."""
     write_csv(agg.runs, args.out_runs)
     write_csv(agg.summary, args.out_summary)
     write_csv(agg.status, args.out_status)
@@ -292,14 +306,6 @@ def run(args) -> int:
         write_csv(tuned, args.out_tuned)
     if args.out_headline:
         write_csv(headline(agg.runs, tuned, agg.epochs), args.out_headline)
-    if not args.quiet:
-        counts = agg.status["status"].value_counts()
-        parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
-        print(
-            f"aggregate: {len(agg.status)} runs ({parts}); {len(agg.summary)} configurations; "
-            f"wrote {args.out_runs}, {args.out_summary}, {args.out_status}"
-        )
-    return 0
 
 
 # -------------------------------------------------- the command: hvdscale select-tuned

@@ -461,6 +461,13 @@ def run(args) -> int:
         fit_max_workers=args.fit_max_workers or None,
     )
     write_json_atomic(args.out, result)
+    print_fit(result)
+    return 0
+
+
+def print_fit(result: dict) -> None:
+    """What hvdscale fit-costmodel says about its result: each fit, the held-out error,
+    the speedup error, the notes."""
     for f in result["fits"]:
         if f["alpha_s"] is not None and f["beta_Bps"]:
             print(
@@ -492,4 +499,3 @@ def run(args) -> int:
         )
     for n in result["notes"]:
         print(f"hvdscale fit-costmodel: warning: {n}", file=sys.stderr)
-    return 0
