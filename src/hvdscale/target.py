@@ -290,7 +290,11 @@ def target_spec(cfg: dict | None, path: str | Path | None = None) -> dict:
         return read_target(path)
     if cfg is None:
         return {"mode": "absolute", "value": math.nan}
-    return dict(cfg["training"].get("target") or {"mode": "absolute", "value": math.nan})
+    spec = dict(cfg["training"].get("target") or {"mode": "absolute", "value": math.nan})
+    metric = workload_for(cfg).metric
+    if metric is not VAL_LOSS:  # another workload's metric, in its units
+        spec.update(metric=metric.key, workload=workload_for(cfg).name)
+    return spec
 
 
 def _loss(x) -> str:

@@ -18,6 +18,7 @@ from hvdscale.report.context import ReportData
 from hvdscale.report.doc import Doc
 from hvdscale.report.frameworks_section import GPU_NOTE
 from hvdscale.target import describe, target_spec
+from hvdscale.workload.base import is_default, workload_for
 
 OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation.overhead
 
@@ -28,6 +29,14 @@ def _target(cfg: dict | None, target: dict | None) -> str:
     if not (cfg or {}).get("training", {}).get("target"):
         return "as configured (training.target)"
     return describe(target_spec(cfg)) + " (results/scaling/target.json not given to the report)"
+
+
+def _workload_bullet(cfg: dict | None) -> list[str]:
+    """The workload in words (its data, parameter count, loss and target metric), for
+    every workload but the default stress-strain one."""
+    if cfg is None or is_default(cfg):
+        return []
+    return [f"<b>Workload</b>: {escape(workload_for(cfg).describe(cfg))}."]
 
 
 def _overhead(runs: pd.DataFrame | None) -> str:
@@ -78,6 +87,7 @@ def equal_accuracy_bullets(
         "validation loss only; the test loss is evaluated once, at the end of each run, "
         "reported and never used to choose anything.",
         f"<b>Target</b>: {escape(_target(cfg, target))}.",
+        *_workload_bullet(cfg),
         f"<b>Censoring</b>: a run that reaches its budget ({escape(budget)}) before the "
         "target is censored: '&gt; budget', counted as +infinity, never dropped. A run whose "
         "loss diverges (non-finite) before the target is counted the same way, as not "
