@@ -82,7 +82,7 @@ def check_config(tmp_path: Path, workload: str, env_path: Path) -> subprocess.Co
 
 def test_default_workload_keeps_slices_and_data_section():
     cfg = validate_config({})
-    assert cfg["workload"] == "stress-strain"
+    assert "workload" not in cfg  # the default stays out: full config and hashes as before
     assert "workload" not in data_section(cfg)
     for run in run_table(cfg)[:3]:
         assert "workload" not in run_config(cfg, run.run_id)
