@@ -55,7 +55,8 @@ import json
 import numpy as np
 from hvdscale.config.load import validate_config
 from hvdscale.trainer.horovod_tf.optim import Optimisation
-from hvdscale.trainer.horovod_tf.step import LOSS_SCALE_INITIAL, build_step_program
+from hvdscale.trainer.horovod_tf.loss_scale import LOSS_SCALE_INITIAL
+from hvdscale.trainer.horovod_tf.step import build_step_program
 from hvdscale.trainer.rank import loss_scale_state
 from hvdscale.trainer.worker import WorkerInfo
 

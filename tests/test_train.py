@@ -216,7 +216,8 @@ FP16_STEP = """
 import numpy as np, tensorflow as tf
 from hvdscale.config.load import validate_config
 from hvdscale.trainer.horovod_tf.optim import Optimisation
-from hvdscale.trainer.horovod_tf.step import LOSS_SCALE_INITIAL, build_step_program
+from hvdscale.trainer.horovod_tf.loss_scale import LOSS_SCALE_INITIAL
+from hvdscale.trainer.horovod_tf.step import build_step_program
 from hvdscale.trainer.worker import WorkerInfo
 
 cfg = validate_config({"seed": 3})

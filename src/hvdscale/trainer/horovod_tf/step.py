@@ -9,23 +9,27 @@ Two independent choices shape the step, each an object instead of a flag:
   gathers each batch inside the graph; ``HostBatches`` slices host arrays and feeds the
   rows of ``steps_per_execution`` steps to each call.
 
-``StepProgram`` compiles one ``tf.function`` per clock (timed and plain) for its source;
-one call runs n optimizer steps in a graph loop. Its host side is the interface the epoch
-loop drives (``trainer.protocols.Steps``). Every Horovod-specific line is marked
-``# HVD:``. No TensorFlow import at module level (the workflow env imports the package).
+The clocks are ``hvdscale.trainer.horovod_tf.clocks``, the batch sources
+``hvdscale.trainer.horovod_tf.batches``. ``StepProgram`` compiles one ``tf.function`` per
+clock (timed and plain) for its source; one call runs n optimizer steps in a graph loop.
+Its host side is the interface the epoch loop drives (``trainer.protocols.Steps``). Every
+Horovod-specific line is marked ``# HVD:``. No TensorFlow import at module level (the
+workflow env imports the package).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import numpy as np
 
 from hvdscale.matrix import backends
 from hvdscale.record.timing import STEP_PARTS
 from hvdscale.trainer.fault import FaultDelay
+from hvdscale.trainer.horovod_tf.batches import DeviceBatches, HostBatches
+from hvdscale.trainer.horovod_tf.clocks import NoClock, PhaseClock
+from hvdscale.trainer.horovod_tf.loss_scale import DynamicLossScale
 from hvdscale.trainer.horovod_tf.xla_cache import CacheWatch
 from hvdscale.trainer.protocols import EVAL_BATCH
 from hvdscale.trainer.worker import WorkerInfo
@@ -43,159 +47,7 @@ def host_reduction(device: str, env=None) -> bool:  # HVD: issue 20
     return "GPU" in device.upper() and cpu_ops and not env.get("HOROVOD_GPU_OPERATIONS")
 
 
-# =========================================================================== clocks
-
-
-class PhaseClock:
-    """In-graph timestamps at the phase boundaries; durations summed into ``timers``."""
-
-    timed = True
-
-    def __init__(self, tf, device: str, timers):
-        self.tf = tf
-        self.device = device
-        self.on_gpu = "GPU" in device
-        self.timers = timers
-
-    def start(self):
-        return self.tf.timestamp()
-
-    def stamp(self, deps):
-        """tf.timestamp() that runs after ``deps`` (on a GPU: after the device finished them)."""
-        tf = self.tf
-        deps = [d for d in deps if d is not None]
-        if self.on_gpu and deps:
-            with tf.device(self.device):
-                one = tf.reshape(deps[-1], [-1])[:1]  # one element, taken on the GPU
-            with tf.device("/CPU:0"):  # its copy to the host waits for the GPU stream
-                deps = [tf.identity(one)]
-        with tf.control_dependencies(deps):
-            return tf.timestamp()
-
-    def after(self, t):
-        """Context: ops created inside start after timestamp ``t``."""
-        return self.tf.control_dependencies([t])
-
-    def record(self, t_prev, t1, t2, t3, t4, gap):
-        """Add one step's four phase durations and ``gap`` (timers' fifth slot); returns
-        the step's end (the next t_prev). ``gap``: the time between the end of the sync
-        phase (t3) and the start of the update that belongs to no phase (the noise-scale
-        sums of a timed multi-worker update), so that the five add up to the in-graph
-        time."""
-        parts = [t1 - t_prev, t2 - t1, t3 - t2, t4 - t3 - gap, gap]
-        self.timers.assign_add(self.tf.stack(parts))
-        return t4
-
-
-class NoClock:
-    """The same step without timestamps (calls that are not instrumented)."""
-
-    timed = False
-
-    def __init__(self, tf):
-        self.tf = tf
-
-    def start(self):
-        return self.tf.constant(0.0, self.tf.float64)
-
-    def stamp(self, deps):
-        return self.tf.constant(0.0, self.tf.float64)
-
-    def after(self, t):
-        return contextlib.nullcontext()
-
-    def record(self, t_prev, t1, t2, t3, t4, gap):
-        return t_prev
-
-
-# =========================================================================== batch sources
-
-
-class DeviceBatches:
-    """The rank's shard as device tensors; batches are gathered inside the step."""
-
-    def __init__(self, tf, x, y, batch: int):
-        self.tf = tf
-        self.batch = batch
-        self.cursor = tf.Variable(0, dtype=tf.int32, trainable=False, name="cursor")
-        self.x = tf.constant(x)
-        self.y = tf.constant(y)
-        self.perm = tf.Variable(tf.zeros([len(x)], tf.int32), trainable=False, name="perm")
-
-    def compile(self, loop):
-        """tf.function running ``loop(n, feed)``: called with the step count only."""
-        tf = self.tf
-        sig = [tf.TensorSpec([], tf.int32)]
-        return tf.function(lambda n: loop(n, ()), input_signature=sig, autograph=False)
-
-    def fetch(self, j, feed):
-        tf, B = self.tf, self.batch
-        i = self.cursor.assign_add(1) - 1
-        idx = self.perm[i * B : (i + 1) * B]
-        return tf.gather(self.x, idx), tf.gather(self.y, idx)
-
-    def start_epoch(self, perm: np.ndarray) -> None:
-        self.cursor.assign(0)
-        self.perm.assign(perm.astype(np.int32))
-
-    def feed(self, start: int, n: int) -> tuple[tuple, float]:
-        """The call's arguments before the step count, and the host-side data time."""
-        return (), 0.0
-
-    def empty_feed(self) -> tuple:
-        return ()
-
-
-class HostBatches:
-    """Host arrays; each call gets the rows of its steps, gathered and converted on the
-    host (that time counts as data loading)."""
-
-    def __init__(self, tf, x, y, batch: int):
-        self.tf = tf
-        self.batch = batch
-        self.x, self.y = x, y
-        self.perm = np.arange(len(x))
-
-    def compile(self, loop):
-        """tf.function running ``loop(n, (xs, ys))``: called with the rows and the step count."""
-        tf = self.tf
-        sig = [
-            tf.TensorSpec([None, *self.x.shape[1:]], tf.float32),
-            tf.TensorSpec([None, *self.y.shape[1:]], tf.as_dtype(self.y.dtype)),
-            tf.TensorSpec([], tf.int32),
-        ]
-        return tf.function(lambda x, y, n: loop(n, (x, y)), input_signature=sig, autograph=False)
-
-    def fetch(self, j, feed):
-        xs, ys = feed
-        B = self.batch
-        return xs[j * B : (j + 1) * B], ys[j * B : (j + 1) * B]
-
-    def start_epoch(self, perm: np.ndarray) -> None:
-        self.perm = perm
-
-    def feed(self, start: int, n: int) -> tuple[tuple, float]:
-        t0 = time.perf_counter()
-        rows = self.perm[start * self.batch : (start + n) * self.batch]
-        xs = self.tf.constant(self.x[rows])
-        ys = self.tf.constant(self.y[rows])
-        return (xs, ys), time.perf_counter() - t0
-
-    def empty_feed(self) -> tuple:
-        tf = self.tf
-        return tf.zeros([0, *self.x.shape[1:]], tf.float32), tf.zeros(
-            [0, *self.y.shape[1:]], tf.as_dtype(self.y.dtype)
-        )
-
-
 # =========================================================================== the program
-
-
-#: dynamic loss scaling of fp16 steps (issue 32, training.precision fp16): Keras'
-#: LossScaleOptimizer's defaults (start at 2^15, double after 2000 finite updates, halve
-#: and skip the update on a non-finite gradient)
-LOSS_SCALE_INITIAL = 2.0**15
-LOSS_SCALE_GROWTH_STEPS = 2000
 
 
 class StepProgram:
@@ -263,39 +115,41 @@ class StepProgram:
             )  # HVD:
 
         with tf.device(device):
-            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
-            # the step's parts: four phases and the noise-scale sums (PhaseClock.record)
-            self.timers = tf.Variable(
-                tf.zeros([len(STEP_PARTS)], tf.float64), trainable=False, name="phase_timers"
-            )
-            source = DeviceBatches if in_device_memory else HostBatches
-            self.source = source(tf, x_train, y_train, self.batch)
-            self.x_test = tf.constant(x_test)
-            self.y_test = tf.constant(y_test)
-            self.has_val = x_val is not None
-            self.x_val = tf.constant(x_val) if self.has_val else self.x_test
-            self.y_val = tf.constant(y_val) if self.has_val else self.y_test
-            # gradient noise scale (issue 16 item 7): sums of |g_local|^2, |g_allreduced|^2
-            # and the number of timed multi-worker updates they cover
-            self.gsq = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="grad_sq")
-            if self.bpps > 1:
-                self.acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.vars]
-                self.micro = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
-            # issue 32: fp16 (a mixed_float16 model) with dynamic loss scaling; the scale
-            # and its counters follow the allreduced gradient, so every rank keeps the same
-            self.loss_scaling = bool(loss_scaling)
-            self.scale_vars = []
-            if self.loss_scaling:
-                self.loss_scale = tf.Variable(
-                    LOSS_SCALE_INITIAL, dtype=tf.float32, trainable=False, name="loss_scale"
-                )
-                self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good")
-                self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-                # every update the step made or skipped (the record's loss_scale.updates)
-                self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates")
-                self.scale_vars = [self.loss_scale, self.good_steps, self.skipped, self.updates]
+            self._make_state(x_train, y_train, x_test, y_test, x_val, y_val, loss_scaling)
+        self._compile()
 
-        timed, plain = PhaseClock(tf, device, self.timers), NoClock(tf)
+    def _make_state(self, x_train, y_train, x_test, y_test, x_val, y_val, loss_scaling):
+        """The step's variables and data (inside the step's device scope)."""
+        tf = self.tf
+        self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
+        # the step's parts: four phases and the noise-scale sums (PhaseClock.record)
+        self.timers = tf.Variable(
+            tf.zeros([len(STEP_PARTS)], tf.float64), trainable=False, name="phase_timers"
+        )
+        source = DeviceBatches if self.in_device_memory else HostBatches
+        self.source = source(tf, x_train, y_train, self.batch)
+        self.x_test = tf.constant(x_test)
+        self.y_test = tf.constant(y_test)
+        self.has_val = x_val is not None
+        self.x_val = tf.constant(x_val) if self.has_val else self.x_test
+        self.y_val = tf.constant(y_val) if self.has_val else self.y_test
+        # gradient noise scale (issue 16 item 7): sums of |g_local|^2, |g_allreduced|^2
+        # and the number of timed multi-worker updates they cover
+        self.gsq = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="grad_sq")
+        if self.bpps > 1:
+            self.acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.vars]
+            self.micro = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
+        # issue 32: fp16 (a mixed_float16 model) with dynamic loss scaling; the scale
+        # and its counters follow the allreduced gradient, so every rank keeps the same
+        self.loss_scaling = bool(loss_scaling)
+        self.scaler = DynamicLossScale(tf) if self.loss_scaling else None
+        self.loss_scale = self.scaler.scale if self.scaler else None
+        self.scale_vars = self.scaler.variables if self.scaler else []
+
+    def _compile(self):
+        """The timed and plain step functions of the batch source, and the evaluations."""
+        tf = self.tf
+        timed, plain = PhaseClock(tf, self.device, self.timers), NoClock(tf)
         self._timed = self.source.compile(lambda n, feed: self._loop(n, feed, timed))
         self._plain = self.source.compile(lambda n, feed: self._loop(n, feed, plain))
         # explicit tf.while_loop, no autograph: converting the step's call tree cost
@@ -353,42 +207,17 @@ class StepProgram:
             return [self.tf.reshape(v, [-1])[0] for v in self.vars]
 
     def _apply(self, grads):
-        if not self.loss_scaling:
-            return self._read_back([self.opt.apply_gradients(zip(grads, self.vars))])
-        tf = self.tf
-        # the allreduced gradient is the same on every rank: all take the same branch
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-
         def update():
-            it = self.opt.apply_gradients(zip(grads, self.vars))
-            grow = self.good_steps + 1 >= LOSS_SCALE_GROWTH_STEPS
-            with tf.control_dependencies([it]):
-                scale = self.loss_scale.assign(
-                    tf.where(grow, self.loss_scale * 2.0, self.loss_scale)
-                )
-                good = self.good_steps.assign(
-                    tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1)
-                )
-            return self._read_back([scale, good, self.updates.assign_add(1)])
+            return self.opt.apply_gradients(zip(grads, self.vars))
 
-        def skip():  # overflow: no update, a smaller scale
-            scale = self.loss_scale.assign(tf.maximum(self.loss_scale * 0.5, 1.0))
-            good = self.good_steps.assign(0)
-            counts = [self.skipped.assign_add(1), self.updates.assign_add(1)]
-            return self._read_back([scale, good, *counts])
-
-        return tf.cond(finite, update, skip)
+        if not self.loss_scaling:
+            return self._read_back([update()])
+        return self.scaler.apply(update, grads, self._read_back)
 
     def loss_scale_state(self) -> dict | None:
-        """fp16 runs: the record's ``loss_scale`` block (issue 32): the loss scale now
-        (``final``), the updates skipped for a non-finite gradient (``skipped_updates``)
-        and all updates, made or skipped (``updates``), since this program was built;
-        None without loss scaling (fp32, bf16)."""
-        if not self.loss_scaling:
-            return None
-        return {"final": float(self.loss_scale.numpy()),
-                "skipped_updates": int(self.skipped.numpy()),
-                "updates": int(self.updates.numpy())}  # fmt: skip
+        """fp16 runs: the record's ``loss_scale`` block (``DynamicLossScale.state``); None
+        without loss scaling (fp32, bf16)."""
+        return self.scaler.state() if self.loss_scaling else None
 
     def _one_step(self, j, feed, t_prev, clock):
         tf = self.tf
