@@ -22,13 +22,17 @@ from hvdscale.data.generate import shard_range
 from hvdscale.data.normalisation import RunningStats
 from hvdscale.data.physics import SPLIT_CODES, load_data_config, split_assign
 from hvdscale.data.split import even_sizes, finish_file
+from hvdscale.data.validate import _failures
 from hvdscale.errors import DataError, UserError
 from hvdscale.io import atomic_path, write_json_atomic
 from hvdscale.workload.arrays import ArrayWorkload, read_arrays
 from hvdscale.workload.base import Layout, Workload, workload_for, workload_name
 
 SPLITS = ("train", "val", "test")
-CHECKS = ("sample shape", "label shape", "dtypes", "finite values", "label range", "sample ids")
+CHECKS = (
+    "sample_shape", "label_shape", "dtypes",  # the whole arrays against the declared layout
+    "all_values_finite", "label_in_classes", "sample_id_unique", "sample_id_matches_shard",
+)  # fmt: skip
 
 
 def write_shard(path, x, y, ids, layout: Layout, attrs: dict, chunk: int) -> None:
@@ -87,10 +91,14 @@ def validate_shard(cfg: dict, wl: Workload, path, out) -> dict:
     path = Path(path)
     x, y, ids = h5.read_shard(path, check=False)
     attrs = h5.inspect_shard(path)["attrs"]
-    problems = wl.layout(cfg).problems(x, y, str(path))
+    lay = wl.layout(cfg)
+    problems = lay.problems(x, y, str(path))
     start = int(attrs.get("id_start", 0))
-    if not np.array_equal(ids, np.arange(start, start + len(ids))):
-        problems.append(f"{path}: sample ids are not {start}..{start + len(ids) - 1}")
+    if not problems:  # every sample through a pandera schema (the shapes are whole-array)
+        problems = [
+            f"{path}: check {check} failed, e.g. sample_id {', '.join(map(str, bad)) or '?'}"
+            for check, bad in per_sample_failures(x, y, ids, lay, start).items()
+        ]
     report = {
         "passed": not problems,
         "problems": problems,
@@ -107,6 +115,53 @@ def validate_shard(cfg: dict, wl: Workload, path, out) -> dict:
     if problems:
         raise DataError("; ".join(problems))
     return report
+
+
+def per_sample_failures(x, y, ids, lay: Layout, start: int) -> dict[str, list[int]]:
+    """{check: first sample ids} of the per-sample table (finite values, class range, sample
+    ids unique and the shard's range) validated with a pandera schema; {} when all pass."""
+    import pandas as pd  # reason: pandas/pandera live in the workflow env only
+    import pandera.errors as pe
+    import pandera.pandas as pa
+
+    n = len(ids)
+    finite = np.isfinite(x.reshape(n, -1)).all(axis=1)
+    if y.dtype.kind == "f":
+        finite &= np.isfinite(y.reshape(n, -1)).all(axis=1)
+    table = {"sample_id": ids, "all_finite": finite}
+    cols = {
+        "sample_id": pa.Column(
+            np.int64,
+            [
+                pa.Check(
+                    lambda s: ~s.duplicated(), name="sample_id_unique", error="sample_id_unique"
+                ),
+                pa.Check(
+                    lambda s: pd.Series(
+                        s.to_numpy() == np.arange(start, start + len(s)), index=s.index
+                    ),
+                    name="sample_id_matches_shard",
+                    error="sample_id_matches_shard",
+                ),
+            ],
+        ),
+        "all_finite": pa.Column(
+            bool, pa.Check.eq(True, name="all_values_finite", error="all_values_finite")
+        ),
+    }
+    if lay.n_classes is not None:
+        table["label"] = y.astype(np.int64)
+        cols["label"] = pa.Column(
+            np.int64,
+            pa.Check.in_range(
+                0, lay.n_classes - 1, name="label_in_classes", error="label_in_classes"
+            ),
+        )
+    try:
+        pa.DataFrameSchema(cols, strict=True).validate(pd.DataFrame(table), lazy=True)
+    except pe.SchemaErrors as err:
+        return _failures(err, ids) or {"schema": []}
+    return {}
 
 
 def split(cfg: dict, wl: Workload, shards, validations, outdir) -> dict:
