@@ -126,13 +126,20 @@ def give_wheel_cache(user: pwd.struct_passwd) -> Path | None:
     return dest
 
 
-def clone_head(user: pwd.struct_passwd, dest: Path, root: Path = PROJECT_ROOT) -> str:
+def clone_head(
+    user: pwd.struct_passwd, dest: Path, root: Path = PROJECT_ROOT, keep_envs: bool = False
+) -> str:
     """``git clone`` of ``root``'s HEAD into ``dest`` as ``user``; the commit cloned.
 
     The user clones a bundle of HEAD that root writes: the checkout itself may be in a
     directory the user cannot read, and git refuses to read a repository another user
     owns ("detected dubious ownership"). What the clone holds is the committed HEAD, as
-    in CI's fresh clone."""
+    in CI's fresh clone.
+
+    ``keep_envs``: a clone that an earlier run left in ``dest`` is brought to HEAD in
+    place instead (fetch, checkout, and ``git clean`` of everything untracked but its
+    venvs ``.venv`` and ``.venv-train``), so the user's ``make setup`` reinstalls an env
+    only where its lock stamp changed (scripts/setup.sh); no clone there: a fresh one."""
     head = subprocess.run(
         ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -146,12 +153,18 @@ def clone_head(user: pwd.struct_passwd, dest: Path, root: Path = PROJECT_ROOT) -
             check=True,
         )
         os.chmod(bundle, 0o644)
-        out = run_as_user(
-            f"rm -rf '{dest}' && git clone -q --no-checkout '{bundle}' '{dest}'"
-            f" && git -C '{dest}' checkout -q --detach {head}",
-            user,
-            timeout=300,
-        )
+        if keep_envs and (dest / ".git").is_dir():
+            git = f"git -C '{dest}'"
+            cmd = (
+                f"{git} fetch -q '{bundle}' HEAD && {git} checkout -q -f --detach {head}"
+                f" && {git} clean -q -ffdx -e /.venv -e /.venv-train"
+            )
+        else:
+            cmd = (
+                f"rm -rf '{dest}' && git clone -q --no-checkout '{bundle}' '{dest}'"
+                f" && git -C '{dest}' checkout -q --detach {head}"
+            )
+        out = run_as_user(cmd, user, timeout=300)
     if out.returncode != 0:
         raise AssertionError(f"git clone as {user.pw_name} failed:\n{out.stdout}")
     overlay_worktree(user, dest, root)
