@@ -240,7 +240,8 @@ def test_record_lists_the_loaded_modules(environ, modules, monkeypatch):
     checked against the run schema."""
     from jsonschema import Draft202012Validator
 
-    from hvdscale.record.build import environment_block, load_run_schema, loaded_modules
+    from hvdscale.record.build import load_run_schema
+    from hvdscale.record.environment import environment_block, loaded_modules
 
     assert loaded_modules(environ) == modules
     monkeypatch.delenv("LOADEDMODULES", raising=False)

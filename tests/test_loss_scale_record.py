@@ -31,7 +31,8 @@ from hvdscale.analysis.records import record_row
 from hvdscale.analysis.tables import read_runs, write_csv
 from hvdscale.config.load import validate_config
 from hvdscale.matrix.runtable import find_run
-from hvdscale.record.build import RecordError, environment_block, epoch_entry, validate_record
+from hvdscale.record.build import RecordError, epoch_entry, validate_record
+from hvdscale.record.environment import environment_block
 from hvdscale.record.timing import EpochTimer
 from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.rank import loss_scale_state, run_record

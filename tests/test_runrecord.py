@@ -16,14 +16,13 @@ import pytest
 from hvdscale.project import git_commit
 from hvdscale.record.build import (
     RecordError,
-    environment_block,
     finite_or_none,
-    mpi_version,
     read_record,
     validate_record,
     write_failure,
     write_run_outputs,
 )
+from hvdscale.record.environment import environment_block, mpi_version
 from hvdscale.record.history import HISTORY_COLUMNS, history_csv
 from hvdscale.record.run_summary import summarise
 from hvdscale.record.timing import TIMING_METHOD, EpochTimer, parse_timeline, split_error

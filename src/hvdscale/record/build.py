@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from hvdscale import native
 from hvdscale.config.load import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
-from hvdscale.project import git_commit
+from hvdscale.record.environment import horovod_env
 from hvdscale.record.history import history_csv
 from hvdscale.record.run_summary import noise_scale_block, summarise, target_block
 from hvdscale.record.startup import launch_to_target, total_startup
@@ -54,82 +53,6 @@ def finite_or_none(x):
 # --------------------------------------------------------------------------- environment
 
 
-def mpi_version() -> str:
-    """First line of ``mpirun --version``, or "none"."""
-    try:
-        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return "none"
-    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
-    return lines[0] if out.returncode == 0 and lines else "none"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def environment_block(
-    *,
-    config_hash: str,
-    hostnames: list[str],
-    devices: list[str],
-    tensorflow: str,
-    horovod: str,
-    started_utc: str,
-    cores: list[str] | None = None,
-    visible_gpus: list[str | None] | None = None,
-) -> dict:
-    """The record's ``environment``; ``cores`` (each rank's CPU affinity as
-    ``record.labelproof.compact_cores`` writes it, rank order) and ``visible_gpus`` (each
-    rank's CUDA_VISIBLE_DEVICES, None where unset) only when given,
-    ``modules`` (:func:`loaded_modules`) only under a module system."""
-    import numpy
-
-    env = {
-        "hostnames": list(hostnames),
-        "python": platform.python_version(),
-        "tensorflow": tensorflow,
-        "horovod": horovod,
-        "mpi": mpi_version(),
-        "numpy": numpy.__version__,
-        "git_commit": git_commit(),
-        "config_hash": config_hash,
-        "started_utc": started_utc,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        # issue 12: HVDSCALE_SLURM_NODELIST from hvdscale launch when the plugin's job
-        # step stripped SLURM_JOB_NODELIST (ranks not started by srun)
-        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST")
-        or os.environ.get("HVDSCALE_SLURM_NODELIST"),
-        "devices": list(devices),
-        "cpu_model": cpu_model(),
-        "platform": platform.platform(),
-    }
-    if cores is not None:
-        env["cores"] = list(cores)
-    if visible_gpus is not None:
-        # issue 29: each rank's CUDA_VISIBLE_DEVICES as the launcher (SLURM) set it
-        env["visible_gpus"] = list(visible_gpus)
-    modules = loaded_modules()
-    if modules is not None:
-        env["modules"] = modules
-    return env
-
-
-def loaded_modules(environ=None) -> list[str] | None:
-    """The environment modules loaded where this process runs (LOADEDMODULES, set by Lmod
-    and Environment Modules: colon-separated full names), or None without a module
-    system (the variable unset)."""
-    environ = os.environ if environ is None else environ
-    value = environ.get("LOADEDMODULES")
-    return None if value is None else [m for m in value.split(":") if m]
-
-
 def system_block(nodes: list[str]) -> dict:
     """The record's optional ``system`` (hvdscale.record.system.collect_system with the
     run's hosts as node names), checked against the run schema here so that writing the
@@ -159,27 +82,8 @@ def system_block(nodes: list[str]) -> dict:
 
 # --------------------------------------------------------------------------- the record
 
+
 # launcher book-keeping that says nothing about the configuration
-_HOROVOD_ENV_SKIP = (
-    "HOROVOD_GLOO_RENDEZVOUS",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_",
-    "HOROVOD_CROSS_",
-    "HOROVOD_HOSTNAME",
-)
-
-
-def horovod_env(environ=None) -> dict:
-    """The HOROVOD_* settings of this process (cycle time, timeline, operations, ...)."""
-    environ = os.environ if environ is None else environ
-    return {
-        k: v
-        for k, v in sorted(environ.items())
-        if k.startswith("HOROVOD_") and not k.startswith(_HOROVOD_ENV_SKIP)
-    }
-
-
 def epoch_entry(
     *,
     epoch: int,
@@ -366,6 +270,9 @@ def build_record(
     config["steps_per_epoch"] = steps_per_epoch
     if fault_delay:
         config["fault_delay"] = fault_delay
+    metric = workload_for(cfg).metric
+    stop = stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs")
+    b_local = run.batch * config["backward_passes_per_step"]
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
@@ -376,17 +283,8 @@ def build_record(
         "environment": environment,
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": epochs,
-        "summary": summarise(epochs, (target or {}).get("value"), workload_for(cfg).metric),
-        **_outcome_blocks(
-            epochs,
-            workers,
-            run.batch * config["backward_passes_per_step"],
-            tcfg,
-            target,
-            stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs"),
-            framework,
-            workload_for(cfg).metric,
-        ),
+        "summary": summarise(epochs, (target or {}).get("value"), metric),
+        **_outcome_blocks(epochs, workers, b_local, tcfg, target, stop, framework, metric),
         "loss_scale": loss_scale_block(loss_scale),  # issue 32: fp16's dynamic loss scale
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,
@@ -396,8 +294,7 @@ def build_record(
         "data": data,
         "finished_utc": utc_now(),
     }
-    if system is not None:
-        record["system"] = system
+    record.update({} if system is None else {"system": system})
     _add_startup(record, attempts)
     return record
 

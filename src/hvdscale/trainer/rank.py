@@ -31,14 +31,8 @@ from hvdscale.errors import UserError
 from hvdscale.matrix import backends
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runtable import find_run
-from hvdscale.record.build import (
-    EXIT_NAN,
-    build_record,
-    environment_block,
-    system_block,
-    utc_now,
-    write_run_outputs,
-)
+from hvdscale.record.build import EXIT_NAN, build_record, system_block, utc_now, write_run_outputs
+from hvdscale.record.environment import environment_block
 from hvdscale.record.startup import launch_stamp, startup_since
 from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
