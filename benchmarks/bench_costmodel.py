@@ -76,7 +76,7 @@ def restore(mode: str) -> None:
 
 
 def sweep_targets() -> list[str]:
-    from hvdscale.matrix.runtable import allreduce_jobs
+    from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
     from hvdscale.study.plan import merged_config
 
     cfg = merged_config([ROOT / CONFIG], None)

@@ -11,7 +11,8 @@ import pytest
 
 from hvdscale.config.load import validate_config
 from hvdscale.errors import ConfigError, UserError
-from hvdscale.matrix.runtable import allreduce_jobs, run_table
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
+from hvdscale.matrix.runtable import run_table
 from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.study.merge import Part, check_parts, merged_config
 

@@ -11,15 +11,9 @@ import yaml
 
 from hvdscale.config.load import count_parameters, load_config, validate_config
 from hvdscale.errors import ConfigError, UserError
+from hvdscale.matrix.allreduce_sweeps import allreduce_config, allreduce_jobs
 from hvdscale.matrix.runid import parse_run_id
-from hvdscale.matrix.runtable import (
-    allreduce_config,
-    allreduce_jobs,
-    find_run,
-    learning_rate_for,
-    run_config,
-    run_table,
-)
+from hvdscale.matrix.runtable import find_run, learning_rate_for, run_config, run_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

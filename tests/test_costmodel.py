@@ -288,7 +288,7 @@ def test_config_asks_for_sweeps_over_rank_and_node_counts():
 
     from hvdscale.config.load import validate_config
     from hvdscale.errors import ConfigError, UserError
-    from hvdscale.matrix.runtable import allreduce_jobs
+    from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
     from hvdscale.slurm.jobspec import JobSpec
 
     cfg = yaml.safe_load((F.PROJECT_ROOT / ".test" / "slurm-costmodel.yaml").read_text())

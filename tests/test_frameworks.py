@@ -18,9 +18,10 @@ import pytest
 from hvdscale.config.load import ConfigError, validate_config
 from hvdscale.launch.launchspec import build_launch
 from hvdscale.matrix import backends
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
 from hvdscale.matrix.runid import parse_run_id
 from hvdscale.matrix.runkinds import rerun_runs, target_config
-from hvdscale.matrix.runtable import allreduce_jobs, find_run, run_config, run_table
+from hvdscale.matrix.runtable import find_run, run_config, run_table
 from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.trainer.rank import check_framework, framework_for_run, load_framework
 

@@ -116,7 +116,8 @@ def _site_config(flags: str) -> dict:
 def test_site_sbatch_flags_reach_every_job_of_the_partition():
     """scaling.partitions.<name>.sbatch_flags: appended to the slurm_extra of training
     runs (1 and 2 workers) and allreduce sweeps; not in a run's or sweep's config slice."""
-    from hvdscale.matrix.runtable import allreduce_config, allreduce_jobs, run_config
+    from hvdscale.matrix.allreduce_sweeps import allreduce_config, allreduce_jobs
+    from hvdscale.matrix.runtable import run_config
 
     cfg = validate_config(_site_config("  --mail-type=FAIL   --mail-user=me@example.org "))
     two = JobSpec.for_workers(cfg, "haswell", "mpi", 2).slurm_resources()["slurm_extra"]
@@ -410,7 +411,8 @@ def test_gpu_bind_is_in_the_config_slice_of_gpu_runs_only(thesis):
     """A GPU run's slice (config.json) carries gpu_bind: it decides where each rank computes,
     so changing it retrains the partition's runs; the launcher reads it from the slice.
     A CPU partition ignores it: its runs' slices stay as they were before the key."""
-    from hvdscale.matrix.runtable import allreduce_config, run_config
+    from hvdscale.matrix.allreduce_sweeps import allreduce_config
+    from hvdscale.matrix.runtable import run_config
 
     run_id = "alpha_mpi_n2_w16_b75_lrnone_r0"
     per_task, single = _with_bind(thesis, "alpha", None), _with_bind(thesis, "alpha", "single")

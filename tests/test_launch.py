@@ -23,7 +23,7 @@ from hvdscale.launch.launchspec import (
     horovod_env,
 )
 from hvdscale.launch.runner import describe_failure, job_for
-from hvdscale.matrix.runtable import allreduce_config
+from hvdscale.matrix.allreduce_sweeps import allreduce_config
 from hvdscale.slurm.jobspec import JobSpec
 
 PROG = ["/venv/bin/python", "-m", "hvdscale.cli", "train", "--run-id", "X"]

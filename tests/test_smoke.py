@@ -10,7 +10,8 @@ import pytest
 
 from hvdscale.config import smoke
 from hvdscale.config.load import validate_config
-from hvdscale.matrix.runtable import allreduce_jobs, run_table
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
+from hvdscale.matrix.runtable import run_table
 from hvdscale.project import PROJECT_ROOT
 from hvdscale.slurm.preflight import preflights
 from hvdscale.study.plan import format_plan, merged_config, plan

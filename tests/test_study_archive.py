@@ -25,7 +25,8 @@ import yaml
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tuning import selection
 from hvdscale.figures.registry import FIGURE_NAMES
-from hvdscale.matrix.runtable import allreduce_jobs, run_table
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
+from hvdscale.matrix.runtable import run_table
 from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
 from hvdscale.study.plan import merged_config
 

@@ -24,13 +24,8 @@ from hvdscale.config.load import (
 from hvdscale.slurm.deployment import deployment_problem
 from hvdscale.errors import ConfigError
 from hvdscale.matrix.runkinds import rerun_runs, target_config
-from hvdscale.matrix.runtable import (
-    allreduce_config,
-    allreduce_jobs,
-    find_run,
-    run_config,
-    run_table,
-)
+from hvdscale.matrix.runtable import find_run, run_config, run_table
+from hvdscale.matrix.allreduce_sweeps import allreduce_config, allreduce_jobs
 from hvdscale.matrix.runid import RUN_ID_WILDCARD, parse_run_id
 from hvdscale.slurm.partitions import slurm_partition_problem
 from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec

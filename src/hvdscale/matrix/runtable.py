@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from hvdscale.errors import ConfigError, UserError
+from hvdscale.errors import ConfigError
 from hvdscale.matrix import backends
 from hvdscale.matrix.runid import (
     COMPILE_MODES,
@@ -29,7 +29,7 @@ from hvdscale.matrix.runid import (
 from hvdscale.matrix.subset import parse as parse_selection
 from hvdscale.matrix.subset import run_selected, sweep_selected
 from hvdscale.slurm.clusters import in_scope
-from hvdscale.slurm.jobspec import JobSpec, nodes_for, workers_per_node_for
+from hvdscale.slurm.jobspec import nodes_for, workers_per_node_for
 
 # the kinds of run and their index in the seed derivation (run_seed)
 SEED_KINDS = {"": 0, "cal": 1, "rerun": 2}
@@ -357,7 +357,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
         sub["training"]["max_train_s"] = None
         sub["training"]["stop_at_target"] = False
     sub["scaling"] = {
-        "partitions": {run.partition: _partition_slice(cfg, run.partition)},
+        "partitions": {run.partition: partition_slice(cfg, run.partition)},
         "sweeps": [
             {
                 "name": "run",
@@ -397,7 +397,7 @@ def run_config(cfg: dict, run_id: str, runs: dict[str, Run] | None = None) -> di
     return sub
 
 
-def _partition_slice(cfg: dict, partition: str) -> dict:
+def partition_slice(cfg: dict, partition: str) -> dict:
     """A partition's keys in a run's or sweep's config slice: not its site sbatch flags
     (mail, reservation: how the job is queued, not what it computes), so editing them
     retrains nothing and the slices of earlier configs stay as they were. ``gpu_bind``
@@ -419,94 +419,3 @@ def _frameworks_key(run: Run) -> dict:
     """The sweep key ``frameworks`` of a run's config slice: only for a framework other
     than the default, so the slices (and config hashes) of Horovod runs stay as they were."""
     return {} if run.framework == backends.DEFAULT_FRAMEWORK else {"frameworks": [run.framework]}
-
-
-# training keys an allreduce sweep depends on (launcher, OMP threads, Horovod knobs)
-ALLREDUCE_TRAINING_KEYS = ("launcher", "threads_per_worker", "horovod")
-
-
-def allreduce_config(cfg: dict, allreduce_id: str) -> dict:
-    """The part of the config one allreduce sweep depends on.
-
-    A valid config in itself: the sweep's partition, the train environment, the
-    training keys of ALLREDUCE_TRAINING_KEYS and one sweep naming the job's backend
-    and worker count (batch size and LR rule are placeholders: the sweep trains
-    nothing). Editing the report, other sweeps, data or other training settings
-    leaves it, and so the measured sweep, untouched.
-    """
-    job = JobSpec.for_allreduce_id(cfg, allreduce_id)
-    return {
-        "environment": copy.deepcopy(cfg["environment"]),
-        "training": {k: copy.deepcopy(cfg["training"][k]) for k in ALLREDUCE_TRAINING_KEYS},
-        "scaling": {
-            "partitions": {job.partition: _partition_slice(cfg, job.partition)},
-            "sweeps": [
-                {
-                    "name": "allreduce",
-                    "partitions": [job.partition],
-                    "workers": [job.workers],
-                    "backends": [job.backend],
-                    "batch_sizes": [1],
-                    "lr_rules": ["none"],
-                }
-            ],
-        },
-    }
-
-
-def allreduce_jobs(cfg: dict) -> list[dict]:
-    """One allreduce size sweep per (partition, backend, nodes, workers >= 2) of the Horovod
-    runs of the run table (the sweep measures Horovod's allreduce: torch-ddp runs add none)."""
-    seen = {}
-    for r in run_table(cfg):
-        if r.workers < 2 or r.framework != backends.DEFAULT_FRAMEWORK:
-            continue
-        key = f"{r.partition}_{r.backend}_n{r.nodes}_w{r.workers}"
-        seen.setdefault(
-            key,
-            {
-                "id": key,
-                "partition": r.partition,
-                "backend": r.backend,
-                "nodes": r.nodes,
-                "workers": r.workers,
-                "workers_per_node": r.workers_per_node,
-                "gpus_per_node": r.gpus_per_node,
-            },
-        )
-    for job in extra_allreduce_jobs(cfg):  # allreduce.sweeps: rank/node counts of their own
-        seen.setdefault(job["id"], job)
-    return [seen[k] for k in sorted(seen)]
-
-
-def extra_allreduce_jobs(cfg: dict) -> list[dict]:
-    """The sweeps of config key allreduce.sweeps: partition x backend x workers x nodes,
-    the ranks spread evenly over the nodes; combinations that do not fit are skipped."""
-    jobs = []
-    parts = cfg["scaling"]["partitions"]
-    for i, sw in enumerate(cfg.get("allreduce", {}).get("sweeps", [])):
-        for part in sw["partitions"]:
-            if part not in parts:
-                raise ConfigError(
-                    f"config key allreduce.sweeps.{i}.partitions: got {part!r}; expected one "
-                    f"of {', '.join(map(repr, sorted(parts)))} (keys of scaling.partitions)"
-                )
-            if not in_scope(cfg, part):  # only_cluster: another cluster's partition
-                continue
-            for be, w, n in itertools.product(sw["backends"], sw["workers"], sw["nodes"]):
-                try:
-                    job = JobSpec.for_workers(cfg, part, be, w, nodes=n)
-                except UserError:
-                    continue
-                jobs.append(
-                    {
-                        "id": f"{part}_{be}_n{n}_w{w}",
-                        "partition": part,
-                        "backend": be,
-                        "nodes": n,
-                        "workers": w,
-                        "workers_per_node": job.workers_per_node,
-                        "gpus_per_node": job.gpus_per_node,
-                    }
-                )
-    return jobs

@@ -17,8 +17,9 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
 from hvdscale.matrix.backends import DEFAULT_FRAMEWORK
-from hvdscale.matrix.runtable import allreduce_jobs, run_table
+from hvdscale.matrix.runtable import run_table
 from hvdscale.slurm.jobspec import JobSpec, slots_per_node
 
 #: the gradient of the default model: what each backend's allreduce must move

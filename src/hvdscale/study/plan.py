@@ -11,8 +11,9 @@ from pathlib import Path
 from hvdscale.config.load import check_results_dir, read_config_file, validate_config
 from hvdscale.errors import ConfigError
 from hvdscale.io import atomic_path
+from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
 from hvdscale.matrix.runkinds import rerun_runs
-from hvdscale.matrix.runtable import allreduce_jobs, run_table, tune_runs
+from hvdscale.matrix.runtable import run_table, tune_runs
 from hvdscale.matrix.subset import describe
 from hvdscale.slurm.gpu_support import gpu_support_notes
 from hvdscale.slurm.jobspec import JobSpec
