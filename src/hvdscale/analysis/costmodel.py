@@ -466,8 +466,7 @@ def run(args) -> int:
 
 
 def print_fit(result: dict) -> None:
-    """What hvdscale fit-costmodel says about its result: each fit, the held-out error,
-    the speedup error, the notes."""
+    """What fit-costmodel says: each fit, the held-out and speedup errors, the notes."""
     for f in result["fits"]:
         if f["alpha_s"] is not None and f["beta_Bps"]:
             print(

@@ -85,7 +85,7 @@ def sweep_selected(sel: dict, sweep: dict) -> bool:
 
 
 def run_selected(sel: dict, run) -> bool:
-    """Whether a run (hvdscale.config.load.Run) matches every key of the parsed selection."""
+    """Whether a run (hvdscale.matrix.runtable.Run) matches every key of the parsed selection."""
     names = {"partition": run.partition, "backend": run.backend, "lr": run.lr_rule}
     for key, value in names.items():
         if key in sel and value not in sel[key]:

@@ -249,7 +249,7 @@ def build_record(
 ) -> dict:
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
-    ``run``: the config's scaling-matrix row (hvdscale.config.load.find_run); ``cfg``: the full
+    ``run``: the config's scaling-matrix row (hvdscale.matrix.runtable.find_run); ``cfg``: the full
     validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
     test-only fault hook's setting (hvdscale.trainer.fault), recorded only when set;
     ``system``: system_block() of rank 0, recorded only when given (optional field);

@@ -167,7 +167,7 @@ class JobSpec:
 
     @classmethod
     def for_run(cls, cfg: dict, run) -> JobSpec:
-        """The layout of a run of the scaling matrix (a ``hvdscale.config.load.Run``)."""
+        """The layout of a run of the scaling matrix (a ``hvdscale.matrix.runtable.Run``)."""
         framework = getattr(run, "framework", DEFAULT_FRAMEWORK)
         return cls.for_workers(cfg, run.partition, run.backend, run.workers, framework=framework)
 
