@@ -16,6 +16,13 @@ from required_layers import (  # noqa: F401  (hooks: HVDSCALE_REQUIRE_LAYERS, is
 from hvdscale.config.load import data_section, validate_config
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``multinode`` tests run last, together, in their order: they share one
+    two-node cluster (slurm_support.slurm_cluster_two_nodes, session-scoped), so the
+    local cluster changes mode once per session instead of once per module."""
+    items.sort(key=lambda item: item.get_closest_marker("multinode") is not None)
+
+
 def make_data_config(**data) -> dict:
     """A validated data-section config ``{"seed", "data"}``; ``data`` overrides the defaults.
 

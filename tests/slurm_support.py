@@ -283,17 +283,21 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     restore("1" if before == "1" else "down")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_cluster_two_nodes() -> Iterator[dict[str, str]]:
-    """The local cluster in two-node mode (node1/node2 in their own network
-    namespaces); afterwards it is put back into the mode it had before."""
+    """The local cluster in two-node mode with the emulated alpha partition (node1/node2
+    in their own network namespaces; partition ``local`` spans both, ``alpha`` declares
+    the thesis's GPU nodes: ``up --nodes 2 --emulate alpha``), brought up once for every
+    two-node test of the session: tests/conftest.py runs the ``multinode`` tests last,
+    so the cluster changes mode once. Afterwards it is put back into the mode it had."""
     require_layer("multinode", slurm_skip_reason(2))
     before = cluster_mode()
-    try:
-        env = bring_up(2)
-    except AssertionError as exc:
-        pytest.fail(str(exc))
-    yield env
+    up = run_cluster_script(*mode_args("2-alpha"), timeout=300)
+    if up.returncode != 0:
+        pytest.fail(
+            f"slurm-cluster.sh up --nodes 2 --emulate alpha failed:\n{up.stdout}\n{up.stderr}"
+        )
+    yield cluster_env()
     restore(before)
 
 

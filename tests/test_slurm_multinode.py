@@ -41,14 +41,10 @@ from required_layers import require_layer
 from slurm_support import (
     PARTITION,
     PROJECT_ROOT,
-    cluster_env,
-    cluster_mode,
     horovod_skip_reason,
-    restore,
     run,
-    run_cluster_script,
     run_plugin,
-    slurm_skip_reason,
+    slurm_cluster_two_nodes,  # noqa: F401  (pytest fixture)
 )
 
 from hvdscale.matrix.runtable import run_table
@@ -63,16 +59,11 @@ GPUS, CPUS, MEM_MB = 8, 48, 990000  # per emulated alpha node (slurm-cluster.sh 
 
 
 @pytest.fixture(scope="module")
-def alpha_cluster():
-    require_layer("multinode", slurm_skip_reason(2))
+def alpha_cluster(slurm_cluster_two_nodes):
+    """The session's two-node cluster (slurm_support: brought up with the emulated alpha
+    partition once for all two-node tests)."""
     require_layer("horovod", horovod_skip_reason())
-    before = cluster_mode()
-    up = run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", timeout=300)
-    assert up.returncode == 0, up.stdout + up.stderr
-    env = cluster_env()
-    env["PYTHONPATH"] = str(ROOT / "src")
-    yield env
-    restore(before)
+    return {**slurm_cluster_two_nodes, "PYTHONPATH": str(ROOT / "src")}
 
 
 @pytest.fixture(scope="module")
