@@ -12,15 +12,18 @@ PROFILE ?= profiles/local
 # the results directory of $(CONFIG) (its results_dir)
 RESULTS_DIR = $$($(VENV)/bin/python -c 'import sys; from hvdscale.study.plan import merged_config; print(merged_config(sys.argv[1:])["results_dir"])' $(CONFIG))
 
-.PHONY: help setup run smoke report-partial plan status export report compare test test-quick test-slurm test-multinode \
+.PHONY: help setup setup-gpu run smoke report-partial plan status export report compare test test-quick test-slurm test-multinode \
         lint dry-run dry-run-thesis \
         bench bench-scaling bench-frameworks bench-train bench-data bench-costmodel perf-docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup:  ## install Debian packages (as root), .venv and .venv-train (Horovod wheel cached)
+setup:  ## install Debian packages (as root), .venv and .venv-train (Horovod wheel cached; keeps the train env's CPU or GPU variant)
 	bash scripts/setup.sh
+
+setup-gpu:  ## setup with the GPU train env: TF 2.15.1 + CUDA, torch's CUDA build, Horovod with NCCL (no GPU needed to build; envs/README.md)
+	HVD_GPU=1 bash scripts/setup.sh
 
 run: setup  ## the main job: whole pipeline on $(CONFIG) with $(PROFILE) -> results/report.pdf
 	$(SNAKEMAKE) --profile $(PROFILE) --configfile $(CONFIG) \

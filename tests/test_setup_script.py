@@ -27,7 +27,7 @@ def _path_without(tmp_path, leave_out, extra=None):
     """A PATH of one folder: symlinks to /usr/bin and /bin less `leave_out`, plus `extra`
     (name -> script text)."""
     bin_ = tmp_path / "bin"
-    bin_.mkdir()
+    bin_.mkdir(parents=True)
     for folder in ("/usr/bin", "/bin"):
         for entry in os.scandir(folder):
             if entry.name in leave_out or (bin_ / entry.name).exists():
@@ -43,7 +43,8 @@ MPI = {"mpicc", "mpirun", "mpiexec", "mpicxx", "mpic++", "mpiCC", "orterun"}
 
 
 def _check(*args, path=None, **env):
-    full = {**os.environ, "PYTHON": sys.executable, **env}
+    # a train env that does not exist: its variant (CPU or GPU) does not decide the key
+    full = {**os.environ, "PYTHON": sys.executable, "HVD_TRAIN_ENV": "/nonexistent/train", **env}
     if path is not None:
         full["PATH"] = path
     return subprocess.run(
@@ -131,8 +132,63 @@ def test_cache_key_names_the_mpi_on_path(tmp_path, mpicc, mpirun, key):
 
 
 def test_cache_key_names_cuda_only_for_a_gpu_build(tmp_path):
-    nvcc = "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n"
-    path = _path_without(tmp_path, {"nvcc"}, {"nvcc": nvcc})
-    assert "_cuda-none" in _check(path=path).stdout  # nvcc alone: a CPU build
+    nvcc = "#!/bin/sh\necho 'Cuda compilation tools, release {}, V{}.1'\n"
+    path = _path_without(tmp_path, {"nvcc"}, {"nvcc": nvcc.format("12.4", "12.4")})
+    r = _check(path=path)
+    assert "_cuda-none" in r.stdout  # nvcc alone: the CPU train env
+    assert "train env: cpu variant" in r.stdout
+    # GPU operations asked for: the GPU variant, compiled with CUDA 13 like torch's CUDA
+    # build; a CUDA 12 nvcc on PATH is not used, the lock's nvidia packages are
     r = _check(path=path, HOROVOD_GPU_OPERATIONS="NCCL")
-    assert "_openmpi-4.1.4_cuda-12.4" in r.stdout
+    assert "train env: gpu variant" in r.stdout
+    assert "_openmpi-4.1.4_cuda-13.0_torch-2.13.0" in r.stdout
+    assert "the nvcc on PATH is release 12.4, not CUDA 13" in r.stdout
+    # a CUDA 13 on PATH (a module) wins, and names the key
+    (tmp_path / "bin" / "nvcc").write_text(nvcc.format("13.1", "13.1"))
+    r = _check(path=path, HVD_GPU="1")
+    assert "_openmpi-4.1.4_cuda-13.1_torch-2.13.0" in r.stdout
+    assert "(from nvcc on PATH)" in r.stdout
+
+
+def test_gpu_switch_is_checked(tmp_path):
+    r = _check(HVD_GPU="maybe")
+    assert r.returncode == 2
+    assert "HVD_GPU='maybe': use 1 (GPU train env), 0 (CPU train env) or auto" in r.stderr
+    # an existing train env keeps its variant unless asked otherwise
+    env = tmp_path / "train"
+    env.mkdir()
+    (env / ".hvdscale-stamp").write_text("lock: x\nvariant: gpu\n")
+    r = _check(HVD_TRAIN_ENV=str(env))
+    assert "train env: gpu variant" in r.stdout
+    assert "train env: cpu variant" in _check(HVD_TRAIN_ENV=str(env), HVD_GPU="0").stdout
+
+
+def _stamp(r):
+    line = next(x for x in r.stdout.splitlines() if x.startswith("[setup] train env stamp: "))
+    return line.removeprefix("[setup] train env stamp: ")
+
+
+def test_train_env_stamp_follows_mpi_cuda_and_variant(tmp_path):
+    """The train env is reinstalled when its stamp changes: another MPI or CUDA on PATH, or
+    the other variant, gives another stamp."""
+    base = _stamp(_check(path=_path_without(tmp_path / "a", set())))
+    assert "variant: cpu" in base and "nvcc on PATH: none" in base
+    mpi5 = _path_without(
+        tmp_path / "b",
+        MPI,
+        {
+            "mpicc": "#!/bin/sh\necho 'mpicc: Open MPI 5.0.3 (Language: C)'\n",
+            "mpirun": "#!/bin/sh\necho 'mpirun (Open MPI) 5.0.3'\n",
+        },
+    )
+    nvcc = "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n"
+    cuda = _path_without(tmp_path / "c", {"nvcc"}, {"nvcc": nvcc})
+    stamps = {
+        base,
+        _stamp(_check(path=mpi5)),
+        _stamp(_check(path=cuda)),
+        _stamp(_check(path=_path_without(tmp_path / "d", set()), HVD_GPU="1")),
+    }
+    assert len(stamps) == 4
+    assert "release 12.4" in _stamp(_check(path=cuda))
+    assert "openmpi-5.0.3" in _stamp(_check(path=mpi5))
