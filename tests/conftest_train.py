@@ -54,6 +54,20 @@ def sub_env() -> dict:
     return env
 
 
+#: the fault hook (sitecustomize.py): Python loads it at start-up from PYTHONPATH
+HOOKS = Path(__file__).parent / "hooks"
+
+
+def fault_env(delay: str, env: dict | None = None) -> dict:
+    """``env`` (default sub_env()) with HVDSCALE_FAULT_DELAY=``delay`` (<phase>:<seconds>)
+    and the fault hook of tests/hooks ahead on PYTHONPATH, which the launcher passes to
+    every rank: each training step sleeps that long inside that phase."""
+    env = dict(sub_env() if env is None else env)
+    path = [str(HOOKS), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(PYTHONPATH=os.pathsep.join(path), HVDSCALE_FAULT_DELAY=delay)
+    return env
+
+
 def train_code_env(**extra: str) -> dict:
     """The environment of an inline train-env snippet: the source tree on the path."""
     env = sub_env()

@@ -73,14 +73,6 @@ def test_mpirun_mpi():
     assert s.env["HOROVOD_CPU_OPERATIONS"] == "mpi" and s.controller == "mpi"
 
 
-def test_mpirun_passes_the_fault_hook_to_the_ranks(monkeypatch):
-    monkeypatch.setenv("HVDSCALE_FAULT_DELAY", "sync:0.03")
-    s = spec("mpirun", "mpi")
-    assert "HVDSCALE_FAULT_DELAY" in [s.argv[i + 1] for i, a in enumerate(s.argv) if a == "-x"]
-    monkeypatch.delenv("HVDSCALE_FAULT_DELAY")
-    assert "HVDSCALE_FAULT_DELAY" not in spec("mpirun", "mpi").argv
-
-
 @pytest.mark.parametrize(
     "launcher, backend, framework",
     [

@@ -34,7 +34,6 @@ from hvdscale.matrix.runtable import find_run
 from hvdscale.record.build import RecordError, epoch_entry, validate_record
 from hvdscale.record.environment import environment_block
 from hvdscale.record.timing import EpochTimer
-from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.rank import loss_scale_state, run_record
 
 RUN_ID = "local_gloo_n1_w2_b75_lrnone_r0"
@@ -180,7 +179,7 @@ def record_of(loss_scale: dict | None) -> dict:
         SimpleNamespace(lr_base=1e-3, lr=1e-3, n_params=153441),
         SimpleNamespace(steps=30, info={"counts": {"train": 4500, "test": 1500}}),
         progress, result, SimpleNamespace(kind="cpu", interval_s=0.25, samples=[]),
-        FaultDelay(), environment, seed=12345, framework=framework, loss_scale=loss_scale,
+        environment, seed=12345, framework=framework, loss_scale=loss_scale,
     )  # fmt: skip
 
 

@@ -355,7 +355,7 @@ def test_split_error_of_a_real_looking_epoch():
 # --------------------------------------------------------------------------- build_record
 
 
-def built_record(fault_delay=None, system=None, attempts=None):
+def built_record(system=None, attempts=None):
     """A record made by record.build.build_record (as hvdscale train makes it) for a run of a
     validated config."""
     from hvdscale.config.load import validate_config
@@ -404,7 +404,6 @@ def built_record(fault_delay=None, system=None, attempts=None):
         timeline=None,
         timeline_check=None,
         data={"counts": {"train": 4500, "test": 1500}, "test_values": 3000},
-        fault_delay=fault_delay,
         system=system,
         seed=12345,
         target={"mode": "absolute", "value": 0.1},
@@ -420,7 +419,7 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     rec = built_record()
     validate_record(rec)
     assert rec["config"]["global_batch"] == 150 and rec["config"]["samples_per_epoch"] == 4500
-    assert rec["config"]["model_bytes"] == 4 * 153441 and "fault_delay" not in rec["config"]
+    assert rec["config"]["model_bytes"] == 4 * 153441
     assert rec["epochs"][2]["test_loss"] is None  # non-finite -> null
     assert set(HISTORY_COLUMNS) <= set(rec["epochs"][0])
     row, epoch_rows = record_row(rec, "metrics.json")
@@ -435,7 +434,6 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     assert rec["summary"]["best_val_loss"] == pytest.approx(0.2 / 3)
     assert rec["noise_scale"] is None  # no noise fields in these epochs
     assert rec["timing"]["instrumentation"]["instrumented_steps"] == 90
-    assert built_record("compute:0.03")["config"]["fault_delay"] == "compute:0.03"
     assert "system" not in rec  # optional: records without it stay valid
 
 

@@ -20,6 +20,7 @@ from conftest_train import (
     base_config,
     cached_data,
     check_plausible,
+    fault_env,
     kill_group,
     load_record,
     needs_train_env,
@@ -608,7 +609,7 @@ def test_the_noise_scale_sums_are_in_no_phase(tmp_path, tiny_run_setup):
     config.write_text(json.dumps(cfg))
     out = tmp_path / "run"
     cmd = torchrun_cmd(2, config, "local_torch-ddp_gloo_n1_w2_b8_lrnone_r0", data, out)
-    env = {**train_env(), "HVDSCALE_FAULT_DELAY": "noise:0.1"}
+    env = fault_env("noise:0.1", train_env())
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     ep = load_record(out)["epochs"][-1]

@@ -21,6 +21,7 @@ from conftest_train import (
     base_config,
     cached_data,
     check_plausible,
+    fault_env,
     kill_group,
     launch,  # noqa: F401
     load_record,
@@ -40,7 +41,6 @@ from hvdscale.record.build import model_bytes
 from hvdscale.record.timing import PHASES
 from hvdscale.trainer.checkpoint import ResumeState
 from hvdscale.trainer.data import plan_rows, steps_per_epoch
-from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.horovod_tf.step import build_step_program
 from hvdscale.trainer.horovod_tf.xla_cache import (
     DEVICE_TYPES_FLAG,
@@ -148,28 +148,6 @@ def test_resume_state_from_a_checkpoint_state():
     assert [a["start_epoch"] for a in r.attempts] == [0, 2] and r.utilisation_samples == []
 
 
-@pytest.mark.parametrize(
-    "text,phase,seconds",
-    [
-        (None, None, 0.0),
-        ("", None, 0.0),
-        ("sync:0.03", "sync", 0.03),
-        ("data:1", "data", 1.0),
-        ("noise:0.05", "noise", 0.05),
-    ],
-)
-def test_fault_delay_setting(text, phase, seconds):
-    f = FaultDelay.parse(text)
-    assert (f.phase, f.seconds, f.active) == (phase, seconds, phase is not None)
-    assert f.describe() == (None if phase is None else f"{phase}:{seconds:g}")
-
-
-@pytest.mark.parametrize("text", ["sync", "comms:0.1", "compute:x", "update:-1", "data:100"])
-def test_a_bad_fault_delay_is_a_clear_error(text):
-    with pytest.raises(UserError, match="HVDSCALE_FAULT_DELAY"):
-        FaultDelay.parse(text)
-
-
 def test_the_step_program_factory_takes_the_training_section_settings():
     class Recorded:  # stands in for StepProgram (whose constructor needs TensorFlow)
         def __init__(self, **kw):
@@ -178,20 +156,20 @@ def test_the_step_program_factory_takes_the_training_section_settings():
     tcfg = validate_config({})["training"]
     tcfg["horovod"].update(compression="fp16", backward_passes_per_step=2)
     tcfg["compile"] = "max"  # issue 32: XLA for the compute phase
-    fault = FaultDelay.parse("sync:0.01")
     p = build_step_program(
         "model", "opt", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), val=(5, 6),
-        batch=8, device="/cpu:0", fault=fault, program=Recorded,
+        batch=8, device="/cpu:0", program=Recorded,
     )  # fmt: skip
     assert p.kw == {
         **dict(model="model", optimizer="opt", worker=WorkerInfo(), batch=8, device="/cpu:0"),
-        **dict(x_train=1, y_train=2, x_test=3, y_test=4, x_val=5, y_val=6, fault=fault),
+        **dict(x_train=1, y_train=2, x_test=3, y_test=4, x_val=5, y_val=6),
         "in_device_memory": tcfg["data_in_device_memory"],
         "compression": "fp16",
         "backward_passes_per_step": 2,
         "xla": True,
         "loss_scaling": False,  # fp32: no loss scale
         "compile_cache": None,  # issue 32: XLA's persistent cache folder (the framework's)
+        "loss": "mse",  # the workload's loss (stress-strain: mean squared error)
     }
     p = build_step_program(
         "m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8, device="d",
@@ -200,7 +178,7 @@ def test_the_step_program_factory_takes_the_training_section_settings():
     )  # fmt: skip
     assert p.kw["compile_cache"] == "results/cache/xla"
     assert p.kw["in_device_memory"] is not tcfg["data_in_device_memory"]
-    assert (p.kw["x_val"], p.kw["y_val"], p.kw["fault"]) == (None, None, None)
+    assert (p.kw["x_val"], p.kw["y_val"]) == (None, None)
     assert p.kw["xla"] is True
     tcfg["compile"] = "off"
     p = build_step_program("m", "o", WorkerInfo(), tcfg, train=(1, 2), test=(3, 4), batch=8,
@@ -713,7 +691,7 @@ def _flip_byte(path: Path, offset: int) -> None:
         fh.write(bytes([b[0] ^ 0xFF]))
 
 
-def _train_direct(cfg, rid, data, out, **env):
+def _train_direct(cfg, rid, data, out, env=None):
     return subprocess.run(
         [
             str(TRAIN_PY),
@@ -732,7 +710,7 @@ def _train_direct(cfg, rid, data, out, **env):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**sub_env(), **env},
+        env=env or sub_env(),
     )
 
 
@@ -860,7 +838,7 @@ def test_linear_lr_rule_with_warmup(tmp_path, train_data):
     assert [e["warmup"] for e in rec["epochs"]] == [True, True, False]
 
 
-# Phase attribution, shown by fault injection (HVDSCALE_FAULT_DELAY, docs/timing.md): a
+# Phase attribution, shown by fault injection (fault_env, docs/timing.md): a
 # known delay added to every step inside one phase must show up in exactly that phase.
 FAULT_DELAY_S = 0.1
 FAULT_TOLERANCE = 0.2  # of the delay: the faulted phase's growth, and any other phase's
@@ -879,15 +857,11 @@ def test_an_injected_delay_lands_in_exactly_its_phase(tmp_path, train_data):
     per_step = {}
     for phase in PHASES:
         out = tmp_path / phase
-        fault = f"{phase}:{FAULT_DELAY_S}"
-        r = _train_direct(
-            cfg, "local_gloo_n1_w1_b150_lrnone_r0", train_data, out, HVDSCALE_FAULT_DELAY=fault
-        )
+        fault = fault_env(f"{phase}:{FAULT_DELAY_S}")
+        r = _train_direct(cfg, "local_gloo_n1_w1_b150_lrnone_r0", train_data, out, env=fault)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "fault injection" in r.stderr
-        rec = load_record(out)
-        assert rec["config"]["fault_delay"] == fault
-        ep = rec["epochs"][0]
+        assert f"fault injection {phase}:{FAULT_DELAY_S:g} s per step" in r.stderr
+        ep = load_record(out)["epochs"][0]
         per_step[phase] = {p: ep[f"time_{p}_s"] / ep["steps"] for p in PHASES}
     growth = {}
     for faulted in PHASES:
@@ -917,7 +891,7 @@ def test_the_noise_scale_sums_are_in_no_phase(tmp_path, train_data):
         tmp_path / "config.json", base_config(epochs=1, warmup_epochs=0, instrument_every=1)
     )
     out = tmp_path / "run"
-    fault = {"HVDSCALE_FAULT_DELAY": f"noise:{FAULT_DELAY_S}"}
+    fault = fault_env(f"noise:{FAULT_DELAY_S}")
     r = launch(cfg, "local_gloo_n1_w2_b75_lrnone_r0", train_data, out, env=fault)
     assert r.returncode == 0 and "fault injection" in r.stderr, r.stderr[-3000:]
     rec = load_record(out)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest_train import (
     base_config,
+    fault_env,
     launch,
     load_record,
     needs_train_env,
@@ -283,7 +284,7 @@ def test_instrument_every_10_scales_the_phase_split_and_counts_the_calls(tmp_pat
         base_config(epochs=2, warmup_epochs=1, steps_per_execution=1, timeline_steps=5),
     )
     out = tmp_path / "run"
-    _run_ok(cfg, RUN_1W, train_data, out, env={"HVDSCALE_FAULT_DELAY": f"compute:{FAULT_S}"})
+    _run_ok(cfg, RUN_1W, train_data, out, env=fault_env(f"compute:{FAULT_S}"))
     rec = load_record(out)
     assert rec["config"]["instrument_every"] == 10
     for e in rec["epochs"]:

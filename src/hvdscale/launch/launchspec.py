@@ -43,7 +43,6 @@ PASS_ENV = (
     "HVDSCALE_LAUNCHER",
     "OMP_NUM_THREADS",
     "HVDSCALE_ORPHAN_WATCHDOG",
-    "HVDSCALE_FAULT_DELAY",  # test-only delay in one phase of the step (docs/timing.md)
     "SLURM_JOB_ID",
     "SLURM_JOB_NODELIST",
     "CUDA_VISIBLE_DEVICES",

@@ -237,7 +237,6 @@ def build_record(
     timeline: str | None,
     timeline_check: dict | None,
     data: dict,
-    fault_delay: str | None = None,
     system: dict | None = None,
     seed: int | None = None,
     kind: str = "",
@@ -250,9 +249,8 @@ def build_record(
     """The run record (metrics.json) of a training run, as run.schema.json describes it.
 
     ``run``: the config's scaling-matrix row (hvdscale.matrix.runtable.find_run); ``cfg``: the full
-    validated config; ``utilisation``: kind, interval_s and samples; ``fault_delay``: the
-    test-only fault hook's setting (hvdscale.trainer.fault), recorded only when set;
-    ``system``: system_block() of rank 0, recorded only when given (optional field);
+    validated config; ``utilisation``: kind, interval_s and samples; ``system``:
+    system_block() of rank 0, recorded only when given (optional field);
     ``seed``: the run's derived seed (hvdscale.matrix.runtable.run_seed; the config's seed when
     None); ``kind``: '' | 'cal' | 'rerun'; ``target``: {"value", "mode"} of the
     validation-loss target (None: no target, the budget is trained); ``stop_reason``: why
@@ -268,8 +266,6 @@ def build_record(
     )
     config.update(_step_config(cfg, model_parameters, steps_per_epoch * run.batch * workers))
     config["steps_per_epoch"] = steps_per_epoch
-    if fault_delay:
-        config["fault_delay"] = fault_delay
     metric = workload_for(cfg).metric
     stop = stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs")
     b_local = run.batch * config["backward_passes_per_step"]

@@ -7,8 +7,8 @@
   and the book-keeping collectives), data (row planning, reading, normalisation, steps
   per epoch), model (the network's facts), schedule (the LR warm-up), protocols (what the loop
   asks of a step program and an optimizer), checkpoint (find/save, ResumeState), metrics
-  (EpochMetrics and its allreduce), loop (the epochs), utilisation (the CPU sampler),
-  fault (test-only delay hook): shared by the frameworks;
+  (EpochMetrics and its allreduce), loop (the epochs), utilisation (the CPU sampler):
+  shared by the frameworks;
 - one folder per framework: horovod_tf (the default), torch_ddp.
 
 The run record is built by hvdscale.record.build. Nothing here imports TensorFlow,

@@ -19,7 +19,6 @@ rank's frame (``trainer.frame.run_rank``: pid file, signals, exit marker).
 from __future__ import annotations
 
 import importlib
-import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -38,7 +37,6 @@ from hvdscale.record.timing import timeline_check
 from hvdscale.target import read_target
 from hvdscale.trainer.checkpoint import Checkpointer
 from hvdscale.trainer.data import load_rank_data
-from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.frame import run_rank
 from hvdscale.trainer.loop import LoopPlan, TimelineWindow, train_epochs
 from hvdscale.trainer.placement import GpuDemand, affinity, cuda_visible_devices
@@ -82,7 +80,7 @@ class Framework(Protocol):
         and warm-up, built so that its state exists before it is restored or broadcast."""
 
     def step_program(
-        self, optim, worker, tcfg: dict, device, *, train, test, val, batch: int, fault
+        self, optim, worker, tcfg: dict, device, *, train, test, val, batch: int
     ) -> Steps:
         """The rank's step program over its rows (``train``/``test``/``val``: (x, y))."""
 
@@ -162,7 +160,6 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     check_worker_count(run_, worker)
     log = root_logger(worker, framework.log_name)
     log(f"{run_.run_id}: {rank.summary}" + (f", bound to cores {rank.bound}" if rank.bound else ""))
-    fault = announce_fault(FaultDelay.from_env())
 
     data = load_rank_data(Path(args.data_dir), cfg, worker, run_.batch)
     optim = framework.optimisation(cfg, run_, worker, data.steps, rank.device)
@@ -182,7 +179,6 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
     program = framework.step_program(
         optim, worker, tcfg, rank.device, train=(data.x_train, data.y_train),
         test=(data.x_test, data.y_test), val=(data.x_val, data.y_val), batch=run_.batch,
-        fault=fault,
     )  # fmt: skip
     data.release()
     warm_up_started = time.perf_counter()
@@ -208,7 +204,7 @@ def train_rank(args, out_dir: Path, framework: Framework) -> int:
         # while it writes the record; rank 0's exit status speaks for the job
         return 0
     record = run_record(
-        run_, cfg, worker, optim, data, progress, result, sampler, fault, environment,
+        run_, cfg, worker, optim, data, progress, result, sampler, environment,
         system, seed=seed, target=target, framework=framework, loss_scale=loss_scale,
     )  # fmt: skip
     record["timing"]["warm_up_s"] = round(warm_up_s, 4)
@@ -231,7 +227,6 @@ def run_record(
     progress,
     result,
     sampler,
-    fault,
     environment,
     system=None,
     *,
@@ -264,7 +259,6 @@ def run_record(
             timeline, result.rank_sync_s, progress.epochs_this_attempt(), worker.size
         ),
         data={**data.info, "test_values": result.test_values},
-        fault_delay=fault.describe(),
         system=system,
         seed=seed,
         kind=getattr(run_, "kind", ""),
@@ -320,17 +314,6 @@ def root_logger(worker: WorkerInfo, name: str = "hvdscale train"):
     if worker.is_root:
         return lambda msg: print(f"[{name}] {msg}", flush=True)
     return lambda msg: None
-
-
-def announce_fault(fault: FaultDelay) -> FaultDelay:
-    if fault.active:
-        print(
-            f"hvdscale train: WARNING: fault injection {fault.describe()} s per step "
-            "(HVDSCALE_FAULT_DELAY; test only): the timings of this run are not results",
-            file=sys.stderr,
-            flush=True,
-        )
-    return fault
 
 
 def describe_environment(

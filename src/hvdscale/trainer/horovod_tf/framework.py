@@ -70,10 +70,10 @@ class HorovodTF:
     def optimisation(self, cfg: dict, run_, worker, steps: int, device) -> Optimisation:
         return Optimisation.build(cfg, run_.lr_rule, worker.size, steps, run_.seed)
 
-    def step_program(self, optim, worker, tcfg, device, *, train, test, val, batch, fault):
+    def step_program(self, optim, worker, tcfg, device, *, train, test, val, batch):
         return build_step_program(
             optim.model, optim.optimizer, worker, tcfg, train=train, test=test, val=val,
-            batch=batch, device=device, fault=fault, compile_cache=self.compile_cache,
+            batch=batch, device=device, compile_cache=self.compile_cache,
             loss=optim.loss,
         )  # fmt: skip
 

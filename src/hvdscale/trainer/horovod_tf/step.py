@@ -26,7 +26,6 @@ import numpy as np
 
 from hvdscale.matrix import backends
 from hvdscale.record.timing import STEP_PARTS
-from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.horovod_tf.batches import DeviceBatches, HostBatches
 from hvdscale.trainer.horovod_tf.clocks import NoClock, PhaseClock
 from hvdscale.trainer.horovod_tf.loss_scale import DynamicLossScale
@@ -55,8 +54,6 @@ class StepProgram:
 
     ``run_steps(start, n, timed)`` runs n optimizer steps (micro-batches) in one graph
     execution; the timed variant carries the phase timestamps (see hvdscale.record.timing).
-    ``fault``: a test-only delay inside one phase (hvdscale.trainer.fault; default from the
-    environment, off).
     """
 
     def __init__(
@@ -74,7 +71,6 @@ class StepProgram:
         in_device_memory: bool,
         compression: str,
         backward_passes_per_step: int,
-        fault: FaultDelay | None = None,
         x_val=None,
         y_val=None,
         xla: bool = False,
@@ -106,7 +102,6 @@ class StepProgram:
                               "compile_cache_hits": None,
                               "compile_cache_misses": None}  # fmt: skip
         self.n_local = len(x_train)
-        self.fault = FaultDelay.from_env() if fault is None else fault
         hvd = worker.hvd
         self.compression = None
         if hvd is not None:
@@ -199,7 +194,14 @@ class StepProgram:
             op = self._noise(local, reduced, clock)
         if op is None:
             return t3 - t3
-        return clock.stamp(self.fault.inject("noise", [op])) - t3
+        return clock.stamp(self._phase_end("noise", [op])) - t3
+
+    def _phase_end(self, phase: str, tensors: list) -> list:
+        """The tensors that end ``phase`` (a part of hvdscale.record.timing.STEP_PARTS: data,
+        compute, sync, update, or noise, the noise-scale sums), unchanged. The phase's end
+        timestamp waits for what this returns (timed and plain steps), so an op a subclass
+        adds here is that phase's work (docs/timing.md: a known delay here validates it)."""
+        return list(tensors)
 
     def _read_back(self, deps):
         with self.tf.control_dependencies(deps):
@@ -223,7 +225,7 @@ class StepProgram:
         tf = self.tf
         with clock.after(t_prev):
             x, y = self.source.fetch(j, feed)
-        x, y = self.fault.inject("data", [x, y])
+        x, y = self._phase_end("data", [x, y])
         t1 = clock.stamp([x, y])
         with clock.after(t1):
             x = tf.identity(x)
@@ -261,18 +263,18 @@ class StepProgram:
     def _sync_and_update(self, grads, loss, clock):
         """Allreduce and apply every step: the compute, sync and update boundaries."""
         tf = self.tf
-        *grads, loss = self.fault.inject("compute", [*grads, loss])
+        *grads, loss = self._phase_end("compute", [*grads, loss])
         t2 = clock.stamp([*grads, loss])
         with clock.after(t2):
             grads = [tf.identity(g) for g in grads]
         local = grads
         grads = self._allreduce(grads)  # HVD: synchronisation phase
-        grads = self.fault.inject("sync", grads)
+        grads = self._phase_end("sync", grads)
         t3 = clock.stamp(grads)
         gap = self._noise_after(t3, local, grads, clock)
         with clock.after(t3 + gap):
             grads = [tf.identity(g) for g in grads]
-        done = self.fault.inject("update", self._apply(grads))
+        done = self._phase_end("update", self._apply(grads))
         t4 = clock.stamp(done)
         return t2, t3, t4, gap
 
@@ -281,13 +283,13 @@ class StepProgram:
         tf = self.tf
         acc_ops = [a.assign_add(g) for a, g in zip(self.acc, grads)]
         m = self.micro.assign_add(1)
-        t2 = clock.stamp(self.fault.inject("compute", acc_ops + [loss]))
+        t2 = clock.stamp(self._phase_end("compute", acc_ops + [loss]))
 
         def sync_and_apply():
             with clock.after(t2):
                 avg = [a.read_value() / float(self.bpps) for a in self.acc]
             red = self._allreduce(avg)  # HVD: synchronisation phase
-            red = self.fault.inject("sync", red)
+            red = self._phase_end("sync", red)
             t3 = clock.stamp(red)
             gap = self._noise_after(t3, avg, red, clock)
             with clock.after(t3 + gap):
@@ -295,7 +297,7 @@ class StepProgram:
             done = self._apply(red)
             with tf.control_dependencies(done):
                 resets = [a.assign(tf.zeros_like(a)) for a in self.acc]
-            t4 = clock.stamp(self.fault.inject("update", done + resets))
+            t4 = clock.stamp(self._phase_end("update", done + resets))
             return t3, t4, gap
 
         def skip():
@@ -462,7 +464,6 @@ def build_step_program(
     batch: int,
     device: str,
     val: tuple = (None, None),
-    fault: FaultDelay | None = None,
     in_device_memory: bool | None = None,
     program: type[StepProgram] = StepProgram,
     compile_cache: str | None = None,
@@ -491,7 +492,6 @@ def build_step_program(
         in_device_memory=in_device_memory,
         compression=training["horovod"]["compression"],
         backward_passes_per_step=training["horovod"]["backward_passes_per_step"],
-        fault=fault,
         xla=training.get("compile", "off") != "off",
         loss_scaling=training.get("precision", "fp32") == "fp16",
         compile_cache=compile_cache,

@@ -94,10 +94,8 @@ class TorchDDP:
             cfg, run_.lr_rule, worker.size, steps, run_.seed, device=device
         )
 
-    def step_program(self, optim, worker, tcfg, device, *, train, test, val, batch, fault):
-        return TorchStepProgram(
-            optim, worker, tcfg, train=train, test=test, val=val, batch=batch, fault=fault
-        )
+    def step_program(self, optim, worker, tcfg, device, *, train, test, val, batch):
+        return TorchStepProgram(optim, worker, tcfg, train=train, test=test, val=val, batch=batch)
 
     def timeline_window(self, worker, tcfg: dict, out_dir: Path, start_epoch: int):
         return None

@@ -68,7 +68,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hvdscale.record.timing import STEP_PARTS
-from hvdscale.trainer.fault import FaultDelay
 from hvdscale.trainer.protocols import EVAL_BATCH
 from hvdscale.trainer.torch_ddp.device import synchronizer
 from hvdscale.trainer.torch_ddp.net import TorchOptimisation
@@ -201,7 +200,7 @@ class TorchStepProgram:
     ``worker.device``, the CPU when None) and steps."""
 
     def __init__(self, optim: TorchOptimisation, worker, training: dict, *, train, test,
-                 val, batch: int, fault: FaultDelay | None = None):  # fmt: skip
+                 val, batch: int):  # fmt: skip
         self.optim, self.worker = optim, worker
         self.net = optim.net
         self.device = getattr(worker, "device", None) or torch.device("cpu")
@@ -231,7 +230,6 @@ class TorchStepProgram:
             self.ddp.register_comm_hook(None, self.hook_timer.hook)
         self.bpps = int(training["horovod"]["backward_passes_per_step"])
         self.batch = int(batch)
-        self.fault = FaultDelay() if fault is None else fault
         self.x, self.y = self._on_device(train[0]), self._on_device(train[1])
         self.x_test, self.y_test = self._on_device(test[0]), self._on_device(test[1])
         self.has_val = val[0] is not None
@@ -256,9 +254,11 @@ class TorchStepProgram:
     def _zero(self) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def _delay(self, phase: str) -> None:
-        if self.fault.phase == phase:
-            time.sleep(self.fault.seconds)
+    def _phase_end(self, phase: str) -> None:
+        """Called when the work of ``phase`` (a part of hvdscale.record.timing.STEP_PARTS:
+        data, compute, sync, update, or noise, the noise-scale sums) is done and before its
+        end is read (timed steps): nothing here. What a subclass does here counts as that
+        phase's time (docs/timing.md: how a known delay here validates the attribution)."""
 
     def _batch(self, j: int):
         idx = self.perm[j * self.batch : (j + 1) * self.batch]
@@ -310,7 +310,7 @@ class TorchStepProgram:
         t0 = time.perf_counter()
         x, y = self._batch(j)
         self.sync()
-        self._delay("data")
+        self._phase_end("data")
         t1 = time.perf_counter()
         self.micro += 1
         with self.ddp.no_sync():
@@ -318,18 +318,18 @@ class TorchStepProgram:
             self._backward(loss)
         self.loss_sum += loss.detach().double()
         self.sync()
-        self._delay("compute")
+        self._phase_end("compute")
         t2 = time.perf_counter()
         t3 = t4 = t2
         noise = 0.0
         if self.micro % self.bpps == 0:
             noise = self._allreduce_grads()
             self.sync()
-            self._delay("sync")
+            self._phase_end("sync")
             t3 = time.perf_counter()
             self._update()
             self.sync()
-            self._delay("update")
+            self._phase_end("update")
             t4 = time.perf_counter()
         # the noise-scale sums belong to no phase (plain steps do not compute them)
         self.timers += (t1 - t0, t2 - t1, t3 - t2 - noise, t4 - t3, noise)
@@ -356,7 +356,7 @@ class TorchStepProgram:
             at += g.numel()
         t = time.perf_counter()
         self.gsq += (local_sq, float(torch.sum(flat.double() ** 2)) * inv2, 1.0)
-        self._delay("noise")
+        self._phase_end("noise")
         return noise + time.perf_counter() - t
 
     # ------------------------------------------------------------------ host side
