@@ -14,6 +14,7 @@ from hvdscale.analysis.noise_scale import (
     estimate,
     implied_critical_batch,
     near_target_window,
+    predicted_epochs_interval,
     predicted_epochs_ratio,
     window_sums,
 )
@@ -60,6 +61,16 @@ def test_predicted_epochs_ratio():
     assert predicted_epochs_ratio(75, 150, 1e9) == pytest.approx(1.0)
     assert predicted_epochs_ratio(1000, 2000, 1000) == pytest.approx(2 / 3)
     assert math.isnan(predicted_epochs_ratio(75, 150, math.nan))
+
+
+def test_the_predicted_epochs_ratio_has_the_interval_of_the_critical_batch():
+    lo, hi = predicted_epochs_interval(75, 150, 500.0, 2500.0)
+    assert (lo, hi) == pytest.approx((115 / 130, 103 / 106))
+    assert lo < predicted_epochs_ratio(75, 150, 1200.0) < hi
+    # open ends: no critical batch above 0 gives the noise-free limit B_1/B_n, none below inf 1
+    assert predicted_epochs_interval(75, 150, -3.0, math.inf) == pytest.approx((0.5, 1.0))
+    for no_interval in ((math.nan, 2500.0), (None, None)):
+        assert all(math.isnan(v) for v in predicted_epochs_interval(75, 150, *no_interval))
 
 
 def test_implied_critical_batch_inverts_the_prediction():

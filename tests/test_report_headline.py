@@ -101,7 +101,7 @@ def test_sentence_when_censored_has_no_median_and_names_the_factor():
     none = headline_sentence(RF.censored_row(0))
     assert none.startswith("2 workers do not reach the target (0/5 reached, 5 hit the budget)")
     assert "epoch time 1.80x" in none and "needs more epochs" in none
-    assert "predicts an epochs ratio of 0.94" in none and "faster than" not in none
+    assert f"predicts an epochs ratio of 0.94 [0.88{D}0.97]" in none and "faster than" not in none
     some = headline_sentence(RF.censored_row(2))
     assert "reach the target in only 2/5 runs (2/5 reached, 3 hit the budget): no median" in some
     # an epoch-time interval that holds 1 names no factor (no direction from the point)
@@ -430,7 +430,7 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
         ", ".join([fmt.seconds(5.0)] + [CENSORED] * (n_gloo2 - 1)),
         "Epochs ratio",
         "adding workers still pays at equal accuracy up to a global batch of about 1,200",
-        "predicted epochs ratio 0.94, measured 0.90",
+        f"predicted epochs ratio 0.94 [0.88{D}0.97], measured 0.90",
         "the epochs-to-target factor (statistics) stops it",
         "0.0105 = (1 + 5 %) x 0.01",
         RF.CI_METHOD,
@@ -462,7 +462,11 @@ def test_noise_sentence_states_a_batch_limit_only_where_interval_and_ratio_agree
 
     # measured 0.90 at 75/150 implies B_crit (0.9 x 150 - 75) / (1 - 0.9) = 600
     agree = sentence(epochs_ratio=0.90, predicted_epochs_ratio=0.94)  # interval 500-2,500
-    assert f"B_simple = 1,200 [500{D}2,500]; predicted epochs ratio 0.94, measured 0.90" in agree
+    # the predicted ratio's interval: the ratios at B_simple's ends, 500 and 2,500
+    assert (
+        f"B_simple = 1,200 [500{D}2,500]; predicted epochs ratio 0.94 [0.88{D}0.97], "
+        "measured 0.90" in agree
+    )
     assert "which the same model gives for a critical batch of about 600, inside" in agree
     assert agree.endswith(limit)
     # the same point estimates with a narrower interval that misses 600: no limit, although
@@ -481,13 +485,14 @@ def test_noise_sentence_states_a_batch_limit_only_where_interval_and_ratio_agree
     # fewer than 3 runs: no interval, so no limit, whatever the point estimates say
     none = sentence(epochs_ratio=0.90, b_simple_lo=math.nan, b_simple_hi=math.nan)
     assert "B_simple = 1,200 (no interval; the note says why)" in none
+    assert "predicted epochs ratio 0.94 (point estimate), measured 0.90" in none
     assert "with no interval to compare: " in none and none.endswith(no_limit)
     # the default run's case: B_simple 3 predicts 0.51, the runs needed only 1.23x the epochs
     miss = sentence(
         b_simple=3.0, b_simple_lo=2.0, b_simple_hi=5.0, critical_batch=3.0,
         predicted_epochs_ratio=0.51, epochs_ratio=0.81,
     )  # fmt: skip
-    assert f"B_simple = 3 [2{D}5]; predicted epochs ratio 0.51, measured 0.81" in miss
+    assert f"B_simple = 3 [2{D}5]; predicted epochs ratio 0.51 [0.51{D}0.52], measured 0.81" in miss
     assert "critical batch of about 245, outside" in miss and miss.endswith(no_limit)
     assert "not measured" in sentence(epochs_ratio=math.nan)
     assert sentence(b_simple=math.nan, critical_batch=math.nan) is None

@@ -252,6 +252,19 @@ def predicted_epochs_ratio(b_1: float, b_n: float, b_crit: float) -> float:
     return (1.0 + b_1 / b_crit) / (1.0 + b_n / b_crit)
 
 
+def predicted_epochs_interval(b_1: float, b_n: float, b_lo, b_hi) -> tuple[float, float]:
+    """The interval of predicted_epochs_ratio over B_crit's interval [b_lo, b_hi] (the
+    bootstrap interval of B_simple): the ratio rises with B_crit, so its ends are the
+    ratios at the interval's ends (b_1/b_n, the limit, where b_lo is not above 0; 1 where
+    b_hi is infinite). (NaN, NaN) without an interval."""
+    lo, hi = _number(b_lo), _number(b_hi)
+    if math.isnan(lo) or math.isnan(hi) or not b_n > 0:
+        return math.nan, math.nan
+    low = predicted_epochs_ratio(b_1, b_n, lo) if lo > 0 else b_1 / b_n
+    high = predicted_epochs_ratio(b_1, b_n, hi) if math.isfinite(hi) else 1.0
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else (math.nan, math.nan)
+
+
 def implied_critical_batch(b_1: float, b_n: float, ratio: float) -> float:
     """The B_crit for which the model gives the measured epochs ratio E(B_1)/E(B_n)
     (predicted_epochs_ratio solved for B_crit): (ratio B_n - B_1) / (1 - ratio).

@@ -24,7 +24,13 @@ from hvdscale.analysis.noise_scale import NEAR_TARGET_EPOCHS, agrees, implied_cr
 from hvdscale.analysis.stats import censored_median
 from hvdscale.matrix.runid import config_id, run_kind
 from hvdscale.report import fmt
-from hvdscale.report.headline_text import no_median, survival_clause, with_interval, workers_text
+from hvdscale.report.headline_text import (
+    no_median,
+    predicted_ratio_text,
+    survival_clause,
+    with_interval,
+    workers_text,
+)
 
 CENSORED = "> budget"
 DIVERGED = "diverged"
@@ -209,7 +215,11 @@ def noise_sentence(x) -> str | None:
         + (f" {ci}" if ci else " (no interval; the note says why)")
     )
     p, m = x.predicted_epochs_ratio, x.epochs_ratio
-    pred = f"predicted epochs ratio {fmt.speedup(p)}" if fmt.isnum(p) else "no prediction"
+    pred = (
+        f"predicted epochs ratio {predicted_ratio_text(p, b_1, b_n, lo, hi)}"
+        if fmt.isnum(p)
+        else "no prediction"
+    )
     if not fmt.isnum(m):
         return head + f"; {pred}, not measured (no median epochs to target)."
     implied = implied_critical_batch(b_1, b_n, float(m))

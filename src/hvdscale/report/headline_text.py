@@ -27,6 +27,7 @@ from hvdscale.analysis.columns import (
     with_framework,
 )
 from hvdscale.analysis.like import DEFAULT_SETTING, LIKE_KEYS, setting_label
+from hvdscale.analysis.noise_scale import predicted_epochs_interval
 from hvdscale.analysis.stats import COVERAGE_FEW, FEW_REPEATS
 from hvdscale.report import fmt
 
@@ -49,6 +50,14 @@ def with_interval(v, lo, hi) -> str:
     without an interval."""
     ci = fmt.interval(lo, hi)
     return f"{_x(v)} {ci}" if ci else _x(v)
+
+
+def predicted_ratio_text(p, b_1, b_n, b_lo, b_hi) -> str:
+    """The noise scale's predicted epochs ratio ``p`` with its 95 % interval, the ratios
+    over B_simple's interval [b_lo, b_hi] (analysis.noise_scale.predicted_epochs_interval):
+    '0.62 [0.55-0.70]'; '0.62 (point estimate)' where B_simple has no interval."""
+    ci = fmt.interval(*predicted_epochs_interval(float(b_1), float(b_n), b_lo, b_hi))
+    return f"{fmt.speedup(p)} {ci}" if ci else f"{fmt.speedup(p)} (point estimate)"
 
 
 def workers_text(n: int) -> str:
@@ -112,7 +121,11 @@ def _stopped_by(row: Mapping) -> str:
     )
     p = row.get("predicted_epochs_ratio")
     if fmt.isnum(p):
-        text += f"; the noise scale predicts an epochs ratio of {fmt.speedup(p)}"
+        b_1, b_n = row["batch_per_worker"], row["global_batch"]
+        b_lo, b_hi = row.get("b_simple_lo"), row.get("b_simple_hi")
+        text += "; the noise scale predicts an epochs ratio of " + predicted_ratio_text(
+            p, b_1, b_n, b_lo, b_hi
+        )
     return text
 
 
