@@ -443,6 +443,40 @@ def test_rendered_report_first_page_and_equal_accuracy(rendered):
     assert "buys no faster convergence" not in text
 
 
+@layer_skipif(
+    "poppler", "poppler-utils not installed" if shutil.which("pdftotext") is None else None
+)
+def test_an_accuracy_target_is_named_in_its_units_in_every_sentence(rendered, tmp_path):
+    """A target on a validation accuracy (target.json's metric, as the digits workload
+    writes it): the first page, the tables' notes, the method and the equal-accuracy
+    section name it in its units; none speaks of a target validation loss."""
+    from hvdscale.cli import main
+
+    *_, args = rendered
+    spec = {
+        **RF.target_spec("absolute"),
+        "value": 0.95,
+        "metric": "val_accuracy",
+        "workload": "digits",
+    }
+    target = RF.write_target(tmp_path / "target.json", spec)
+    pdf = tmp_path / "accuracy.pdf"
+    assert main(args + ["--target", str(target), "--out", str(pdf)]) == 0
+    first, text = _text(pdf, 1, 1), _text(pdf)
+    goal = "the target (validation accuracy >= 0.95)"
+    assert f"2 workers reach {goal} 1.35x [1.20{D}1.70] faster than 1 worker" in first
+    for needle in (
+        f"Time to {goal} of every run that ended",  # the time-to-target table
+        f"and time to {goal} (median over repeats",  # the results table
+        "first epoch whose validation accuracy is at or above the target",  # method, section
+        "trains until its validation accuracy reaches the target",  # the budget
+        "validation accuracy 0.95 or better",  # the target paragraph
+        "the validation split only (the validation accuracy;",
+    ):
+        assert needle in text, needle
+    assert "validation loss" not in first  # (the figures' captions follow the config)
+
+
 def test_noise_sentence_states_a_batch_limit_only_where_interval_and_ratio_agree():
     """Issue 30 item 9: the limit sentence appears only where the critical batch the
     measured epochs ratio implies lies inside the B_simple interval (no 10 % rule on two

@@ -304,7 +304,7 @@ def _loss(x) -> str:
 def describe(spec: dict) -> str:
     """The target in words (the report's one wording): target.json, or the config's
     target before calibration."""
-    metric = METRICS.get(spec.get("metric") or "val_loss", VAL_LOSS)
+    metric = target_metric(spec)
     if metric is not VAL_LOSS:
         return _describe_metric(spec, metric)
     value = spec.get("value")
@@ -343,6 +343,32 @@ def _describe_metric(spec: dict, metric: Metric) -> str:
             f"{'s' if len(runs) != 1 else ''} (1 worker, {_trained(spec)}, target not applied)"
         )
     return f"{text}, absolute, set in the config"
+
+
+def target_metric(spec: dict | None) -> Metric:
+    """The metric of a target (target.json or ``target_spec``): its ``metric`` key, the
+    validation loss where it has none (the default workload's files)."""
+    return METRICS.get((spec or {}).get("metric") or "val_loss", VAL_LOSS)
+
+
+def target_words(spec: dict | None) -> str:
+    """The target as the report's sentences name it, in its metric's units: "the target
+    validation loss" for a validation loss; for another metric with its value, e.g. "the
+    target (validation accuracy >= 0.95)"."""
+    metric = target_metric(spec)
+    if metric is VAL_LOSS:
+        return "the target validation loss"
+    value = (spec or {}).get("value")
+    if not _finite(value):
+        return f"the target {metric.name}"
+    return f"the target ({metric.name} {'<=' if metric.goal == 'min' else '>='} {_loss(value)})"
+
+
+def at_target_words(spec: dict | None) -> str:
+    """The rule that a run reached the target: "validation loss is at or below the target"
+    ("validation accuracy is at or above the target" for an accuracy)."""
+    metric = target_metric(spec)
+    return f"{metric.name} is at or {'below' if metric.goal == 'min' else 'above'} the target"
 
 
 def _trained(spec: dict) -> str:

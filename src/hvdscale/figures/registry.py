@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 from hvdscale.config.load import count_parameters
 from hvdscale.matrix.runtable import run_table
 from hvdscale.project import PROJECT_ROOT
-from hvdscale.target import FLAT_GAIN
+from hvdscale.target import FLAT_GAIN, target_metric, target_spec
 
 CAPTION_DIR = PROJECT_ROOT / "workflow" / "report"
 
@@ -128,12 +128,16 @@ def caption_values(cfg: dict | None) -> dict:
     batches = sorted({r.batch for r in runs}) or [0]
     tgt = cfg["training"]["target"]
     ref = cfg["references"]["batch_epoch_speedup"] or {}
+    metric = target_metric(target_spec(cfg))  # the workload's: validation loss or accuracy
+    side = "above" if metric.goal == "min" else "below"
     values = {
         "target": (
-            f"validation loss {tgt['value']:g}"
+            f"{metric.name} {tgt['value']:g}"
             if tgt["mode"] == "absolute"
-            else f"validation loss {tgt['value']:g} % above the calibration runs' median best"
+            else f"{metric.name} {tgt['value']:g} % {side} the calibration runs' median best"
         ),
+        "metric": metric.name,  # the target's metric, e.g. validation accuracy
+        "reach": f"at or {'below' if metric.goal == 'min' else 'above'}",
         "epochs": cfg["training"]["max_epochs"],
         "n_parameters": f"{count_parameters(cfg):,}",
         "max_workers": max((r.workers for r in runs), default=0),

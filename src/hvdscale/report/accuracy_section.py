@@ -27,15 +27,23 @@ from hvdscale.analysis.tuning import CANDIDATE_KEYS, candidate_runs, reruns_of
 from hvdscale.analysis.view import pref_lr
 from hvdscale.figures.registry import in_section
 from hvdscale.report import fmt
-from hvdscale.report.context import ReportData
+from hvdscale.report.context import ReportData, report_target
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import factors_part, framework_backend, ttt_table
 from hvdscale.report.headline_text import with_interval
-from hvdscale.target import TOO_LOOSE, describe, target_spec
+from hvdscale.target import (
+    TOO_LOOSE,
+    at_target_words,
+    describe,
+    target_metric,
+    target_spec,
+    target_words,
+)
+from hvdscale.workload.base import VAL_LOSS, Metric
 
 TTT_NOTE = (
     "Time to target counts the training wall time from the start of training until the end "
-    "of the first epoch whose validation loss is at or below the target: warm-up epochs and "
+    "of the first epoch whose {at_target}: warm-up epochs and "
     "the validation evaluation after every epoch are included, the start-up (launch, "
     "framework initialisation, data loading, graph compilation) is not. The launch-to-target "
     "time ('with start-up' on the first page) adds it: each attempt's start-up, from the "
@@ -48,7 +56,7 @@ TTT_NOTE = (
 )
 TABLE_NOTE = (
     "Speedup at equal accuracy. Epoch S: speedup of the median epoch time; TTT S: speedup "
-    "of the time to the target validation loss; untuned: the LR rule as configured "
+    "of the time to {target}; untuned: the LR rule as configured "
     "(against the 1-worker runs of its group); tuned: the re-runs of the best candidate of "
     "the re-tuning sweep at this worker count against the re-runs of the best 1-worker "
     "candidate (tuned against tuned). Brackets: 95 % bootstrap interval over repeats, "
@@ -244,6 +252,7 @@ def batch_question(
     tuned: pd.DataFrame | None,
     ref: dict | None,
     runs: pd.DataFrame | None = None,
+    target_json: dict | None = None,
 ) -> str | None:
     """One sentence answering the reference study's question, from the tables: the
     epoch-time speedup from batch b0 to b1 per worker (same partition, backend, workers,
@@ -252,7 +261,8 @@ def batch_question(
     tuned.csv; never the selection runs) over untuned batch b0, else of untuned b1. Each
     ratio with its 95 % interval over the runs of ``runs`` (runs.csv) and a direction word
     only where the interval supports it. ``ref``: the config's
-    references.batch_epoch_speedup (value, batch_from, batch_to); None: no question."""
+    references.batch_epoch_speedup (value, batch_from, batch_to); None: no question.
+    ``target_json``: the study's target (target.json), for its metric's name."""
     summary, tuned = reference_framework(summary), reference_framework(tuned)  # Horovod's
     if summary is None or summary.empty or not ref:
         return None
@@ -278,8 +288,8 @@ def batch_question(
     if not (fmt.isnum(target) and fmt.isnum(ttt0)):
         return text + f"; untuned batch {b0} did not reach the target, so no time-to-target answer."
     text += (
-        f"; to the target validation loss {fmt.loss(target)}, untuned batch {b0} takes "
-        f"{fmt.seconds(ttt0)} s (median)"
+        f"; to the target {target_metric(target_json).name} {fmt.loss(target)}, untuned "
+        f"batch {b0} takes {fmt.seconds(ttt0)} s (median)"
     )
     sel = pd.DataFrame()
     if tuned is not None and len(tuned):
@@ -332,13 +342,13 @@ def _target_text(r: ReportData) -> str:
     return f"Target: {describe(target_spec(r.cfg))} (from the config). "
 
 
-def _budget_text(cfg: dict) -> str:
+def _budget_text(cfg: dict, metric: Metric = VAL_LOSS) -> str:
     tr, data = cfg["training"], cfg["data"]
     epochs = tr.get("max_epochs", tr.get("epochs"))
     n_train = int(data["n_samples"] * data["train_fraction"])
     cap = tr.get("max_train_s")
     text = (
-        f"Budget: every run, tuning candidates included, trains until its validation loss "
+        f"Budget: every run, tuning candidates included, trains until its {metric.name} "
         f"reaches the target or at most {epochs} epochs over the same train split (about "
         f"{n_train:,} samples)"
         + (f" or {fmt.seconds(cap)} s of training" if fmt.isnum(cap) else "")
@@ -361,10 +371,11 @@ def _budget_text(cfg: dict) -> str:
 
 def accuracy_section(d: Doc, r: ReportData) -> None:
     d.section("Speedup at equal accuracy")
-    d.p(escape(_target_text(r) + TTT_NOTE))
+    target = report_target(r)
+    d.p(escape(_target_text(r) + TTT_NOTE.format(at_target=at_target_words(target))))
     summary = r.summary
     if r.cfg is not None:
-        d.p(escape(_budget_text(r.cfg)))
+        d.p(escape(_budget_text(r.cfg, target_metric(target))))
     if summary is not None and not summary.empty and summary["target_too_loose"].any():
         n = int(summary["target_too_loose"].sum())
         d.p(
@@ -374,14 +385,14 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
                 "shown for them."
             )
         )
-    ttt_table(d, r.runs, r.status)
+    ttt_table(d, r.runs, r.status, target)
     headline = getattr(r, "headline", None)
     if headline is not None:
         factors_part(d, headline)
     else:
         _summary_table(d, r)
     ref = references_of(r.cfg)["batch_epoch_speedup"]
-    sentence = batch_question(summary, tuned_table(r), ref, r.runs)
+    sentence = batch_question(summary, tuned_table(r), ref, r.runs, target)
     if sentence:
         d.p(escape(sentence))
     for fig in in_section("accuracy"):
@@ -410,7 +421,8 @@ def _summary_table(d: Doc, r: ReportData) -> None:
         for x in rows
     ]
     widths = [13, 13, 10, 12, 23, 24, 24, 24, 7, 30]
-    d.table(TABLE_NOTE, HEADER, cells, widths, align_right_from=2)
+    note = TABLE_NOTE.format(target=escape(target_words(report_target(r))))
+    d.table(note, HEADER, cells, widths, align_right_from=2)
     if not (r.cfg and r.cfg["scaling"].get("tune")):
         d.p(
             escape(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from hvdscale.figures.registry import BY_NAME
+from hvdscale.target import target_spec
 
 
 @dataclass
@@ -33,3 +34,11 @@ class ReportData:
         """Figure ``name`` of the registry (its PNG) with its caption."""
         caption = self.captions.get(name) or BY_NAME[name].title + "."
         d.figure(self.plots_dir / f"{name}.png", caption)
+
+
+def report_target(r) -> dict:
+    """The target the report's sentences name: target.json (``r.target``), else the
+    config's (its metric from the workload); hvdscale.target.target_words puts it into
+    words. Read, never computed."""
+    target = getattr(r, "target", None)
+    return target if target is not None else target_spec(getattr(r, "cfg", None))

@@ -31,6 +31,7 @@ from hvdscale.report.headline_text import (
     with_interval,
     workers_text,
 )
+from hvdscale.target import target_words
 
 CENSORED = "> budget"
 DIVERGED = "diverged"
@@ -43,7 +44,7 @@ def _reached(reached, total, diverged) -> str:
 
 
 TTT_TABLE_NOTE = (
-    "Time to the target validation loss of every run that ended for a reason of training, "
+    "Time to {target} of every run that ended for a reason of training, "
     "per configuration (run id without its repeat): median over repeats with a censored run "
     "counted as +infinity (a median exists while fewer than half are censored), "
     "reached/total, and each repeat's time in repeat order; "
@@ -132,7 +133,8 @@ def ttt_rows(runs: pd.DataFrame | None, status: pd.DataFrame | None) -> list[dic
     return rows
 
 
-def ttt_table(d, runs, status) -> None:
+def ttt_table(d, runs, status, target: dict | None = None) -> None:
+    """Every time to target per configuration; ``target`` (target.json) names the target."""
     rows = ttt_rows(runs, status)
     if not rows:
         d.p("No completed run has a time to target yet.")
@@ -151,7 +153,8 @@ def ttt_table(d, runs, status) -> None:
         for x in rows
     ]
     header = ["Configuration", "Workers", "Global", "Reached", "Median TTT (s)", "Each repeat (s)"]
-    d.table(TTT_TABLE_NOTE, header, cells, [62, 13, 13, 14, 24, 54], align_right_from=1)
+    note = TTT_TABLE_NOTE.format(target=escape(target_words(target)))
+    d.table(note, header, cells, [62, 13, 13, 14, 24, 54], align_right_from=1)
 
 
 def factor_cells(x) -> list[str]:

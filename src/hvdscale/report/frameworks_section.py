@@ -21,8 +21,9 @@ from hvdscale.analysis.frameworks import (
 )
 from hvdscale.report import fmt
 from hvdscale.report.accuracy_section import with_ci
-from hvdscale.report.context import ReportData
+from hvdscale.report.context import ReportData, report_target
 from hvdscale.report.doc import Doc
+from hvdscale.target import target_words
 
 GPU_NOTE = (
     "The GPU (NCCL) path of PyTorch DDP is not measured in multi-GPU form here: NCCL "
@@ -42,7 +43,7 @@ BEST_NOTE = (
     "compilation' compares the settings themselves."
 )
 SPEEDUP_NOTE = (
-    "Speedups side by side: epoch S and TTT S (time to the target validation loss) of each "
+    "Speedups side by side: epoch S and TTT S (time to {target}) of each "
     "framework against its own 1-worker baseline, medians over completed repeats with 95 % "
     "bootstrap intervals over repeats [lo-hi] that resample the baseline's repeats too; "
     "'no baseline': the framework has no completed 1-worker run in this group; 'not "
@@ -117,7 +118,8 @@ def _speedup_table(d: Doc, r: ReportData, pair: tuple[str, str]) -> None:
     header += [f"{a}/{b} epoch time"]
     widths = [15, 13, 10, 10, 12, 24, 24, 24, 24, 24]
     la, lb = (framework_label(f) for f in pair)
-    note = SPEEDUP_NOTE.format(a=a, b=b, la=la, lb=lb)
+    goal = escape(target_words(report_target(r)))
+    note = SPEEDUP_NOTE.format(a=a, b=b, la=la, lb=lb, target=goal)
     d.table(note, header, cells, widths, align_right_from=2)
 
 

@@ -30,6 +30,8 @@ from hvdscale.analysis.like import DEFAULT_SETTING, LIKE_KEYS, setting_label
 from hvdscale.analysis.noise_scale import predicted_epochs_interval
 from hvdscale.analysis.stats import COVERAGE_FEW, FEW_REPEATS
 from hvdscale.report import fmt
+from hvdscale.report.context import report_target
+from hvdscale.target import target_words
 
 MIN_REPEATS = 3  # fewer repeats on either side: no interval (analysis.stats)
 NO_INTERVAL = f"no interval: fewer than {MIN_REPEATS} repeats"
@@ -157,8 +159,9 @@ def _censored_clause(row: Mapping) -> str:
     return f"{ws}: {note} ({_counts(row)}); {_epoch_clause(row)}"
 
 
-def headline_sentence(row: Mapping) -> str:
-    """The headline of one row of headline.csv (a configuration with n > 1 workers)."""
+def headline_sentence(row: Mapping, target: Mapping | None = None) -> str:
+    """The headline of one row of headline.csv (a configuration with n > 1 workers);
+    ``target`` (target.json) names the target in its metric's units."""
     s = row["speedup_ttt"]
     if not fmt.isnum(s):
         return _censored_clause(row)
@@ -170,22 +173,20 @@ def headline_sentence(row: Mapping) -> str:
     lo, hi = row["speedup_ttt_lo"], row["speedup_ttt_hi"]
     speed = with_interval(s, lo, hi)
     ws = workers_text(w)
+    goal = target_words(target)
     way = fmt.direction(lo, hi)  # a direction only where the whole interval supports it
     if way == "faster":
-        text = f"{ws} reach the target validation loss {speed} faster than 1 worker ({counts})"
+        text = f"{ws} reach {goal} {speed} faster than 1 worker ({counts})"
     elif way == "slower":
-        text = (
-            f"{ws} reach the target validation loss more slowly than 1 worker: speedup "
-            f"{speed} ({counts})"
-        )
+        text = f"{ws} reach {goal} more slowly than 1 worker: speedup {speed} ({counts})"
     elif fmt.has_interval(lo, hi):
         text = (
-            f"{ws} reach the target validation loss neither clearly faster nor slower than "
+            f"{ws} reach {goal} neither clearly faster nor slower than "
             f"1 worker: speedup {speed}, the interval holds 1 ({counts})"
         )
     else:
         text = (
-            f"{ws} reach the target validation loss at a speedup of {speed} over 1 worker, "
+            f"{ws} reach {goal} at a speedup of {speed} over 1 worker, "
             f"too few runs to say faster or slower ({counts})"
         )
     text += f"; {_epoch_clause(row)}"
@@ -286,11 +287,12 @@ def batch_sentence(
     tuned: Mapping | None,
     name_framework: bool = False,
     name_setting: bool = False,
+    target: Mapping | None = None,
 ) -> str:
     """The first page's sentence for one (partition, [framework,] backend, [setting,]
     batch, workers): untuned and tuned; a missing side says so. ``name_framework``: name
     the framework (a study with more than one); ``name_setting``: the step setting
-    (a study with another than fp32, eager)."""
+    (a study with another than fp32, eager); ``target``: target.json, for its metric."""
     row = untuned if untuned is not None else tuned
     if row is None:
         raise ValueError("batch_sentence needs at least one row")
@@ -298,7 +300,7 @@ def batch_sentence(
     if untuned is not None:
         parts.append(
             "untuned (baseline: the 1-worker runs of this batch and LR rule), "
-            + headline_sentence(untuned)
+            + headline_sentence(untuned, target)
             + launch_clause(untuned)
             + best1_clause(untuned)
         )
@@ -307,7 +309,7 @@ def batch_sentence(
     if tuned is not None:
         parts.append(
             "tuned (winners re-run with fresh seeds; baseline: the tuned 1-worker re-runs), "
-            + headline_sentence(tuned)
+            + headline_sentence(tuned, target)
             + launch_clause(tuned)
             + best1_clause(tuned)
         )
@@ -324,9 +326,10 @@ def batch_sentence(
     )
 
 
-def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
+def headline_sentences(headline: pd.DataFrame | None, target: Mapping | None = None) -> list[str]:
     """One sentence per (partition, framework, backend, batch, workers > 1), in that
-    order; the framework is named where the study has more than one."""
+    order; the framework is named where the study has more than one; the target in the
+    units of ``target``'s metric (target.json)."""
     if headline is None or headline.empty:
         return []
     headline = with_framework(headline)
@@ -345,6 +348,7 @@ def headline_sentences(headline: pd.DataFrame | None) -> list[str]:
                 t.iloc[0].to_dict() if len(t) else None,
                 name_framework=multi,
                 name_setting=named,
+                target=target,
             )
         )
     return out
@@ -379,7 +383,7 @@ def headline_section(d, r) -> None:
             "the speedup at equal accuracy is in its section below."
         )
         return
-    sentences = headline_sentences(headline)
+    sentences = headline_sentences(headline, report_target(r))
     if not sentences:
         d.p(
             "<b>Headline.</b> No configuration with more than one worker has a result yet "

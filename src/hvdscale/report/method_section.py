@@ -14,11 +14,11 @@ import pandas as pd
 from hvdscale.analysis.columns import with_framework
 from hvdscale.analysis.stats import CI_METHOD
 from hvdscale.report import fmt
-from hvdscale.report.context import ReportData
+from hvdscale.report.context import ReportData, report_target
 from hvdscale.report.doc import Doc
 from hvdscale.report.frameworks_section import GPU_NOTE
-from hvdscale.target import describe, target_spec
-from hvdscale.workload.base import is_default, workload_for
+from hvdscale.target import at_target_words, describe, target_metric, target_spec
+from hvdscale.workload.base import VAL_LOSS, is_default, workload_for
 
 OVERHEAD_COLUMN = "instrumentation_overhead"  # runs.csv: timing.instrumentation.overhead
 
@@ -73,6 +73,12 @@ def equal_accuracy_bullets(
     if fmt.isnum(tr.get("max_train_s")):
         budget += f", training.max_train_s = {fmt.seconds(tr['max_train_s'])} s"
     reruns = tune.get("rerun_repeats")
+    metric = target_metric(target if target is not None else target_spec(cfg))
+    reads = (
+        "the validation loss only"
+        if metric is VAL_LOSS
+        else f"the validation split only (the {metric.name}; tuning ties: the validation loss)"
+    )
     items = [
         f"<b>Intervals</b>: 95 % bootstrap confidence intervals ({escape(ci_method)}) "
         "of every speedup over repeats, resampling the 1-worker "
@@ -83,8 +89,8 @@ def equal_accuracy_bullets(
         "the same repeat share it (paired design), different repeats differ, so the intervals "
         "include training variability. The dataset never depends on it.",
         f"<b>Validation split</b>: {val_text}, decided per sample from (seed, sample id). "
-        "The target, the time to target, the tuning selection and the early stop read the "
-        "validation loss only; the test loss is evaluated once, at the end of each run, "
+        "The target, the time to target, the tuning selection and the early stop read "
+        f"{reads}; the test loss is evaluated once, at the end of each run, "
         "reported and never used to choose anything.",
         f"<b>Target</b>: {escape(_target(cfg, target))}.",
         *_workload_bullet(cfg),
@@ -120,7 +126,8 @@ def equal_accuracy_bullets(
     return items
 
 
-def timing_bullets(warm) -> list[str]:
+def timing_bullets(warm, target: dict | None = None) -> list[str]:
+    """The timing bullets; ``target`` (target.json) for the rule that a run reached it."""
     return [
         "<b>Epoch time</b>: rank 0's wall-clock time (time.perf_counter) of one epoch: the "
         "training step loop, the validation evaluation and the reduction of the epoch's metrics, "
@@ -149,7 +156,7 @@ def timing_bullets(warm) -> list[str]:
         "<b>Time to target</b>: training wall time from the start of training (warm-up "
         "epochs and validation evaluation included, start-up excluded: the launch-to-target "
         "time, 'with start-up', adds it) until the end of the "
-        "first epoch whose validation loss is at or below the target; its speedup S_ttt(n) "
+        f"first epoch whose {at_target_words(target)}; its speedup S_ttt(n) "
         "uses the same baseline and splits into epoch-time speedup x ratio of epochs to "
         "target; a target met in the warm-up epoch is flagged (target too loose), not shown "
         "as a speedup (in no table and on no page). Epoch times come from completed runs; the "
@@ -163,7 +170,7 @@ def method_section(d: Doc, r: ReportData) -> None:
     d.section("How the times were measured")
 
     warm = r.cfg["training"]["warmup_epochs"] if r.cfg else "the configured"
-    d.bullets(timing_bullets(warm))
+    d.bullets(timing_bullets(warm, report_target(r)))
     d.bullets(equal_accuracy_bullets(r.cfg, getattr(r, "target", None), CI_METHOD, r.runs))
     runs = r.runs
     if runs is not None and len(runs) and (with_framework(runs)["framework"] == "torch-ddp").any():

@@ -4,6 +4,8 @@ figures of the registry's "results" section."""
 
 from __future__ import annotations
 
+from xml.sax.saxutils import escape
+
 import numpy as np
 import pandas as pd
 
@@ -13,9 +15,10 @@ from hvdscale.figures.registry import in_section
 from hvdscale.matrix.runid import GROUP_KEYS
 from hvdscale.report import fmt
 from hvdscale.report.accuracy_section import with_ci
-from hvdscale.report.context import ReportData
+from hvdscale.report.context import ReportData, report_target
 from hvdscale.report.doc import Doc
 from hvdscale.report.equal_accuracy import framework_backend
+from hvdscale.target import target_words
 
 GROUP_NOTE = (
     "Speedup per GPU (slope of S(n) over n) per configuration group, with the largest "
@@ -43,8 +46,8 @@ CONFIG_NOTE = (
     "target (S TTT) against the 1-worker baseline of the group, each with its 95 % bootstrap "
     "interval over repeats [lo-hi] that resamples the baseline's repeats too (none with fewer "
     "than 3 completed repeats: summary.csv's ci_note says why); sync and data shares of the "
-    "epoch time; final test loss (evaluated once, at the end of each run) and time to the "
-    "target validation loss (median over repeats, a run that did not reach it counted as "
+    "epoch time; final test loss (evaluated once, at the end of each run) and time to "
+    "{target} (median over repeats, a run that did not reach it counted as "
     "+infinity, with reached/total over every run that ended for a reason of training, "
     "completed or diverged, and how many diverged (non-finite loss); '> budget': half or "
     "more hit the budget, no median; 'not reached': half or more did not reach it, some "
@@ -165,7 +168,7 @@ def ttt_with_counts(median, reached, total, diverged=0) -> str:
     return f"{'not reached' if div else '> budget'} {counts}"
 
 
-def _config_table(d: Doc, summary: pd.DataFrame) -> None:
+def _config_table(d: Doc, summary: pd.DataFrame, target: dict | None = None) -> None:
     rows, spans = [], []
     multi = names_framework(summary["framework"])
     for key, g in summary.groupby(GROUP_KEYS, sort=True):
@@ -186,7 +189,8 @@ def _config_table(d: Doc, summary: pd.DataFrame) -> None:
         rows.append([d.cell(head)] + [""] * 11)
         rows += [_config_row(x) for x in g.itertuples()]
     widths = [12, 10, 8, 28, 14, 20, 19, 20, 9, 9, 13, 18]
-    d.table(CONFIG_NOTE, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
+    note = CONFIG_NOTE.format(target=escape(target_words(target)))
+    d.table(note, CONFIG_HEADER, rows, widths, spans=spans, align_right_from=0)
 
 
 def results_section(d: Doc, r: ReportData) -> None:
@@ -197,7 +201,7 @@ def results_section(d: Doc, r: ReportData) -> None:
         d.p("No run has completed yet: no results to show.")
         return
     _group_table(d, summary)
-    _config_table(d, summary)
+    _config_table(d, summary, report_target(r))
 
 
 def figures_section(d: Doc, r: ReportData) -> None:
