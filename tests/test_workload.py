@@ -161,6 +161,40 @@ def test_check_workload_in_process_names_the_key():
         check_workload(validate_config({"workload": "no_such_module_xyz:W"}))
 
 
+def test_digits_split_is_decided_per_source_image(tmp_path):
+    """Shifted, noisy copies of one load_digits image share a split (decided from (seed,
+    k) for source image k), so no image is in two splits; the split is the same again."""
+    from hvdscale.data.physics import SPLIT_CODES, split_assign
+    from hvdscale.workload import shards
+
+    cfg = validate_config(
+        {"workload": "digits", "data": {"n_samples": 4000, "n_shards": 1,
+         "split_shards": {"train": 1, "val": 1, "test": 1}}}
+    )  # fmt: skip
+    wl = check_workload(cfg)
+    raw, rep = tmp_path / "raw.h5", tmp_path / "raw.json"
+    shards.generate_shard(cfg, wl, 0, raw)
+    shards.validate_shard(cfg, wl, raw, rep)
+
+    def split_ids(outdir):
+        m = shards.split(cfg, wl, [raw], [rep], outdir)
+        return m, {s: h5.read_shard(outdir / m["shards"][s][0]["file"])[2] for s in m["shards"]}
+
+    m, ids = split_ids(tmp_path / "data")
+    images = {s: set((v % 1797).tolist()) for s, v in ids.items()}
+    assert not images["train"] & images["val"] and not images["train"] & images["test"]
+    assert not images["val"] & images["test"]  # no source image in two splits
+    assert sum(len(v) for v in ids.values()) == 4000 and min(map(len, ids.values())) > 100
+    for s, v in ids.items():  # each sample's split: split_assign of its source image
+        d = cfg["data"]
+        codes = split_assign(int(cfg["seed"]), v % 1797, d["train_fraction"], d["val_fraction"])
+        assert (codes == SPLIT_CODES[s]).all()
+    assert "source image" in m["split_rule"]
+    m2, ids2 = split_ids(tmp_path / "again")
+    assert all(np.array_equal(ids[s], ids2[s]) for s in ids)
+    verify_data_dir(tmp_path / "data", verify_checksums=True)
+
+
 # ------------------------------------------------------------------ import-data
 
 

@@ -214,7 +214,11 @@ class Workload:
     - ``n_samples(cfg)`` and ``samples(cfg, ids)``: the arrays (x, y) of the sample ids
       ``ids`` (an int64 array); sample i must depend only on (config seed, i);
     - ``layers(cfg)``: the network as a layer description (both frameworks build it), or
-      ``keras_model(cfg)`` and ``torch_module(cfg)`` builders and ``parameter_count(cfg)``.
+      ``keras_model(cfg)`` and ``torch_module(cfg)`` builders and ``parameter_count(cfg)``;
+    - optionally ``split_keys(cfg, ids)``: the id that decides each sample's split (by
+      default the sample id). Samples made from one source (augmented copies of one
+      image) share a key, so they land in one split and the validation split holds only
+      sources the network never trains on.
     """
 
     name: str = ""
@@ -234,6 +238,13 @@ class Workload:
 
     def layers(self, cfg: dict):
         return None
+
+    #: what ``split_keys`` returns, in words (manifest.json's split rule)
+    split_key_name: str = "sample_id"
+
+    def split_keys(self, cfg: dict, ids: np.ndarray) -> np.ndarray:
+        """The key of each sample id whose (seed, key) decides its split: the id itself."""
+        return np.asarray(ids, dtype=np.int64)
 
     def parameter_count(self, cfg: dict) -> int:
         layers = self.layers(cfg)

@@ -195,7 +195,7 @@ def write_splits(cfg: dict, wl: Workload, x, y, ids, outdir, validation: dict) -
     manifest.json in ``outdir``; returns the manifest."""
     d, outdir, lay = cfg["data"], Path(outdir), wl.layout(cfg)
     frac, vfrac, seed = float(d["train_fraction"]), float(d["val_fraction"]), int(cfg["seed"])
-    which = split_assign(seed, ids, frac, vfrac)
+    which = split_assign(seed, wl.split_keys(cfg, ids), frac, vfrac)
     stats = {"curves": RunningStats(lay.sample_shape[-1] if lay.sample_shape else 1)}
     if wl.normalise_labels:
         stats["labels"] = RunningStats(int(np.prod(lay.label_shape or (1,))))
@@ -242,8 +242,9 @@ def write_splits(cfg: dict, wl: Workload, x, y, ids, outdir, validation: dict) -
         "n_points": None,
         "train_fraction": frac,
         "val_fraction": vfrac,
-        "split_rule": "u = uniform(seed, sample_id): val if u < train_fraction * val_fraction, "
-        "train if u < train_fraction, else test (hvdscale.data.physics.split_assign)",
+        "split_rule": f"u = uniform(seed, {wl.split_key_name}): val if u < train_fraction * "
+        "val_fraction, train if u < train_fraction, else test "
+        "(hvdscale.data.physics.split_assign)",
         "counts": counts,
         "shards": entries,
         "normalisation": {
