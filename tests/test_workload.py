@@ -234,6 +234,49 @@ def test_import_data_writes_a_checksummed_split_dataset(tmp_path):
     assert refused.returncode != 0 and "outside the classes 0..2" in refused.stderr
 
 
+def test_imported_data_pass_check_data_and_are_the_study_data_stage(
+    user_module,
+    results_dir,  # noqa: F811
+):
+    """import-data runs a study's data stage: its directory passes check-data, and a study
+    whose workload reads the same arrays (snakemake -n plans it; its data stage runs)
+    makes the same shards, byte for byte, from the same seed and shard counts."""
+    imported = user_module / "imported"
+    out = subprocess.run(
+        [*HVD, "import-data", "--input", str(user_module / "blobs.npz"), "--n-classes", "3",
+         "--name", "blobs", "--seed", "11", "--shards", "2", "1", "1", "--out", str(imported)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    check = subprocess.run(
+        [*HVD, "check-data", "--data-dir", str(imported), "--verify-checksums"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    over = user_module / "overlay.yaml"
+    over.write_text(
+        yaml.safe_dump(
+            {"seed": 11, "workload": "my_workload:WORKLOAD", "model": {"expected_parameters": None},
+             "data": {"n_shards": 1, "split_shards": {"train": 2, "val": 1, "test": 1}},
+             "training": {"target": {"mode": "absolute", "value": 0.9}}}
+        )
+    )  # fmt: skip
+    env = {"PYTHONPATH": str(user_module)}
+    base = ["--configfile", ".test/config/config.yaml", str(over), "--config",
+            f"results_dir={results_dir}"]  # fmt: skip
+    plan = snakemake(["-n", "--profile", "profiles/local", *base], env=env)
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    manifest = f"{results_dir}/data/manifest.json"
+    made = snakemake(["--profile", "profiles/local", *base, "--", manifest], env=env)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    study = json.loads((ROOT / manifest).read_text())
+    mine = json.loads((imported / "manifest.json").read_text())
+    for key in ("counts", "layout", "split_rule", "normalisation", "workload"):
+        assert study[key] == mine[key], key
+    sums = {s: [e["sha256"] for e in mine["shards"][s]] for s in mine["shards"]}
+    assert sums == {s: [e["sha256"] for e in study["shards"][s]] for s in study["shards"]}
+
+
 # ------------------------------------------------------------------ through the pipeline
 
 

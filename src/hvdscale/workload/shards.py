@@ -259,22 +259,20 @@ def write_splits(cfg: dict, wl: Workload, x, y, ids, outdir, validation: dict) -
 
 
 def import_data(wl: Workload, cfg: dict, outdir) -> dict:
-    """The user's arrays (the workload's samples, all of them) validated, split and written
-    as the sharded, checksummed format in ``outdir``; returns the manifest."""
-    lay = wl.layout(cfg)
-    ids = np.arange(wl.n_samples(cfg), dtype=np.int64)
-    x, y = (np.asarray(a) for a in wl.samples(cfg, ids))
-    bad = lay.problems(x, y, f"{getattr(wl, 'path', wl.name)}")
-    if bad:
-        raise DataError("; ".join(bad))
-    summary = {
-        "passed": True,
-        "n_shards": 1,
-        "n_samples": len(ids),
-        "checks": list(CHECKS),
-        "source": str(getattr(wl, "path", wl.name)),
-    }
-    return write_splits(cfg, wl, x, y, ids, outdir, summary)
+    """The user's arrays (the workload's samples, all of them) through the data stage of a
+    study: one generation shard, its validation, the split into ``outdir`` (the same
+    functions as rules generate_shard, validate_shard and split_dataset, so a study whose
+    workload reads the same file with the same seed, fractions and shard counts gets the
+    same shards and checksums); returns the manifest."""
+    import tempfile
+
+    cfg = {**cfg, "data": {**cfg["data"], "n_shards": 1}}
+    Path(outdir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=outdir, prefix=".raw-") as tmp:
+        raw, rep = Path(tmp) / "shard-0000.h5", Path(tmp) / "shard-0000.validation.json"
+        generate_shard(cfg, wl, 0, raw)
+        validate_shard(cfg, wl, raw, rep)
+        return split(cfg, wl, [raw], [rep], outdir)
 
 
 def handles(cfg: dict) -> bool:
@@ -358,6 +356,7 @@ def add_import_arguments(p):
         default=None,
         help="labels are class indices 0..N-1 (a classifier); leave out for regression",
     )
+    p.add_argument("--name", help="the workload's name (default: the file's stem)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     p.add_argument("--train-fraction", type=float, default=0.75)
     p.add_argument(
@@ -375,6 +374,12 @@ def add_import_arguments(p):
         help="shards per split (default 1 1 1)",
     )
     p.add_argument(
+        "--chunk-samples",
+        type=int,
+        default=1024,
+        help="HDF5 chunk size along the sample axis (data.chunk_samples, default 1024)",
+    )
+    p.add_argument(
         "--out", required=True, help="output data directory (manifest.json, train/, val/, test/)"
     )
 
@@ -390,6 +395,10 @@ def run_import(args) -> int:
     statistics in manifest.json. Sample i is row i of the file. Check the result with
     hvdscale check-data --verify-checksums.
 
+    It runs the data stage of a study: a study whose workload is an ArrayWorkload on the
+    same file (config key workload: module:object) makes the same shards, with the same
+    checksums, from the same seed, fractions, shard counts and workload name.
+
     Example:
       hvdscale import-data --input my_arrays.npz --n-classes 3 --out mydata
     """
@@ -399,7 +408,7 @@ def run_import(args) -> int:
             f"{args.input}: samples {args.x_key!r} of shape {x.shape}; expected (n, ...)"
         )
     wl = ArrayWorkload(
-        Path(args.input).stem,
+        args.name or Path(args.input).stem,
         args.input,
         [],
         x.shape[1:],
@@ -414,7 +423,7 @@ def run_import(args) -> int:
         "data": {
             "train_fraction": args.train_fraction,
             "val_fraction": args.val_fraction,
-            "chunk_samples": 1024,
+            "chunk_samples": args.chunk_samples,
             "split_shards": {"train": tr, "val": va, "test": te},
         },
     }
