@@ -44,6 +44,7 @@ localrules:
     write_run_config,
     write_allreduce_config,
     write_target_config,
+    write_preflight_config,
     calibrate_target,
     aggregate_runs,
     select_tuned,

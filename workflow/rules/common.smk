@@ -369,6 +369,13 @@ def preflight_records(wildcards):
     ]
 
 
+def preflight_config_json(wildcards):
+    """The config a partition's preflight reads: all of it but the report's keys."""
+    return json.dumps(
+        {k: v for k, v in CFG.items() if k not in ("report", "references")}, sort_keys=True
+    )
+
+
 def preflight_json(wildcards):
     """What a partition's preflight depends on (nodes, checks, resources)."""
     return json.dumps(PREFLIGHTS[wildcards.partition].slice(), sort_keys=True)

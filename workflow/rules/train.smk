@@ -57,6 +57,21 @@ rule calibrate_target:
         " --out {output} > {log} 2>&1"
 
 
+rule write_preflight_config:
+    output:
+        f"{RESULTS}/config/preflight/{{partition}}.json",
+    log:
+        f"{RESULTS}/logs/write_preflight_config/{{partition}}.log",
+    conda:
+        "../../envs/workflow.conda.yaml"
+    params:
+        hvd=HVD,
+        # the config without the report's keys: editing those repeats no preflight
+        cfg=preflight_config_json,
+    shell:
+        "{params.hvd} write-config --section full --json {params.cfg:q} --out {output} > {log} 2>&1"
+
+
 # A checkpoint: the partition's train_runs and allreduce sweeps that are still to be
 # made wait for it without taking its JSON as an input (common.smk: _after_preflight),
 # so a preflight run again, or missing, never retrains a finished run.
@@ -64,9 +79,9 @@ checkpoint preflight_partition:
     # one short job per partition, on its compute node(s), with the train env and the
     # launcher of the runs: modules, data, imports, GPUs, each backend's allreduce
     input:
-        # ancient: a config edit or new data does not repeat the preflight
-        config=ancient(f"{RESULTS}/config/full.json"),
-        manifest=ancient(f"{RESULTS}/data/manifest.json"),
+        # a config edit (but the report's keys) or new data repeats the preflight
+        config=f"{RESULTS}/config/preflight/{{partition}}.json",
+        manifest=f"{RESULTS}/data/manifest.json",
     output:
         f"{RESULTS}/preflight/{{partition}}.json",
     log:
