@@ -13,7 +13,9 @@ without it:
 - ``torch``: torch in .venv-train (``test_torch_ddp.needs_torch``);
 - ``poppler``: pdftotext/pdftoppm for the rendered-report tests;
 - ``lmod``: root and Debian's Lmod for the non-root cluster user of tests/test_lmod_user.py
-  (``lmod_support.lmod_skip_reason``).
+  (``lmod_support.lmod_skip_reason``);
+- ``gpu-env``: what ``HVD_GPU=1 scripts/setup.sh`` needs to build the GPU train env in
+  tests/test_gpu_env.py (compilers, MPI, cmake, Linux x86_64, disk room).
 
 Such a test skips through ``require_layer`` (in a fixture or test) or ``layer_skipif``
 (a marker); its skip reason starts with the layer's tag, ``[horovod] ...``. With
@@ -44,7 +46,7 @@ import re
 import pytest
 
 ENV_VAR = "HVDSCALE_REQUIRE_LAYERS"
-LAYERS = ("slurm", "multinode", "horovod", "train-env", "torch", "poppler", "lmod")
+LAYERS = ("slurm", "multinode", "horovod", "train-env", "torch", "poppler", "lmod", "gpu-env")
 _TAGGED = re.compile(r"(?:Skipped: )?\[([a-z-]+)\] (.*)", re.DOTALL)
 
 # Skips that are no layer's: the start of the skip reason -> why it may skip in CI.
