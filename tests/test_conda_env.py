@@ -108,6 +108,9 @@ def test_post_deploy_script_builds_setup_shs_horovod():
     setup = (ROOT / "scripts/setup.sh").read_text()
     flags = set(re.findall(r"HOROVOD_WITH(?:OUT)?_[A-Z]+=1", setup))
     assert {"HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_TENSORFLOW=1"} <= flags
+    # the conda env is the CPU variant: setup's GPU variant alone builds the PyTorch ops
+    assert "HOROVOD_WITH_PYTORCH=1" in flags and "HOROVOD_WITHOUT_PYTORCH=1" in flags
+    flags.discard("HOROVOD_WITH_PYTORCH=1")
     for flag in flags:
         assert flag in text, flag
 
