@@ -22,9 +22,13 @@ Generated from `workflow/schemas/config.schema.yaml` by `scripts/gen_config_docs
 do not edit by hand. Every config file is validated against that schema (unknown keys
 are rejected, every key has a default). The configs that ship with the project:
 
-- `config/config.yaml`: the default, the whole equal-accuracy study on 2 cores in about
-  9 minutes (24,000 curves; 1 and 2 workers, batch 75 and 1000 per worker, MPI, 5
-  repeats; a calibrated target; an epoch-time Gloo sweep; a small LR re-tuning sweep).
+- `config/config.yaml`: the default, the whole equal-accuracy study on 2 cores (24,000
+  curves; 1 and 2 workers, batch 75 and 1000 per worker, MPI, 5 repeats; a calibrated
+  target; an epoch-time Gloo sweep; a small LR re-tuning sweep; its run time: README.md).
+- `config/digits.yaml`: the same study on another workload (scikit-learn's handwritten
+  digits, a small CNN, a target validation accuracy), in both frameworks.
+- `config/smoke.yaml`: an overlay that makes the smoke study of the config before it
+  (`make smoke CONFIG=...`; docs/study.md, "Start small").
 - `config/accuracy.yaml`: the same study with a longer budget, more calibration seeds
   and the full re-tuning sweep.
 - `config/partial.yaml`: an overlay that builds the report from partial results.
