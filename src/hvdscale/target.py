@@ -39,6 +39,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from hvdscale.cliargs import add_options
 from hvdscale.config.load import load_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.io import read_json_object, write_json_atomic
@@ -409,18 +410,25 @@ def time_to(
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="config (results/config/target.json: the target settings of the study)",
+    add_options(
+        p,
+        (
+            "--config",
+            {
+                "required": True,
+                "help": "config (results/config/target.json: the target settings of the study)",
+            },
+        ),
+        (
+            "--records",
+            {
+                "nargs": "*",
+                "default": [],
+                "help": "metrics.json of every calibration run (none in absolute mode)",
+            },
+        ),
+        ("--out", {"required": True, "help": "output, e.g. results/scaling/target.json"}),
     )
-    p.add_argument(
-        "--records",
-        nargs="*",
-        default=[],
-        help="metrics.json of every calibration run (none in absolute mode)",
-    )
-    p.add_argument("--out", required=True, help="output, e.g. results/scaling/target.json")
 
 
 def run(args) -> int:

@@ -35,6 +35,7 @@ from hvdscale.analysis.tables import (
     write_csv,
 )
 from hvdscale.analysis.tuning import select_tuned, selection
+from hvdscale.cliargs import SHARED, add_options, defaulted
 from hvdscale.config.load import config_hash, load_config, run_config_hash, validate_config
 from hvdscale.errors import ConfigError, UserError
 from hvdscale.matrix.runid import run_kind
@@ -184,35 +185,36 @@ def _is_rerun(cfg: dict, run_id: str, table: dict) -> bool:
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--runs-dir",
-        default="results/runs",
-        help="directory of run directories (default: %(default)s)",
+    add_options(
+        p,
+        (
+            "--runs-dir",
+            {
+                "default": "results/runs",
+                "help": "directory of run directories (default: %(default)s)",
+            },
+        ),
+        (
+            "--config",
+            "validated config JSON (results/config/full.json); without it status.csv "
+            "lists only the runs found",
+        ),
+        ("--out-runs", SHARED["--runs"]),
+        ("--out-summary", SHARED["--summary"]),
+        ("--out-status", SHARED["--status"]),
+        ("--out-epochs", "per-epoch table (default: epochs.csv next to --out-runs)"),
+        (
+            "--out-headline",
+            "headline.csv: time-to-target speedup split into its two factors "
+            "(analysis/headline.py); not written without it",
+        ),
+        (
+            "--out-tuned",
+            "tuned.csv: the selected tuning candidates with their re-runs' figures "
+            "(analysis/tuning.py); not written without it",
+        ),
+        ("--quiet", "no summary line on stdout"),
     )
-    p.add_argument(
-        "--config",
-        help="validated config JSON (results/config/full.json); without it status.csv "
-        "lists only the runs found",
-    )
-    p.add_argument("--out-runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--out-summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
-    )
-    p.add_argument(
-        "--out-status", default="results/scaling/status.csv", help="(default: %(default)s)"
-    )
-    p.add_argument("--out-epochs", help="per-epoch table (default: epochs.csv next to --out-runs)")
-    p.add_argument(
-        "--out-headline",
-        help="headline.csv: time-to-target speedup split into its two factors "
-        "(analysis/headline.py); not written without it",
-    )
-    p.add_argument(
-        "--out-tuned",
-        help="tuned.csv: the selected tuning candidates with their re-runs' figures "
-        "(analysis/tuning.py); not written without it",
-    )
-    p.add_argument("--quiet", action="store_true", help="no summary line on stdout")
 
 
 def run(args) -> int:
@@ -312,19 +314,24 @@ def write_tables(agg: Aggregation, args) -> None:
 
 
 def add_select_tuned_arguments(p):
-    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--runs-dir",
-        help="aggregate the run records here instead of reading --runs/--status (checkpoint "
-        "select_tuned: the re-runs it requests cannot wait for runs.csv); needs --config",
+    add_options(
+        p,
+        "--runs",
+        (
+            "--runs-dir",
+            "aggregate the run records here instead of reading --runs/--status (checkpoint "
+            "select_tuned: the re-runs it requests cannot wait for runs.csv); needs --config",
+        ),
+        ("--config", "with --runs-dir: the validated config (full.json)"),
+        ("--target", "the study's target.json (rule calibrate_target)"),
+        (
+            "--status",
+            {
+                "help": "status.csv (lists missing and failed candidates; default: next to --runs)",
+            },
+        ),
+        ("--out", defaulted("results/scaling/selection.csv")),
     )
-    p.add_argument("--config", help="with --runs-dir: the validated config (full.json)")
-    p.add_argument("--target", help="the study's target.json (rule calibrate_target)")
-    p.add_argument(
-        "--status",
-        help="status.csv (lists missing and failed candidates; default: next to --runs)",
-    )
-    p.add_argument("--out", default="results/scaling/selection.csv", help="(default: %(default)s)")
 
 
 def run_select_tuned(args) -> int:

@@ -40,6 +40,7 @@ from hvdscale.analysis.schemas import (
     describe_failures,
 )
 from hvdscale.analysis.tables import read_runs, read_summary
+from hvdscale.cliargs import add_options, defaulted
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
 from hvdscale.matrix.runid import GROUP_KEYS
@@ -366,39 +367,38 @@ def fit_costmodel(
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--allreduce",
-        nargs="*",
-        default=[],
-        metavar="CSV",
-        help="allreduce sweep CSV files (globs allowed), e.g. results/allreduce/*.csv",
+    add_options(
+        p,
+        (
+            "--allreduce",
+            "allreduce sweep CSV files (globs allowed), e.g. results/allreduce/*.csv",
+            {"nargs": "*", "default": [], "metavar": "CSV"},
+        ),
+        ("--summary", {"help": "summary.csv from 'hvdscale aggregate'"}),
+        (
+            "--runs",
+            "runs.csv from 'hvdscale aggregate' (for the model size if --model-bytes is not given)",
+            {},  # no default: not the shared --runs
+        ),
+        (
+            "--model-bytes",
+            "bytes allreduced per step (parameters x 4); default: "
+            "model_bytes of the run records, else 153441*4",
+            {"type": int},
+        ),
+        (
+            "--max-workers",
+            "extrapolate up to this many workers (default: %(default)s)",
+            {"type": int, "default": 64},
+        ),
+        (
+            "--fit-max-workers",
+            "validation: fit from the sweeps with at most this many ranks and report the "
+            "error on the larger ones (0: no hold-out; default: %(default)s)",
+            {"type": int, "default": 0},
+        ),
+        ("--out", defaulted("results/scaling/costmodel.json")),
     )
-    p.add_argument("--summary", help="summary.csv from 'hvdscale aggregate'")
-    p.add_argument(
-        "--runs",
-        help="runs.csv from 'hvdscale aggregate' (for the model size if --model-bytes "
-        "is not given)",
-    )
-    p.add_argument(
-        "--model-bytes",
-        type=int,
-        help="bytes allreduced per step (parameters x 4); default: "
-        "model_bytes of the run records, else 153441*4",
-    )
-    p.add_argument(
-        "--max-workers",
-        type=int,
-        default=64,
-        help="extrapolate up to this many workers (default: %(default)s)",
-    )
-    p.add_argument(
-        "--fit-max-workers",
-        type=int,
-        default=0,
-        help="validation: fit from the sweeps with at most this many ranks and report the "
-        "error on the larger ones (0: no hold-out; default: %(default)s)",
-    )
-    p.add_argument("--out", default="results/scaling/costmodel.json", help="(default: %(default)s)")
 
 
 def run(args) -> int:

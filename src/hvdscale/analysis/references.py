@@ -18,6 +18,7 @@ from hvdscale.analysis.columns import reference_framework
 from hvdscale.analysis.stats import bootstrap_ci, rng_for
 from hvdscale.analysis.tables import read_runs, read_summary
 from hvdscale.analysis.view import config_order, preferred_group, summary_batch
+from hvdscale.cliargs import add_options, defaulted
 from hvdscale.config.load import load_config, validate_config
 from hvdscale.io import atomic_path
 from hvdscale.matrix.runid import CONFIG_KEYS, GROUP_KEYS
@@ -246,21 +247,25 @@ def worse(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_arguments(p):
-    p.add_argument("--config", help="the validated config JSON (results/config/full.json)")
-    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
+    add_options(
+        p,
+        "--config",
+        "--runs",
+        "--summary",
+        ("--out", defaulted("results/scaling/references.csv")),
+        (
+            "--strict",
+            {"action": "store_true", "help": "exit 1 when a value is worse than its reference"},
+        ),
+        (
+            "--check",
+            {
+                "metavar": "CSV",
+                "help": "only check an existing references.csv (exit 1 on a 'worse' verdict)",
+            },
+        ),
+        ("--ok", "with --check: write this marker file when nothing is worse"),
     )
-    p.add_argument("--out", default="results/scaling/references.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--strict", action="store_true", help="exit 1 when a value is worse than its reference"
-    )
-    p.add_argument(
-        "--check",
-        metavar="CSV",
-        help="only check an existing references.csv (exit 1 on a 'worse' verdict)",
-    )
-    p.add_argument("--ok", help="with --check: write this marker file when nothing is worse")
 
 
 def run(args) -> int:

@@ -20,6 +20,7 @@ from hvdscale.analysis.tables import (
     read_summary,
 )
 from hvdscale.analysis.view import NoData, framework_panels
+from hvdscale.cliargs import add_options, defaulted
 from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
 from hvdscale.figures.registry import BY_NAME, FIGURE_NAMES, Figure
@@ -102,26 +103,25 @@ def load_costmodel(path) -> dict | None:
 
 
 def add_arguments(p):
-    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
+    add_options(
+        p,
+        "--runs",
+        "--summary",
+        ("--epochs", "per-epoch table (default: epochs.csv next to --runs; optional)"),
+        ("--costmodel", "costmodel.json from 'hvdscale fit-costmodel' (optional)"),
+        (
+            "--headline",
+            "headline.csv from 'hvdscale aggregate' (the tuned time-to-target speedups; "
+            "default: headline.csv next to --runs where it exists)",
+        ),
+        (
+            "--config",
+            "the validated config JSON (results/config/full.json) for its references "
+            "(default: the schema's)",
+        ),
+        ("--outdir", defaulted("results/plots")),
+        ("--only", {"nargs": "*", "choices": FIGURES, "help": "draw only these figures"}),
     )
-    p.add_argument(
-        "--epochs", help="per-epoch table (default: epochs.csv next to --runs; optional)"
-    )
-    p.add_argument("--costmodel", help="costmodel.json from 'hvdscale fit-costmodel' (optional)")
-    p.add_argument(
-        "--headline",
-        help="headline.csv from 'hvdscale aggregate' (the tuned time-to-target speedups; "
-        "default: headline.csv next to --runs where it exists)",
-    )
-    p.add_argument(
-        "--config",
-        help="the validated config JSON (results/config/full.json) for its references "
-        "(default: the schema's)",
-    )
-    p.add_argument("--outdir", default="results/plots", help="(default: %(default)s)")
-    p.add_argument("--only", nargs="*", choices=FIGURES, help="draw only these figures")
 
 
 def run(args) -> int:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from hvdscale import native
+from hvdscale.cliargs import add_options
 from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
 from hvdscale.launch.launchspec import (
@@ -35,53 +36,58 @@ from hvdscale.slurm.deployment import module_load_problem
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config",
-        required=True,
-        help="validated config snapshot (JSON from hvdscale write-config, or a YAML config file)",
-    )
-    p.add_argument(
-        "--program", choices=PROGRAMS, default="train", help="what the ranks run (default: train)"
-    )
-    p.add_argument(
-        "--run-id", help="run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0"
-    )
-    p.add_argument(
-        "--allreduce-id", help="measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}"
-    )
-    p.add_argument("--data-dir", help="train: data directory with manifest.json")
-    p.add_argument(
-        "--target",
-        help="train: the study's target.json (rule calibrate_target), passed on to the ranks; "
-        "none for a calibration run",
-    )
-    p.add_argument(
-        "--out-dir",
-        help="train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
-    )
-    p.add_argument("--out", help="measure-allreduce: output CSV")
-    p.add_argument(
-        "--sizes",
-        help="measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
-    )
-    p.add_argument("--iterations", type=int, help="measure-allreduce: timed iterations per size")
-    p.add_argument(
-        "--warmup-iterations", type=int, help="measure-allreduce: untimed iterations per size"
-    )
-    p.add_argument("--launcher", choices=LAUNCHERS, help="default: training.launcher of the config")
-    p.add_argument(
-        "--train-python",
-        help="interpreter of the train env (default: environment.venv/bin/python "
-        "for venv deployments, `python` for env-modules/conda)",
-    )
-    p.add_argument(
-        "--hosts", help="comma-separated host[:slots] list for multi-node runs outside SLURM"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=None, help="kill the job after this many seconds"
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the command and environment; start nothing"
+    add_options(
+        p,
+        (
+            "--config",
+            {
+                "required": True,
+                "help": "validated config snapshot (JSON from hvdscale write-config, or a YAML "
+                "config file)",
+            },
+        ),
+        (
+            "--program",
+            {
+                "choices": PROGRAMS,
+                "default": "train",
+                "help": "what the ranks run (default: train)",
+            },
+        ),
+        ("--run-id", "run of the scaling matrix (train), e.g. local_gloo_n1_w2_b75_lrnone_r0"),
+        ("--allreduce-id", "measure-allreduce: {partition}_{backend}_n{nodes}_w{workers}"),
+        ("--data-dir", "train: data directory with manifest.json"),
+        (
+            "--target",
+            "train: the study's target.json (rule calibrate_target), passed on to the ranks; "
+            "none for a calibration run",
+        ),
+        (
+            "--out-dir",
+            "train: run directory (metrics.json, history.csv, checkpoint/, failure.json)",
+        ),
+        ("--out", "measure-allreduce: output CSV"),
+        (
+            "--sizes",
+            "measure-allreduce: MIN:MAX[:xSTEP] message sizes in bytes (default 8:128Mi:x2)",
+        ),
+        ("--iterations", {"type": int, "help": "measure-allreduce: timed iterations per size"}),
+        (
+            "--warmup-iterations",
+            {"type": int, "help": "measure-allreduce: untimed iterations per size"},
+        ),
+        ("--launcher", {"choices": LAUNCHERS, "help": "default: training.launcher of the config"}),
+        (
+            "--train-python",
+            "interpreter of the train env (default: environment.venv/bin/python "
+            "for venv deployments, `python` for env-modules/conda)",
+        ),
+        ("--hosts", "comma-separated host[:slots] list for multi-node runs outside SLURM"),
+        ("--timeout", {"type": float, "help": "kill the job after this many seconds"}),
+        (
+            "--dry-run",
+            {"action": "store_true", "help": "print the command and environment; start nothing"},
+        ),
     )
 
 

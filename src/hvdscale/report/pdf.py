@@ -22,6 +22,7 @@ from hvdscale.analysis.tables import (
     read_summary,
 )
 from hvdscale.analysis.tuning import read_tuned
+from hvdscale.cliargs import SHARED, add_options, defaulted
 from hvdscale.config.load import load_config
 from hvdscale.figures.draw import load_costmodel
 from hvdscale.figures.registry import FIGURE_NAMES, caption_markup, caption_values
@@ -87,43 +88,18 @@ def typeset(story: list, info: dict) -> bytes:
     return buf.getvalue()
 
 
-def build_report(
-    out,
-    *,
-    config_file,
-    cfg,
-    runs,
-    summary,
-    status,
-    cm,
-    plots_dir,
-    provenance=None,
-    references=None,
-    epochs=None,
-    tuned=None,
-    systems=None,
-    headline=None,
-    target=None,
-    preflight=None,
-) -> dict:
-    """Typeset the report to ``out`` (atomically); returns the provenance info used."""
+def build_report(out, *, config_file, cfg, runs, plots_dir, provenance=None, **tables) -> dict:
+    """Typeset the report to ``out`` (atomically); ``tables`` are the other fields of
+    ``ReportData`` (summary, status, cm, references, epochs, ...). Returns the provenance
+    info used."""
     info = collect(config_file=config_file, cfg=cfg, runs=runs, provenance=provenance)
     data = ReportData(
         info=info,
         cfg=cfg,
         runs=runs,
-        summary=summary,
-        status=status,
-        cm=cm,
         plots_dir=Path(plots_dir),
         captions=figure_captions(cfg),
-        references=references,
-        epochs=epochs,
-        tuned=tuned,
-        systems=systems,
-        headline=headline,
-        target=target,
-        preflight=preflight,
+        **tables,
     )
     d = Doc()
     build_story(d, data)
@@ -137,57 +113,52 @@ def build_report(
 
 
 def add_arguments(p):
-    p.add_argument(
-        "--config-file",
-        required=True,
-        nargs="+",
-        help="the YAML config file(s) the study was run with, in the order Snakemake merged "
-        "them (paths and sha256 go into the provenance)",
+    add_options(
+        p,
+        (
+            "--config-file",
+            {
+                "required": True,
+                "nargs": "+",
+                "help": "the YAML config file(s) the study was run with, in the order Snakemake "
+                "merged them (paths and sha256 go into the provenance)",
+            },
+        ),
+        ("--config", {**SHARED["--config"], "required": True}),
+        "--runs",
+        "--summary",
+        "--status",
+        ("--costmodel", "costmodel.json (optional: without it the cost-model section says so)"),
+        ("--epochs", "epochs.csv (default: next to --runs, when it exists)"),
+        (
+            "--tuned",
+            "tuned.csv of 'hvdscale aggregate --out-tuned' (default: next to --runs, when it "
+            "exists; without it the report has no tuned figures)",
+        ),
+        ("--plots-dir", defaulted("results/plots")),
+        ("--provenance", "optional provenance JSON (e.g. train env versions, hardware)"),
+        (
+            "--references",
+            "references.csv (optional: the verdicts in the reference study's section)",
+        ),
+        ("--systems", "systems.csv (optional: the 'System description' section per partition)"),
+        (
+            "--headline",
+            "headline.csv (the first page's headline and the factors of every speedup; "
+            "default: next to --runs, when it exists; without it the first page says so)",
+        ),
+        ("--target", "target.json of calibrate_target (without it: the config's target)"),
+        (
+            "--preflight",
+            {
+                "nargs": "*",
+                "default": [],
+                "help": "the partitions' preflight JSONs, results/preflight/*.json (optional: "
+                "shown in the system description)",
+            },
+        ),
+        ("--out", defaulted("results/report.pdf")),
     )
-    p.add_argument(
-        "--config", required=True, help="the validated config JSON (results/config/full.json)"
-    )
-    p.add_argument("--runs", default="results/scaling/runs.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--summary", default="results/scaling/summary.csv", help="(default: %(default)s)"
-    )
-    p.add_argument("--status", default="results/scaling/status.csv", help="(default: %(default)s)")
-    p.add_argument(
-        "--costmodel", help="costmodel.json (optional: without it the cost-model section says so)"
-    )
-    p.add_argument("--epochs", help="epochs.csv (default: next to --runs, when it exists)")
-    p.add_argument(
-        "--tuned",
-        help="tuned.csv of 'hvdscale aggregate --out-tuned' (default: next to --runs, when it "
-        "exists; without it the report has no tuned figures)",
-    )
-    p.add_argument("--plots-dir", default="results/plots", help="(default: %(default)s)")
-    p.add_argument(
-        "--provenance", help="optional provenance JSON (e.g. train env versions, hardware)"
-    )
-    p.add_argument(
-        "--references",
-        help="references.csv (optional: the verdicts in the reference study's section)",
-    )
-    p.add_argument(
-        "--systems", help="systems.csv (optional: the 'System description' section per partition)"
-    )
-    p.add_argument(
-        "--headline",
-        help="headline.csv (the first page's headline and the factors of every speedup; "
-        "default: next to --runs, when it exists; without it the first page says so)",
-    )
-    p.add_argument(
-        "--target", help="target.json of calibrate_target (without it: the config's target)"
-    )
-    p.add_argument(
-        "--preflight",
-        nargs="*",
-        default=[],
-        help="the partitions' preflight JSONs, results/preflight/*.json (optional: shown in "
-        "the system description)",
-    )
-    p.add_argument("--out", default="results/report.pdf", help="(default: %(default)s)")
 
 
 def run(args) -> int:
