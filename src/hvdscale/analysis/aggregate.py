@@ -15,8 +15,11 @@ import pandas as pd
 
 from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
+    METRIC_EPOCH_COLUMNS,
+    METRIC_RUN_COLUMNS,
     RUNS_COLUMNS,
     STATUSES,
+    with_optional,
 )
 from hvdscale.analysis.headline import headline
 from hvdscale.analysis.records import (
@@ -99,11 +102,13 @@ def aggregate(runs_dir: str | Path, cfg: dict | None = None, warn=None) -> Aggre
             )
         status[d.name] = st
 
-    runs, bad = validate_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
+    run_cols = with_optional(RUNS_COLUMNS, METRIC_RUN_COLUMNS, rows)
+    runs, bad = validate_runs(pd.DataFrame(rows, columns=run_cols))
     for rid, msg in bad.items():
         status[rid].update(status="malformed", detail=msg)
         problem(status[rid]["path"], msg)
-    epochs = pd.DataFrame(epoch_rows, columns=EPOCH_COLUMNS)
+    epoch_cols = with_optional(EPOCH_COLUMNS, METRIC_EPOCH_COLUMNS, epoch_rows)
+    epochs = pd.DataFrame(epoch_rows, columns=epoch_cols)
     epochs = epochs[~epochs["run_id"].isin(list(bad))].reset_index(drop=True)
     status_df = status_frame(status, table)
     runs = runs.sort_values(

@@ -162,6 +162,20 @@ if "val_loss" not in EPOCH_COLUMNS:  # until the run record's history has it (is
 #: is estimated from epochs.csv; older epochs tables without them read as NaN)
 NOISE_EPOCH_COLUMNS = ["noise_steps", "g_local_sq", "g_global_sq"]
 EPOCH_COLUMNS += [c for c in NOISE_EPOCH_COLUMNS if c not in EPOCH_COLUMNS]
+#: a classifier's validation accuracy per epoch: epochs.csv has the column only where a
+#: record's epochs have it (a study on a loss, the default, writes the table as before)
+METRIC_EPOCH_COLUMNS = ["val_accuracy"]
+#: runs.csv's target metric (the record's target.metric: val_accuracy) and each run's
+#: best value of it; only where a record's target names a metric other than the
+#: validation loss (the default's tables are unchanged; without them: the validation loss)
+METRIC_RUN_COLUMNS = ["target_metric", "best_target_value"]
+
+
+def with_optional(columns: list[str], optional: list[str], rows: list[dict]) -> list[str]:
+    """``columns`` and those of ``optional`` that any of ``rows`` has."""
+    return columns + [c for c in optional if any(c in r for r in rows)]
+
+
 # the configuration of a run as status.csv lists it
 STATUS_CONFIG_FIELDS = [
     "partition",

@@ -17,6 +17,7 @@ from hvdscale.analysis.columns import (
     EPOCH_COLUMNS,
     FRAMEWORK_DEFAULT,
     LOSS_SCALE_FIELDS,
+    METRIC_EPOCH_COLUMNS,
     PHASES,
     RECORD_CONFIG_FIELDS,
     STATUS_COLUMNS,
@@ -282,12 +283,30 @@ def record_row(rec: dict, path: str) -> tuple[dict, list[dict]]:
     row.update(_environment_fields(rec))
     row["record"] = path
     row.update(_sync_fields(rec))
+    row.update(_metric_fields(rec))
     fw = row["framework"]
     epoch_rows = [
-        {"run_id": rec["run_id"], "framework": fw, **{k: e.get(k) for k in EPOCH_COLUMNS[2:]}}
+        {
+            "run_id": rec["run_id"],
+            "framework": fw,
+            **{k: e.get(k) for k in EPOCH_COLUMNS[2:]},
+            **{k: e[k] for k in METRIC_EPOCH_COLUMNS if k in e},
+        }
         for e in eps
     ]
     return row, epoch_rows
+
+
+def _metric_fields(rec: dict) -> dict:
+    """The target's metric and the run's best value of it (the record's target.metric and
+    best_value) where the target is on another metric than the validation loss (a
+    classifier's accuracy); nothing for a validation-loss target."""
+    tgt = rec.get("target") or {}
+    metric = tgt.get("metric")
+    if not metric or metric == "val_loss":
+        return {}
+    best = tgt.get("best_value")
+    return {"target_metric": str(metric), "best_target_value": best if _finite(best) else math.nan}
 
 
 def read_json(path: Path):

@@ -119,6 +119,8 @@ def _group_stats(c: pd.DataFrame) -> pd.DataFrame:
             target_test_loss=("target_val_loss", "median"),
             target_too_loose=("target_in_warmup", "any"),
             ttt_note=("time_to_target_s", note),
+            # the median best value of a target on another metric (runs.csv has it then)
+            **{m: (m, "median") for m in ["best_target_value"] if m in c},
         )
         .reset_index()
     )

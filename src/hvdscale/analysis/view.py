@@ -7,7 +7,9 @@
 - the preferred configuration group of a partition (the report's comparison with the
   reference study): nccl first, then the main batch (else the closest), then LR none;
 - the cost-model predictions shown: the main batch of the measured speedups where
-  predicted (else the most common predicted batch) and its preferred LR rule.
+  predicted (else the most common predicted batch) and its preferred LR rule;
+- the target's metric: runs.csv's target_metric (a validation accuracy), else the
+  validation loss.
 """
 
 from __future__ import annotations
@@ -18,8 +20,19 @@ import pandas as pd
 
 from hvdscale.analysis.columns import FRAMEWORK_DEFAULT, framework_label, names_framework
 from hvdscale.matrix import backends
+from hvdscale.workload.base import METRICS, VAL_LOSS, Metric
 
 LR_ORDER = {"none": 0, "linear": 1, "sqrt": 2}
+
+
+def runs_metric(runs: pd.DataFrame | None) -> Metric:
+    """The metric of the study's target as runs.csv names it: its ``target_metric``
+    column (written only for another metric than the validation loss), else the
+    validation loss."""
+    if runs is None or "target_metric" not in runs:
+        return VAL_LOSS
+    keys = runs["target_metric"].dropna().astype(str).unique()
+    return METRICS.get(keys[0], VAL_LOSS) if len(keys) == 1 else VAL_LOSS
 
 
 #: where framework_panels keeps a frame's own partition names

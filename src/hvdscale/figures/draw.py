@@ -19,7 +19,7 @@ from hvdscale.analysis.tables import (
     read_runs,
     read_summary,
 )
-from hvdscale.analysis.view import NoData, framework_panels
+from hvdscale.analysis.view import NoData, framework_panels, runs_metric
 from hvdscale.cliargs import add_options, defaulted
 from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
@@ -36,10 +36,11 @@ def draw_figure(figure: Figure, data: tuple, warn) -> tuple[object, str]:
 
     runs, summary, *rest = data
     data = (framework_panels(runs), framework_panels(summary), *rest)
+    title = figure.title_for(runs_metric(runs))  # the target's metric: loss or accuracy
     try:
         fig = figure.function()(*data)
         sub = fig.get_suptitle()
-        suptitle(fig, f"{figure.title}: {sub}" if sub else figure.title)
+        suptitle(fig, f"{title}: {sub}" if sub else title)
         return fig, "ok"
     except NoData as exc:
         plt.close("all")
@@ -49,7 +50,7 @@ def draw_figure(figure: Figure, data: tuple, warn) -> tuple[object, str]:
         warn(f"figure {figure.name} failed: {exc!r}\n{traceback.format_exc()}")
         fig = note_figure(figure.name, f"figure failed: {type(exc).__name__}")
         status = f"error: {exc!r}"
-    suptitle(fig, figure.title)
+    suptitle(fig, title)
     return fig, status
 
 

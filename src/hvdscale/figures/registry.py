@@ -41,6 +41,12 @@ class Figure:
     # references: the config's ``references``
     draw: str
     section: str  # where the PDF report shows it: "results", "accuracy" or "costmodel"
+    # (metric key, title) where a target on that metric changes what the figure shows
+    metric_titles: tuple = ()
+
+    def title_for(self, metric) -> str:
+        """The title for a study whose target is on ``metric`` (a workload.base.Metric)."""
+        return dict(self.metric_titles).get(metric.key, self.title)
 
     @property
     def caption_file(self) -> str:
@@ -78,6 +84,7 @@ FIGURES = (
         "Validation loss vs training time",
         f"{_TRAINING}:fig_loss_vs_time",
         "results",
+        (("val_accuracy", "Validation accuracy vs training time"),),
     ),
     Figure(
         "time_breakdown", "Time per step by phase", f"{_TRAINING}:fig_time_breakdown", "results"
@@ -88,6 +95,7 @@ FIGURES = (
         "Calibration runs' validation loss",
         "hvdscale.figures.time_to_target:fig_calibration",
         "accuracy",
+        (("val_accuracy", "Calibration runs' validation loss and accuracy"),),
     ),
     Figure(
         "speedup_ttt",
@@ -100,6 +108,7 @@ FIGURES = (
         "Learning-rate re-tuning: best validation loss",
         "hvdscale.figures.time_to_target:fig_tune_heatmap",
         "accuracy",
+        (("val_accuracy", "Learning-rate re-tuning: best validation accuracy"),),
     ),
     Figure(
         "costmodel",

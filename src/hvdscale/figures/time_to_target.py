@@ -1,8 +1,9 @@
 """Figures of the speedup at equal accuracy: time-to-target speedup untuned and tuned
-against the number of workers, the tuning heat map (best validation loss over LR
-multiplier x global batch), and the calibration runs' validation loss per epoch (has
-the budget that sets the target flattened them?). Draw functions of the figure
-registry."""
+against the number of workers, the tuning heat map (best value of the target's metric,
+the validation loss or a classifier's validation accuracy, over LR multiplier x global
+batch), and the calibration runs' validation loss per epoch (has the budget that sets
+the target flattened them?), beside it their validation accuracy where the target is
+one. Draw functions of the figure registry."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from hvdscale.analysis.view import (
     framework_panels,
     panel_backend,
     pref_lr,
+    runs_metric,
 )
 from hvdscale.figures.style import WIDTH, layout, legend_below, log_y, workers_axis
 from hvdscale.matrix.runid import run_kind
 from hvdscale.target import FLAT_GAIN, last_quarter_gain
+from hvdscale.workload.base import VAL_LOSS
 
 _COLORS = ["#1b6ca8", "#d1495b", "#3a7d44", "#edae49", "#66a182", "#8d6a9f"]
 
@@ -140,14 +143,15 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs, headline=None):
         own = runs.drop_duplicates("partition").set_index("partition")[PARTITION_NAME]
         c = c.assign(**{PARTITION_NAME: c["partition"].map(own)})
         parts = sorted(c.loc[c[PARTITION_NAME] == own[first], "partition"].unique())
-    cells = [_heat_cells(c, part) for part in parts]
+    metric = runs_metric(runs)  # the target's: best validation loss or accuracy
+    cells = [_heat_cells(c, part, metric) for part in parts]
     rows = max(len(x[0].index) for x in cells)
     width = WIDTH * 0.62 if len(parts) == 1 else WIDTH
     fig, axes = plt.subplots(1, len(parts), figsize=(width, 0.9 + 0.45 * rows), squeeze=False)
     for ax, (cell, title) in zip(axes[0], cells):
         if len(parts) > 1:  # the frameworks' panels: the common part of the title above
             title = title.split(":")[0]
-        _heat_panel(fig, ax, cell, title)
+        _heat_panel(fig, ax, cell, title, metric)
     if len(parts) == 1:
         layout(fig, 0)
     else:
@@ -156,31 +160,37 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs, headline=None):
     return fig
 
 
-def _heat_cells(c, part):
-    """(best validation loss over LR multiplier x global batch, title) of a panel: its
-    preferred backend, first LR rule, per cell the best warm-up setting."""
+def _heat_cells(c, part, metric=VAL_LOSS):
+    """(best value of the target's metric over LR multiplier x global batch, title) of a
+    panel: its preferred backend, first LR rule, per cell the best warm-up setting."""
     be = panel_backend(c, part)
     c = c[(c["partition"] == part) & (c["backend"] == be)]
     lr = sorted(c["lr_rule"].unique())[0]
     c = c[c["lr_rule"] == lr]
-    cell = c.groupby(["lr_multiplier", "global_batch"])["best_val_loss"].min().unstack()
-    return cell, f"{part}, {be}, LR {lr}: best validation loss (best warm-up)"
+    col = "best_val_loss" if metric is VAL_LOSS else "best_target_value"
+    best = c.groupby(["lr_multiplier", "global_batch"])[col]
+    cell = (best.min() if metric.goal == "min" else best.max()).unstack()
+    return cell, f"{part}, {be}, LR {lr}: best {metric.name} (best warm-up)"
 
 
-def _heat_panel(fig, ax, cell, title):
+def _heat_panel(fig, ax, cell, title, metric=VAL_LOSS):
+    """One heat map; darker is better: a loss on a log scale, an accuracy as it is."""
     mults, gbs = list(cell.index), list(cell.columns)
     z = cell.to_numpy(float)
-    im = ax.imshow(np.log10(z), cmap="viridis", aspect="auto", origin="lower")
+    loss = metric is VAL_LOSS
+    shown = np.log10(z) if loss else z
+    im = ax.imshow(shown, cmap="viridis" if loss else "viridis_r", aspect="auto", origin="lower")
     for i in range(len(mults)):
         for j in range(len(gbs)):
             if np.isfinite(z[i, j]):
-                ax.text(j, i, f"{z[i, j]:.2e}", ha="center", va="center", fontsize=7, color="w")
+                text = f"{z[i, j]:.2e}" if loss else f"{z[i, j]:.3f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
     ax.set_xticks(range(len(gbs)), [str(int(g)) for g in gbs])
     ax.set_yticks(range(len(mults)), [f"{m:g}x" for m in mults])
     ax.set_xlabel("global batch (workers x per-worker batch)")
     ax.set_ylabel("LR multiplier")
     ax.set_title(title)
-    fig.colorbar(im, ax=ax, label="log10 best validation loss")
+    fig.colorbar(im, ax=ax, label="log10 best validation loss" if loss else f"best {metric.name}")
 
 
 def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
@@ -188,7 +198,10 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
     is long enough when the 1-worker runs have flattened): per run the loss of each
     epoch (thin), the best so far (steps, thick over the last quarter of its epochs, the
     part ``hvdscale.target.last_quarter_gain`` judges), its last-quarter gain against
-    ``FLAT_GAIN`` in the legend, and the target the other runs trained against."""
+    ``FLAT_GAIN`` in the legend, and the target the other runs trained against. Where
+    the target is on another metric (a validation accuracy), a second panel shows it per
+    epoch with the best so far and the target line; the runs still stop, and are judged
+    flat, on their validation loss."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -205,7 +218,13 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
         e = e.assign(val_loss=v)[np.isfinite(v) & (v > 0)]
     if e is None or e.empty:
         raise NoData("no finite validation loss in the calibration runs' records")
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.3))
+    metric = runs_metric(runs)
+    if metric is VAL_LOSS:
+        fig, ax = plt.subplots(figsize=(WIDTH, 3.3))
+        mx = None
+    else:  # the target's metric beside the loss the flat rule judges
+        m = _metric_epochs(epochs, cal, metric)
+        fig, (ax, mx) = plt.subplots(1, 2, figsize=(WIDTH, 3.3))
     handles, labels, n_flat, n_judged = [], [], 0, 0
     for i, (rid, g) in enumerate(e.sort_values("epoch").groupby("run_id", sort=True)):
         color = _COLORS[i % len(_COLORS)]
@@ -230,12 +249,19 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
             n_flat += gain < FLAT_GAIN
         handles.append(h)
         labels.append(f"{_cal_name(rid)}: {_gain_text(gain, len(y))}")
-    ax.set_xlim(left=0)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if mx is not None:  # the same run's target metric, its best so far
+            g = m[m["run_id"] == rid].sort_values("epoch")
+            xm, ym = g["epoch"].to_numpy(float), g[metric.key].to_numpy(float)
+            mx.plot(xm, ym, color=color, lw=0.6, alpha=0.45, gid=metric.key)
+            run_best = np.minimum if metric.goal == "min" else np.maximum
+            mx.step(xm, run_best.accumulate(ym), where="post", color=color, lw=1.2, gid="best")
+    for a in (ax,) if mx is None else (ax, mx):
+        a.set_xlim(left=0)
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     log_y(ax)
     target = _trained_target(runs)
     if isinstance(target, float):
-        ax.axhline(target, color="k", lw=0.9, ls=(0, (5, 3)), gid="target")
+        (ax if mx is None else mx).axhline(target, color="k", lw=0.9, ls=(0, (5, 3)), gid="target")
         handles.append(Line2D([], [], color="k", lw=0.9, ls=(0, (5, 3))))
         labels.append(f"target {target:.4g} (the runs trained against it)")
     handles += [
@@ -244,25 +270,46 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
         Line2D([], [], color="0.45", lw=4, alpha=0.35),
     ]
     labels += [
-        "validation loss per epoch",
+        "validation loss per epoch" if mx is None else f"value per epoch (loss, {metric.name})",
         "best so far",
         "best so far, last quarter of the epochs",
     ]
     first = cal.iloc[0]
-    ax.set_title(
+    where = (
         f"{first['partition']}, {first['backend']}, batch {int(first['batch_per_worker'])}, "
         f"LR {first['lr_rule']}, 1 worker" + ("" if isinstance(target, float) else f" ({target})")
     )
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation loss (MSE, log)")
     n = e["run_id"].nunique()
-    fig.suptitle(
-        f"{n_flat} of {n} flattened"
-        + (f", {n - n_judged} too short to tell" if n_judged < n else "")
+    flat = f"{n_flat} of {n} flattened" + (
+        f", {n - n_judged} too short to tell" if n_judged < n else ""
     )
+    if mx is None:
+        ax.set_title(where)
+        ax.set_ylabel("validation loss (MSE, log)")
+        fig.suptitle(flat)
+    else:  # the loss the runs stop on (flat) beside the target's metric
+        ax.set_title("validation loss: flat?")
+        ax.set_ylabel("validation loss (log)")
+        mx.set_title(f"{metric.name}: the target")
+        mx.set_xlabel("epoch")
+        mx.set_ylabel(metric.name)
+        fig.suptitle(f"{where}; {flat}")
     rows = legend_below(fig, handles, labels, ncol=2)
     layout(fig, rows)
     return fig
+
+
+def _metric_epochs(epochs, cal, metric) -> pd.DataFrame:
+    """The calibration runs' epochs with a finite value of ``metric`` (NoData without)."""
+    if epochs is None or metric.key not in epochs:
+        raise NoData(f"no {metric.name} in the epochs table")
+    e = epochs[epochs["run_id"].isin(cal["run_id"])]
+    v = pd.to_numeric(e[metric.key], errors="coerce")
+    e = e.assign(**{metric.key: v})[np.isfinite(v)]
+    if e.empty:
+        raise NoData(f"no finite {metric.name} in the calibration runs' records")
+    return e
 
 
 def _calibration_rows(runs) -> pd.DataFrame:

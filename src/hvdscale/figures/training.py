@@ -1,12 +1,13 @@
-"""Training figures: validation loss against wall time, and the time per step split by phase
-(draw functions of the figure registry, ``hvdscale.figures.registry``)."""
+"""Training figures: the target's validation metric (the validation loss, or a classifier's
+validation accuracy) against wall time, and the time per step split by phase (draw
+functions of the figure registry, ``hvdscale.figures.registry``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from hvdscale.analysis.view import NoData, main_batch, main_rows, panel_backend
+from hvdscale.analysis.view import NoData, main_batch, main_rows, panel_backend, runs_metric
 from hvdscale.figures.style import (
     PHASE_COLOR,
     WIDTH,
@@ -17,6 +18,7 @@ from hvdscale.figures.style import (
     log_y,
     panel_note,
 )
+from hvdscale.workload.base import VAL_LOSS
 
 
 def fig_loss_vs_time(runs, summary, epochs, cm, refs, headline=None):
@@ -42,10 +44,16 @@ def fig_loss_vs_time(runs, summary, epochs, cm, refs, headline=None):
     e = epochs.merge(
         r[["run_id", "partition", "backend", "lr_rule", "workers", "target_test_loss"]], on="run_id"
     )
-    loss = "val_loss" if "val_loss" in e and e["val_loss"].notna().any() else "test_loss"
-    e = e[e[loss].notna() & (e[loss] > 0)]
+    metric = runs_metric(runs)  # the target's: the validation loss, or an accuracy
+    if metric is VAL_LOSS:
+        loss = "val_loss" if "val_loss" in e and e["val_loss"].notna().any() else "test_loss"
+        e = e[e[loss].notna() & (e[loss] > 0)]
+    else:
+        loss = metric.key
+        v = pd.to_numeric(e[loss], errors="coerce") if loss in e else pd.Series(dtype=float)
+        e = e.assign(**{loss: v})[np.isfinite(v)] if loss in e else e.iloc[0:0]
     if e.empty:
-        raise NoData("no finite validation loss in the run records")
+        raise NoData(f"no finite {metric.name} in the run records")
     fig, axes = plt.subplots(
         len(lrs), len(parts), figsize=(WIDTH, 2.1 * len(lrs) + 0.7), squeeze=False, sharey=True
     )
@@ -67,16 +75,19 @@ def fig_loss_vs_time(runs, summary, epochs, cm, refs, headline=None):
             else:
                 t = g0["target_test_loss"].iloc[0]
                 ax.axhline(t, color="k", lw=0.7, ls=":")
-                log_y(ax)
+                if metric is VAL_LOSS:
+                    log_y(ax)
                 log_x(ax)
             ax.set_title(f"{part}, {be}, LR {lr}")
             ax.set_xlabel("training wall time (s, log)" if i == len(lrs) - 1 else "")
-            if j == 0:
+            if j == 0 and metric is not VAL_LOSS:
+                ax.set_ylabel(metric.name)
+            elif j == 0:
                 ax.set_ylabel(f"{'validation' if loss == 'val_loss' else 'test'} loss (MSE)")
     handles_l = [handles[w] for w in sorted(handles)]
     labels = [f"{w} worker{'s' if w > 1 else ''}" for w in sorted(handles)]
     handles_l.append(matplotlib.lines.Line2D([], [], color="k", lw=0.7, ls=":"))
-    labels.append("target validation loss")
+    labels.append(f"target {metric.name}")
     rows = legend_below(fig, handles_l, labels, ncol=4)
     fig.suptitle(f"batch {b}/worker; first repeat of each configuration", fontsize=8.5)
     layout(fig, rows, wspace=0.12, hspace=0.55)
