@@ -41,6 +41,7 @@ from required_layers import require_layer
 from slurm_support import (
     PARTITION,
     PROJECT_ROOT,
+    TRAIN_PYTHON,
     horovod_skip_reason,
     run,
     run_plugin,
@@ -109,8 +110,8 @@ def test_emulated_partition_accepts_thesis_requests_and_binds_one_gpu_per_rank(
     env = alpha_cluster
     nodes = run(["sinfo", "-h", "-N", "-p", "alpha", "-o", "%N %c %m %G %T"], env).stdout
     assert nodes.split("\n")[:2] == [
-        f"node1 {CPUS} {MEM_MB} gpu:{GPUS} idle",
-        f"node2 {CPUS} {MEM_MB} gpu:{GPUS} idle",
+        f"node1 {CPUS} {MEM_MB} gpu:a100:{GPUS} idle",
+        f"node2 {CPUS} {MEM_MB} gpu:a100:{GPUS} idle",
     ], nodes
     script = tmp_path / "shape.sh"
     script.write_text(
@@ -161,7 +162,7 @@ def test_emulated_partition_accepts_thesis_requests_and_binds_one_gpu_per_rank(
     assert field(shown, "OverSubscribe") == "NO"  # --exclusive
     assert field(shown, "MinMemoryNode") == f"{MEM_MB}M"
     assert field(shown, "TresPerNode") == f"gres:gpu:{GPUS}"
-    assert field(shown, "JOB_GRES") == f"gpu:{2 * GPUS}"  # 8 GPUs on each of 2 nodes
+    assert field(shown, "JOB_GRES") == f"gpu:a100:{2 * GPUS}"  # 8 A100s on each of 2 nodes
 
 
 # --------------------------------------------------------------------------- thesis shapes
@@ -238,7 +239,7 @@ def test_thesis_job_shapes_through_the_plugin(alpha_cluster, results_dir):
         assert field(shown, "MinMemoryNode") == f"{MEM_MB}M"
         assert field(shown, "TresPerNode") == f"gres:gpu:{gpus}"
         # requested gpu:N per node; --exclusive allocates all 8 GPUs of every node
-        assert field(shown, "JOB_GRES") == f"gpu:{GPUS * nodes}"
+        assert field(shown, "JOB_GRES") == f"gpu:a100:{GPUS * nodes}"
         assert re.search(rf"NtasksPerN:B:S:C={per_node}:", shown), shown
         assert run_id in field(shown, "Comment")
         log = (ROOT / results_dir / "logs" / "train_run" / f"{run_id}.log").read_text()
@@ -465,6 +466,7 @@ def test_a_torch_run_across_both_nodes_through_the_plugin(alpha_cluster, results
     assert "srun --mpi=none" in log and "exec --framework torch-ddp" in log
     assert "MASTER_ADDR=node1" in log and "horovodrun" not in log
 
+
 # --------------------------------------------------------------------------- smoke study
 
 
@@ -538,3 +540,110 @@ def test_smoke_study_of_the_thesis_partitions_reaches_a_report(alpha_cluster, tm
             assert {row["run_id"] for row in csv.DictReader(fh)} >= set(runs)
     finally:
         shutil.rmtree(ROOT / name, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- preflight
+
+PREFLIGHT_RESULTS = "results-test-slurm-preflight"
+PREFLIGHT_RUN = "alpha_mpi_n1_w1_b75_lrnone_r0"
+
+
+def preflight_study(tmp_path, name: str, alpha: dict = (), environment: dict = ()) -> str:
+    """An override of .test/slurm-thesis.yaml: one 1-worker run on alpha (a 1-node
+    preflight of 2 ranks), with ``alpha`` and ``environment`` changed."""
+    sweep = {"name": "preflight", "partitions": ["alpha"], "workers": [1], "backends": ["mpi"]}
+    sweep.update(batch_sizes=[75], lr_rules=["none"])
+    study = {"scaling": {"sweeps": [sweep], "partitions": {"alpha": dict(alpha)}}}
+    if environment:
+        study["environment"] = dict(environment)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return str(path)
+
+
+def assert_stopped_before_any_train_run(out, env: dict, check: str) -> str:
+    """The partition's preflight failed at ``check`` and no train_run job reached SLURM:
+    every job this Snakemake submitted is the preflight or the data stage (their SLURM
+    comments name the rule), and no train_run left a log or a benchmark. The preflight's
+    log (its message) is returned."""
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-4000:]
+    results = ROOT / PREFLIGHT_RESULTS
+    log = (results / "logs" / "preflight_partition" / "alpha.log").read_text()
+    assert f"ERROR: preflight of partition alpha failed at check '{check}'" in log, log[-3000:]
+    assert "No training run of alpha starts until this passes" in log
+    assert not (results / "preflight" / "alpha.json").exists()  # removed: it runs again
+    submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+)", text)
+    rules = [field(show_job(job, env), "Comment") for job in submitted]
+    assert any("preflight_partition" in c for c in rules), (rules, text[-3000:])
+    assert not any("train_run" in c for c in rules), rules
+    assert "rule train_run:" not in text  # Snakemake started no train_run job
+    assert not (results / "logs" / "train_run").exists()
+    assert not (results / "benchmarks" / "train_run").exists()
+    assert not (results / "runs" / PREFLIGHT_RUN / "metrics.json").exists()
+    return log
+
+
+@pytest.mark.multinode
+def test_a_failed_preflight_stops_its_partition_before_any_train_run(alpha_cluster, tmp_path):
+    """The preflight of the emulated alpha partition through the SLURM plugin: healthy,
+    it passes and sees the nodes' typed gres (gpu:a100:8); a wrong gpu_model, a train env
+    without Horovod and an unreadable shard each stop the partition with one message
+    naming the check and its fix, and no train_run job is submitted. (The shard is
+    emptied: the tests run as root, who reads every file, and both nodes share this
+    machine's file system.)"""
+    env = alpha_cluster
+    results = ROOT / PREFLIGHT_RESULTS
+    shutil.rmtree(results, ignore_errors=True)
+    target = f"{PREFLIGHT_RESULTS}/runs/{PREFLIGHT_RUN}/metrics.json"
+
+    def snakemake_run(override: str, *targets: str):
+        args = ["--configfile", THESIS_TEST_CONFIG, override]
+        return snakemake(
+            [*args, "--config", f"results_dir={PREFLIGHT_RESULTS}", "--", *targets], env, 900
+        )
+
+    try:
+        # healthy: the preflight passes (the data stage first)
+        out = snakemake_run(
+            preflight_study(tmp_path, "healthy"), f"{PREFLIGHT_RESULTS}/preflight/alpha.json"
+        )
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        rec = json.loads((results / "preflight" / "alpha.json").read_text())
+        assert rec["ok"] and rec["emulated_gpus"] and rec["launcher"] == "srun", rec
+        checks = {c["name"]: c for c in rec["checks"]}
+        assert list(checks) == ["modules", "data", "train-env", "gpus", "allreduce horovod-tf mpi"]
+        assert re.search(rf"node[12] declares gpu:a100:{GPUS}", checks["gpus"]["detail"]), checks
+        assert "emulated GPUs (CPU)" in checks["gpus"]["detail"]
+        # the nodes declare A100s: a partition that says H100 stops (the preflight is
+        # repeated: gpu_model is among what it checks)
+        out = snakemake_run(preflight_study(tmp_path, "h100", alpha={"gpu_model": "H100"}), target)
+        log = assert_stopped_before_any_train_run(out, env, "gpus")
+        assert "declares GPUs of type a100" in log and "gpu_model says H100" in log
+        assert "set scaling.partitions.alpha.gpu_model to the nodes' GPU (A100)" in log
+        # a train env without Horovod: a venv whose python cannot import horovod
+        venv = results / "no-horovod"
+        shadow = venv / "shadow" / "horovod"
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
+        python = venv / "bin" / "python"
+        python.parent.mkdir()
+        python.write_text(
+            f"#!/bin/sh\nexport PYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+            f'exec {TRAIN_PYTHON} "$@"\n'
+        )
+        python.chmod(0o755)
+        venv_key = {"venv": str(venv.relative_to(ROOT))}
+        out = snakemake_run(preflight_study(tmp_path, "no-horovod", environment=venv_key), target)
+        log = assert_stopped_before_any_train_run(out, env, "train-env")
+        assert "cannot import horovod.tensorflow" in log and "make setup" in log
+        # a shard the node cannot read
+        manifest = json.loads((results / "data" / "manifest.json").read_text())
+        shard = results / "data" / manifest["shards"]["train"][0]["file"]
+        shard.write_bytes(b"")
+        out = snakemake_run(preflight_study(tmp_path, "healthy"), target)
+        log = assert_stopped_before_any_train_run(out, env, "data")
+        assert f"shard {shard.relative_to(ROOT)} read from node" in log
+        assert "readable from the partition's compute nodes" in log
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
