@@ -228,27 +228,11 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
     handles, labels, n_flat, n_judged = [], [], 0, 0
     for i, (rid, g) in enumerate(e.sort_values("epoch").groupby("run_id", sort=True)):
         color = _COLORS[i % len(_COLORS)]
-        x, y = g["epoch"].to_numpy(float), g["val_loss"].to_numpy(float)
-        ax.plot(x, y, color=color, lw=0.6, alpha=0.45, gid="val_loss")
-        best = np.minimum.accumulate(y)
-        (h,) = ax.step(x, best, where="post", color=color, lw=1.2, gid="best")
-        gain = last_quarter_gain({"epochs": [{"val_loss": float(v)} for v in y]})
-        if gain is not None:  # the last quarter of the epochs, as last_quarter_gain cuts it
-            cut = len(y) - len(y) // 4
-            ax.step(
-                x[cut - 1 :],
-                best[cut - 1 :],
-                where="post",
-                color=color,
-                lw=4,
-                alpha=0.35,
-                solid_capstyle="butt",
-                gid="last_quarter",
-            )
-            n_judged += 1
-            n_flat += gain < FLAT_GAIN
+        h, gain, n = _calibration_run(ax, g, color)
+        n_judged += gain is not None
+        n_flat += gain is not None and gain < FLAT_GAIN
         handles.append(h)
-        labels.append(f"{_cal_name(rid)}: {_gain_text(gain, len(y))}")
+        labels.append(f"{_cal_name(rid)}: {_gain_text(gain, n)}")
         if mx is not None:  # the same run's target metric, its best so far
             g = m[m["run_id"] == rid].sort_values("epoch")
             xm, ym = g["epoch"].to_numpy(float), g[metric.key].to_numpy(float)
@@ -284,20 +268,50 @@ def fig_calibration(runs, summary, epochs, cm, refs, headline=None):
     flat = f"{n_flat} of {n} flattened" + (
         f", {n - n_judged} too short to tell" if n_judged < n else ""
     )
+    _calibration_titles(fig, ax, mx, metric, where, flat)
+    rows = legend_below(fig, handles, labels, ncol=2)
+    layout(fig, rows)
+    return fig
+
+
+def _calibration_titles(fig, ax, mx, metric, where: str, flat: str) -> None:
+    """Titles and axis labels of the calibration figure: one panel of the validation loss,
+    or (``mx``) the loss the runs stop on beside the target's metric."""
     if mx is None:
         ax.set_title(where)
         ax.set_ylabel("validation loss (MSE, log)")
         fig.suptitle(flat)
-    else:  # the loss the runs stop on (flat) beside the target's metric
-        ax.set_title("validation loss: flat?")
-        ax.set_ylabel("validation loss (log)")
-        mx.set_title(f"{metric.name}: the target")
-        mx.set_xlabel("epoch")
-        mx.set_ylabel(metric.name)
-        fig.suptitle(f"{where}; {flat}")
-    rows = legend_below(fig, handles, labels, ncol=2)
-    layout(fig, rows)
-    return fig
+        return
+    ax.set_title("validation loss: flat?")
+    ax.set_ylabel("validation loss (log)")
+    mx.set_title(f"{metric.name}: the target")
+    mx.set_xlabel("epoch")
+    mx.set_ylabel(metric.name)
+    fig.suptitle(f"{where}; {flat}")
+
+
+def _calibration_run(ax, g, color):
+    """One calibration run's validation loss per epoch (thin), its best so far (steps) and,
+    where ``last_quarter_gain`` can judge it, that last quarter drawn thick. Returns the
+    best-so-far line, the last-quarter gain (None: too short) and the number of epochs."""
+    x, y = g["epoch"].to_numpy(float), g["val_loss"].to_numpy(float)
+    ax.plot(x, y, color=color, lw=0.6, alpha=0.45, gid="val_loss")
+    best = np.minimum.accumulate(y)
+    (h,) = ax.step(x, best, where="post", color=color, lw=1.2, gid="best")
+    gain = last_quarter_gain({"epochs": [{"val_loss": float(v)} for v in y]})
+    if gain is not None:  # the last quarter of the epochs, as last_quarter_gain cuts it
+        cut = len(y) - len(y) // 4
+        ax.step(
+            x[cut - 1 :],
+            best[cut - 1 :],
+            where="post",
+            color=color,
+            lw=4,
+            alpha=0.35,
+            solid_capstyle="butt",
+            gid="last_quarter",
+        )
+    return h, gain, len(y)
 
 
 def _metric_epochs(epochs, cal, metric) -> pd.DataFrame:
