@@ -53,8 +53,9 @@ def _relative(path: str) -> str:
 
 def study_inputs(base: Path) -> dict[str, Path]:
     """The inputs of the report stage in the results directory ``base`` (path relative to
-    it -> file): the validated config, every run's files, the allreduce tables, the target.
-    Also what ``hvdscale merge`` takes from each part (hvdscale.study.merge)."""
+    it -> file): the validated config, every run's files, the allreduce tables, the target,
+    the partitions' preflight records (none in a study from before the preflight). Also
+    what ``hvdscale merge`` takes from each part (hvdscale.study.merge)."""
     inputs = {"config/full.json": base / "config" / "full.json"}
     for d in sorted((base / "runs").glob("*")):
         for name in RUN_FILES:
@@ -62,6 +63,8 @@ def study_inputs(base: Path) -> dict[str, Path]:
                 inputs[f"runs/{d.name}/{name}"] = d / name
     for f in sorted((base / "allreduce").glob("*.csv")):
         inputs[f"allreduce/{f.name}"] = f
+    for f in sorted((base / "preflight").glob("*.json")):
+        inputs[f"preflight/{f.name}"] = f
     if (base / TARGET).is_file():
         inputs[TARGET] = base / TARGET
     return inputs
