@@ -302,6 +302,29 @@ def test_run_config_is_a_valid_subset_that_ignores_other_sweeps():
     assert run_config(other, run_id) != sub
 
 
+def test_keys_added_later_stay_out_of_the_validated_config_at_their_default():
+    """smoke, a partition's emulated_gpus and the workload came after studies were run: at
+    their default they stay out of the validated config and of every run's validated
+    slice (what full.json and a run's config.json hold, and what the hashes are taken of),
+    written out or left out alike, so those studies keep their hashes and nothing
+    retrains; set, they stay."""
+    raw = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = validate_config(raw)
+    explicit = copy.deepcopy(raw)
+    explicit.update(smoke=False, workload="stress-strain")
+    for part in explicit["scaling"]["partitions"].values():
+        part["emulated_gpus"] = False
+    assert validate_config(explicit) == cfg
+    for c in [cfg] + [validate_config(run_config(cfg, r.run_id)) for r in run_table(cfg)]:
+        assert not {"smoke", "workload"} & set(c)
+        assert all("emulated_gpus" not in p for p in c["scaling"]["partitions"].values())
+    assert validate_config(cfg) == cfg
+    gpu = copy.deepcopy(raw)
+    gpu["scaling"]["partitions"]["local"].update(gpus_per_node=2, emulated_gpus=True)
+    assert validate_config(gpu)["scaling"]["partitions"]["local"]["emulated_gpus"] is True
+    assert validate_config({**raw, "smoke": True})["smoke"] is True
+
+
 def test_allreduce_config_is_a_valid_slice_that_ignores_report_and_training_edits():
     from hvdscale.slurm.jobspec import JobSpec
 

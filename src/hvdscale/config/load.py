@@ -136,16 +136,27 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe_error(e) for e in errors))
     _fill_partition_defaults(cfg, schema)
-    if cfg.get("workload") == DEFAULT_WORKLOAD:
-        # the default workload stays out of the validated config, so the full config, its
-        # hash and every run's hash of stress-strain studies are what they were before
-        del cfg["workload"]
     if cfg["smoke"]:  # the config's smoke study (hvdscale.config.smoke)
         smoke.apply(cfg)
+    _drop_later_defaults(cfg)
     _fill_calibration(cfg)
     _sync_target(cfg)
     check_semantics(cfg)
     return cfg
+
+
+def _drop_later_defaults(cfg: dict) -> None:
+    """Keys added after studies were run stay out of the validated config at their
+    default (the workload stress-strain, smoke false, a partition's emulated_gpus false),
+    so the full config, its hash and every run's config slice and hash of those studies
+    are what they were: their records match, and hvdscale plan retrains none of them."""
+    if cfg.get("workload") == DEFAULT_WORKLOAD:
+        del cfg["workload"]
+    if cfg.get("smoke") is False:
+        del cfg["smoke"]
+    for part in cfg["scaling"]["partitions"].values():
+        if part.get("emulated_gpus") is False:
+            del part["emulated_gpus"]
 
 
 DEFAULT_TARGET_TEST_LOSS = 0.05  # the schema default of the deprecated key
