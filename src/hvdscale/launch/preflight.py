@@ -37,7 +37,12 @@ from hvdscale import native
 from hvdscale.config.load import load_config
 from hvdscale.errors import UserError
 from hvdscale.io import write_json_atomic
-from hvdscale.launch.launchspec import LAUNCHERS, build_launch, default_train_python
+from hvdscale.launch.launchspec import (
+    LAUNCHERS,
+    build_launch,
+    default_train_python,
+    rank_path_env,
+)
 from hvdscale.launch.runner import companion, describe_failure, run_spec, train_python_problem
 from hvdscale.slurm import rendezvous
 from hvdscale.slurm.deployment import module_load_problem
@@ -261,7 +266,9 @@ def preflight(cfg: dict, partition: str, data_dir, launcher: str, python: str, w
     env_check = Check("train-env")
     envc = cfg.get("environment") or {}
     if envc.get("deployment", "venv") != "venv":  # can the ranks' python import hvdscale?
-        problem = train_python_problem(python, dict(os.environ))
+        # in the ranks' environment: the project's src ahead of the modules' PYTHONPATH,
+        # as build_launch gives the preflight's and the training runs' ranks
+        problem = train_python_problem(python, {**os.environ, **rank_path_env(envc)})
         if problem:
             checks.append(env_check.done(False, problem, "see the message"))
             return pf, checks
