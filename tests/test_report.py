@@ -633,3 +633,23 @@ def test_report_has_a_system_description_per_partition(tmp_path):
     ):
         assert needle in text, needle
     assert "System description" not in pdf_text(out["report"])  # no --systems: no section
+
+
+def test_a_table_header_follows_its_column_text_cells_left_numbers_right():
+    """A column of text cells (Paragraphs, laid out left) has its header on the left too;
+    a column of plain values right of align_right_from keeps a right-aligned header."""
+    from hvdscale.report.doc import Doc
+
+    d = Doc()
+    d.table(
+        "t",
+        ["Check", "Result", "Seconds"],
+        [[d.cell("data"), d.cell("ok"), "1.5"], [d.cell("env"), d.cell("failed"), "2.0"]],
+        [30, 30, 30],
+        keep=True,
+    )
+    from reportlab.platypus import Table
+
+    (table,) = [f for k in d.story for f in getattr(k, "_content", [k]) if isinstance(f, Table)]
+    heads = [c.style.name for c in table._cellvalues[0]]
+    assert heads == ["cellhead", "cellhead", "cellhead_r"]

@@ -125,8 +125,18 @@ class Doc:
 
         self.n_table += 1
         cap = Paragraph(f"<b>Table {self.n_table}.</b> {caption}", self.st["caption"])
+        body = [r for k, r in enumerate(rows) if k not in set(spans)]
+        # a column of text cells (Paragraphs, laid out left) keeps its header left too
+        text = {
+            i
+            for i in range(len(header))
+            if body and all(i < len(r) and isinstance(r[i], Paragraph) for r in body)
+        }
         data = [
-            [self.cell(h, head=True, right=i >= align_right_from) for i, h in enumerate(header)]
+            [
+                self.cell(h, head=True, right=i >= align_right_from and i not in text)
+                for i, h in enumerate(header)
+            ]
         ] + rows
         t = Table(data, colWidths=[w * mm for w in widths_mm], repeatRows=1, hAlign="LEFT")
         cmds = [
