@@ -163,22 +163,27 @@ def test_lmod_user_sets_up_and_runs_two_ranks_with_env_modules(lmod_user, lmod_c
     )
     assert f"UserId={user.pw_name}({user.pw_uid})" in show.stdout, show.stdout + show.stderr
 
-    # a module name that does not exist: `module load` fails in the job, `hvdscale launch`
-    # stops it naming the module, no rank starts
+    # a module name that does not exist: `module load` fails in the partition's preflight
+    # job, `hvdscale preflight` stops it at its modules check naming the module, no rank
+    # starts and no training job is submitted
     bad = snakemake_as_user(
         user, clone, tree, study_config([BAD_MODULE]), "lmod-bad.yaml", BAD_RUN, env,
         extra="--retries 0",
     )  # fmt: skip
     assert bad.returncode != 0, bad.stdout[-4000:]
-    assert "Error in rule train_run" in bad.stdout, bad.stdout[-4000:]
-    assert "rule generate_shard" not in bad.stdout  # only the training job ran
-    bad_log = (clone / "results" / "logs" / "train_run" / f"{BAD_RUN}.log").read_text()
+    assert "Error in rule preflight_partition" in bad.stdout, bad.stdout[-4000:]
+    assert "rule generate_shard" not in bad.stdout  # the data of the first run reused
+    assert "rule train_run" not in bad.stdout  # no training job submitted
+    bad_log = (clone / "results" / "logs" / "preflight_partition" / "local.log").read_text()
+    assert "failed at check 'modules'" in bad_log, bad_log
     assert f"module(s) {BAD_MODULE} not loaded (loaded: none)" in bad_log, bad_log
     assert "no rank was started" in bad_log
-    assert "[hvdscale train]" not in bad_log
+    assert not (clone / "results" / "logs" / "train_run" / f"{BAD_RUN}.log").exists()
     run_dir = clone / "results" / "runs" / BAD_RUN
     assert not (run_dir / "metrics.json").exists() and not (run_dir / "failure.json").exists()
-    # Lmod's own message is in the job's SLURM log
-    slurm_logs = list((clone / ".snakemake" / "slurm_logs" / "rule_train_run" / BAD_RUN).glob("*"))
+    # Lmod's own message is in the preflight job's SLURM log
+    slurm_logs = list(
+        (clone / ".snakemake" / "slurm_logs" / "rule_preflight_partition" / "local").glob("*")
+    )
     lmod_said = "".join(p.read_text(errors="replace") for p in slurm_logs)
     assert f'unknown: "{BAD_MODULE}"' in lmod_said.replace("\n", " "), lmod_said[-3000:]
