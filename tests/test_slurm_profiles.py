@@ -83,7 +83,7 @@ def test_job_shapes_of_the_thesis_and_one_array_command_per_shape():
     runs = {r.run_id: r for r in run_table(cfg)}
     scaling = [r for r in runs.values() if not r.kind]
     assert len(runs) - len(scaling) == 3  # the target's calibration runs: single jobs
-    assert sum(len(s["runs"]) for s in shapes) == len(scaling) == 414
+    assert sum(len(s["runs"]) for s in shapes) == len(scaling) == 690  # 5 repeats
     seen = set()
     for s in shapes:
         res = {str(JobSpec.for_run(cfg, runs[r]).slurm_resources(1)) for r in s["runs"]}
@@ -107,7 +107,7 @@ def test_thesis_dry_run_through_the_profile_shows_the_arrays():
     )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    assert "arrays: 414 train_run jobs in 12 job shape(s)" in text, text[:3000]
+    assert "arrays: 690 train_run jobs in 12 job shape(s)" in text, text[:3000]
     assert "gpu2" not in text  # K80: out of the sweeps (the pinned TensorFlow cannot run it)
     # one shape, as `hvdscale plan --arrays` prints it: the plugin takes the setting
     out = subprocess.run(

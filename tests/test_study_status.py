@@ -13,7 +13,7 @@ import yaml
 from hvdscale.cli import main
 from hvdscale.matrix.runkinds import target_config
 from hvdscale.matrix.runtable import run_config, run_table
-from hvdscale.study.plan import merged_config, plan
+from hvdscale.study.plan import merged_config, plan, study_config_files
 from hvdscale.study.status import (
     QueueJob,
     format_status,
@@ -45,7 +45,7 @@ def write_slice(cfg: dict, results: Path, run_id: str) -> None:
 def finished_study(tmp_path: Path) -> tuple[dict, Path]:
     """Every run of .test/config/config.yaml finished: config.json and target's config
     written as the workflow's rules write them (hvdscale write-config), a record each."""
-    cfg = merged_config([TEST_CONFIG])
+    cfg = merged_config(study_config_files([TEST_CONFIG]))
     results = tmp_path / "results"
     for run in run_table(cfg):
         write_slice(cfg, results, run.run_id)
@@ -80,7 +80,7 @@ def test_an_edited_training_key_names_the_runs_it_retrains(tmp_path, capsys):
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("training.max_epochs:"))
     assert sorted(line.split(":", 1)[1].strip().split(", ")) == SCALING
     assert CAL not in out
-    p = plan(merged_config([TEST_CONFIG, edited]), results)
+    p = plan(merged_config(study_config_files([TEST_CONFIG, edited])), results)
     assert p["retrain"] == {run_id: ["training.max_epochs"] for run_id in SCALING}
 
 
@@ -144,7 +144,7 @@ def _done(cfg: dict, results: Path, run_id: str, wall_s: float, end: str) -> Non
 def test_status_mid_study_from_records_logs_and_the_queue(tmp_path):
     """Two runs done (100 s and 200 s, one after the other), one running for 30 s, one
     not started, the calibration run failed."""
-    cfg = merged_config([TEST_CONFIG])
+    cfg = merged_config(study_config_files([TEST_CONFIG]))
     results = tmp_path / "results"
     _done(cfg, results, SCALING[0], 100.0, "2024-06-01T10:00:00+00:00")
     _done(cfg, results, SCALING[1], 200.0, "2024-06-01T10:10:00+00:00")
@@ -187,7 +187,7 @@ def test_status_mid_study_from_records_logs_and_the_queue(tmp_path):
 def test_status_without_slurm_reads_the_rule_log(tmp_path):
     """No squeue, no Snakemake running: a run with a rule log and no record failed,
     named by the log's last error line; the others have not started."""
-    cfg = merged_config([TEST_CONFIG])
+    cfg = merged_config(study_config_files([TEST_CONFIG]))
     results = tmp_path / "results"
     log = results / "logs" / "train_run" / f"{SCALING[3]}.log"
     log.parent.mkdir(parents=True)
@@ -206,7 +206,25 @@ def test_status_counts_retrained_runs_as_not_started(tmp_path, edit):
     _, results = finished_study(tmp_path)
     edited = tmp_path / "edit.yaml"
     edited.write_text(yaml.safe_dump(edit))
-    s = status(merged_config([TEST_CONFIG, edited]), results, [], workdir=tmp_path)
+    s = status(
+        merged_config(study_config_files([TEST_CONFIG, edited])), results, [], workdir=tmp_path
+    )
     assert s["total"]["done"] == 1 and s["total"]["not_started"] == 4
     assert s["total"]["retrain"] == 4
     assert "4 finished run(s) will retrain" in format_status(s)
+
+
+def test_plan_and_status_read_the_study_snakemake_runs(tmp_path):
+    """snakemake --configfile X extends the Snakefile's config/config.yaml: plan and status
+    merge X over it too, so their slices are the jobs' slices (a key that only
+    config/config.yaml sets, e.g. data.physics.noise_std, is in both)."""
+    files = study_config_files([TEST_CONFIG])
+    assert files[0] == ROOT / "config" / "config.yaml" and files[1:] == [TEST_CONFIG]
+    assert study_config_files([ROOT / "config" / "config.yaml"]) == [
+        ROOT / "config" / "config.yaml"
+    ]
+    base = merged_config([ROOT / "config" / "config.yaml"])
+    alone = merged_config([TEST_CONFIG])
+    both = merged_config(files)
+    noise = [c["data"]["physics"]["noise_std"] for c in (base, alone, both)]
+    assert noise[2] == noise[0] != noise[1]

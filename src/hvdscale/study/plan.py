@@ -15,6 +15,7 @@ from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
 from hvdscale.matrix.runkinds import rerun_runs
 from hvdscale.matrix.runtable import run_table, tune_runs
 from hvdscale.matrix.subset import describe
+from hvdscale.project import find_project_root
 from hvdscale.slurm.gpu_support import gpu_support_notes
 from hvdscale.slurm.jobspec import JobSpec
 from hvdscale.slurm.preflight import preflights
@@ -306,6 +307,18 @@ def write_csv(p: dict, path: str | Path) -> None:
             w.writerow(r)
 
 
+def study_config_files(paths) -> list:
+    """The config files of the study Snakemake runs for ``paths``: the Snakefile's own
+    ``configfile`` (config/config.yaml of the project) first, the given files merged over
+    it, as ``snakemake --configfile PATHS`` does ("Config file config/config.yaml is
+    extended by additional config specified via the command line")."""
+    base = find_project_root() / "config" / "config.yaml"
+    given = [Path(p) for p in paths]
+    if not base.exists() or any(p.resolve() == base.resolve() for p in given):
+        return list(paths)
+    return [base, *paths]
+
+
 def merged_config(paths, select=None, overrides=None) -> dict:
     """Config files merged like Snakemake (mappings merge, lists replace), then the
     ``--config KEY=VALUE`` overrides parsed and applied as Snakemake does, validated."""
@@ -427,7 +440,7 @@ def run(args) -> int:
       hvdscale plan config/thesis.yaml [--select "partition=alpha workers=1-8"] [--csv plan.csv]
       hvdscale plan config/thesis.yaml --arrays    # one array submission per job shape
     """
-    cfg = merged_config(args.config, args.select, args.overrides)
+    cfg = merged_config(study_config_files(args.config), args.select, args.overrides)
     check_results_dir(cfg["results_dir"])  # where the study will write, before it runs
     p = plan(cfg, args.results)
     if args.csv:

@@ -47,7 +47,13 @@ from statistics import median
 from hvdscale.matrix.runkinds import rerun_runs
 from hvdscale.matrix.runtable import run_table
 from hvdscale.study.changes import Retrain, retrained_runs
-from hvdscale.study.plan import add_study_arguments, merged_config, plan, worst_case_reruns
+from hvdscale.study.plan import (
+    add_study_arguments,
+    merged_config,
+    plan,
+    study_config_files,
+    worst_case_reruns,
+)
 
 #: the plugin's --comment of a train_run job, before the run id
 TRAIN_COMMENT = "rule_train_run_wildcards_"
@@ -477,7 +483,7 @@ def run(args) -> int:
     Example
       hvdscale status config/thesis.yaml            # or: make status CONFIG=config/thesis.yaml
     """
-    cfg = merged_config(args.config, args.select, args.overrides)
+    cfg = merged_config(study_config_files(args.config), args.select, args.overrides)
     queue = None if args.no_squeue else squeue_jobs()
     s = status(cfg, args.results, queue)
     print(json.dumps(s, indent=2, sort_keys=True) if args.json else format_status(s))
