@@ -19,6 +19,7 @@ from hvdscale.launch.launchspec import build_launch
 from hvdscale.launch.runner import job_for
 from hvdscale.matrix.runtable import find_run, run_table
 from hvdscale.slurm.jobspec import RESOURCE_KEYS, JobSpec
+from hvdscale.slurm.preflight import preflights
 
 ROOT = Path(__file__).resolve().parents[1]
 THESIS = ROOT / "config" / "thesis.yaml"
@@ -307,9 +308,14 @@ def test_thesis_dag_resources_are_unchanged_by_jobspec(thesis):
                 thesis, m["partition"], m["backend"], int(m["nodes"]), int(m["workers"])
             )
             assert res == want, (rule, wildcards)
+        elif rule == "preflight_partition":  # the partition's 2-rank JobSpec
+            job = preflights(thesis)[wildcards.split("=", 1)[1]].job
+            want = {k: str(v) for k, v in job.slurm_resources(1).items() if v is not None}
+            assert res == want, (rule, wildcards, res)
         else:  # the profile's default-resources only
             assert res == {"mem_mb": "4000", "runtime": "60"}, (rule, wildcards, res)
-    assert counts["train_run"] == len(run_table(thesis)) == 414 + 3  # + target calibration
+    assert counts["train_run"] == len(run_table(thesis)) == 690 + 3  # + target calibration
+    assert counts["preflight_partition"] == 2  # alpha, hpdlf
     assert counts["measure_allreduce"] == 30
 
 

@@ -9,6 +9,7 @@ on a regression."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -24,9 +25,10 @@ import yaml
 
 from hvdscale.analysis.aggregate import aggregate
 from hvdscale.analysis.tuning import selection
+from hvdscale.cli import main as cli_main
 from hvdscale.figures.registry import FIGURE_NAMES
 from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
-from hvdscale.matrix.runtable import run_table
+from hvdscale.matrix.runtable import run_config, run_table
 from hvdscale.study.export import REPORT_RULES, read_archive, rebuild
 from hvdscale.study.plan import merged_config
 
@@ -96,6 +98,11 @@ def study():
     first = f"{RESULTS}/scaling/target.json"
     out = snakemake("--configfile", *configs, "--config", f"results_dir={RESULTS}", "--", first)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    # each run's config slice as rule write_run_config writes it, then its record
+    for run in run_table(cfg):
+        cfg_json = json.dumps(run_config(cfg, run.run_id), sort_keys=True)
+        out_json = res / "runs" / run.run_id / "config.json"
+        assert cli_main(["write-config", "--json", cfg_json, "--out", str(out_json)]) == 0
     F.write_study(res / "runs", cfg)
     # the winner's re-runs, as the checkpoint select_tuned will request them
     agg = aggregate(res / "runs", cfg)
@@ -122,7 +129,8 @@ def test_snakemake_prints_the_plan_and_checks_the_references(study):
     res, out, _ = study
     # 12 scaling runs, 2 tuning candidates, the winner's 3 re-runs
     assert "hvdscale plan: 17 training jobs, worst case 8.5 node-h" in out.stderr
-    assert "14 have a record" in out.stderr
+    plan_line = next(x for x in out.stderr.splitlines() if x.startswith("hvdscale plan:"))
+    assert "14 done (record, config unchanged)" in out.stderr, plan_line
     ref = pd.read_csv(res / "scaling" / "references.csv")
     assert set(ref["verdict"]) <= {"within", "better", "worse", "inconclusive", "not measured"}
     sync = ref[ref.quantity == "sync_share"].iloc[0]

@@ -108,7 +108,7 @@ def test_epoch_metrics_round_trip_and_reduction_without_horovod():
     assert m.phases == [0.1, 0.2, 0.3, 0.4] and m.val_loss == 0.5
     assert m.allreduce(WorkerInfo(), name="x") == m  # one worker: sums and means are itself
     assert m.noise_fields() == {"noise_steps": 4, "g_local_sq": 2.0, "g_global_sq": 1.5}
-    with pytest.raises(ValueError, match="expected 14 values"):
+    with pytest.raises(ValueError, match="expected 15 values"):
         EpochMetrics.from_vector([1.0, 2.0])
     assert not EpochMetrics(float("nan"), 1, 1, 0, 0, 0, 0, 0, 0, 0).finite()
     assert not EpochMetrics(0.1, float("inf"), 1, 0, 0, 0, 0, 0, 0, 0).finite()
