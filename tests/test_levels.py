@@ -178,6 +178,19 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert level_of(resolve(name, MODULES), LEVELS) == 7 > LEVELS["errors"]
 
 
+def top_level_names(path: Path) -> set[str]:
+    """The functions a module defines at its top level, by ``def`` or by assignment
+    (``add_x_arguments, run_x = make(...)``)."""
+    names = set()
+    for n in ast.parse(path.read_text()).body:
+        if isinstance(n, ast.FunctionDef):
+            names.add(n.name)
+        elif isinstance(n, ast.Assign):
+            for t in n.targets:
+                names |= {e.id for e in getattr(t, "elts", [t]) if isinstance(e, ast.Name)}
+    return names
+
+
 def test_every_command_is_an_entry_beside_its_logic():
     """cli.COMMANDS names, for each subcommand, the module that does its work and defines
     its ``add_arguments``/``run`` ("module:name": ``add_<name>_arguments``/``run_<name>``);
@@ -195,11 +208,7 @@ def test_every_command_is_an_entry_beside_its_logic():
         module, _, name = target.partition(":")
         path = MODULES.get(module[len("hvdscale.") :])
         wanted = {f"add_{name}_arguments", f"run_{name}"} if name else {"add_arguments", "run"}
-        defined = (
-            {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
-            if path
-            else set()
-        )
+        defined = top_level_names(path) if path else set()
         if not wanted <= defined:
             bad.append(f"{target}: lacks {sorted(wanted - defined)}")
     assert not bad, "\n".join(bad)

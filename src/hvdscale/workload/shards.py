@@ -289,58 +289,45 @@ def _data_cfg(args) -> dict:
     return load_data_config(args.config)
 
 
-def add_generate_arguments(p):
-    generate.add_arguments(p)
+def _command(stock, make, said):
+    """A data command for every workload: ``stock`` (the stress-strain module with its
+    ``add_arguments``/``run``) where the config's workload is stress-strain, else ``make(cfg,
+    workload, args)`` here and one line ``said(result, args)`` on stderr. The same flags
+    and --help text as the stock command."""
+
+    def add_arguments(p):
+        stock.add_arguments(p)
+
+    def run(args) -> int:
+        cfg = _data_cfg(args)
+        if not handles(cfg):
+            return stock.run(args)
+        print(said(make(cfg, workload_for(cfg), args), args), file=sys.stderr)
+        return 0
+
+    run.__doc__ = stock.run.__doc__
+    return add_arguments, run
 
 
-def run_generate(args) -> int:
-    cfg = _data_cfg(args)
-    if not handles(cfg):
-        return generate.run(args)
-    info = generate_shard(cfg, workload_for(cfg), args.shard, args.out)
-    print(
-        f"generate-shard {args.shard}: wrote {info['n_samples']} samples of workload "
-        f"{workload_name(cfg)} to {args.out} in {info['seconds']:.1f} s",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def add_validate_arguments(p):
-    validate.add_arguments(p)
-
-
-def run_validate(args) -> int:
-    cfg = _data_cfg(args)
-    if not handles(cfg):
-        return validate.run(args)
-    rep = validate_shard(cfg, workload_for(cfg), args.shard, args.out)
-    print(
-        f"validate-shard: {args.shard}: {rep['n_samples']} samples passed {len(CHECKS)} checks",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def add_split_arguments(p):
-    split_mod.add_arguments(p)
-
-
-def run_split(args) -> int:
-    cfg = _data_cfg(args)
-    if not handles(cfg):
-        return split_mod.run(args)
-    m = split(cfg, workload_for(cfg), args.shards, args.validations, args.outdir)
-    print(
-        f"split-dataset: {m['counts']} samples of workload {m['workload']} in {args.outdir}",
-        file=sys.stderr,
-    )
-    return 0
-
-
-run_generate.__doc__ = generate.run.__doc__
-run_validate.__doc__ = validate.run.__doc__
-run_split.__doc__ = split_mod.run.__doc__
+add_generate_arguments, run_generate = _command(
+    generate,
+    lambda cfg, w, a: generate_shard(cfg, w, a.shard, a.out) | {"workload": workload_name(cfg)},
+    lambda info, a: (
+        f"generate-shard {a.shard}: wrote {info['n_samples']} samples of workload "
+        f"{info['workload']} to {a.out} in {info['seconds']:.1f} s"
+    ),
+)
+add_validate_arguments, run_validate = _command(
+    validate,
+    lambda cfg, w, a: validate_shard(cfg, w, a.shard, a.out),
+    lambda rep, a: f"validate-shard: {a.shard}: {rep['n_samples']} samples passed "
+    f"{len(CHECKS)} checks",
+)
+add_split_arguments, run_split = _command(
+    split_mod,
+    lambda cfg, w, a: split(cfg, w, a.shards, a.validations, a.outdir),
+    lambda m, a: f"split-dataset: {m['counts']} samples of workload {m['workload']} in {a.outdir}",
+)
 
 
 # -------------------------------------------------- the command: hvdscale import-data
