@@ -90,6 +90,16 @@ def test_one_preflight_per_partition_laid_out_like_its_runs():
     assert alpha.slice()["partition_config"]["gpu_model"] == "A100"
 
 
+def test_a_partition_of_1_worker_runs_gets_a_1_rank_preflight_that_fits_one_node():
+    """A partition with one slot per node whose runs all have 1 worker (e.g. a 1-node
+    partition) gets a 1-rank, 1-node preflight: a 2-rank job would need 2 nodes it may not
+    have, and SLURM would leave it pending (PartitionConfig) for ever."""
+    cfg = config(alpha_workers=[1], workers_per_node=1)
+    pf = preflights(validate_config(cfg))["alpha"]
+    res = pf.job.slurm_resources(1)
+    assert pf.nodes == 1 and pf.job.workers == 1 and res["nodes"] == 1 and res["tasks"] == 1
+
+
 def test_a_node_declares_its_gpus_in_its_gres():
     assert parse_gres("NodeName=node1 Arch=x86_64 Gres=gpu:a100:8(S:0-1) State=IDLE") == (
         8,

@@ -70,21 +70,25 @@ def preflights(cfg: dict) -> dict[str, Preflight]:
     validated config, in partition order."""
     pairs: dict[str, set] = {}
     span: dict[str, int] = {}
+    widest: dict[str, int] = {}  # the most ranks of one run or sweep
     for r in run_table(cfg):
         pairs.setdefault(r.partition, set()).add((r.framework, r.backend))
         span[r.partition] = max(span.get(r.partition, 1), r.nodes)
+        widest[r.partition] = max(widest.get(r.partition, 1), r.workers)
     for j in allreduce_jobs(cfg):
         pairs.setdefault(j["partition"], set()).add((DEFAULT_FRAMEWORK, j["backend"]))
         span[j["partition"]] = max(span.get(j["partition"], 1), j["nodes"])
+        widest[j["partition"]] = max(widest.get(j["partition"], 1), j["workers"])
     out = {}
     for part in sorted(pairs):
         checks = tuple(sorted(pairs[part]))
         pcfg = cfg["scaling"]["partitions"][part]
-        nodes = 2 if span[part] > 1 or slots_per_node(pcfg) < PREFLIGHT_WORKERS else 1
+        # 2 ranks, on 2 nodes where the partition's runs span nodes; 1 rank where no run
+        # of the partition has more than one worker (a 2-rank job might not fit there)
+        ranks = min(PREFLIGHT_WORKERS, widest[part])
+        nodes = 2 if span[part] > 1 or slots_per_node(pcfg) < ranks else 1
         framework, backend = checks[0]
-        job = JobSpec.for_workers(
-            cfg, part, backend, PREFLIGHT_WORKERS, nodes=nodes, framework=framework
-        )
+        job = JobSpec.for_workers(cfg, part, backend, ranks, nodes=nodes, framework=framework)
         minutes = min(job.runtime_min or PREFLIGHT_MINUTES, PREFLIGHT_MINUTES)
         job = dataclasses.replace(job, runtime_min=minutes, runtime_min_retry=None, signal=None)
         settings = {
