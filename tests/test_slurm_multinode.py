@@ -385,10 +385,11 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
     assert "--slurm-array-jobs=train_run --jobs 16" in command, command
     args = ["--configfile", THESIS_TEST_CONFIG, str(override), "--config"]
     args.append(f"results_dir={results_dir}")
-    # the data and the run configs first: the plugin sends jobs that become ready one by
-    # one (here: after the local write_run_config jobs) as single jobs, as a study's runs
-    # all become ready at once when the data stage ends
+    # the data, the run configs and the partition's preflight first: the plugin sends jobs
+    # that become ready one by one (here: after the local write_run_config jobs) as single
+    # jobs, as a study's runs all become ready at once when the data stage ends
     prep = [f"{results_dir}/runs/{r}/config.json" for r in shape["runs"]]
+    prep.append(f"{results_dir}/preflight/local.json")  # the partition's preflight: one job
     out = snakemake([*args, "--", f"{results_dir}/data/manifest.json", *prep], env, 600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     targets = [f"{results_dir}/runs/{r}/metrics.json" for r in shape["runs"]]
