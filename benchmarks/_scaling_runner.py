@@ -1,5 +1,6 @@
-"""The arms of bench_scaling.py: candidates, the dataset, and how each arm is started and
-read back (``Runner``). See bench_scaling.py for the method."""
+"""The arms of bench_scaling.py (and bench_frameworks.py's independent arm): candidates,
+the dataset, and how each arm is started and read back (``Runner``). The method is in
+docs/performance.md ("Scaling: 1 vs 2 workers")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from _results import ROOT, training_budget
@@ -22,40 +23,27 @@ HVD = [sys.executable, "-m", "hvdscale.cli"]
 
 @dataclass(frozen=True)
 class Arm:
-    kind: str  # hvdscale | hvdstep | keras | mwms | independent
+    kind: str  # hvdscale | keras | mwms | independent
     workers: int
     spe: int = 64
     jit: int = 0
     impl: str = "ring"
-    pin: int = 1
-    extra: tuple = field(default=())
 
     @property
     def label(self) -> str:
-        if self.kind in ("hvdscale", "hvdstep", "independent"):
+        if self.kind in ("hvdscale", "independent"):
             return self.kind
-        s = f"{self.kind} spe{self.spe} jit{self.jit}"
         if self.kind == "mwms" and self.workers > 1:
-            s = f"mwms {self.impl} spe{self.spe} jit{self.jit}"
-        return s + ("" if self.pin else " unpinned")
-
-    @property
-    def family(self) -> str:
-        return {"hvdstep": "hvdscale"}.get(self.kind, self.kind)
+            return f"mwms {self.impl} spe{self.spe} jit{self.jit}"
+        return f"{self.kind} spe{self.spe} jit{self.jit}"
 
 
-def candidates(quick: bool, full: bool = False) -> tuple[list[Arm], list[Arm]]:
+def candidates(quick: bool) -> tuple[list[Arm], list[Arm]]:
+    """The tuning candidates (1 worker, 2 workers); every arm is pinned (rank r on core r)."""
     if quick:
-        one = [Arm("hvdscale", 1), Arm("keras", 1)]
-        two = [Arm("hvdscale", 2), Arm("mwms", 2)]
-        return one, two
+        return [Arm("hvdscale", 1), Arm("keras", 1)], [Arm("hvdscale", 2), Arm("mwms", 2)]
     one = [Arm("hvdscale", 1), Arm("keras", 1), Arm("keras", 1, jit=1), Arm("mwms", 1)]
     two = [Arm("mwms", 2), Arm("mwms", 2, impl="auto"), Arm("mwms", 2, jit=1)]
-    if full:
-        one += [Arm("keras", 1, spe=1, jit=j) for j in (0, 1)]
-        one += [Arm("hvdstep", 1), Arm("mwms", 1, jit=1)] + [Arm("mwms", 1, spe=1)]
-        two += [Arm("hvdscale", 2), Arm("mwms", 2, spe=1), Arm("mwms", 2, pin=0)]
-        two += [Arm("mwms", 2, impl="auto", jit=1), Arm("mwms", 2, impl="auto", pin=0)]
     return one, two
 
 
@@ -135,17 +123,8 @@ def build_data(work: Path, cfg: dict) -> Path:
         hvd("validate-shard", "--config", dcfg, "--shard", sh, "--out", va)
         shards.append(sh)
         vals.append(va)
-    hvd(
-        "split-dataset",
-        "--config",
-        dcfg,
-        "--shards",
-        *shards,
-        "--validations",
-        *vals,
-        "--outdir",
-        data,
-    )
+    hvd("split-dataset", "--config", dcfg, "--shards", *shards, "--validations", *vals,
+        "--outdir", data)  # fmt: skip
     return data
 
 
@@ -203,28 +182,11 @@ class Runner:
             return self.run_independent(batch, out)
         return self.run_worker(arm, batch, out)
 
-    def worker_argv(self, mode, batch, out, extra=()):
-        scale = 2.0 if self.lr_rule_2w == "linear" else 1.0
-        workers = int(dict(zip(extra[::2], extra[1::2])).get("--workers", 1)) if extra else 1
-        return [
-            TRAIN_PY,
-            WORKER,
-            "--mode",
-            mode,
-            "--config",
-            self.cfg_path,
-            "--data-dir",
-            self.data,
-            "--batch",
-            batch,
-            "--epochs",
-            self.a.epochs,
-            "--out",
-            out / "w",
-            "--lr-scale",
-            scale if workers > 1 else 1.0,
-            *extra,
-        ]
+    def worker_argv(self, mode, batch, out, extra=(), workers=1):
+        scale = 2.0 if self.lr_rule_2w == "linear" and workers > 1 else 1.0
+        argv = [TRAIN_PY, WORKER, "--mode", mode, "--config", self.cfg_path]
+        argv += ["--data-dir", self.data, "--batch", batch, "--epochs", self.a.epochs]
+        return [*argv, "--out", out / "w", "--lr-scale", scale, *extra]
 
     def mpirun1(self, argv) -> list:
         x = []
@@ -233,29 +195,19 @@ class Runner:
         return [MPIRUN, "-np", 1, "--bind-to", "none", *x, *argv]
 
     def run_worker(self, arm: Arm, batch: int, out: Path) -> dict:
-        if arm.kind == "hvdstep":
-            p = start(self.mpirun1(self.worker_argv("hvdstep", batch, out)), "0", self.hvd_env)
-            wait_all([p], arm.label)
-        else:
-            self.port += 4
-            procs = []
-            for r in range(arm.workers):
-                extra = ["--spe", arm.spe, "--jit", arm.jit]
-                if arm.kind == "mwms":
-                    extra += ["--workers", arm.workers, "--rank", r, "--impl", arm.impl]
-                    extra += ["--port", self.port]
-                cores = str(r) if arm.pin else None
-                procs.append(start(self.worker_argv(arm.kind, batch, out, extra), cores))
-            wait_all(procs, arm.label)
+        self.port += 4
+        procs = []
+        for r in range(arm.workers):
+            extra = ["--spe", arm.spe, "--jit", arm.jit]
+            if arm.kind == "mwms":
+                extra += ["--workers", arm.workers, "--rank", r, "--impl", arm.impl]
+                extra += ["--port", self.port]
+            argv = self.worker_argv(arm.kind, batch, out, extra, arm.workers)
+            procs.append(start(argv, str(r)))
+        wait_all(procs, arm.label)
         r0 = json.loads((out / "w.rank0.json").read_text())
         thr = epoch_thr(r0["samples_per_epoch"], r0["epoch_times"])
-        ph = [sum(e[i] for e in r0["phases"][1:]) for i in range(4)] if r0["phases"] else None
-        return {
-            "throughput": statistics.median(thr),
-            "epoch_throughputs": thr,
-            "data_share": ph[0] / sum(ph) if ph else None,
-            "affinity": r0["affinity"],
-        }
+        return {"throughput": statistics.median(thr), "epoch_throughputs": thr, "data_share": None}
 
     def run_hvdscale(self, arm: Arm, batch: int, out: Path) -> dict:
         rule = self.lr_rule_2w if arm.workers > 1 else "none"
@@ -268,28 +220,12 @@ class Runner:
         wait_all([p], "hvdscale launch")
         rec = json.loads((out / "metrics.json").read_text())
         eps = [e for e in rec["epochs"] if not e["warmup"]]
-        phases = ("data", "compute", "sync", "update")
-        ph = {k: sum(e[f"time_{k}_s"] for e in eps) for k in phases}
-        # per step, from the record's phase split (its instrumented sample, scaled to all
-        # steps); median over the epochs that have one
-        timed = [e for e in eps if e.get("steps") and sum(e[f"time_{k}_s"] for k in phases)]
-        per_step = {
-            k: statistics.median(1e6 * e[f"time_{k}_s"] / e["steps"] for e in timed)
-            if timed
-            else None
-            for k in ("compute", "sync")
-        }
+        ph = [sum(e[f"time_{k}_s"] for e in eps) for k in ("data", "compute", "sync", "update")]
         return {
             "throughput": statistics.median(e["throughput"] for e in eps),
             "epoch_throughputs": [e["throughput"] for e in eps],
             # no instrumented step in a tiny run: no phase split
-            "data_share": ph["data"] / sum(ph.values()) if sum(ph.values()) else None,
-            "compute_us_step": per_step["compute"],
-            "sync_us_step": per_step["sync"],
-            "test_loss": rec["epochs"][-1]["test_loss"],
-            "affinity": rec["config"].get("cpu_binding"),
-            "horovod_env": rec["config"].get("horovod_env", {}),
-            "record_dir": out,  # metrics.json (and timeline.json), until the next run
+            "data_share": ph[0] / sum(ph) if sum(ph) else None,
         }
 
     def run_independent(self, batch: int, out: Path) -> dict:
@@ -306,9 +242,4 @@ class Runner:
         rs = [json.loads((out / f"p{i}" / "w.rank0.json").read_text()) for i in range(2)]
         per = [epoch_thr(r["samples_per_epoch"], r["epoch_times"]) for r in rs]
         thr = [a + b for a, b in zip(*per)]  # the epochs overlap (barrier): add them
-        return {
-            "throughput": statistics.median(thr),
-            "epoch_throughputs": thr,
-            "data_share": None,
-            "affinity": [r["affinity"] for r in rs],
-        }
+        return {"throughput": statistics.median(thr), "epoch_throughputs": thr, "data_share": None}

@@ -1,31 +1,16 @@
-"""One rank of a bench_scaling.py run (train env). Not a user command: bench_scaling.py
-starts it, pinned to a core with ``taskset`` exactly like every other arm.
+"""One rank of a bench_scaling.py arm (train env; not a user command), pinned to its core
+by bench_scaling.py like every other arm:
 
-  keras    Keras ``model.fit`` on one worker (no distribution).
-  mwms     ``model.fit`` under tf.distribute.MultiWorkerMirroredStrategy, started once
-           per worker with TF_CONFIG on 127.0.0.1 (CPU collectives RING or AUTO).
-  hvdstep  hvdscale's own step code (StepProgram + run_epoch_steps, the functions
-           ``hvdscale train`` runs, config defaults) for one worker; the "independent"
-           control starts two of these at once, one per core, with ``--barrier``.
+  keras    Keras ``model.fit`` on one worker (benchmarks/_keras_arm.py).
+  mwms     ``model.fit`` under MultiWorkerMirroredStrategy, one process per worker with
+           TF_CONFIG on 127.0.0.1 (CPU collectives RING or AUTO).
+  hvdstep  hvdscale's own step code (StepProgram + run_epoch_steps, config defaults) for
+           one worker: the "independent" control starts two at once with ``--barrier``
+           (before every epoch each process leaves a file in DIR and waits for N files).
 
-The same for every arm (and for ``hvdscale train``, which bench_scaling.py runs through
-``hvdscale launch``): the rank's rows from hvdscale.trainer.data.prepare_data, 1 intra-op and 1
-inter-op thread, the same number of steps per epoch (the smallest rank's full batches),
-the epoch's permutation drawn on the host with numpy *before* the clock starts
-(``default_rng([seed, epoch, rank])``, as hvdscale), the gather of each batch by that
-permutation *inside* the clock (hvdscale: tf.gather in the compiled step; Keras/MWMS: an
-index dataset mapped through tf.gather), and the clock itself: perf_counter around the
-epoch's step loop only (hvdscale: run_epoch_steps' t_train; Keras/MWMS: on_epoch_begin
-.. on_epoch_end of a ``fit`` call per epoch, whose iterator is created before
-on_epoch_begin). Evaluation is outside the clock everywhere. Epoch 0 is warm-up.
-
-``--instrument-every 0`` (the independent control): no call is instrumented, the epoch
-clock times uninstrumented calls only, as hvdscale's headline epoch times (issue 17).
-
-``--barrier DIR --barrier-n N``: before every epoch each process leaves a file in DIR
-and waits until N processes have done so (the independent control's epochs overlap).
-Writes OUT.rankR.json: per-epoch times, samples per epoch, test SSE, and for hvdstep
-the phase sums (data, compute, sync, update) of every epoch.
+The same rows, threads, steps per epoch and timer scope as ``hvdscale train``
+(docs/performance.md, "Scaling: 1 vs 2 workers"); epoch 0 is warm-up. Writes
+OUT.rankR.json: the per-epoch times and the samples per epoch.
 """
 
 from __future__ import annotations
@@ -130,8 +115,6 @@ def main() -> int:
             file_barrier(Path(a.barrier), f"e{epoch}", a.barrier_id, a.barrier_n)
 
     times: list[float] = []
-    phases: list[list[float]] = []
-
     if a.mode == "hvdstep":
         from hvdscale.trainer.horovod_tf.step import build_step_program
         from hvdscale.trainer.loop import run_epoch_steps
@@ -151,66 +134,26 @@ def main() -> int:
         for epoch in range(a.epochs):
             perm = perm_of(epoch)
             barrier(epoch)
-            timer, (_loss, ph, _disp, t_train) = run_epoch_steps(prog, perm, steps, spe, k_inst)
-            times.append(t_train)
-            if timer.timed_steps:
-                scale = steps / timer.timed_steps  # timed steps -> all steps
-                phases.append([float(p) * scale for p in ph])
-        sse, nvals = prog.test_sse()
+            times.append(run_epoch_steps(prog, perm, steps, spe, k_inst)[1][3])  # t_train
     else:
         from _keras_arm import KerasArm
 
         strategy = None
         if a.mode == "mwms":
-            impl = (
-                tf.distribute.experimental.CommunicationImplementation.RING
-                if a.impl == "ring"
-                else tf.distribute.experimental.CommunicationImplementation.AUTO
+            impls = tf.distribute.experimental.CommunicationImplementation
+            opts = tf.distribute.experimental.CommunicationOptions(
+                implementation=impls.RING if a.impl == "ring" else impls.AUTO
             )
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                communication_options=tf.distribute.experimental.CommunicationOptions(
-                    implementation=impl
-                )
-            )
-        arm = KerasArm(
-            tf,
-            lambda: build_model(cfg),
-            x,
-            y,
-            B,
-            steps,
-            lr=lr,
-            spe=a.spe,
-            jit=a.jit,
-            strategy=strategy,
-        )
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=opts)
+        arm = KerasArm(tf, lambda: build_model(cfg), x, y, B, steps, lr=lr, spe=a.spe, jit=a.jit,
+                       strategy=strategy)  # fmt: skip
         for epoch in range(a.epochs):
             perm = perm_of(epoch)
             barrier(epoch)
             times.append(arm.epoch(perm))
-        model = arm.model
-        # the rank's own test rows, outside any strategy (predict under MWMS shards input)
-        pred = np.concatenate(
-            [model(xt[i : i + 4096], training=False).numpy() for i in range(0, len(xt), 4096)]
-        )
-        sse, nvals = float(np.sum((pred.astype(np.float64) - yt) ** 2)), int(yt.size)
 
-    out = {
-        "mode": a.mode,
-        "rank": rank,
-        "workers": size,
-        "batch": B,
-        "steps": steps,
-        "samples_per_epoch": steps * B * size,
-        "epoch_times": times,
-        "phases": phases,
-        "test_sse": sse,
-        "test_values": nvals,
-        "spe": a.spe,
-        "jit": a.jit,
-        "impl": a.impl if a.mode == "mwms" else None,
-        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    }
+    out = {"mode": a.mode, "rank": rank, "workers": size, "batch": B, "steps": steps,
+           "samples_per_epoch": steps * B * size, "epoch_times": times}  # fmt: skip
     Path(f"{a.out}.rank{rank}.json").write_text(json.dumps(out))
     if worker is not None and worker.hvd is not None:
         worker.hvd.shutdown()  # HVD:

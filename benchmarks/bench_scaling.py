@@ -1,55 +1,12 @@
-"""Fair 1 vs 2 worker benchmark: hvdscale against Keras ``model.fit`` and TensorFlow's
-MultiWorkerMirroredStrategy (MWMS), with the machine's own ceiling as a control
-(workflow env; starts real processes in the train env).
+"""Fair 1 vs 2 worker benchmark (workflow env; starts real processes in the train env):
+hvdscale against Keras ``model.fit`` and MultiWorkerMirroredStrategy (MWMS), each at its
+best tuned settings, with the machine's own ceiling (the "independent" control) in paired
+repeats, behind the quiet guard. The method, the arms and the definitions of efficiency,
+ceiling and ratios are in docs/performance.md ("Scaling: 1 vs 2 workers"); the quiet
+guard and the validity of a row in benchmarks/README.md.
 
-Same for every arm: a dataset built with the real pipeline (write-config, generate-shard,
-validate-shard, split-dataset), the thesis network (153,441 parameters), the same rows
-per rank, the same per-worker batch, 1 intra-op and 1 inter-op thread per worker, and
-
-  pinning     rank r runs on core r, 1-worker runs on core 0: ``taskset -c r`` for the
-              Keras/MWMS/hvdstep processes and 1-worker hvdscale runs, hvdscale's own
-              ``cpu_binding: auto`` (rank r -> core r, before any thread) for 2-worker
-              hvdscale runs. The only exception is a declared MWMS candidate ``pin0``.
-  timer       the per-epoch step-loop clock on rank 0: the epoch's permutation is drawn
-              (numpy) before the clock starts, the gather of every batch by it is inside,
-              evaluation is outside (see benchmarks/_scaling_worker.py); epoch 0 is
-              warm-up and excluded; throughput = median over the other epochs of
-              samples of all ranks / epoch clock.
-
-Phase 1, tuning (``--tune-repeats``, interleaved): every arm's candidate settings,
-1-worker (hvdscale with its config defaults; Keras and MWMS at steps_per_execution 64,
-Keras with jit_compile off and on) and 2-worker (MWMS at steps_per_execution 64: RING,
-AUTO, RING with jit_compile). Each arm keeps its fastest candidate. ``--full-tuning``
-adds steps_per_execution 1 (Keras, MWMS), jit_compile for the other MWMS candidates,
-unpinned MWMS, hvdscale with 2 workers and ``hvdstep`` (hvdscale's step code run by the
-benchmark worker).
-
-Phase 2, paired repeats (``--repeats``): every repeat runs, back to back, each arm's
-best 1-worker configuration, hvdscale with 2 workers, the best MWMS with 2 workers and
-the "independent" control (two 1-worker hvdstep runs at once, one per core, no
-communication, every epoch started behind a file barrier: the most any 2-worker run can
-reach on this machine); odd repeats run in reverse order. The baseline is the 1-worker
-arm with the highest median; per repeat
-
-  efficiency            = thr(hvdscale 2w) / (2 x thr(baseline))
-  efficiency vs ceiling = thr(hvdscale 2w) / thr(independent)
-  ceiling               = thr(independent) / (2 x thr(baseline))
-
-and the ratios hvdscale / best MWMS (2 workers) and hvdscale / best Keras (1 worker);
-medians with percentile-bootstrap 95 % intervals over the repeats (none below 3).
-
-Measured alone (benchmarks/_quiet.py): before every run (every candidate, every arm of
-every paired repeat) the harness waits until the 1-minute load is below ``--max-load``
-(default 0.5) and stops (exit 3, the CSVs of what was measured are kept) when the machine
-stays busy for ``--quiet-timeout`` s. Every run records the load before and after and
-``foreign_cpu`` (CPU used outside the run's process tree, fraction of one core); a run
-above 0.1 is invalid: it is written with ``valid`` false and left out of the tuning
-choice and of the summary (``runs_left_out``). An independent ceiling above 1.05 fails
-the benchmark (exit 4, after writing the CSVs): two 1-worker runs at once cannot be
-faster than twice one alone, so the arms were not alone or their timers disagree.
-
-Writes benchmarks/results/bench_scaling.csv (summary, what docs/performance.md shows)
-and benchmarks/results/bench_scaling_runs.csv (every run).
+Writes benchmarks/results/bench_scaling.csv (summary) and bench_scaling_runs.csv (every
+run); exit 3 when the machine stays busy, 4 when the independent ceiling is impossible.
 
   .venv/bin/python benchmarks/bench_scaling.py [--repeats 3] [--tune-repeats 1]
       [--samples 60000] [--epochs 6] [--batches 75,1000] [--quick] [--out-dir DIR]
@@ -124,12 +81,12 @@ def measure(runner: Runner, arm: Arm, batch: int, phase: str, rep: int, rows: li
         "repeat": rep,
         "batch": batch,
         "arm": arm.label,
-        "family": arm.family,
+        "family": arm.kind,
         "workers": arm.workers,
         "spe": arm.spe if arm.kind in ("keras", "mwms") else None,
         "jit": arm.jit if arm.kind in ("keras", "mwms") else None,
         "impl": arm.impl if arm.kind == "mwms" and arm.workers > 1 else None,
-        "pinned": arm.pin,
+        "pinned": 1,  # every arm: rank r on core r
         "throughput": r.get("throughput"),
         "epoch_throughputs": " ".join(f"{t:.0f}" for t in r.get("epoch_throughputs", [])),
         "data_share": r.get("data_share"),
@@ -281,7 +238,6 @@ def parse_args(argv):
         "--tuning-from",
         help="skip the tuning phase: take its valid rows (phase tune) from this runs CSV",
     )
-    ap.add_argument("--full-tuning", action="store_true", help="more tuning candidates")
     ap.add_argument(
         "--paired-1w",
         default="hvdscale",
@@ -307,8 +263,7 @@ def tuning_from_csv(path, batches, rows, tune) -> tuple[list[Arm], list[Arm]]:
     """The tuning phase of an earlier run (its valid rows only)."""
     from _quiet import row_validity
 
-    every = {arm.label: arm for arm in sum(candidates(False, True), [])}
-    every.update({arm.label: arm for arm in sum(candidates(True), [])})
+    every = {arm.label: arm for arm in sum(candidates(False) + candidates(True), [])}
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
             if row["phase"] != "tune" or int(row["batch"]) not in batches:
@@ -329,9 +284,9 @@ def pick_best(batches, one, two, tune) -> dict:
     arms_by_label = {arm.label: arm for arm in one + two}
     for batch in batches:
         for arm in one + two:
-            if (batch, arm) not in tune or arm.kind == "hvdstep":
+            if (batch, arm) not in tune:
                 continue
-            key = (batch, arm.family, arm.workers)
+            key = (batch, arm.kind, arm.workers)
             med = statistics.median(tune[(batch, arm)])
             if key not in best or med > statistics.median(tune[(batch, arms_by_label[best[key]])]):
                 best[key] = arm.label
@@ -344,7 +299,7 @@ def paired_plan(a, batch, rep, tune, best, arms_by_label) -> list[tuple[Arm, int
     plan = []
     fams = a.paired_1w.split(",")
     # the family of the fastest 1-worker tuning candidate is always paired too
-    t1 = [(statistics.median(v), arm.family) for (b, arm), v in tune.items()]
+    t1 = [(statistics.median(v), arm.kind) for (b, arm), v in tune.items()]
     t1 = [x for x, (b, arm) in zip(t1, tune) if b == batch and arm.workers == 1]
     if t1 and max(t1)[1] not in fams:
         fams.append(max(t1)[1])
@@ -361,7 +316,7 @@ def paired_plan(a, batch, rep, tune, best, arms_by_label) -> list[tuple[Arm, int
 def run_phases(a, runner, batches, rows, paired) -> dict:
     """Tuning (or --tuning-from), then the paired repeats; fills ``rows`` and ``paired``
     as it goes (a NotQuiet stop keeps what was measured). Returns ``best``."""
-    one, two = candidates(a.quick, a.full_tuning)
+    one, two = candidates(a.quick)
     tune: dict = {}
     if a.tuning_from:
         one, two = tuning_from_csv(a.tuning_from, batches, rows, tune)
