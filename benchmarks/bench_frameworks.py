@@ -1,58 +1,11 @@
-"""Horovod-TF against torch DDP (issue 19), both over Gloo, 1 and 2 workers, per-worker
-batch 75 and 1000, paired repeats (workflow env; starts real training runs in the train env).
-
-Same for both frameworks: the dataset (the real pipeline, bench_scaling's cached data),
-the network, the rows per rank, the per-worker batch, the LR rule (none for 1 worker,
-``--lr-rule-2w`` for 2), the seeds (run ids with repeat r: ``matrix.runtable.run_seed`` does not
-depend on the framework, so repeat r of both frameworks shuffles alike; the initial
-weights follow the same rule, Glorot-uniform, but each framework draws them from its own
-generator, so they differ), 1 thread per worker, the pinning (1 worker: ``taskset -c 0``; 2 workers:
-``cpu_binding: auto``, rank r on core r), the trainer's epoch loop and its record. Per
-batch one config: ``steps_per_execution`` chosen so that every epoch of the 2-worker runs
-has about 6 calls (at most 64, the Horovod step's best), ``instrument_every`` 10: the
-first call of every 10 is instrumented, its steps count at the uninstrumented rate.
-
-Each arm is one training run through its framework's launcher (Horovod-TF: ``hvdscale
-launch``, horovodrun with Gloo; torch-ddp: ``hvdscale launch`` where it knows torch-ddp
-run ids, else ``torchrun --standalone``) with an absolute validation-loss target
-(``--target``, passed as the study's target.json) and no stop at it (``stop_at_target``
-false: every run trains ``--epochs`` epochs, epoch 0 is warm-up). From its record:
-
-  epoch time         median over the non-warm-up epochs of the headline ``wall_s``
-                     (uninstrumented steps), and the throughput likewise
-  time to target     ``target.time_to_target_s`` (+inf when the budget ended first)
-  sync               ``timing.sync`` (allreduce, exposed, comm hook; issue 19 item 2)
-
-and the machine's ceiling, bench_scaling's ``independent`` arm (two 1-worker runs of the
-Horovod step code at once, one per core, ``_scaling_runner.Runner.run_independent``):
-ceiling = thr(independent) / (2 x thr(Horovod-TF, 1 worker)). Per framework and repeat
-
-  speedup_epoch          T_epoch(1 worker) / T_epoch(2 workers)
-  speedup_ttt            TTT(1 worker) / TTT(2 workers) (censored runs: +inf)
-  efficiency             thr(2 workers) / (2 x thr(1 worker))
-  efficiency_vs_ceiling  efficiency / ceiling of the same repeat (for Horovod-TF this is
-                         bench_scaling's thr(2 workers) / thr(independent); for torch-ddp
-                         it assumes the two-at-once slowdown of the machine is that of the
-                         Horovod step)
-
-and ``ratio_epoch_torch_vs_horovod`` per worker count; medians with 95 % bootstrap
-intervals (hvdscale.analysis.stats; none below 3 repeats). Every repeat runs the five arms
-back to back (odd repeats in reverse order), each behind the quiet guard
-(benchmarks/_quiet.py): load below ``--max-load`` before it, ``foreign_cpu`` recorded, a
-run above 0.1 invalid and left out (``runs_left_out``). An independent ceiling above
-1.05 fails the benchmark as it fails bench_scaling (exit 4, after writing the CSVs).
-
-Settings (issue 32, ``--settings``): each ``COMPILE/PRECISION`` pair (``training.compile``
-off|default|max, ``training.precision`` fp32|bf16) is a config of its own, and every
-framework runs at every setting in the same repeat (the settings are part of the paired
-order), so the frameworks are compared at equal settings and each at its best; the
-independent ceiling runs once per repeat and batch (a property of the machine) and every
-setting's summary uses it. Every row says its ``setting``.
-
-A setting may name torch's MKL code path (``training.mkl_code_path``) as a third part:
-``off/fp32/intel`` runs torch-ddp with MKL on its Intel code path (Horovod-TF ignores it);
-without it, ``vendor``. ``--add`` measures only the given settings and keeps the other
-settings' rows already in the two CSVs (each row keeps its own commit, date and load).
+"""Horovod-TF against torch DDP, both over Gloo, 1 and 2 workers, per-worker batch 75 and
+1000, paired repeats behind the quiet guard (workflow env; starts real training runs in
+the train env), with bench_scaling's independent arm as the machine's ceiling. The method,
+the figures (speedups, efficiency against 1 worker and against the ceiling, sync, the
+torch / Horovod epoch ratio) and the ``--settings`` (``COMPILE/PRECISION[/MKL]``, each run
+by both frameworks in the same repeats) are in docs/performance.md ("Horovod-TF against
+torch DDP"). ``--add`` measures only the given settings and keeps the other settings' rows
+already in the two CSVs (each row keeps its own commit, date and load).
 
 Writes benchmarks/results/frameworks.csv (summary) and frameworks_runs.csv (every run);
 ``--quick`` (smoke test, figures meaningless) writes to benchmarks/out/frameworks/.
@@ -108,27 +61,12 @@ from _scaling_runner import (  # noqa: E402
 )
 from bench_scaling import CEILING_MAX, CeilingError, check_ceiling  # noqa: E402
 
-from hvdscale.config.load import validate_config  # noqa: E402
 from hvdscale.matrix.runid import step_setting_suffix  # noqa: E402
 from hvdscale.matrix.runtable import find_run  # noqa: E402
 from hvdscale.target import calibrate_target  # noqa: E402
 
-TORCHRUN = TRAIN_PY.parent / "torchrun"
 BASE_SETTING = "off/fp32"  # eager torch, graph Horovod-TF, float32: the bench before issue 32
 CALLS_PER_EPOCH = 6  # of the 2-worker runs (spe = steps // this, 1..64)
-
-
-def framework_axis() -> bool:
-    """Whether the config knows ``scaling.sweeps[].frameworks`` (issue 19's framework
-    axis): then torch-ddp runs have run ids of their own and ``hvdscale launch`` starts
-    them; without it (phase 1) the torch trainer runs the Horovod ids through torchrun."""
-    cfg = base_config(400, 2, [8])
-    cfg["scaling"]["sweeps"][0].update(backends=["gloo"], frameworks=list(FRAMEWORKS))
-    try:
-        validate_config(cfg)
-    except Exception:
-        return False
-    return True
 
 
 def parse_setting(setting: str) -> tuple[str, str, str]:
@@ -177,21 +115,11 @@ def run_id(
     return f"local{tag}_gloo_n1_w{workers}_b{batch}_lr{rule}{step}_r{rep}"
 
 
-def launch_argv(fw: str, cfg_path: Path, rid: str, data: Path, out: Path, axis: bool, n: int):
-    """The run's command; the target file lies beside the config (``target.json``)."""
-    run = ["--config", cfg_path, "--run-id", rid, "--data-dir", data, "--out-dir", out]
-    run += ["--target", cfg_path.parent / "target.json"]
-    if fw == "horovod-tf" or axis:
-        return [*HVD, "launch", *run, "--train-python", TRAIN_PY]
-    return [
-        TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        n,
-        "-m",
-        "hvdscale.trainer.torch_ddp",
-        *run,
-    ]
+def launch_argv(cfg_path: Path, rid: str, data: Path, out: Path) -> list:
+    """The run's ``hvdscale launch``; the target file lies beside the config."""
+    argv = [*HVD, "launch", "--config", cfg_path, "--run-id", rid, "--data-dir", data]
+    argv += ["--out-dir", out, "--target", cfg_path.parent / "target.json"]
+    return [*argv, "--train-python", TRAIN_PY]
 
 
 class Bench:
@@ -199,7 +127,6 @@ class Bench:
 
     def __init__(self, a, work: Path):
         self.a, self.work = a, work
-        self.axis = framework_axis()
         self.data = build_data(work / f"data{a.samples}", base_config(a.samples, a.epochs, [75]))
         self.cfg_paths, self.runners = {}, {}
         work.mkdir(parents=True, exist_ok=True)  # the study's target, as calibrate_target
@@ -208,13 +135,13 @@ class Bench:
         for setting in a.settings:
             tag = "" if setting == BASE_SETTING else "_" + setting.replace("/", "-")
             for b in a.batches:
-                cfg = bench_config(a, b, self.axis, setting)
+                cfg = bench_config(a, b, True, setting)
                 path = work / f"config{a.samples}_e{a.epochs}_b{b}{tag}.json"
                 hvd("write-config", "--json", json.dumps(cfg), "--out", path)
                 for fw in FRAMEWORKS:  # the ids exist in the matrix
                     for w in (1, 2):
                         rule = a.lr_rule_2w if w > 1 else "none"
-                        rid = run_id(fw, w, b, rule, 0, self.axis, setting)
+                        rid = run_id(fw, w, b, rule, 0, True, setting)
                         find_run(json.loads(path.read_text()), rid)
                 self.cfg_paths[(setting, b)] = path
                 if setting == a.settings[0]:  # the ceiling: one per batch
@@ -225,12 +152,12 @@ class Bench:
             runner = self.runners[batch]
             return runner.run_independent(batch, runner.out(Arm(INDEPENDENT, 2), batch))
         rule = self.a.lr_rule_2w if workers > 1 else "none"
-        rid = run_id(arm, workers, batch, rule, rep, self.axis, setting)
+        rid = run_id(arm, workers, batch, rule, rep, True, setting)
         out = self.work / "runs" / setting.replace("/", "-") / arm / rid
         if out.exists():
             shutil.rmtree(out)
         cfg_path = self.cfg_paths[(setting, batch)]
-        argv = launch_argv(arm, cfg_path, rid, self.data, out, self.axis, workers)
+        argv = launch_argv(cfg_path, rid, self.data, out)
         p = start(argv, "0" if workers == 1 else None, {"OMP_NUM_THREADS": "1"})
         wait_all([p], rid)
         return arm_result(json.loads((out / "metrics.json").read_text()))
@@ -400,9 +327,8 @@ def main(argv=None) -> int:
     bench = Bench(a, Path(a.work))
     print(
         f"bench_frameworks: {a.samples} curves, {a.epochs} epochs (1 warm-up), batches "
-        f"{a.batches}, {a.repeats} paired repeat(s), target {a.target:g}, framework axis "
-        f"{'yes' if bench.axis else 'no (torchrun, phase-1 ids)'}, settings {a.settings}, "
-        f"load {load0:.2f}",
+        f"{a.batches}, {a.repeats} paired repeat(s), target {a.target:g}, settings "
+        f"{a.settings}, load {load0:.2f}",
         flush=True,
     )
     rows: list[dict] = []
