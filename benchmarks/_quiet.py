@@ -1,34 +1,7 @@
-"""Measure alone: the quiet guard and the foreign-CPU meter of every benchmark.
-
-On a 2-core machine anything else running at the same time takes the cores the arms are
-measured on. Every limit is per core (``CORES``, this machine's count; a CSV row's from
-its ``machine`` column), so a 16-core GPU machine is judged like the 2-core one. A
-benchmark
-
-1. waits, before each arm (``QuietGuard.wait``), until the 1-minute load average is below
-   ``--max-load`` (default ``MAX_LOAD_PER_CORE`` = 0.25 per core: 0.5 on 2 cores, 4 on
-   16; environment ``HVDSCALE_BENCH_MAX_LOAD``, in load units), and gives up
-   after ``--quiet-timeout`` seconds (default 600; ``HVDSCALE_BENCH_QUIET_TIMEOUT``) with
-   ``NotQuiet``, whose message names the load and the busiest processes;
-2. records per row ``foreign_cpu``: the CPU time that processes *outside* the arm's own
-   process tree used while the arm ran, as a fraction of one core (``CpuMeter``):
-   user+nice+system+steal of /proc/stat (psutil where there is none) minus the arm's own
-   usage. The arm's own usage is exact where a cgroup can be made (root; ``CgroupAccount``:
-   this process and the named SLURM daemons in a cpuacct group, so every process they
-   start is charged to it, short-lived and reparented ones too); elsewhere it is
-   ``getrusage`` of this process and its reaped children, or psutil samples of its live
-   process tree, whichever is larger (a lower bound: processes outside this tree that end
-   between two samples are missed). irq+softirq time is recorded apart
-   (``irq_cpu``): the kernel charges it to no process, and most of it is the arm's own
-   network traffic (Gloo's and gRPC's loopback TCP), so it is no sign of a foreign
-   process;
-3. marks a row invalid (``valid`` false, ``invalid_reason``) when ``foreign_cpu`` is above
-   ``FOREIGN_CPU_PER_CORE`` (0.05 of a core per core: 0.1 on 2 cores, 0.8 on 16) or the
-   load before it above ``LOAD_BEFORE_PER_CORE`` (0.5 per core: 1.0 on 2 cores, 8 on 16);
-   docs/performance.md shows no figure of it.
-
-The load average after an arm is no criterion: a 2-worker arm raises it to about 2 by
-itself. No heavy imports here: the page generator (perfdocs) uses ``row_validity``.
+"""Measure alone: the quiet guard (``QuietGuard``), the foreign-CPU meter (``CpuMeter``)
+and the validity of a row (``validity``, ``row_validity``) of every benchmark. The rules
+and their limits, all per core of the machine, are in benchmarks/README.md ("Benchmarks
+run alone"). No heavy imports here: the page generator (perfdocs) uses ``row_validity``.
 """
 
 from __future__ import annotations
@@ -39,7 +12,7 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 CORES = os.cpu_count() or 1
@@ -75,15 +48,14 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"environment {name}={raw!r}: expected a number") from None
 
 
-def busiest(n: int = 3, exclude: Iterable[int] = ()) -> str:
+def busiest(n: int = 3) -> str:
     """The ``n`` processes with the most CPU time in the last second (psutil), for the
     guard's message: ``"python3 (pid 12, 0.98 core), ..."``; '' without psutil."""
     try:
         import psutil
     except ImportError:
         return ""
-    skip = set(exclude) | {os.getpid()}
-    procs = [p for p in psutil.process_iter(["name"]) if p.pid not in skip]
+    procs = [p for p in psutil.process_iter(["name"]) if p.pid != os.getpid()]
     for p in procs:
         try:
             p.cpu_percent(None)
@@ -105,20 +77,12 @@ class QuietGuard:
     most ``timeout_s``; then raises NotQuiet. The load source, sleep and clock can be
     replaced (tests)."""
 
-    def __init__(
-        self,
-        max_load: float | None = None,
-        timeout_s: float | None = None,
-        poll_s: float = 5.0,
-        load: Callable[[], float] = load_avg,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        culprits: Callable[[], str] = busiest,
-    ):
+    def __init__(self, max_load=None, timeout_s=None, poll_s=5.0, load=load_avg,
+                 sleep=time.sleep, clock=time.monotonic, culprits=busiest):  # fmt: skip
         self.max_load = _env_float(ENV_MAX_LOAD, MAX_LOAD_DEFAULT) if max_load is None else max_load
-        self.timeout_s = (
-            _env_float(ENV_TIMEOUT, QUIET_TIMEOUT_DEFAULT) if timeout_s is None else timeout_s
-        )
+        self.timeout_s = timeout_s
+        if timeout_s is None:
+            self.timeout_s = _env_float(ENV_TIMEOUT, QUIET_TIMEOUT_DEFAULT)
         self.poll_s, self.load, self.sleep, self.clock = poll_s, load, sleep, clock
         self.culprits = culprits
 
@@ -133,12 +97,9 @@ class QuietGuard:
             if waited >= self.timeout_s:
                 raise NotQuiet(self.message(load, waited, what))
             if not told:
-                print(
-                    f"quiet guard: load {load:.2f} >= {self.max_load:g} before {what}; waiting "
-                    f"(at most {self.timeout_s:g} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"quiet guard: load {load:.2f} >= {self.max_load:g} before {what}; "
+                      f"waiting (at most {self.timeout_s:g} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
                 told = True
             self.sleep(min(self.poll_s, max(self.timeout_s - waited, 0.0)) or self.poll_s)
             load = self.load()
@@ -158,25 +119,15 @@ class QuietGuard:
 
 
 def cpu_seconds() -> tuple[float, float] | None:
-    """System-wide CPU seconds since boot: (user+nice+system+steal, irq+softirq), from
-    /proc/stat or psutil; None where neither exists."""
+    """System-wide CPU seconds since boot from /proc/stat: (user+nice+system+steal,
+    irq+softirq); None where it cannot be read."""
     try:
         with open("/proc/stat") as fh:
             f = fh.readline().split()
-        if f[0] == "cpu":
-            v = [float(x) for x in f[1:9]] + [0.0] * 8
-            hz = float(os.sysconf("SC_CLK_TCK"))
-            # user nice system idle iowait irq softirq steal (guest is inside user)
-            return (v[0] + v[1] + v[2] + v[7]) / hz, (v[5] + v[6]) / hz
+        v = [float(x) for x in f[1:9]]  # user nice system idle iowait irq softirq steal
+        hz = float(os.sysconf("SC_CLK_TCK"))
+        return (v[0] + v[1] + v[2] + v[7]) / hz, (v[5] + v[6]) / hz  # guest is inside user
     except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        t = psutil.cpu_times()
-        g = lambda k: float(getattr(t, k, 0.0))  # noqa: E731
-        return g("user") + g("nice") + g("system") + g("steal"), g("irq") + g("softirq")
-    except ImportError:
         return None
 
 
@@ -325,14 +276,8 @@ class CpuMeter:
     the wall time between them (None, None where the system's CPU time is unknown). The
     sources can be replaced (tests)."""
 
-    def __init__(
-        self,
-        total: Callable[[], tuple[float, float] | None] = cpu_seconds,
-        own: Callable[[], float] = own_cpu_seconds,
-        clock: Callable[[], float] = time.monotonic,
-        sample_tree: bool = True,
-        names: tuple[str, ...] = (),
-    ):
+    def __init__(self, total=cpu_seconds, own=own_cpu_seconds, clock=time.monotonic,
+                 sample_tree: bool = True, names: tuple[str, ...] = ()):  # fmt: skip
         self.total, self.own, self.clock = total, own, clock
         self.sample_tree, self.names = sample_tree, names
         self.sampler: TreeSampler | None = None
@@ -429,17 +374,10 @@ def row_validity(row: dict) -> tuple[bool, str]:
 
 def add_quiet_args(ap) -> None:
     """The guard's options on a benchmark's ArgumentParser."""
-    ap.add_argument(
-        "--max-load",
-        type=float,
-        default=None,
-        help=f"before each arm wait until the 1-minute load is below this (default "
-        f"{MAX_LOAD_PER_CORE:g} per core = {MAX_LOAD_DEFAULT:g} here; env {ENV_MAX_LOAD})",
-    )
-    ap.add_argument(
-        "--quiet-timeout",
-        type=float,
-        default=None,
-        help=f"give up waiting for a quiet machine after this many seconds (default "
-        f"{QUIET_TIMEOUT_DEFAULT:g}; env {ENV_TIMEOUT})",
-    )
+    ap.add_argument("--max-load", type=float, default=None,
+                    help=f"before each arm wait until the 1-minute load is below this (default "
+                    f"{MAX_LOAD_PER_CORE:g} per core = {MAX_LOAD_DEFAULT:g} here; "
+                    f"env {ENV_MAX_LOAD})")  # fmt: skip
+    ap.add_argument("--quiet-timeout", type=float, default=None,
+                    help=f"give up waiting for a quiet machine after this many seconds (default "
+                    f"{QUIET_TIMEOUT_DEFAULT:g}; env {ENV_TIMEOUT})")  # fmt: skip

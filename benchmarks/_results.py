@@ -1,31 +1,8 @@
-"""Shared helpers of the benchmarks: machine load, provenance columns and the CSV files
-under ``benchmarks/results/`` that docs/performance.md is generated from
-(benchmarks/perfdocs).
-
-Every row a benchmark writes carries the same provenance columns:
-
-  commit       git commit of the tree when the benchmark started (``+dirty`` when tracked
-               files had local changes)
-  machine      host, CPU model and core count (``os.cpu_count()``)
-  date         UTC time the CSV was written (ISO 8601)
-  load         the highest 1-minute load average seen around the measurement
-  load_before  1-minute load average just before the measurement
-  load_after   1-minute load average just after it (a 2-worker arm raises it to about 2
-               by itself: no criterion of quietness)
-
-and the quality columns of issue 17 (benchmarks/_quiet.py):
-
-  foreign_cpu     CPU used by processes outside the arm's own process tree while it ran,
-                  as a fraction of one core
-  irq_cpu         irq+softirq time while it ran (fraction of one core; information)
-  valid           false when foreign_cpu exceeds 0.1 (or could not be measured)
-  invalid_reason  why
-  quiet_wait_s    how long the quiet guard waited before the arm
-
-Every measurement (``Measured``) first waits for a quiet machine (``GUARD``, a
-``QuietGuard``; ``--max-load``, ``--quiet-timeout``) and stops the benchmark with
-``NotQuiet`` when the machine stays busy. Benchmarks run alone. The results are committed on
-purpose (they are data, not build output): regenerate the page with ``make perf-docs``.
+"""Shared helpers of the benchmarks: ``Measured`` (one arm behind the quiet guard, with its
+load and foreign-CPU fields), the machine's load, and ``write_csv``, which writes a
+benchmark's rows under ``benchmarks/results/`` with the provenance and quality columns
+that benchmarks/README.md ("Results are committed") lists; docs/performance.md is
+generated from those CSVs (benchmarks/perfdocs.py).
 """
 
 from __future__ import annotations
@@ -148,19 +125,6 @@ def paired_order(plan: list, rep: int) -> list:
     return plan[::-1] if rep % 2 else plan
 
 
-def measured_run(what: str, fn, *args) -> tuple[dict, str, Measured, float]:
-    """``fn(*args)`` as one measured arm (Measured: quiet guard, load, foreign CPU): its result
-    ({} when it raised), the error's last 300 characters ('' when it did not), the
-    measurement and the arm's wall seconds. One failed run is reported, not fatal."""
-    t0 = time.time()
-    with Measured(what) as m:
-        try:
-            r, err = fn(*args), ""
-        except Exception as exc:
-            r, err = {}, str(exc)[-300:]
-    return r, err, m, round(time.time() - t0, 1)
-
-
 def merge_fields(parts: list[dict]) -> dict:
     """The fields of several measurements behind one row: load before of the first, after
     of the last, the highest load and foreign CPU; valid only when every part is."""
@@ -185,17 +149,8 @@ def merge_fields(parts: list[dict]) -> dict:
 
 
 def training_budget(epochs: int) -> dict:
-    """The training keys for a run of exactly ``epochs`` epochs, never stopped early:
-    ``max_epochs`` + ``stop_at_target: false`` where the config knows them (issue 16),
-    else the older ``epochs`` (benchmarks that write configs run on either)."""
-    from hvdscale.config.load import validate_config
-
-    probe = {"max_epochs": 4, "stop_at_target": False, "warmup_epochs": 1}  # keys, not values
-    try:
-        validate_config({"training": probe})
-    except Exception:  # an older schema: no max_epochs
-        return {"epochs": epochs}
-    # an absolute target: no calibration runs, the arms time one training run each
+    """The training keys for a run of exactly ``epochs`` epochs, never stopped early; an
+    absolute target: no calibration runs, the arms time one training run each."""
     return {
         "max_epochs": epochs,
         "stop_at_target": False,
