@@ -1,42 +1,12 @@
 """A bare allreduce of hvdscale's gradient at 2 ranks: what Horovod itself costs, without
-training (issue 17, item 3; train env).
-
-One float32 tensor of the thesis network's size (153,441 parameters, 614 kB) is
-allreduced (Sum) in a loop by ``hvd.allreduce`` inside a ``tf.function``, as hvdscale's
-step reduces its gradients, at 2 ranks started by ``horovodrun --mpi`` and
-``horovodrun --gloo`` (benchmarks/_allreduce_worker.py). Every call is timed on the host;
-a run's figure is the median per-call time of rank 0 over ``--iters`` calls after
-``--warmup`` calls. Arms (every one with hvdscale's Horovod environment of the config
-defaults, ``hvdscale.launch.launchspec.horovod_env``, unless the arm changes it):
-
-  mpi / gloo             the defaults: the cycle time that ``auto`` gives 2 bound ranks,
-                         each rank bound to its own core (hvdscale's cpu_binding core)
-  ... cycle1             HOROVOD_CYCLE_TIME=1 (Horovod's own default)
-  ... cycle0.1           HOROVOD_CYCLE_TIME=0.1 (hvdscale's default before ``auto``)
-  ... fusion0            HOROVOD_FUSION_THRESHOLD=0 (no tensor fusion)
-  ... unbound            no CPU binding
-  ... tensors8           the gradient as 8 tensors (grouped allreduce), like the model's
-                         gradient list
-  gloo lo                Gloo on the loopback interface (--network-interfaces lo,
-                         HOROVOD_GLOO_IFACE=lo)
-  gloo spin              Gloo without hvdscale.native's epoll_wait library (which the
-                         defaults preload, training.gloo_yield_when_spinning):
-                         Gloo's loop thread spins on the rank's core
-  torch gloo             torch.distributed all_reduce with the gloo backend, a reference,
-                         only where torch is importable in the train env (not installed
-                         by hvdscale): as hvdscale's torch-ddp runs it, each rank bound
-                         to its core, with hvdscale.native's library
-  torch gloo spin        the same without the library
-  tf call                the same loop and tf.function call without any collective (two
-                         processes at once, each bound to its core): the part of a bare
-                         call that is the call itself, which a training step (many
-                         steps per call) does not pay per step
-
-Paired repeats (``--repeats``, odd repeats in reverse order); before every run the quiet
-guard waits for a quiet machine and every run records its load and ``foreign_cpu``
-(benchmarks/_quiet.py); an invalid run is left out of the summary. Writes
-benchmarks/results/bench_allreduce_bare.csv: one ``run`` row per run and one ``summary``
-row per arm (median over repeats with a bootstrap 95 % interval, ratio to ``mpi``).
+training (train env). One float32 tensor of the network's size allreduced in a loop
+inside a ``tf.function`` (benchmarks/_allreduce_worker.py), started by ``horovodrun``
+with MPI and with Gloo, every arm with hvdscale's rank environment of the config
+defaults unless the arm changes it (``ARMS``: the arm's ``settings``); a run's figure is
+rank 0's median time per call. Paired repeats behind the quiet guard; the method and
+what the arms show are in docs/performance.md ("A bare allreduce of the gradient").
+Writes benchmarks/results/bench_allreduce_bare.csv: one ``run`` row per run and one
+``summary`` row per arm (median over repeats, bootstrap 95 % interval, ratio to ``mpi``).
 
   .venv-train/bin/python benchmarks/bench_allreduce_bare.py [--repeats 3] [--iters 2000]
       [--arms mpi,gloo,...] [--csv FILE]
@@ -85,48 +55,37 @@ class BareArm:
     settings: str = "defaults"
 
 
+NO_LIB = (("LD_PRELOAD", ""),)  # without hvdscale.native's epoll_wait library
+# fmt: off
 ARMS = {
-    a.name: a
+    arm.name: arm
     for c in ("mpi", "gloo")
-    for a in (
-        BareArm(c, c),
+    for arm in (
+        BareArm(c, c),  # the defaults (cycle time auto, each rank bound to its own core)
         BareArm(f"{c} cycle1", c, (("HOROVOD_CYCLE_TIME", "1"),), settings="cycle time 1 ms"),
-        BareArm(
-            f"{c} cycle0.1",
-            c,
-            (("HOROVOD_CYCLE_TIME", "0.1"),),
-            settings="cycle time 0.1 ms (the former default)",
-        ),
-        BareArm(
-            f"{c} fusion0", c, (("HOROVOD_FUSION_THRESHOLD", "0"),), settings="no tensor fusion"
-        ),
+        BareArm(f"{c} cycle0.1", c, (("HOROVOD_CYCLE_TIME", "0.1"),),
+                settings="cycle time 0.1 ms (the former default)"),
+        BareArm(f"{c} fusion0", c, (("HOROVOD_FUSION_THRESHOLD", "0"),),
+                settings="no tensor fusion"),
         BareArm(f"{c} unbound", c, bind=0, settings="no CPU binding"),
         BareArm(f"{c} tensors8", c, tensors=8, settings="8 tensors, grouped allreduce"),
     )
 }
-ARMS["gloo lo"] = BareArm(
-    "gloo lo",
-    "gloo",
-    (("HOROVOD_GLOO_IFACE", "lo"),),
-    launcher_args=("--network-interfaces", "lo"),
-    settings="loopback interface",
-)
-ARMS["gloo spin"] = BareArm(
-    "gloo spin",
-    "gloo",
-    (("LD_PRELOAD", ""),),
-    settings="without hvdscale.native (Gloo's loop thread spins)",
-)
-ARMS["torch gloo"] = BareArm(
-    "torch gloo", "torch", settings="torch.distributed gloo, as hvdscale's torch-ddp runs it"
-)
-ARMS["torch gloo spin"] = BareArm(
-    "torch gloo spin",
-    "torch",
-    (("LD_PRELOAD", ""),),
-    settings="torch.distributed gloo without hvdscale.native",
-)
-ARMS["tf call"] = BareArm("tf call", "tfcall", settings="tf.function call, no allreduce")
+for arm in (
+    BareArm("gloo lo", "gloo", (("HOROVOD_GLOO_IFACE", "lo"),),
+            launcher_args=("--network-interfaces", "lo"), settings="loopback interface"),
+    BareArm("gloo spin", "gloo", NO_LIB,
+            settings="without hvdscale.native (Gloo's loop thread spins)"),
+    # a reference, only where torch is importable in the train env (not installed by hvdscale)
+    BareArm("torch gloo", "torch",
+            settings="torch.distributed gloo, as hvdscale's torch-ddp runs it"),
+    BareArm("torch gloo spin", "torch", NO_LIB,
+            settings="torch.distributed gloo without hvdscale.native"),
+    # the same call without a collective: what a call costs by itself
+    BareArm("tf call", "tfcall", settings="tf.function call, no allreduce"),
+):
+    ARMS[arm.name] = arm
+# fmt: on
 
 
 def horovod_env(controller: str, bound: bool = True) -> dict:
@@ -164,37 +123,26 @@ def run_arm(arm: BareArm, a, out: Path) -> list[float]:
     if arm.controller != "tfcall":  # hvdscale's rank variables for the arm's collectives
         env.update(horovod_env(arm.controller, bool(arm.bind)))
     env.update(dict(arm.env))
+
+    def popen(argv, env, **kw):
+        return subprocess.Popen(list(map(str, argv)), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, **kw)  # fmt: skip
+
     if arm.controller in ("torch", "tfcall"):
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 500)})
         env["WORLD_SIZE"] = "2"
         argv = [py, WORKER, "--framework", arm.controller, *common]
-        # bound to core r as hvdscale's ranks are (bind_cpus reads HOROVOD_LOCAL_*)
-        bound = bool(arm.bind)
-        procs = [
-            subprocess.Popen(
-                list(map(str, argv)),
-                env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"}
-                | ({"HOROVOD_LOCAL_RANK": str(r), "HOROVOD_LOCAL_SIZE": "2"} if bound else {}),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for r in range(2)
-        ]
+        procs = []
+        for r in range(2):
+            renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"}
+            if arm.bind:  # bound to core r as hvdscale's ranks (bind_cpus reads HOROVOD_LOCAL_*)
+                renv.update(HOROVOD_LOCAL_RANK=str(r), HOROVOD_LOCAL_SIZE="2")
+            procs.append(popen(argv, renv))
     else:
         horovodrun = shutil.which("horovodrun", path=str(py.parent)) or "horovodrun"
         argv = [horovodrun, "-np", 2, "-H", "localhost:2", f"--{arm.controller}"]
         argv += [*arm.launcher_args, py, WORKER, *common]
-        procs = [
-            subprocess.Popen(
-                list(map(str, argv)),
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        ]
+        procs = [popen(argv, env, start_new_session=True)]
     outs = [p.communicate(timeout=a.timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{arm.name} failed:\n" + "\n".join(o[-3000:] for o in outs))
