@@ -1,29 +1,11 @@
-"""Throughput of hvdscale's training path against Keras ``model.fit`` at its best
-settings, one rank (train env).
-
-Both sides pinned to core 0, 1 intra-/inter-op thread, the thesis network (153,441
-parameters), the same in-memory arrays, batch 75, and the same timer scope: the epoch's
-permutation drawn with numpy before the clock, the gather of every batch inside it, the
-clock around the epoch's step loop only (hvdscale: ``run_epoch_steps``' t_train, as
-``hvdscale train`` records it; Keras: on_epoch_begin .. on_epoch_end, see
-benchmarks/_keras_arm.py). Keras candidates: steps_per_execution 1 and 64 x
-jit_compile off and on. hvdscale variants: default (the config defaults), plain (no
-timed calls), inst (every 10th call timed), host (batches from host arrays), spe1
-(steps_per_execution 1), and for information xla (hvdscale's step with the forward
-and backward pass jit-compiled, a change hvdscale does not have).
-
-One epoch of everything is warm-up (not counted); then REPEATS rounds in which every
-variant trains one epoch, in turn (a change of the machine's load hits all of them).
-Keras best = the Keras candidate with the highest median; the ratio hvdscale / Keras
-best is computed per round and reported as a median with a bootstrap 95 % interval.
-Target: ratio >= 1.0.
-
-Instrumentation overhead (issue 17): variant ``inst`` (every ``--instrument-every``-th
-call, default 10, timed per phase) against ``plain`` (no call timed), paired per round:
-the row ``instrumentation_overhead`` holds the median over rounds of t_epoch(inst) /
-t_epoch(plain) - 1 with its interval; goal <= 2 %. The quiet guard runs before the start
-(benchmarks/_quiet.py); ``foreign_cpu`` is the highest over the run and its rounds.
-Writes benchmarks/results/bench_train_overhead.csv.
+"""hvdscale's training step against Keras ``model.fit`` at its best settings, one rank,
+and the cost of the instrumented sample (train env). The method is in
+docs/performance.md ("hvdscale's step against Keras model.fit" and "Instrumentation
+overhead"). hvdscale variants: default (the config defaults), plain (no timed calls),
+inst (every ``--instrument-every``-th call timed; the overhead row pairs it with plain),
+host (batches from host arrays), spe1 (steps_per_execution 1) and, for information, xla
+(the forward and backward pass jit-compiled, which hvdscale does not do); Keras
+candidates ``spe{1,64}jit{0,1}``. Writes benchmarks/results/bench_train_overhead.csv.
 
   .venv-train/bin/python benchmarks/bench_train_overhead.py [--samples 30000] [--repeats 7]
       [--variants default,plain,xla] [--keras spe1jit0,spe1jit1,spe64jit0,spe64jit1] [--csv FILE]
@@ -58,18 +40,11 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=30000, help="training samples")
     ap.add_argument("--batch", type=int, default=75)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument(
-        "--variants",
-        default="default,plain,inst,xla",
-        help="hvdscale: default,plain,inst,host,spe1,xla",
-    )
-    ap.add_argument(
-        "--instrument-every",
-        type=int,
-        default=10,
-        help="variant inst: every k-th call instrumented (the instrumentation overhead "
-        "row compares it with plain, k = 0)",
-    )
+    ap.add_argument("--variants", default="default,plain,inst,xla",
+                    help="hvdscale: default,plain,inst,host,spe1,xla")  # fmt: skip
+    ap.add_argument("--instrument-every", type=int, default=10,
+                    help="variant inst: every k-th call instrumented (the instrumentation "
+                    "overhead row compares it with plain, k = 0)")  # fmt: skip
     ap.add_argument("--keras", default="spe1jit0,spe1jit1,spe64jit0,spe64jit1")
     ap.add_argument("--core", type=int, default=0, help="pin the process to this core")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_train_overhead.csv")
@@ -89,26 +64,12 @@ def main(argv=None) -> int:
         m, lo, hi = median_interval(v, name="benchmark")
         rm, rlo, rhi = median_interval([a / b for a, b in zip(v, res[kbest])], name="benchmark")
         kind = "keras" if k in keras_cfg else "hvdscale"
-        rows.append(
-            {
-                "variant": k,
-                "kind": kind,
-                **(keras_cfg.get(k) or hvd_cfg.get(k)),
-                "samples_per_s": m,
-                "samples_per_s_ci_low": lo,
-                "samples_per_s_ci_high": hi,
-                "ratio_vs_keras_best": rm,
-                "ratio_ci_low": rlo,
-                "ratio_ci_high": rhi,
-                "keras_best": kbest,
-                "repeats": len(v),
-                "samples": args.samples,
-                "batch": args.batch,
-                "core": args.core,
-                **extra.get(k, {}),
-                **fields,
-            }
-        )
+        rows.append({"variant": k, "kind": kind, **(keras_cfg.get(k) or hvd_cfg.get(k)),
+                     "samples_per_s": m, "samples_per_s_ci_low": lo, "samples_per_s_ci_high": hi,
+                     "ratio_vs_keras_best": rm, "ratio_ci_low": rlo, "ratio_ci_high": rhi,
+                     "keras_best": kbest, "repeats": len(v), "samples": args.samples,
+                     "batch": args.batch, "core": args.core, **extra.get(k, {}),
+                     **fields})  # fmt: skip
     if "plain" in res and "inst" in res:
         rows.append(overhead_row(res, hvd_cfg, args, fields))
     print(
@@ -118,11 +79,8 @@ def main(argv=None) -> int:
     for r in rows:
         if r["kind"] == "overhead":  # printed by overhead_row
             continue
-        ci = (
-            f"({r['ratio_ci_low']:.3f}-{r['ratio_ci_high']:.3f})"
-            if r["ratio_ci_low"] is not None
-            else "(n<3)"
-        )
+        ci = "(n<3)" if r["ratio_ci_low"] is None else (
+            f"({r['ratio_ci_low']:.3f}-{r['ratio_ci_high']:.3f})")  # fmt: skip
         print(
             f"  {r['kind']:8s} {r['variant']:10s} {r['samples_per_s']:9.0f} samples/s  "
             f"/ keras best ({kbest}) {r['ratio_vs_keras_best']:.3f} {ci}"
@@ -222,37 +180,15 @@ def run(args):
     steps = n // B
     lr = tcfg["learning_rate"]
 
+    base = {"in_device_memory": tcfg["data_in_device_memory"], "spe": tcfg["steps_per_execution"]}
+    base["instrument_every"] = tcfg["instrument_every"]
     hvd_cfg = {
-        "default": dict(
-            in_device_memory=tcfg["data_in_device_memory"],
-            spe=tcfg["steps_per_execution"],
-            instrument_every=tcfg["instrument_every"],
-        ),
-        "plain": dict(
-            in_device_memory=tcfg["data_in_device_memory"],
-            spe=tcfg["steps_per_execution"],
-            instrument_every=0,
-        ),
-        "host": dict(
-            in_device_memory=False,
-            spe=tcfg["steps_per_execution"],
-            instrument_every=tcfg["instrument_every"],
-        ),
-        "xla": dict(  # information only: forward+backward jit-compiled (not in hvdscale)
-            in_device_memory=tcfg["data_in_device_memory"],
-            spe=tcfg["steps_per_execution"],
-            instrument_every=tcfg["instrument_every"],
-        ),
-        "inst": dict(  # the instrumented sample of issue 17 (overhead vs plain)
-            in_device_memory=tcfg["data_in_device_memory"],
-            spe=tcfg["steps_per_execution"],
-            instrument_every=args.instrument_every,
-        ),
-        "spe1": dict(
-            in_device_memory=tcfg["data_in_device_memory"],
-            spe=1,
-            instrument_every=tcfg["instrument_every"],
-        ),
+        "default": base,
+        "plain": {**base, "instrument_every": 0},
+        "host": {**base, "in_device_memory": False},
+        "xla": base,  # information only: forward+backward jit-compiled (not in hvdscale)
+        "inst": {**base, "instrument_every": args.instrument_every},
+        "spe1": {**base, "spe": 1},
     }
     hvd_cfg = {v: hvd_cfg[v] for v in args.variants.split(",") if v}
     keras_cfg = {}
