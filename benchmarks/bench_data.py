@@ -1,15 +1,10 @@
-"""Benchmark the data stage (generate -> validate -> split) at the thesis size.
+"""The data stage (generate -> validate -> split) at the thesis size through the real
+command line, as Snakemake runs it with ``--cores W``, against ``dd`` writing as many
+bytes on the same file system (docs/performance.md, "Data stage"). Prints the wall time
+of each phase, the peak RSS (largest single process) and the ratio to dd, and writes
+benchmarks/results/bench_data.csv (a run with --n-samples below the config's size is
+marked ``reduced_size``). The temporary data are deleted afterwards (unless --keep).
 
-Runs the real command line (``python -m hvdscale.cli ...``) the way Snakemake would with
-``--cores W``: W generation processes at a time, then W validation processes, then the
-split (one job writing its output shards with W worker processes). Prints the wall time
-of each phase and in total, the peak RSS (largest single process), the bytes written,
-and the ratio to writing as many bytes with ``dd if=/dev/zero bs=16M conv=fdatasync`` on
-the same file system, and writes benchmarks/results/bench_data.csv (a run with
---n-samples below the config's size is marked ``reduced_size``). The temporary data are
-deleted afterwards (unless --keep).
-
-Usage:
   .venv/bin/python benchmarks/bench_data.py                  # 1,000,000 curves, config/thesis.yaml
   .venv/bin/python benchmarks/bench_data.py --n-samples 100000 --workers 2
 """
@@ -80,11 +75,8 @@ def dd_seconds(target_dir: Path, nbytes: int) -> float:
     count = max(1, math.ceil(nbytes / (16 << 20)))
     out = target_dir / "dd.bin"
     t0 = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={out}", "bs=16M", f"count={count}", "conv=fdatasync"],
-        check=True,
-        capture_output=True,
-    )
+    dd = ["dd", "if=/dev/zero", f"of={out}", "bs=16M", f"count={count}", "conv=fdatasync"]
+    subprocess.run(dd, check=True, capture_output=True)
     dt = time.perf_counter() - t0
     out.unlink()
     return dt
@@ -95,34 +87,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--config",
-        default=str(PROJECT_ROOT / "config" / "thesis.yaml"),
-        help="config whose data section is benchmarked (default: config/thesis.yaml)",
-    )
-    ap.add_argument(
-        "--n-samples",
-        type=int,
-        default=None,
-        help="override data.n_samples (default: the config's)",
-    )
-    ap.add_argument(
-        "--n-shards", type=int, default=None, help="override data.n_shards (generation jobs)"
-    )
-    ap.add_argument(
-        "--workers",
-        type=int,
-        default=2,
-        help="parallel processes for generate/validate (default 2)",
-    )
-    ap.add_argument(
-        "--tmpdir",
-        default=None,
-        help="parent directory of the temporary data (default: system tmp)",
-    )
+    ap.add_argument("--config", default=str(PROJECT_ROOT / "config" / "thesis.yaml"),
+                    help="config whose data section is benchmarked")  # fmt: skip
+    ap.add_argument("--n-samples", type=int, help="override data.n_samples (default: the config's)")
+    ap.add_argument("--n-shards", type=int, help="override data.n_shards (generation jobs)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="parallel processes for generate/validate (default 2)")  # fmt: skip
+    ap.add_argument("--tmpdir", help="parent directory of the temporary data (default: system tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     add_quiet_args(ap)
-    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--json", default=None, help="also write the CSV row to this JSON file")
     ap.add_argument("--csv", help="default: benchmarks/results/bench_data.csv")
     args = ap.parse_args(argv)
     configure_quiet(args)
@@ -135,7 +109,6 @@ def main(argv=None) -> int:
         cfg["data"]["n_shards"] = args.n_shards
     d = cfg["data"]
     meas = Measured("bench_data").start()  # waits for a quiet machine
-    load = meas.before
 
     work = Path(tempfile.mkdtemp(prefix="hvdscale-bench-data.", dir=args.tmpdir))
     try:
@@ -143,148 +116,66 @@ def main(argv=None) -> int:
         cfg_file.write_text(json.dumps(cfg, indent=2))
         raw, out, logs = work / "raw", work / "data", work / "logs"
         logs.mkdir()
-        py = [sys.executable, "-m", "hvdscale.cli"]
-        S = d["n_shards"]
+        S, W = d["n_shards"], args.workers
         shards = [raw / f"shard-{k:04d}.h5" for k in range(S)]
         vals = [raw / f"shard-{k:04d}.validation.json" for k in range(S)]
         print(
             f"data stage benchmark: {d['n_samples']:,} curves x {d['n_points']} points, "
             f"{S} generation shards, {d['split_shards']['train']}+{d['split_shards']['test']} "
-            f"split shards, {args.workers} workers, "
-            f"{os.cpu_count()} cores, load {load:.2f}, in {work}",
+            f"split shards, {W} workers, {os.cpu_count()} cores, load {meas.before:.2f}, in "
+            f"{work}",
             flush=True,
         )
 
-        t_gen, rss_gen = run_pool(
-            [
-                py
-                + [
-                    "generate-shard",
-                    "--config",
-                    str(cfg_file),
-                    "--shard",
-                    str(k),
-                    "--out",
-                    str(shards[k]),
-                ]
-                for k in range(S)
-            ],
-            args.workers,
-            logs,
-            "generate",
-        )
+        def cli(*a):
+            return [sys.executable, "-m", "hvdscale.cli", a[0], "--config", str(cfg_file),
+                    *map(str, a[1:])]  # fmt: skip
+
+        gen = [cli("generate-shard", "--shard", k, "--out", shards[k]) for k in range(S)]
+        val = [cli("validate-shard", "--shard", shards[k], "--out", vals[k]) for k in range(S)]
+        split = cli("split-dataset", "--shards", *shards, "--validations", *vals, "--outdir",
+                    out, "--workers", W)  # fmt: skip
+        t_gen, rss_gen = run_pool(gen, W, logs, "generate")
         print(f"  generate  {t_gen:7.2f} s", flush=True)
-        t_val, rss_val = run_pool(
-            [
-                py
-                + [
-                    "validate-shard",
-                    "--config",
-                    str(cfg_file),
-                    "--shard",
-                    str(shards[k]),
-                    "--out",
-                    str(vals[k]),
-                ]
-                for k in range(S)
-            ],
-            args.workers,
-            logs,
-            "validate",
-        )
+        t_val, rss_val = run_pool(val, W, logs, "validate")
         print(f"  validate  {t_val:7.2f} s", flush=True)
-        t_split, rss_split = run_pool(
-            [
-                py
-                + [
-                    "split-dataset",
-                    "--config",
-                    str(cfg_file),
-                    "--shards",
-                    *map(str, shards),
-                    "--validations",
-                    *map(str, vals),
-                    "--outdir",
-                    str(out),
-                    "--workers",
-                    str(args.workers),
-                ]
-            ],
-            1,
-            logs,
-            "split",
-        )
+        t_split, rss_split = run_pool([split], 1, logs, "split")
         print(f"  split     {t_split:7.2f} s", flush=True)
         total = t_gen + t_val + t_split
         nbytes = dir_bytes(raw) + dir_bytes(out)
-        manifest = json.loads((out / "manifest.json").read_text())
         if not args.keep:
             shutil.rmtree(raw)  # free the space before dd
         t_dd = dd_seconds(work, nbytes)
-        res = {
+        rss = [round(r / 2**20) for r in (rss_gen, rss_val, rss_split)]
+        print(f"  total     {total:7.2f} s   ({d['n_samples'] / total:,.0f} curves/s)")
+        print(f"  peak RSS  {max(rss)} MiB (generate {rss[0]}, validate {rss[1]}, split "
+              f"{rss[2]})")  # fmt: skip
+        print(f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; "
+              f"ratio total/dd {total / t_dd:.2f}")  # fmt: skip
+        meas.stop()  # dd included: the whole stage is one arm
+        reduced = args.n_samples is not None and args.n_samples < full_n
+        seconds = {"generate": t_gen, "validate": t_val, "split": t_split, "total": total}
+        row = {
+            "config": Path(args.config).name,
             "n_samples": d["n_samples"],
+            "reduced_size": int(reduced),
+            "note": f"reduced from {full_n} curves" if reduced else "",
             "n_points": d["n_points"],
             "n_shards": S,
-            "workers": args.workers,
+            "workers": W,
             "cores": os.cpu_count(),
-            "load_before": round(load, 2),
-            "seconds": {
-                "generate": round(t_gen, 2),
-                "validate": round(t_val, 2),
-                "split": round(t_split, 2),
-                "total": round(total, 2),
-            },
-            "peak_rss_mb": {
-                "generate": round(rss_gen / 2**20),
-                "validate": round(rss_val / 2**20),
-                "split": round(rss_split / 2**20),
-                "max": round(max(rss_gen, rss_val, rss_split) / 2**20),
-            },
+            **{f"{k}_s": round(v, 2) for k, v in seconds.items()},
+            "curves_per_s": d["n_samples"] / total,
+            "peak_rss_mb": max(rss),
             "bytes_written": nbytes,
             "dd_seconds_same_bytes": round(t_dd, 2),
             "ratio_to_dd": round(total / t_dd, 2),
             "write_rate_mb_s": round(nbytes / total / 1e6, 1),
-            "counts": manifest["counts"],
+            **meas.fields(),
         }
-        print(f"  total     {total:7.2f} s   ({d['n_samples'] / total:,.0f} curves/s)")
-        print(
-            f"  peak RSS  {res['peak_rss_mb']['max']} MiB "
-            f"(generate {res['peak_rss_mb']['generate']}, "
-            f"validate {res['peak_rss_mb']['validate']}, split {res['peak_rss_mb']['split']})"
-        )
-        print(
-            f"  written   {nbytes / 1e9:.2f} GB; dd of the same bytes {t_dd:.2f} s; "
-            f"ratio total/dd {total / t_dd:.2f}"
-        )
         if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
-        meas.stop()  # dd included: the whole stage is one arm
-        reduced = args.n_samples is not None and args.n_samples < full_n
-        write_csv(
-            "bench_data",
-            [
-                {
-                    "config": Path(args.config).name,
-                    "n_samples": d["n_samples"],
-                    "reduced_size": int(reduced),
-                    "note": f"reduced from {full_n} curves" if reduced else "",
-                    "n_points": d["n_points"],
-                    "n_shards": S,
-                    "workers": args.workers,
-                    "cores": os.cpu_count(),
-                    **{f"{k}_s": v for k, v in res["seconds"].items()},
-                    "curves_per_s": d["n_samples"] / total,
-                    "peak_rss_mb": res["peak_rss_mb"]["max"],
-                    "bytes_written": nbytes,
-                    "dd_seconds_same_bytes": res["dd_seconds_same_bytes"],
-                    "ratio_to_dd": res["ratio_to_dd"],
-                    "write_rate_mb_s": res["write_rate_mb_s"],
-                    **meas.fields(),
-                }
-            ],
-            args.csv,
-        )
-        print(json.dumps(res))
+            Path(args.json).write_text(json.dumps(row, indent=2) + "\n")
+        write_csv("bench_data", [row], args.csv)
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
