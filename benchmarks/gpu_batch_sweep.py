@@ -1,40 +1,20 @@
-"""Epoch time against batch size on one GPU: the torch-ddp trainer with NCCL (issue 19
-item 5), one run per batch size, for a machine with a CUDA GPU.
+"""Epoch time against batch size, compilation and precision on one GPU: the torch-ddp
+trainer with NCCL, for a machine with a CUDA GPU (docs/performance.md, "One GPU").
 
-Each batch size is one ordinary training run of ``python -m hvdscale.trainer.torch_ddp`` (started
-directly: a one-rank job, world size 1, backend nccl on ``cuda:0``) with its run id
-``gpu_torch-ddp_nccl_n1_w1_b{B}_lrnone_r0`` of a small config (partition ``gpu``, 1 GPU
-per node), the same data for every batch size, ``--epochs`` epochs (epoch 0 warm-up),
-and its run record. From the record, per batch size:
+Each (variant, batch size) is one ordinary training run of ``python -m
+hvdscale.trainer.torch_ddp`` (world size 1, nccl on ``cuda:0``) with its run id
+``gpu_torch-ddp_nccl_n1_w1_b{B}_lrnone[_SETTING]_r0`` of a small config and its record;
+a row holds the median over the non-warm-up epochs of the headline ``wall_s`` and of the
+throughput, the mean GPU utilisation, the device, the compilation's ``warm_up_s`` and
+``epoch_ratio_75_to_1000`` of its variant. The first ``COMPILE/PRECISION`` variant runs at
+every batch size, the others at ``--variant-batches``. A failed run is a row with status
+``failed`` and its error; ``--budget-s``: no run starts after that many seconds; the CSV
+is written after every run. Writes benchmarks/results/gpu_batch_sweep.csv (``machine``
+adds the GPU name); a machine without CUDA stops it before anything runs (exit 2).
 
-  epoch_s         median over the non-warm-up epochs of the headline ``wall_s``
-                  (uninstrumented steps; the trainer synchronises the GPU per block)
-  throughput      median samples/s over the same epochs
-  gpu_util_mean   mean of the epochs' ``utilisation_mean`` (NVML percent of the node's
-                  GPUs when ``utilisation_kind`` is gpu; else the CPU percent)
-  device          the record's ``environment.devices[0]`` (``GPU:0 (name)``)
-
-and ``epoch_ratio_75_to_1000`` = epoch_s(75) / epoch_s(1000) (the reference study
-measured about 7x), the same on every row of a variant.
-
-Variants (issue 32's settings, ``--variants``): the eager fp32 sweep over every batch size
-comes first; then, at ``--variant-batches`` (75 and 1000), each further
-``COMPILE/PRECISION`` pair (``training.compile`` off|default|max, ``training.precision``
-fp32|tf32|bf16|fp16), each its own config and run folder (``runs/VARIANT/RUN_ID``; the
-run id does not name them). A row adds the variant, ``warm_up_s`` (the compilation before
-the epoch loop, in no epoch time) and the torch.compile mode. A run that fails (e.g.
-Inductor cannot compile here) becomes a row with status ``failed`` and its error, and the
-sweep goes on. ``--budget-s``: no run starts after that many seconds of the sweep (the
-device time is short); the CSV is written after every run.
-
-Writes benchmarks/results/gpu_batch_sweep.csv
-with the provenance and load columns of benchmarks/_results.py (``machine`` adds the GPU
-name). A machine without CUDA stops it before anything runs (exit 2, with what was found).
-
-The data: the real pipeline (``hvdscale generate-shard``/``validate-shard``/
-``split-dataset``), which needs the workflow env (pandera). The GPU machine has PyTorch,
-h5py and nvidia-ml-py but no project venvs, so prepare the data on the CPU machine and
-carry it (benchmarks/out/ is not tracked):
+The data come from the real pipeline, which needs the workflow env (pandera). The GPU
+machine needs only PyTorch, h5py, PyYAML and jsonschema (psutil for CPU utilisation), so
+prepare the data on the CPU machine and carry it (benchmarks/out/ is not tracked):
 
   .venv/bin/python benchmarks/gpu_batch_sweep.py --prepare-only      # CPU machine
   PYTHONPATH=src python3 benchmarks/gpu_batch_sweep.py               # GPU machine
@@ -42,9 +22,6 @@ carry it (benchmarks/out/ is not tracked):
       [--variants off/fp32,off/tf32,off/bf16,default/fp32,max/fp32,max/bf16]
       [--variant-batches 75,1000] [--budget-s 420] [--records DIR]
       [--commit SHA]  (the tree copied to the GPU machine may have no .git)
-
-The torch trainer imports numpy, torch, h5py, PyYAML and jsonschema (config and record
-validation), and psutil only for CPU utilisation; neither TensorFlow nor Horovod.
 """
 
 from __future__ import annotations
