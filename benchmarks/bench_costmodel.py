@@ -1,17 +1,13 @@
 #!/usr/bin/env python3
-"""The cost model across nodes on the emulated two-node partition (issue 20), measured
-alone: allreduce size sweeps (Gloo, 2, 4, 8 and 16 ranks on 1 and 2 nodes;
-.test/slurm-costmodel.yaml) through Snakemake and the SLURM plugin, then the model
-fitted from <= 4 ranks and validated on 8 and 16 (benchmarks/record_costmodel.py).
+"""The cost model across nodes on the emulated two-node partition, measured alone
+(docs/performance.md, "Cost model across nodes"): allreduce size sweeps through Snakemake
+and the SLURM plugin (.test/slurm-costmodel.yaml), then benchmarks/record_costmodel.py.
 
-Needs root: starts ``scripts/slurm-cluster.sh up --nodes 2 --emulate alpha`` and puts
-the cluster back the way it was. The data stage and the sweeps' configs are made first
-(not measured); then the quiet guard waits for load < --max-load and the sweeps run with
-the SLURM daemons counted as the arm's own processes (foreign_cpu: everything else).
-
-Writes benchmarks/results/costmodel_emulated.csv, costmodel_emulated_errors.csv and
-benchmarks/out/costmodel/costmodel.json; `make perf-docs` puts the error table into
-docs/performance.md.
+Needs root: starts ``scripts/slurm-cluster.sh up --nodes 2 --emulate alpha`` and puts the
+cluster back the way it was. The data stage and the sweeps' configs are made first (not
+measured); the sweeps run behind the quiet guard with the SLURM daemons counted as the
+arm's own processes. Writes benchmarks/results/costmodel_emulated{,_errors}.csv and
+benchmarks/out/costmodel/costmodel.json.
 """
 
 from __future__ import annotations

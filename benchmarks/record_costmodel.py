@@ -1,23 +1,16 @@
 #!/usr/bin/env python3
-"""Record the allreduce sweeps of the cost model across nodes (issue 20) and its error
-table as benchmark CSVs with provenance (commit, machine, date, load columns).
+"""Record the allreduce sweeps of the cost model across nodes and its error table as
+benchmark CSVs with provenance: benchmarks/results/costmodel_emulated.csv (every
+measured row) and costmodel_emulated_errors.csv (fitted from <= 4 ranks, validated on 8
+and 16). ``make bench-costmodel`` (bench_costmodel.py) runs the sweeps alone and then
+this script; by hand, after the rule measure_allreduce on the emulated partition:
 
-`make bench-costmodel` (benchmarks/bench_costmodel.py) does all of this, measured alone.
-The sweeps come from the rule measure_allreduce on the emulated two-node partition
-(.test/slurm-costmodel.yaml; scripts/slurm-cluster.sh up --nodes 2 --emulate alpha):
-
-  eval "$(scripts/slurm-cluster.sh env)"
-  .venv/bin/snakemake --profile profiles/test-slurm --configfile .test/slurm-costmodel.yaml \\
-      --config results_dir=results-costmodel -- results-costmodel/allreduce/alpha_gloo_n*_w*.csv
   .venv/bin/python benchmarks/record_costmodel.py --allreduce 'results-costmodel/allreduce/*.csv' \\
       --loads load.txt --load-before 0.4 --load-after 0.5
 
-Writes benchmarks/results/costmodel_emulated.csv (every measured row) and
-benchmarks/results/costmodel_emulated_errors.csv (the error table: fitted from <= 4
-ranks, validated on 8 and 16), and prints the held-out median |error|. The load column
-is the highest 1-minute load average sampled during the sweeps (--loads: lines
-"HH:MM:SS LOAD"; the sweeps' own ranks raise it); the rows are valid only when the
-load before the sweeps (--load-before) was at most 1.0, i.e. nothing else ran.
+The load column is the highest 1-minute load sampled during the sweeps (--loads: lines
+"HH:MM:SS LOAD"; the sweeps' own ranks raise it); validity is judged from the load
+before them and the foreign CPU (benchmarks/_quiet.py).
 """
 
 from __future__ import annotations
