@@ -8,16 +8,15 @@ from __future__ import annotations
 import math
 import statistics
 
-from _results import merge_fields
 from bench_scaling import summary_row
 
 from hvdscale.analysis.stats import censored_median, speedup_interval
 
 FRAMEWORKS = ("horovod-tf", "torch-ddp")
 INDEPENDENT = "independent"
-#: issue 32: the Horovod-TF 1-worker runs of the setting the independent arm runs (its
-#: plain fp32 graph step), under this key in another setting's results: the ceiling is
-#: the machine's, thr(independent) over twice *that* step, whatever the setting
+#: the Horovod-TF 1-worker runs of the setting the independent arm runs (its plain fp32
+#: graph step), under this key in another setting's results: the ceiling is the machine's,
+#: thr(independent) over twice *that* step, whatever the setting
 CEILING_BASE = "ceiling-base"
 SYNC_KEYS = ("allreduce_s", "exposed_s", "comm_hook_s", "no_comm_step_s")
 
@@ -174,6 +173,3 @@ def left_out_counts(rows: list[dict]) -> dict:
         if str(r.get("valid")) == "false":
             out[int(r["batch"])] = out.get(int(r["batch"]), 0) + 1
     return out
-
-
-__all__ = ["arm_result", "left_out_counts", "merge_fields", "run_row", "summarise"]
