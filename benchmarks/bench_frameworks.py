@@ -65,7 +65,7 @@ from hvdscale.matrix.runid import step_setting_suffix  # noqa: E402
 from hvdscale.matrix.runtable import find_run  # noqa: E402
 from hvdscale.target import calibrate_target  # noqa: E402
 
-BASE_SETTING = "off/fp32"  # eager torch, graph Horovod-TF, float32: the bench before issue 32
+BASE_SETTING = "off/fp32"  # eager torch, graph Horovod-TF, float32
 CALLS_PER_EPOCH = 6  # of the 2-worker runs (spe = steps // this, 1..64)
 
 
@@ -108,7 +108,7 @@ def run_id(
     fw: str, workers: int, batch: int, rule: str, rep: int, axis: bool, setting=BASE_SETTING
 ) -> str:
     """The arm's run id; it names the setting's precision and compile mode where they are
-    not fp32 and off (issue 32: ``..._lrnone_bf16_cdefault_r0``)."""
+    not fp32 and off (``..._lrnone_bf16_cdefault_r0``)."""
     tag = "_torch-ddp" if axis and fw == "torch-ddp" else ""
     comp, prec, _ = parse_setting(setting)
     step = step_setting_suffix(prec, comp)
@@ -164,8 +164,8 @@ class Bench:
 
 
 def plan(rep: int, settings=(BASE_SETTING,)) -> list:
-    """The paired order of one repeat: (arm, workers) with one setting (as before issue
-    32), (setting, arm, workers) with several; the independent arm once, under the first."""
+    """The paired order of one repeat: (arm, workers) with one setting, (setting, arm,
+    workers) with several; the independent arm once, under the first setting."""
     if len(settings) == 1:
         arms = [(fw, w) for w in (1, 2) for fw in FRAMEWORKS] + [(INDEPENDENT, 2)]
         return paired_order(arms, rep)
@@ -298,7 +298,7 @@ def parse_args(argv):
                     f"{CEILING_MAX} (--quick never fails)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="where the two CSVs go")
     ap.add_argument("--settings", default=BASE_SETTING, type=lambda s: s.split(","),
-                    help="COMPILE/PRECISION[/MKL] settings, both frameworks each (issue 32; "
+                    help="COMPILE/PRECISION[/MKL] settings, both frameworks each ("
                          "MKL: vendor or intel, training.mkl_code_path)")  # fmt: skip
     ap.add_argument("--add", action="store_true",
                     help="keep the other settings' rows already in the CSVs (each keeps "

@@ -109,7 +109,7 @@ def round_fields(fields: dict, round_cpu: list[float | None]) -> dict:
 
 def overhead_row(res: dict, hvd_cfg: dict, args, fields: dict) -> dict:
     """``instrumentation_overhead``: epoch time with every k-th call instrumented over
-    epoch time with none, minus 1, per round (paired); goal <= 0.02 (issue 17)."""
+    epoch time with none, minus 1, per round (paired); goal <= 0.02."""
     per_round = [p / i - 1.0 for i, p in zip(res["inst"], res["plain"])]  # t_inst/t_plain - 1
     m, lo, hi = median_interval(per_round, name="benchmark")
     print(

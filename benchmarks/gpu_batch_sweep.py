@@ -169,7 +169,7 @@ def partition(backend: str) -> str:
 
 def run_id(batch: int, backend: str = "nccl", variant: str = "off/fp32") -> str:
     """The run id of one batch of a variant: the id names a step setting other than fp32
-    and off after the LR rule (issue 32: ``..._lrnone_bf16_cmax_r0``)."""
+    and off after the LR rule (``..._lrnone_bf16_cmax_r0``)."""
     from hvdscale.matrix.runid import step_setting_suffix
 
     comp, prec = parse_variant(variant)

@@ -1,5 +1,5 @@
 """The report of a GPU batch sweep, built on the CPU machine from the run records the GPU
-machine carried back (issue 33): ``gpu_batch_sweep.py --records DIR`` copies every run's
+machine carried back: ``gpu_batch_sweep.py --records DIR`` copies every run's
 metrics.json and history.csv into DIR/VARIANT/RUN_ID/; this script takes one variant's
 records (default ``off-fp32``, the sweep over every batch size; one report holds one
 variant, whose config names its precision and compile mode, as its run ids do) through the
