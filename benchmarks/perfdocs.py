@@ -4,8 +4,8 @@ difference when the page and the CSVs disagree (tests/test_perf_docs.py runs it)
 
 A block is the text between ``<!-- perf:begin NAME -->`` and ``<!-- perf:end NAME -->``:
 a plain table of a CSV's rows (the figures of an invalid row replaced by "invalid"), its
-source line (commits, machines, dates, load before, valid rows), or "not measured" with
-the make target when the CSV is missing. Validity is ``_quiet.row_validity`` (per core).
+source line, or "not measured" with the make target when the CSV is missing. Validity is
+``_quiet.row_validity`` (per core).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ TARGETS = {
     "costmodel_emulated_errors": "bench-costmodel",
     "gpu_batch_sweep": "benchmarks/gpu_batch_sweep.py on a GPU machine",
 }
-QUALITY = [("load before", "load_before", 2), ("foreign CPU", "foreign_cpu", 2)]
 
 
 def read(res: Path, name: str) -> list[dict]:
@@ -46,15 +45,9 @@ def read(res: Path, name: str) -> list[dict]:
     return list(csv.DictReader(p.open(newline=""))) if p.exists() else []
 
 
-def missing(name: str) -> str:
-    how = TARGETS[name]
-    how = f"run `make {how}`" if how.startswith("bench-") else f"run {how}"
-    return f"Not measured in this revision (no `benchmarks/results/{name}.csv`); {how}.\n"
-
-
 def cell(v: str, nd: int | str | None) -> str:
     """A CSV value as shown: ``nd`` decimals, 0 with thousands separators, "g" four
-    significant digits, None as is; infinity (censored) as "> budget"."""
+    significant digits, None as is; infinity (a censored time to target) "> budget"."""
     if nd is None or v in ("", None):
         return v or ""
     try:
@@ -62,46 +55,10 @@ def cell(v: str, nd: int | str | None) -> str:
     except ValueError:
         return v
     if x == float("inf"):
-        return "> budget"  # a censored time to target
+        return "> budget"
     if nd == "g":
         return f"{x:.4g}"
     return f"{x:,.0f}" if nd == 0 else f"{x:.{nd}f}"
-
-
-def table(name: str, cols: list[tuple], rows: list[dict], res_rows: list[dict]) -> str:
-    """``cols``: (header, column or function of the row, decimals, is a figure). The
-    figures of an invalid row read "invalid"; load before, foreign CPU and validity
-    close every row."""
-    head = [c[0] for c in cols] + [q[0] for q in QUALITY] + ["valid"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        ok, why = row_validity(r)
-        cells = []
-        for _, col, nd, figure in cols:
-            v = col(r) if callable(col) else cell(r.get(col, ""), nd)
-            cells.append(v if ok or not figure else "invalid")
-        cells += [cell(r.get(c, ""), nd) for _, c, nd in QUALITY]
-        cells.append("yes" if ok else f"**no**: {why}")
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(out) + "\n\n" + source(name, res_rows)
-
-
-def span(values: list[str]) -> str:
-    vals = sorted({v for v in values if v})
-    return vals[0] if len(vals) == 1 else f"{vals[0]} to {vals[-1]}" if vals else "?"
-
-
-def source(name: str, rows: list[dict]) -> str:
-    valid = sum(row_validity(r)[0] for r in rows)
-    before = [float(r["load_before"]) for r in rows if r.get("load_before")]
-    load = f"{min(before):.2f}-{max(before):.2f}" if before else "?"
-    commits = ", ".join(sorted({r["commit"] for r in rows}))
-    machines = "; ".join(sorted({r["machine"] for r in rows}))
-    return (
-        f"Source: `benchmarks/results/{name}.csv`; commit {commits}; {machines}; "
-        f"{span([r['date'] for r in rows])}; 1-minute load before {load}; valid rows "
-        f"{valid} of {len(rows)}.\n"
-    )
 
 
 def ci(r: dict, lo: str = "ci_low", hi: str = "ci_high", nd: int | str = 2) -> str:
@@ -110,168 +67,16 @@ def ci(r: dict, lo: str = "ci_low", hi: str = "ci_high", nd: int | str = 2) -> s
     return f"{cell(r[lo], nd)}-{cell(r[hi], nd)}"
 
 
-def simple(name: str, cols: list[tuple], keep=lambda r: True):
-    """The block of one CSV: every row ``keep`` admits, the columns ``cols``."""
-
-    def block(res: Path) -> str:
-        rows = read(res, name)
-        if not rows:
-            return missing(name)
-        return table(name, cols, [r for r in rows if keep(r)], rows)
-
-    return block
-
-
-SUMMARY = [("batch", "batch", None, False), ("figure", "metric", None, False),
-           ("arm", "arm", None, False), ("workers", "workers", None, False),
-           ("median", lambda r: f"**{cell(r['median'], 'g')}**", None, True),
-           ("95 % CI", lambda r: ci(r, nd="g"), None, True), ("repeats", "n", None, False),
-           ("note", "note", None, False)]  # fmt: skip
-BLOCKS = {
-    "scaling-summary": simple("bench_scaling", SUMMARY, lambda r: r["metric"] != "throughput"),
-    "scaling-throughput": simple(
-        "bench_scaling",
-        [
-            *SUMMARY[:4],
-            ("samples/s", "median", 0, True),
-            ("95 % CI", lambda r: ci(r, nd=0), None, True),
-            ("repeats", "n", None, False),
-        ],
-        lambda r: r["metric"] == "throughput",
-    ),  # fmt: skip
-    "scaling-runs": simple(
-        "bench_scaling_runs",
-        [
-            ("phase", "phase", None, False),
-            ("repeat", "repeat", None, False),
-            ("batch", "batch", None, False),
-            ("arm", "arm", None, False),
-            ("workers", "workers", None, False),
-            ("pinned", "pinned", None, False),
-            ("samples/s", "throughput", 0, True),
-            ("data share", "data_share", 2, True),
-            ("status", "status", None, False),
-        ],
-    ),  # fmt: skip
-    "frameworks": simple(
-        "frameworks",
-        [
-            ("setting", "setting", None, False),
-            *SUMMARY[:2],
-            ("framework", "arm", None, False),
-            *SUMMARY[3:],
-        ],
-    ),  # fmt: skip
-    "frameworks-runs": simple(
-        "frameworks_runs",
-        [
-            ("setting", "setting", None, False),
-            ("repeat", "repeat", None, False),
-            ("batch", "batch", None, False),
-            ("arm", "arm", None, False),
-            ("workers", "workers", None, False),
-            ("epoch s", "epoch_s", 3, True),
-            ("samples/s", "throughput", 0, True),
-            ("time to target s", "ttt_s", 2, True),
-            ("status", "status", None, False),
-        ],
-    ),  # fmt: skip
-    "train-overhead": simple(
-        "bench_train_overhead",
-        [
-            ("variant", "variant", None, False),
-            ("steps_per_execution", "spe", None, False),
-            ("jit", "jit", None, False),
-            ("instrument_every", "instrument_every", None, False),
-            ("samples/s", "samples_per_s", 0, True),
-            ("/ Keras best", lambda r: f"**{cell(r['ratio_vs_keras_best'], 3)}**", None, True),
-            ("95 % CI", lambda r: ci(r, "ratio_ci_low", "ratio_ci_high", 3), None, True),
-            ("rounds", "repeats", None, False),
-        ],
-        lambda r: r["kind"] != "overhead",
-    ),  # fmt: skip
-    "instrumentation": simple(
-        "bench_train_overhead",
-        [
-            ("instrument_every", "instrument_every", None, False),
-            ("overhead on epoch time", lambda r: f"**{pct(r['overhead'])}**", None, True),
-            (
-                "95 % CI",
-                lambda r: f"{pct(r['overhead_ci_low'])} to {pct(r['overhead_ci_high'])}",
-                None,
-                True,
-            ),
-            ("rounds", "repeats", None, False),
-        ],
-        lambda r: bool(r.get("overhead")),
-    ),  # fmt: skip
-    "allreduce-bare": simple(
-        "bench_allreduce_bare",
-        [
-            ("arm", "arm", None, False),
-            ("settings", "settings", None, False),
-            ("us per call", "median_us", 0, True),
-            ("95 % CI", lambda r: ci(r, "ci_low_us", "ci_high_us", 0), None, True),
-            ("/ MPI default", "ratio_vs_mpi", 2, True),
-            ("repeats", "repeats", None, False),
-        ],
-        lambda r: r.get("row") == "summary",
-    ),  # fmt: skip
-    "data": simple(
-        "bench_data",
-        [
-            ("curves", "n_samples", 0, False),
-            ("shards", "n_shards", None, False),
-            ("workers", "workers", None, False),
-            ("generate s", "generate_s", 1, True),
-            ("validate s", "validate_s", 1, True),
-            ("split s", "split_s", 1, True),
-            ("total s", "total_s", 1, True),
-            ("curves/s", "curves_per_s", 0, True),
-            ("peak RSS MB", "peak_rss_mb", 0, True),
-            ("/ dd", "ratio_to_dd", 2, True),
-            ("note", "note", None, False),
-        ],
-    ),  # fmt: skip
-    "costmodel": simple(
-        "costmodel_emulated_errors",
-        [
-            ("ranks", "workers", None, False),
-            ("nodes", "nodes", None, False),
-            ("slowest link", "link", None, False),
-            ("role", "role", None, False),
-            ("measured ms", lambda r: cell(str(float(r["sync_s_meas"]) * 1e3), 2), None, True),
-            ("predicted ms", lambda r: cell(str(float(r["sync_s_pred"]) * 1e3), 2), None, True),
-            ("error", lambda r: pct(r["sync_rel_error"], 0), None, True),
-            (
-                "median abs. error over sizes",
-                lambda r: pct(r["median_abs_rel_error_sizes"], 0),
-                None,
-                True,
-            ),
-        ],
-    ),  # fmt: skip
-    "gpu-batch-sweep": simple(
-        "gpu_batch_sweep",
-        [
-            ("variant", "variant", None, False),
-            ("batch", "batch", None, False),
-            ("repeat", "repeat", None, False),
-            ("steps/epoch", "steps_per_epoch", None, False),
-            ("warm-up s", "warm_up_s", 1, True),
-            ("epoch s", "epoch_s", 4, True),
-            ("ms/step", lambda r: step_ms(r), None, True),
-            ("samples/s", "throughput", 0, True),
-            ("GPU util %", "gpu_util_mean", 1, True),
-            ("val loss", "final_val_loss", 4, True),
-            ("status", "status", None, False),
-        ],
-    ),  # fmt: skip
-}
-
-
 def pct(v: str, nd: int = 2) -> str:
     return f"{float(v) * 100:+.{nd}f} %" if v else ""
+
+
+def bold(col: str, nd: int | str):
+    return lambda r: f"**{cell(r[col], nd)}**"
+
+
+def ms(col: str):
+    return lambda r: cell(str(float(r[col]) * 1e3), 2)
 
 
 def step_ms(r: dict) -> str:
@@ -280,47 +85,131 @@ def step_ms(r: dict) -> str:
     return f"{float(r['epoch_s']) / float(r['steps_per_epoch']) * 1e3:.2f}"
 
 
+def source(name: str, rows: list[dict]) -> str:
+    before = [float(r["load_before"]) for r in rows if r.get("load_before")]
+    dates = sorted({r["date"] for r in rows if r["date"]})
+    span = f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else dates[0] if dates else "?"
+    return (
+        f"Source: `benchmarks/results/{name}.csv`; commit "
+        f"{', '.join(sorted({r['commit'] for r in rows}))}; "
+        f"{'; '.join(sorted({r['machine'] for r in rows}))}; {span}; 1-minute load before "
+        f"{f'{min(before):.2f}-{max(before):.2f}' if before else '?'}; valid rows "
+        f"{sum(row_validity(r)[0] for r in rows)} of {len(rows)}.\n"
+    )
+
+
+def table(name: str, spec: str, keep=lambda r: True, **fns):
+    """The block of one CSV: every row ``keep`` admits. ``spec``: the columns, separated by
+    ";", each ``HEADER[=COLUMN][:DECIMALS][!]``: COLUMN (default HEADER) is a CSV column or
+    a function of the row in ``fns``; "!" marks a figure, "invalid" on an invalid row.
+    Load before, foreign CPU and validity close every row."""
+    cols = []
+    for item in map(str.strip, spec.split(";")):
+        head, _, col = item.rstrip("!").partition("=")
+        col, _, nd = (col or head).partition(":")
+        nd = None if nd == "" else nd if nd == "g" else int(nd)
+        fn = fns.get(col) or (lambda r, c=col, n=nd: cell(r.get(c, ""), n))
+        cols.append((head.partition(":")[0], fn, item.endswith("!")))
+    cols += [("load before", lambda r: cell(r.get("load_before", ""), 2), False),
+             ("foreign CPU", lambda r: cell(r.get("foreign_cpu", ""), 2), False)]  # fmt: skip
+
+    def block(res: Path) -> str:
+        rows = read(res, name)
+        if not rows:
+            how = TARGETS[name]
+            how = f"run `make {how}`" if how.startswith("bench-") else f"run {how}"
+            return f"Not measured in this revision (no `benchmarks/results/{name}.csv`); {how}.\n"
+        head = [c[0] for c in cols] + ["valid"]
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in filter(keep, rows):
+            ok, why = row_validity(r)
+            cells = [fn(r) if ok or not fig else "invalid" for _, fn, fig in cols]
+            out.append("| " + " | ".join(cells + ["yes" if ok else f"**no**: {why}"]) + " |")
+        return "\n".join(out) + "\n\n" + source(name, rows)
+
+    return block
+
+
+SUMMARY = "batch; figure=metric; arm; workers"
+FIGURES = "median!; 95 % CI=ci!; repeats=n; note"
+SUMMARY_FNS = {"median": bold("median", "g"), "ci": lambda r: ci(r, nd="g")}
+BLOCKS = {
+    "scaling-summary": table("bench_scaling", f"{SUMMARY}; {FIGURES}",
+                             lambda r: r["metric"] != "throughput", **SUMMARY_FNS),
+    "scaling-throughput": table("bench_scaling", f"{SUMMARY}; samples/s=median:0!; "
+                                "95 % CI=ci!; repeats=n", lambda r: r["metric"] == "throughput",
+                                ci=lambda r: ci(r, nd=0)),
+    "scaling-runs": table("bench_scaling_runs", "phase; repeat; batch; arm; workers; pinned; "
+                          "samples/s=throughput:0!; data share=data_share:2!; status"),
+    "frameworks": table("frameworks", "setting; batch; figure=metric; framework=arm; workers; "
+                        + FIGURES, **SUMMARY_FNS),
+    "frameworks-runs": table("frameworks_runs", "setting; repeat; batch; arm; workers; "
+                             "epoch s=epoch_s:3!; samples/s=throughput:0!; "
+                             "time to target s=ttt_s:2!; status"),
+    "train-overhead": table("bench_train_overhead", "variant; steps_per_execution=spe; jit; "
+                            "instrument_every; samples/s=samples_per_s:0!; / Keras best=ratio!; "
+                            "95 % CI=ci!; rounds=repeats", lambda r: r["kind"] != "overhead",
+                            ratio=bold("ratio_vs_keras_best", 3),
+                            ci=lambda r: ci(r, "ratio_ci_low", "ratio_ci_high", 3)),
+    "instrumentation": table("bench_train_overhead", "instrument_every; overhead on epoch "
+                             "time=overhead!; 95 % CI=ci!; rounds=repeats",
+                             lambda r: bool(r.get("overhead")),
+                             overhead=lambda r: f"**{pct(r['overhead'])}**",
+                             ci=lambda r: f"{pct(r['overhead_ci_low'])} to "
+                             f"{pct(r['overhead_ci_high'])}"),
+    "allreduce-bare": table("bench_allreduce_bare", "arm; settings; us per call=median_us:0!; "
+                            "95 % CI=ci!; / MPI default=ratio_vs_mpi:2!; repeats",
+                            lambda r: r.get("row") == "summary",
+                            ci=lambda r: ci(r, "ci_low_us", "ci_high_us", 0)),
+    "data": table("bench_data", "curves=n_samples:0; shards=n_shards; workers; "
+                  "generate s=generate_s:1!; validate s=validate_s:1!; split s=split_s:1!; "
+                  "total s=total_s:1!; curves/s=curves_per_s:0!; peak RSS MB=peak_rss_mb:0!; "
+                  "/ dd=ratio_to_dd:2!; note"),
+    "costmodel": table("costmodel_emulated_errors", "ranks=workers; nodes; slowest link=link; "
+                       "role; measured ms=meas!; predicted ms=pred!; error=err!; "
+                       "median abs. error over sizes=sizes!",
+                       meas=ms("sync_s_meas"), pred=ms("sync_s_pred"),
+                       err=lambda r: pct(r["sync_rel_error"], 0),
+                       sizes=lambda r: pct(r["median_abs_rel_error_sizes"], 0)),
+    "gpu-batch-sweep": table("gpu_batch_sweep", "variant; batch; repeat; "
+                             "steps/epoch=steps_per_epoch; warm-up s=warm_up_s:1!; "
+                             "epoch s=epoch_s:4!; ms/step=step_ms!; samples/s=throughput:0!; "
+                             "GPU util %=gpu_util_mean:1!; val loss=final_val_loss:4!; status",
+                             step_ms=step_ms),
+}  # fmt: skip
+
 # ------------------------------------------------------------------ targets, validity
 
-#: (target, CSV, row filter, goal, higher is better); the columns: COLUMNS
+#: (target, CSV, row filter, (median, lower end, upper end) columns, goal, higher is better)
+CI3 = ("median", "ci_low", "ci_high")
 GOALS = [
     ("2 workers: efficiency vs the independent ceiling >= 0.90, batch 75", "bench_scaling",
-     {"batch": "75", "metric": "efficiency_vs_ceiling"}, 0.90, True),
+     {"batch": "75", "metric": "efficiency_vs_ceiling"}, CI3, 0.90, True),
     ("2 workers: efficiency vs the independent ceiling >= 0.90, batch 1000", "bench_scaling",
-     {"batch": "1000", "metric": "efficiency_vs_ceiling"}, 0.90, True),
+     {"batch": "1000", "metric": "efficiency_vs_ceiling"}, CI3, 0.90, True),
     ("hvdscale >= 1.0x best Keras model.fit, 1 worker, batch 75", "bench_train_overhead",
-     {"variant": "default"}, 1.0, True),
+     {"variant": "default"}, ("ratio_vs_keras_best", "ratio_ci_low", "ratio_ci_high"), 1.0,
+     True),
     ("instrumentation overhead <= 0.02 of epoch time", "bench_train_overhead",
-     {"kind": "overhead"}, 0.02, False),
+     {"kind": "overhead"}, ("overhead", "overhead_ci_low", "overhead_ci_high"), 0.02, False),
 ]  # fmt: skip
-COLUMNS = {  # CSV -> (median, lower end, upper end)
-    "bench_scaling": ("median", "ci_low", "ci_high"),
-    "bench_train_overhead": ("ratio_vs_keras_best", "ratio_ci_low", "ratio_ci_high"),
-}
 
 
-def verdict(med: float, lo: float | None, hi: float | None, goal: float, up: bool) -> str:
+def goal_row(res: Path, text, name, where, cols, goal, up) -> list[str]:
     """met: median and the whole interval on the goal's side; met (median only): the
     interval reaches across."""
-    if (med < goal) if up else (med > goal):
-        return "not met"
-    if lo is None or hi is None:
-        return "met (median; no interval)"
-    return "met" if ((lo >= goal) if up else (hi <= goal)) else "met (median only)"
-
-
-def goal_row(res: Path, text, name, where, goal, up) -> list[str]:
     rows = [r for r in read(res, name) if all(r.get(k) == v for k, v in where.items())]
     rows = [r for r in rows if row_validity(r)[0]]
     if not rows:
         return [text, "", f"no valid row (`make {TARGETS[name]}`)"]
-    r = rows[0]
-    if where.get("kind") == "overhead":
-        cols = ("overhead", "overhead_ci_low", "overhead_ci_high")
+    med, lo, hi = (float(rows[0][c]) if rows[0].get(c) else None for c in cols)
+    if (med < goal) if up else (med > goal):
+        verdict = "not met"
+    elif lo is None or hi is None:
+        verdict = "met (median; no interval)"
     else:
-        cols = COLUMNS[name]
-    med, lo, hi = (float(r[c]) if r.get(c) else None for c in cols)
-    return [text, f"{med:.2f}", verdict(med, lo, hi, goal, up)]
+        verdict = "met" if ((lo >= goal) if up else (hi <= goal)) else "met (median only)"
+    return [text, f"{med:.2f}", verdict]
 
 
 def torch_goal_rows(res: Path) -> list[list[str]]:
@@ -365,15 +254,17 @@ def block_targets(res: Path) -> str:
 
 
 def block_validity(res: Path) -> str:
+    m, f, lb = MAX_LOAD_PER_CORE, FOREIGN_CPU_PER_CORE, LOAD_BEFORE_PER_CORE
+
+    def on(x: float) -> str:
+        return f"({x * 2:g} on 2 cores, {x * 16:g} on 16)"
+
     out = [
-        f"The guard waits before each arm until the 1-minute load is below "
-        f"{MAX_LOAD_PER_CORE:g} per core ({MAX_LOAD_PER_CORE * 2:g} on 2 cores, "
-        f"{MAX_LOAD_PER_CORE * 16:g} on 16). A row is valid when the CPU used outside its "
-        f"own processes while it ran (`foreign_cpu`) is at most {FOREIGN_CPU_PER_CORE:g} of "
-        f"a core per core of its machine ({FOREIGN_CPU_PER_CORE * 2:g} on 2 cores, "
-        f"{FOREIGN_CPU_PER_CORE * 16:g} on 16) and the 1-minute load before it at most "
-        f"{LOAD_BEFORE_PER_CORE:g} per core ({LOAD_BEFORE_PER_CORE * 2:g} on 2 cores, "
-        f"{LOAD_BEFORE_PER_CORE * 16:g} on 16); rows without `foreign_cpu` are invalid.\n",
+        f"The guard waits before each arm until the 1-minute load is below {m:g} per core "
+        f"{on(m)}. A row is valid when the CPU used outside its own processes while it ran "
+        f"(`foreign_cpu`) is at most {f:g} of a core per core of its machine {on(f)} and the "
+        f"1-minute load before it at most {lb:g} per core {on(lb)}; rows without "
+        f"`foreign_cpu` are invalid.\n",
         "| results | valid rows | invalid because |",
         "|---|---|---|",
     ]
@@ -383,10 +274,8 @@ def block_validity(res: Path) -> str:
             out.append(f"| `{name}.csv` |  | not measured in this revision |")
             continue
         why = [row_validity(r)[1] for r in rows]
-        bad = sorted({w for w in why if w})
-        n = sum(not w for w in why)
-        reasons = "; ".join(f"{why.count(w)} x {w}" for w in bad) or "none"
-        out.append(f"| `{name}.csv` | {n} of {len(rows)} | {reasons} |")
+        reasons = "; ".join(f"{why.count(w)} x {w}" for w in sorted(set(why) - {""}))
+        out.append(f"| `{name}.csv` | {why.count('')} of {len(rows)} | {reasons or 'none'} |")
     return "\n".join(out) + "\n"
 
 
