@@ -157,3 +157,34 @@ def test_batch_question_carries_intervals_and_only_the_words_they_support(tmp_pa
     # without the runs: the same ratios, no interval, no word
     bare = batch_question(agg.summary, None, ref)
     assert "1.67x, no interval (no runs table)" in bare and "faster" not in bare
+
+
+def test_a_study_without_references_has_no_reference_section_or_sentence(tmp_path):
+    """A study of another workload sets every reference to none (config/digits.yaml): its
+    report has no comparison section and the batch figure's caption no reference ratio."""
+    from hvdscale.analysis.references import check_references
+    from hvdscale.figures.registry import caption_rst
+    from hvdscale.report.context import ReportData
+    from hvdscale.report.doc import Doc
+    from hvdscale.report.reference_section import reference_section
+
+    none = {"speedup_per_gpu": {}, "sync_share": None, "data_share": None}
+    cfg = own_config()
+    cfg["references"] = {**none, "batch_epoch_speedup": None}
+    F.write_study(tmp_path / "runs", cfg, train_samples=75_000)
+    agg = aggregate(tmp_path / "runs", cfg)
+    verdicts = check_references(cfg["references"], agg.summary, agg.runs)
+    assert verdicts.empty and reference_rows(agg.summary, cfg["references"]) == []
+
+    def sections(cfg, verdicts) -> int:
+        d = Doc()
+        r = ReportData({}, cfg, agg.runs, agg.summary, None, None, tmp_path, references=verdicts)
+        reference_section(d, r)
+        return d.n_section
+
+    assert sections(cfg, verdicts) == 0
+    assert sections(own_config(), None) == 1  # with references: the section
+    caption = caption_rst("epoch_time_batch", caption_values(cfg))
+    assert "reference study" not in caption and "legend gives" not in caption
+    with_refs = caption_rst("epoch_time_batch", caption_values(own_config()))
+    assert "between batch 75 and batch 150" in with_refs

@@ -123,7 +123,12 @@ def reference_rows(summary: pd.DataFrame | None, refs: dict) -> list[dict]:
 
 
 def reference_section(d: Doc, r: ReportData) -> None:
-    """The reference study next to ours; then the verdicts (references.csv, when given)."""
+    """The reference study next to ours; then the verdicts (references.csv, when given).
+    No section where the config compares with no reference (another workload's study)."""
+    found = reference_rows(r.summary, references_of(r.cfg))
+    verdicts = getattr(r, "references", None)
+    if not found and (verdicts is None or verdicts.empty):
+        return
     d.section("Comparison with the reference study")
     rows = [
         [
@@ -133,7 +138,7 @@ def reference_section(d: Doc, r: ReportData) -> None:
             d.cell(x["config"]),
             d.cell(x["loss"]),
         ]
-        for x in reference_rows(r.summary, references_of(r.cfg))
+        for x in found
     ]
     header = [
         "Quantity",
