@@ -653,3 +653,19 @@ def test_a_table_header_follows_its_column_text_cells_left_numbers_right():
     (table,) = [f for k in d.story for f in getattr(k, "_content", [k]) if isinstance(f, Table)]
     heads = [c.style.name for c in table._cellvalues[0]]
     assert heads == ["cellhead", "cellhead", "cellhead_r"]
+
+
+def test_the_report_leaves_out_figures_the_config_does_not_ask_for():
+    """digits: an absolute target, no re-tuning sweep, one batch size: no calibration,
+    re-tuning or batch figure in its report; the default study shows all of them."""
+    from hvdscale.figures.registry import FIGURES, in_section
+    from hvdscale.study.plan import merged_config
+
+    def shown(cfg):
+        return {f.name for s in ("results", "accuracy", "costmodel") for f in in_section(s, cfg)}
+
+    default = merged_config([CONFIG_FILE])
+    digits = merged_config([CONFIG_FILE, PROJECT_ROOT / "config" / "digits.yaml"])
+    assert shown(default) == {f.name for f in FIGURES} == shown(None)
+    left_out = {f.name for f in FIGURES} - shown(digits)
+    assert left_out == {"calibration", "tune_heatmap", "epoch_time_batch"}

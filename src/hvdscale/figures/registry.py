@@ -121,8 +121,25 @@ FIGURE_NAMES = [f.name for f in FIGURES]
 BY_NAME = {f.name: f for f in FIGURES}
 
 
-def in_section(section: str) -> list[Figure]:
-    return [f for f in FIGURES if f.section == section]
+def configured(name: str, cfg: dict | None) -> bool:
+    """Whether the study's config asks for what figure ``name`` shows: the calibration
+    runs (a calibrated target), the re-tuning sweep (scaling.tune), more than one
+    per-worker batch size. Without a config, every figure."""
+    if cfg is None:
+        return True
+    if name == "calibration":
+        return cfg["training"]["target"]["mode"] == "calibrated"
+    if name == "tune_heatmap":
+        return bool(cfg["scaling"].get("tune"))
+    if name == "epoch_time_batch":
+        return len({r.batch for r in run_table(cfg)}) > 1
+    return True
+
+
+def in_section(section: str, cfg: dict | None = None) -> list[Figure]:
+    """The figures the PDF report shows in ``section``: those the config asks for (a
+    study without a re-tuning sweep gets no empty re-tuning figure)."""
+    return [f for f in FIGURES if f.section == section and configured(f.name, cfg)]
 
 
 # ----------------------------------------------------------------------------- captions

@@ -395,7 +395,7 @@ def accuracy_section(d: Doc, r: ReportData) -> None:
     sentence = batch_question(summary, tuned_table(r), ref, r.runs, target)
     if sentence:
         d.p(escape(sentence))
-    for fig in in_section("accuracy"):
+    for fig in in_section("accuracy", r.cfg):
         r.figure(d, fig.name)
 
 

@@ -253,5 +253,5 @@ def costmodel_section(d: Doc, r: ReportData) -> None:
         _error_paragraph(d, cm.get("errors", {}))
         if (cm.get("error_table") or {}).get("rows"):
             _node_table(d, cm["error_table"])
-    for fig in in_section("costmodel"):
+    for fig in in_section("costmodel", r.cfg):
         r.figure(d, fig.name)

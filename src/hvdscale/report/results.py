@@ -206,5 +206,5 @@ def results_section(d: Doc, r: ReportData) -> None:
 
 def figures_section(d: Doc, r: ReportData) -> None:
     d.section("Figures")
-    for fig in in_section("results"):
+    for fig in in_section("results", r.cfg):
         r.figure(d, fig.name)
