@@ -254,7 +254,6 @@ def _base_record(
         "phases from instrumented steps",
         "timeline": None,
         "label_proof": {"ok": True, "problems": [], "world_size": w},
-        "noise_scale": None,
     }
     if torch:
         rec["config"]["framework"] = TORCH
@@ -532,15 +531,6 @@ def simulate_record(
         rec["exit_status"], rec["error"] = 3, f"non-finite loss in epoch {n_epochs - 1}"
     no_comm = (t_data + t_compute + t_update + t_other) * run_factor
     rec["timing"] = {"sync": sync_block(p["framework"], w, t_allreduce * run_factor, no_comm)}
-    if w > 1:  # McCandlish noise scale sums from a known |G|^2 and tr(Sigma)
-        g2, trace = NOISE_G2, NOISE_TRACE
-        rec["noise_scale"] = {
-            "b_local": b,
-            "b_global": w * b,
-            "steps": steps,
-            "g_local_sq": g2 + trace / b,
-            "g_global_sq": g2 + trace / (w * b),
-        }
     interval = max(2.0, elapsed / 150)
     return add_startup(_finish(rec, util, interval_s=interval), startup_s)
 

@@ -536,13 +536,6 @@ def _headline_study(tmp_path, n_censored=0):
             g2 = NOISE_G2 if e["epoch"] >= 3 else 10 * NOISE_G2
             e.update(noise_steps=10, g_local_sq=g2 + trace * (1 / 75 - 1 / n))
             e.update(g_global_sq=g2 + trace * (1 / 150 - 1 / n))
-        rec["noise_scale"] = {
-            "b_local": 75,
-            "b_global": 150,
-            "steps": 100,
-            "g_local_sq": NOISE_G2 + NOISE_TRACE / 75,
-            "g_global_sq": NOISE_G2 + NOISE_TRACE / 150,
-        }
         F.write_record(tmp_path, rec)
     return aggregate(tmp_path)
 

@@ -1,6 +1,5 @@
 """The run record's derived blocks (hvdscale.record.run_summary, hvdscale.record.timing): the target
-block (reached / censored), the gradient-noise-scale raw means and the instrumentation
-block. Unit tests in the workflow env."""
+block (reached / censored) and the instrumentation block. Unit tests in the workflow env."""
 
 from __future__ import annotations
 
@@ -22,23 +21,6 @@ def test_target_block_reached_censored_and_without_target():
     assert not target_block(eps, 0.1, "absolute", "nan_loss", 9, None)["censored"]
     free = target_block(eps, None, "none", "max_epochs", 2, None)
     assert not free["reached"] and not free["censored"] and free["value"] is None
-
-
-def test_noise_scale_block_over_the_non_warmup_epochs():
-    from hvdscale.record.run_summary import noise_scale_block
-
-    eps = [epoch(0, warmup=True), epoch(1), epoch(2)]
-    for e, (n, a, b) in zip(eps, [(5, 99.0, 99.0), (2, 4.0, 2.0), (6, 8.0, 6.0)]):
-        e.update(noise_steps=n, g_local_sq=a, g_global_sq=b)
-    ns = noise_scale_block(eps, workers=2, b_local=75)
-    assert ns == {
-        "b_local": 75,
-        "b_global": 150,
-        "steps": 8,
-        "g_local_sq": pytest.approx((2 * 4.0 + 6 * 8.0) / 8),
-        "g_global_sq": pytest.approx((2 * 2.0 + 6 * 6.0) / 8),
-    }
-    assert noise_scale_block(eps, workers=1, b_local=75) is None
 
 
 def test_instrumentation_block_counts_and_medians():

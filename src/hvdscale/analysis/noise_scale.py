@@ -31,10 +31,9 @@ Near the target (``near_target_window``). The noise scale changes during trainin
 near the target, not on its mean over training. A run's estimate uses the last
 ``NEAR_TARGET_EPOCHS`` = 3 non-warm-up epochs up to and including its target epoch (the
 first epoch whose validation loss reached the target: runs.csv ``target_epoch``); a run
-that never reached the target its last 3 non-warm-up epochs. Warm-up epochs never count
-(as in the record's whole-run ``noise_scale`` block, which the analysis no longer
-uses); an epoch without noise-scale sums in the window contributes nothing. Only
-completed runs count (a diverged run's last epochs are not near any target).
+that never reached the target its last 3 non-warm-up epochs. Warm-up epochs never count;
+an epoch without noise-scale sums in the window contributes nothing. Only completed runs
+count (a diverged run's last epochs are not near any target).
 ``window_sums`` gives every run's sums over its window from epochs.csv
 (``noise_steps``, ``g_local_sq``, ``g_global_sq``: means per instrumented update).
 

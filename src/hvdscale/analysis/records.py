@@ -170,22 +170,15 @@ def _startup_fields(rec: dict, time_to_target: float) -> dict:
 
 
 def _study_fields(rec: dict) -> dict:
-    """Kind, seed, label proof and the noise-scale sums of one record (issue 16)."""
+    """Kind, seed and label proof of one record."""
     c = rec["config"]
     proof = rec.get("label_proof")
     ok = None if not isinstance(proof, dict) else bool(proof.get("ok", True))
-    ns = rec.get("noise_scale") or {}
-    nan_ = math.nan
     return {
         "kind": str(c.get("kind") or ""),
         "seed": c.get("seed"),
         "label_ok": pd.NA if ok is None else ok,
         "label_problems": "; ".join(map(str, (proof or {}).get("problems") or [])),
-        "ns_b_local": ns.get("b_local", nan_),
-        "ns_b_global": ns.get("b_global", nan_),
-        "ns_steps": ns.get("steps", nan_),
-        "ns_g_local_sq": ns.get("g_local_sq", nan_),
-        "ns_g_global_sq": ns.get("g_global_sq", nan_),
     }
 
 

@@ -21,7 +21,7 @@ from hvdscale.config.load import RUN_SCHEMA
 from hvdscale.io import write_json_atomic, write_text_atomic
 from hvdscale.record.environment import horovod_env
 from hvdscale.record.history import history_csv
-from hvdscale.record.run_summary import noise_scale_block, summarise, target_block
+from hvdscale.record.run_summary import summarise, target_block
 from hvdscale.record.startup import launch_to_target, total_startup
 from hvdscale.record.timing import TIMING_METHODS, instrumentation_block, sync_block
 from hvdscale.slurm.site import nccl_env_now
@@ -201,9 +201,9 @@ def _step_config(cfg: dict, model_parameters: int, samples_per_epoch: int) -> di
     )
 
 
-def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framework,
+def _outcome_blocks(epochs, workers, tcfg, target, stop_reason, framework,
                     metric=VAL_LOSS) -> dict:  # fmt: skip
-    """The record's ``target``, ``noise_scale`` and ``timing`` blocks (issues 16, 17, 19)."""
+    """The record's ``target`` and ``timing`` blocks."""
     tv = (target or {}).get("value")
     mode = (target or {}).get("mode", "none")
     inst = instrumentation_block(epochs, tcfg["instrument_every"])
@@ -212,7 +212,6 @@ def _outcome_blocks(epochs, workers, b_local, tcfg, target, stop_reason, framewo
         "target": target_block(
             epochs, tv, mode, stop_reason, tcfg["max_epochs"], tcfg["max_train_s"], metric
         ),
-        "noise_scale": noise_scale_block(epochs, workers, b_local),
         "timing": {"instrumentation": inst, "sync": sync},
     }
 
@@ -268,7 +267,6 @@ def build_record(
     config["steps_per_epoch"] = steps_per_epoch
     metric = workload_for(cfg).metric
     stop = stop_reason or ("nan_loss" if status == "nan_loss" else "max_epochs")
-    b_local = run.batch * config["backward_passes_per_step"]
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
@@ -280,7 +278,7 @@ def build_record(
         "resume": {"resumed": len(attempts) > 1, "attempts": attempts},
         "epochs": epochs,
         "summary": summarise(epochs, (target or {}).get("value"), metric),
-        **_outcome_blocks(epochs, workers, b_local, tcfg, target, stop, framework, metric),
+        **_outcome_blocks(epochs, workers, tcfg, target, stop, framework, metric),
         "loss_scale": loss_scale_block(loss_scale),  # issue 32: fp16's dynamic loss scale
         "initial_weights_sha256": initial_weights_sha256,
         "utilisation": utilisation,

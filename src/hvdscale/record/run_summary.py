@@ -1,6 +1,7 @@
-"""The run record's derived blocks: the summary (medians, losses, time to target), the
-validation-loss ``target`` block (reached or censored) and the gradient-noise-scale raw
-means (``noise_scale``). Pure Python; hvdscale.record.build puts them into the record."""
+"""The run record's derived blocks: the summary (medians, losses, time to target) and the
+validation-loss ``target`` block (reached or censored). Pure Python;
+hvdscale.record.build puts them into the record. (The gradient noise scale's sums are
+per epoch: hvdscale.analysis.noise_scale reads them from epochs.csv.)"""
 
 from __future__ import annotations
 
@@ -38,26 +39,6 @@ def target_block(
         "stop_reason": stop_reason,
         "best_val_loss": min(vals) if vals else None,
         "budget": {"max_epochs": int(max_epochs), "max_train_s": max_train_s},
-    }
-
-
-def noise_scale_block(epochs: list[dict], workers: int, b_local: int) -> dict | None:
-    """The record's ``noise_scale`` (issue 16 item 7; None for one worker): over the
-    non-warm-up epochs' instrumented updates, the means of (mean over ranks of)
-    |g_local|^2 and of |g_allreduced|^2, with their batch sizes. The estimator is
-    hvdscale.analysis.noise_scale."""
-    if workers <= 1:
-        return None
-    eps = [e for e in epochs if not e["warmup"] and e.get("noise_steps")]
-    steps = sum(e["noise_steps"] for e in eps)
-    if steps == 0:
-        return None
-    return {
-        "b_local": int(b_local),
-        "b_global": int(b_local * workers),
-        "steps": int(steps),
-        "g_local_sq": sum(e["g_local_sq"] * e["noise_steps"] for e in eps) / steps,
-        "g_global_sq": sum(e["g_global_sq"] * e["noise_steps"] for e in eps) / steps,
     }
 
 
