@@ -433,6 +433,10 @@ def test_build_record_matches_the_schema_and_the_runs_table():
     assert (t["reached"], t["epoch"], t["time_to_target_s"]) == (True, 1, 0.2)
     assert rec["summary"]["best_val_loss"] == pytest.approx(0.2 / 3)
     assert "noise_scale" not in rec  # the sums are per epoch (analysis.noise_scale)
+    # a record written before carries a whole-run noise_scale block: still valid, read alike
+    old = {**rec, "noise_scale": {"b_local": 75, "b_global": 150, "steps": 9, "g_local_sq": 2.0}}
+    validate_record(old)
+    assert record_row(old, "metrics.json")[0] == row
     assert rec["timing"]["instrumentation"]["instrumented_steps"] == 90
     assert "system" not in rec  # optional: records without it stay valid
 
