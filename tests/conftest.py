@@ -6,20 +6,28 @@ import json
 from pathlib import Path
 
 import pytest
+from required_layers import pytest_configure as required_layers_configure
 from required_layers import (  # noqa: F401  (hooks: HVDSCALE_REQUIRE_LAYERS, issue 29)
-    pytest_configure,
     pytest_make_collect_report,
     pytest_report_header,
     pytest_runtest_makereport,
 )
+from streams import select_stream, wanted_stream
 
 from hvdscale.config.load import data_section, validate_config
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``multinode`` tests run last, together, in their order: they share one
-    two-node cluster (slurm_support.slurm_cluster_two_nodes, session-scoped), so the
-    local cluster changes mode once per session instead of once per module."""
+def pytest_configure(config: pytest.Config) -> None:
+    required_layers_configure(config)
+    wanted_stream()  # a bad HVDSCALE_TEST_STREAM stops the run before any test
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Only the stream HVDSCALE_TEST_STREAM names, if set (tests/streams.py, tests/run.sh).
+    The ``multinode`` tests run last, together, in their order: they share one two-node
+    cluster (slurm_support.slurm_cluster_two_nodes, session-scoped), so the local cluster
+    changes mode once per session instead of once per module."""
+    select_stream(config, items)
     items.sort(key=lambda item: item.get_closest_marker("multinode") is not None)
 
 

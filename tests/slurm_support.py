@@ -229,7 +229,7 @@ def cluster_diagnostics(env: dict[str, str], logs: list[Path] = ()) -> str:
     newest.sort(key=lambda f: f.stat().st_mtime)
     for f in newest[-8:]:
         parts.append(f"--- {f} (last 1500 characters)\n{_tail(f)}")
-    for f in sorted(cluster_dir().glob("**/*.log"))[:6]:
+    for f in sorted(Path(env.get("HVD_SLURM_DIR") or cluster_dir()).glob("**/*.log"))[:6]:
         parts.append(f"--- {f} (last 1500 characters)\n{_tail(f)}")
     return "\n".join(parts)
 
@@ -283,22 +283,24 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     restore("1" if before == "1" else "down")
 
 
+#: the two-node tests' cluster: an instance of its own (own directory and ports), so the
+#: one-node test cluster stays up beside it (tests/run.sh runs both streams at once)
+TWO_NODE_DIR = PROJECT_ROOT / ".slurm-two-node"
+TWO_NODE_PORT = 6931
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster_two_nodes() -> Iterator[dict[str, str]]:
-    """The local cluster in two-node mode with the emulated alpha partition (node1/node2
-    in their own network namespaces; partition ``local`` spans both, ``alpha`` declares
-    the thesis's GPU nodes: ``up --nodes 2 --emulate alpha``), brought up once for every
-    two-node test of the session: tests/conftest.py runs the ``multinode`` tests last,
-    so the cluster changes mode once. Afterwards it is put back into the mode it had."""
+    """A two-node cluster with the emulated alpha partition (node1/node2 in their own
+    network namespaces; partition ``local`` spans both, ``alpha`` declares the thesis's
+    GPU nodes: ``up --nodes 2 --emulate alpha``), brought up once for every two-node test
+    of the session, in a directory of its own (``TWO_NODE_DIR``, port ``TWO_NODE_PORT``):
+    the one-node cluster of ``slurm_cluster`` can be up beside it. Stopped and removed
+    afterwards."""
     require_layer("multinode", slurm_skip_reason(2))
-    before = cluster_mode()
-    up = run_cluster_script(*mode_args("2-alpha"), timeout=300)
-    if up.returncode != 0:
-        pytest.fail(
-            f"slurm-cluster.sh up --nodes 2 --emulate alpha failed:\n{up.stdout}\n{up.stderr}"
-        )
-    yield cluster_env()
-    restore(before)
+    up = ("--nodes", "2", "--emulate", "alpha")
+    with own_cluster("hvdtwonode", PARTITION, "node1", TWO_NODE_PORT, str(TWO_NODE_DIR), up) as env:
+        yield {**env, "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2")}
 
 
 __all__ = [
@@ -306,7 +308,9 @@ __all__ = [
     "PARTITION",
     "PROJECT_ROOT",
     "TRAIN_PYTHON",
+    "TWO_NODE_DIR",
     "TWO_NODE_SUBNET",
+    "two_node_network_owner",
     "bring_up",
     "cluster_dir",
     "cluster_env",
@@ -342,6 +346,21 @@ def _own_env(name: str, partition: str, node: str, port: int, directory: str) ->
     return env
 
 
+def two_node_network_owner() -> str | None:
+    """The directory of the cluster whose daemons live in the two-node network (the
+    namespace hvd-node1), None when no live process does."""
+    pids = subprocess.run(["ip", "netns", "pids", "hvd-node1"], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in environ:
+            if var.startswith(b"HVD_SLURM_MARK="):
+                return var.split(b"=", 1)[1].decode()
+    return None
+
+
 def marked_processes(directory: str) -> list[int]:
     """PIDs of the daemons that slurm-cluster.sh started for ``directory``."""
     mark = f"HVD_SLURM_MARK={directory}".encode()
@@ -358,13 +377,14 @@ def marked_processes(directory: str) -> list[int]:
 
 @contextlib.contextmanager
 def own_cluster(
-    name: str, partition: str, node: str, port: int, directory: str
+    name: str, partition: str, node: str, port: int, directory: str, up: tuple[str, ...] = ()
 ) -> Iterator[dict[str, str]]:
-    """A one-node SLURM instance of its own beside the shared test cluster (its own
-    directory under /tmp, ports ``port``/``port + 1``, cluster, partition and node name):
-    what a cluster with its own Slurm looks like, and reachable by other users wherever
-    the checkout lies. Yields its client environment (SLURM_CONF, ...); stopped and
-    removed afterwards, with no daemon left."""
+    """A SLURM instance of its own beside the shared test cluster (its own directory,
+    ports ``port``/``port + 1``, cluster, partition and node name; ``up``: more arguments
+    of ``slurm-cluster.sh up``, e.g. two nodes): what a cluster with its own Slurm looks
+    like, and, in a directory under /tmp, reachable by other users wherever the checkout
+    lies. Yields its client environment (SLURM_CONF, ...); stopped and removed
+    afterwards, with no daemon left."""
 
     def script(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run(
@@ -382,7 +402,7 @@ def own_cluster(
     script("down", check=False)
     shutil.rmtree(directory, ignore_errors=True)
     try:
-        script("up")
+        script("up", *up)
         env = _own_env(name, partition, node, port, directory)
         for line in script("env").stdout.splitlines():
             key, _, value = line.removeprefix("export ").partition("=")

@@ -30,7 +30,7 @@ LOCK = ROOT / "envs" / "train-gpu.lock.txt"
 # the env (about 9.5 GB) and pip's unpacking need room; the lock is for Linux x86_64
 NEEDS_GB = 20
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stream("apart")]
 
 
 def _missing() -> str | None:

@@ -19,12 +19,8 @@ import pytest
 import yaml
 from required_layers import require_layer
 from slurm_support import (
-    cluster_env,
-    cluster_mode,
     horovod_skip_reason,
-    restore,
-    run_cluster_script,
-    slurm_skip_reason,
+    slurm_cluster_two_nodes,  # noqa: F401  (pytest fixture)
 )
 
 from hvdscale.cli import main
@@ -117,13 +113,9 @@ def head_log(job_id: str) -> str:
 
 
 @pytest.fixture
-def study(tmp_path, monkeypatch):
-    require_layer("multinode", slurm_skip_reason(2))
+def study(slurm_cluster_two_nodes, tmp_path, monkeypatch):
     require_layer("horovod", horovod_skip_reason())
-    before = cluster_mode()
-    up = run_cluster_script("up", "--nodes", "2", "--emulate", "alpha", timeout=300)
-    assert up.returncode == 0, up.stdout + up.stderr
-    env = cluster_env()
+    env = slurm_cluster_two_nodes
     for key in ("SLURM_CONF", "PATH"):
         if key in env:
             monkeypatch.setenv(key, env[key])
@@ -140,7 +132,6 @@ def study(tmp_path, monkeypatch):
         subprocess.run(["scancel", job_id], env=env, capture_output=True)
         (ROOT / f"hvdscale-head-{job_id}.log").unlink(missing_ok=True)
     shutil.rmtree(ROOT / RESULTS, ignore_errors=True)
-    restore(before)
 
 
 def test_head_job_status_mid_study_and_restart_after_cancel(study, capsys):
