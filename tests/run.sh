@@ -16,19 +16,21 @@ echo "tests: streams ${BESIDE[*]} run beside this one; their logs: $LOGS"
 start=$(date +%s)
 declare -A pid
 for stream in "${BESIDE[@]}"; do
-    HVDSCALE_TEST_STREAM=$stream "$PYTHON" -m pytest -p no:cacheprovider --durations=10 "$@" \
-        > "$LOGS/$stream.log" 2>&1 &
+    (
+        HVDSCALE_TEST_STREAM=$stream "$PYTHON" -m pytest -p no:cacheprovider --durations=10 "$@" \
+            > "$LOGS/$stream.log" 2>&1
+        echo "$? $(($(date +%s) - start))" > "$LOGS/$stream.end"
+    ) &
     pid[$stream]=$!
 done
-stop() { kill -- "${pid[@]}" 2>/dev/null; }
+stop() { pkill -P "$(IFS=,; echo "${pid[*]}")" 2>/dev/null; }
 trap 'stop; exit 130' INT TERM
 HVDSCALE_TEST_STREAM=rest "$PYTHON" -m pytest --durations=10 "$@"
 declare -A rc=([rest]=$?)
 declare -A took=([rest]=$(($(date +%s) - start)))
 for stream in "${BESIDE[@]}"; do
     wait "${pid[$stream]}"
-    rc[$stream]=$?
-    took[$stream]=$(($(date +%s) - start))
+    read -r rc[$stream] took[$stream] < "$LOGS/$stream.end" || rc[$stream]=1
     echo
     echo "=================================== stream $stream ==================================="
     cat "$LOGS/$stream.log"

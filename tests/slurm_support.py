@@ -286,7 +286,7 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 #: the two-node tests' cluster: an instance of its own (own directory and ports), so the
 #: one-node test cluster stays up beside it (tests/run.sh runs both streams at once)
 TWO_NODE_DIR = PROJECT_ROOT / ".slurm-two-node"
-TWO_NODE_PORT = 6931
+TWO_NODE_PORT = 6951
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ network namespaces, each declared with 8 GPUs as gres, 48 CPUs and 990000 MB).
   the label proof compared (issue 29);
 - a run that reaches its time limit is warned by SIGUSR1, checkpoints, exits 4 and is
   resumed by the retry, which gets a longer time limit;
-- 16 runs of one job shape go through one SLURM job array (issue 20).
+- the runs of one job shape go through one SLURM job array (issue 20).
 - a 16-rank torch-ddp run (issue 19) across both nodes, one srun task per rank with
   torch.distributed's rendezvous on node1.
 
@@ -344,8 +344,9 @@ def test_time_limit_warns_checkpoints_and_the_retry_resumes_with_a_longer_limit(
 
 # --------------------------------------------------------------------------- job arrays
 
-ARRAY_OVERRIDE = {  # 16 repeats of one job shape: 1 worker on the CPU partition "local"
-    "training": {"repeats": 16, "timeline": False},
+ARRAY_RUNS = 6  # repeats of one job shape: 1 worker on the CPU partition "local"
+ARRAY_OVERRIDE = {
+    "training": {"repeats": ARRAY_RUNS, "timeline": False},
     "scaling": {
         "partitions": {
             "local": {
@@ -371,18 +372,18 @@ ARRAY_OVERRIDE = {  # 16 repeats of one job shape: 1 worker on the CPU partition
 
 
 @pytest.mark.multinode
-def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir, tmp_path):
+def test_the_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir, tmp_path):
     """Issue 20, item 4: `--slurm-array-jobs=train_run` (the command `hvdscale plan
-    --arrays` prints per job shape) submits the 16 runs with ONE sbatch call: the
-    plugin's log says so, and SLURM shows every run's job as a task of that array."""
+    --arrays` prints per job shape) submits the runs of one shape with ONE sbatch call:
+    the plugin's log says so, and SLURM shows every run's job as a task of that array."""
     env = alpha_cluster
     override = tmp_path / "arrays.yaml"
     override.write_text(yaml.safe_dump(ARRAY_OVERRIDE))
     cfg = merged_config([ROOT / THESIS_TEST_CONFIG, override])
     (shape,) = job_shapes(cfg)
-    assert len(shape["runs"]) == 16
+    assert len(shape["runs"]) == ARRAY_RUNS
     (command,) = array_commands(cfg, [THESIS_TEST_CONFIG, "arrays.yaml"], "test-slurm")
-    assert "--slurm-array-jobs=train_run --jobs 16" in command, command
+    assert f"--slurm-array-jobs=train_run --jobs {ARRAY_RUNS}" in command, command
     args = ["--configfile", THESIS_TEST_CONFIG, str(override), "--config"]
     args.append(f"results_dir={results_dir}")
     # the data, the run configs and the partition's preflight first: the plugin sends jobs
@@ -400,7 +401,7 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
             str(override),
             "--slurm-array-jobs=train_run",
             "--jobs",
-            "16",
+            str(ARRAY_RUNS),
             "--config",
             f"results_dir={results_dir}",
             "--",
@@ -415,7 +416,7 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
         r"Submitted array job with Snakemake IDs ([\d,]+) and SLURM job ID (\d+)", log
     )
     single = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+)", log)
-    assert len(arrays) == 1 and len(arrays[0][0].split(",")) == 16, arrays
+    assert len(arrays) == 1 and len(arrays[0][0].split(",")) == ARRAY_RUNS, arrays
     array_id = arrays[0][1]
     tasks = set()
     for run_id in shape["runs"]:
@@ -426,8 +427,8 @@ def test_sixteen_runs_of_one_shape_are_one_job_array(alpha_cluster, results_dir,
         shown = show_job(job, env)
         assert field(shown, "ArrayJobId") == array_id and field(shown, "JobState") == "COMPLETED"
         tasks.add(int(field(shown, "ArrayTaskId")))
-    assert tasks == set(range(1, 17)), tasks
-    assert not single, single  # this invocation made 1 sbatch call for the 16 runs
+    assert tasks == set(range(1, ARRAY_RUNS + 1)), tasks
+    assert not single, single  # this invocation made 1 sbatch call for the runs
 
 
 # --------------------------------------------------------------------------- torch-ddp
@@ -545,15 +546,16 @@ def test_smoke_study_of_the_thesis_partitions_reaches_a_report(alpha_cluster, tm
 
 # --------------------------------------------------------------------------- preflight
 
-PREFLIGHT_RESULTS = "results-test-slurm-preflight"
-PREFLIGHT_RUN = "alpha_mpi_n1_w1_b75_lrnone_r0"
+#: the preflight cases' run: not among the runs trained above in the module's results
+#: directory (batch 50), so each case wants to train it and meets the preflight first
+PREFLIGHT_RUN = "alpha_mpi_n1_w1_b50_lrnone_r0"
 
 
 def preflight_study(tmp_path, name: str, alpha: dict = (), environment: dict = ()) -> str:
     """An override of .test/slurm-thesis.yaml: one 1-worker run on alpha (a 1-node
     preflight of 2 ranks), with ``alpha`` and ``environment`` changed."""
     sweep = {"name": "preflight", "partitions": ["alpha"], "workers": [1], "backends": ["mpi"]}
-    sweep.update(batch_sizes=[75], lr_rules=["none"])
+    sweep.update(batch_sizes=[50], lr_rules=["none"])
     study = {"scaling": {"sweeps": [sweep], "partitions": {"alpha": dict(alpha)}}}
     if environment:
         study["environment"] = dict(environment)
@@ -562,14 +564,13 @@ def preflight_study(tmp_path, name: str, alpha: dict = (), environment: dict = (
     return str(path)
 
 
-def assert_stopped_before_any_train_run(out, env: dict, check: str) -> str:
+def assert_stopped_before_any_train_run(out, env: dict, results, check: str) -> str:
     """The partition's preflight failed at ``check`` and no train_run job reached SLURM:
-    every job this Snakemake submitted is the preflight or the data stage (their SLURM
-    comments name the rule), and no train_run left a log or a benchmark. The preflight's
-    log (its message) is returned."""
+    every job this Snakemake submitted is the preflight (their SLURM comments name the
+    rule), and the run left no log, benchmark or record. The preflight's log (its
+    message) is returned."""
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-4000:]
-    results = ROOT / PREFLIGHT_RESULTS
     log = (results / "logs" / "preflight_partition" / "alpha.log").read_text()
     assert f"ERROR: preflight of partition alpha failed at check '{check}'" in log, log[-3000:]
     assert "No training run of alpha starts until this passes" in log
@@ -579,72 +580,75 @@ def assert_stopped_before_any_train_run(out, env: dict, check: str) -> str:
     assert any("preflight_partition" in c for c in rules), (rules, text[-3000:])
     assert not any("train_run" in c for c in rules), rules
     assert "rule train_run:" not in text  # Snakemake started no train_run job
-    assert not (results / "logs" / "train_run").exists()
-    assert not (results / "benchmarks" / "train_run").exists()
+    assert not (results / "logs" / "train_run" / f"{PREFLIGHT_RUN}.log").exists()
+    assert not (results / "benchmarks" / "train_run" / f"{PREFLIGHT_RUN}.tsv").exists()
     assert not (results / "runs" / PREFLIGHT_RUN / "metrics.json").exists()
     return log
 
 
 @pytest.mark.multinode
-def test_a_failed_preflight_stops_its_partition_before_any_train_run(alpha_cluster, tmp_path):
+def test_a_failed_preflight_stops_its_partition_before_any_train_run(
+    alpha_cluster, results_dir, tmp_path
+):
     """The preflight of the emulated alpha partition through the SLURM plugin: healthy,
     it passes and sees the nodes' typed gres (gpu:a100:8); a wrong gpu_model, a train env
     without Horovod and an unreadable shard each stop the partition with one message
-    naming the check and its fix, and no train_run job is submitted. (The shard is
-    emptied: the tests run as root, who reads every file, and both nodes share this
-    machine's file system.)"""
+    naming the check and its fix, and no train_run job is submitted. In the module's
+    results directory, so its data stage is made once (this test comes last in it: it
+    spoils a shard). (The shard is emptied: the tests run as root, who reads every file,
+    and both nodes share this machine's file system.)"""
     env = alpha_cluster
-    results = ROOT / PREFLIGHT_RESULTS
-    shutil.rmtree(results, ignore_errors=True)
-    target = f"{PREFLIGHT_RESULTS}/runs/{PREFLIGHT_RUN}/metrics.json"
+    results = ROOT / results_dir
+    target = f"{results_dir}/runs/{PREFLIGHT_RUN}/metrics.json"
 
-    def snakemake_run(override: str, *targets: str):
-        args = ["--configfile", THESIS_TEST_CONFIG, override]
+    def snakemake_run(*configs: str, targets: list[str]):
+        args = ["--configfile", THESIS_TEST_CONFIG, *configs]
         return snakemake(
-            [*args, "--config", f"results_dir={PREFLIGHT_RESULTS}", "--", *targets], env, 900
+            [*args, "--config", f"results_dir={results_dir}", "--", *targets], env, 900
         )
 
-    try:
-        # healthy: the preflight passes (the data stage first)
-        out = snakemake_run(
-            preflight_study(tmp_path, "healthy"), f"{PREFLIGHT_RESULTS}/preflight/alpha.json"
-        )
-        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-        rec = json.loads((results / "preflight" / "alpha.json").read_text())
-        assert rec["ok"] and rec["emulated_gpus"] and rec["launcher"] == "srun", rec
-        checks = {c["name"]: c for c in rec["checks"]}
-        assert list(checks) == ["modules", "data", "train-env", "gpus", "allreduce horovod-tf mpi"]
-        assert re.search(rf"node[12] declares gpu:a100:{GPUS}", checks["gpus"]["detail"]), checks
-        assert "emulated GPUs (CPU)" in checks["gpus"]["detail"]
-        # the nodes declare A100s: a partition that says H100 stops (the preflight is
-        # repeated: gpu_model is among what it checks)
-        out = snakemake_run(preflight_study(tmp_path, "h100", alpha={"gpu_model": "H100"}), target)
-        log = assert_stopped_before_any_train_run(out, env, "gpus")
-        assert "declares GPUs of type a100" in log and "gpu_model says H100" in log
-        assert "set scaling.partitions.alpha.gpu_model to the nodes' GPU (A100)" in log
-        # a train env without Horovod: a venv whose python cannot import horovod
-        venv = results / "no-horovod"
-        shadow = venv / "shadow" / "horovod"
-        shadow.mkdir(parents=True)
-        (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
-        python = venv / "bin" / "python"
-        python.parent.mkdir()
-        python.write_text(
-            f"#!/bin/sh\nexport PYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-            f'exec {TRAIN_PYTHON} "$@"\n'
-        )
-        python.chmod(0o755)
-        venv_key = {"venv": str(venv.relative_to(ROOT))}
-        out = snakemake_run(preflight_study(tmp_path, "no-horovod", environment=venv_key), target)
-        log = assert_stopped_before_any_train_run(out, env, "train-env")
-        assert "cannot import horovod.tensorflow" in log and "make setup" in log
-        # a shard the node cannot read
-        manifest = json.loads((results / "data" / "manifest.json").read_text())
-        shard = results / "data" / manifest["shards"]["train"][0]["file"]
-        shard.write_bytes(b"")
-        out = snakemake_run(preflight_study(tmp_path, "healthy"), target)
-        log = assert_stopped_before_any_train_run(out, env, "data")
-        assert f"shard {shard.relative_to(ROOT)} read from node" in log
-        assert "readable from the partition's compute nodes" in log
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
+    # healthy: the thesis shapes' preflight passed (the runs above waited for it; made now
+    # if this test runs alone, the data stage first)
+    out = snakemake_run(targets=[f"{results_dir}/preflight/alpha.json"])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    rec = json.loads((results / "preflight" / "alpha.json").read_text())
+    assert rec["ok"] and rec["emulated_gpus"] and rec["launcher"] == "srun", rec
+    checks = {c["name"]: c for c in rec["checks"]}
+    assert list(checks) == [
+        "modules", "data", "train-env", "gpus", "allreduce horovod-tf mpi",
+        "allreduce horovod-tf gloo",
+    ]  # fmt: skip
+    assert re.search(rf"node[12] declares gpu:a100:{GPUS}", checks["gpus"]["detail"]), checks
+    assert "emulated GPUs (CPU)" in checks["gpus"]["detail"]
+    # the nodes declare A100s: a partition that says H100 stops (the preflight is
+    # repeated: gpu_model is among what it checks)
+    h100 = preflight_study(tmp_path, "h100", alpha={"gpu_model": "H100"})
+    out = snakemake_run(h100, targets=[target])
+    log = assert_stopped_before_any_train_run(out, env, results, "gpus")
+    assert "declares GPUs of type a100" in log and "gpu_model says H100" in log
+    assert "set scaling.partitions.alpha.gpu_model to the nodes' GPU (A100)" in log
+    # a train env without Horovod: a venv whose python cannot import horovod
+    venv = results / "no-horovod"
+    shadow = venv / "shadow" / "horovod"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
+    python = venv / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        f"#!/bin/sh\nexport PYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f'exec {TRAIN_PYTHON} "$@"\n'
+    )
+    python.chmod(0o755)
+    venv_key = {"venv": str(venv.relative_to(ROOT))}
+    no_horovod = preflight_study(tmp_path, "no-horovod", environment=venv_key)
+    out = snakemake_run(no_horovod, targets=[target])
+    log = assert_stopped_before_any_train_run(out, env, results, "train-env")
+    assert "cannot import horovod.tensorflow" in log and "make setup" in log
+    # a shard the node cannot read
+    manifest = json.loads((results / "data" / "manifest.json").read_text())
+    shard = results / "data" / manifest["shards"]["train"][0]["file"]
+    shard.write_bytes(b"")
+    out = snakemake_run(preflight_study(tmp_path, "healthy"), targets=[target])
+    log = assert_stopped_before_any_train_run(out, env, results, "data")
+    assert f"shard {shard.relative_to(ROOT)} read from node" in log
+    assert "readable from the partition's compute nodes" in log
