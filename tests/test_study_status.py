@@ -5,6 +5,8 @@ folder, as it reads it without SLURM and with squeue's lines."""
 from __future__ import annotations
 
 import json
+import os
+from base64 import urlsafe_b64encode
 from pathlib import Path
 
 import pytest
@@ -199,6 +201,38 @@ def test_status_without_slurm_reads_the_rule_log(tmp_path):
     # nothing finished: each run left is expected at its partition's time limit
     runtime_s = cfg["scaling"]["partitions"]["local"]["runtime_min"] * 60
     assert s["total"]["eta_s"] == 4 * runtime_s
+
+
+def mark_started(workdir: Path, output: Path) -> None:
+    """``output`` as Snakemake marks a job's output it started and has not seen end
+    (.snakemake/incomplete/<the path in URL-safe base64>)."""
+    name = urlsafe_b64encode(os.path.normpath(str(output)).encode()).decode()
+    marker = workdir / ".snakemake" / "incomplete" / name
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def test_a_record_of_an_interrupted_job_is_not_done(tmp_path):
+    """A record whose job Snakemake started and never saw end (a head job lost while its
+    training job finished): with no Snakemake running, it trains again and is not done;
+    while its job is queued it counts so; while a Snakemake holds the lock it is done
+    (that Snakemake sees the job end)."""
+    cfg, results = finished_study(tmp_path)
+    run_id = SCALING[1]
+    mark_started(tmp_path, results / "runs" / run_id / "metrics.json")
+    s = status(cfg, results, [], workdir=tmp_path)
+    assert s["total"]["done"] == 4 and s["total"]["not_started"] == 1
+    assert "4 done, 0 running, 0 queued, 0 failed, 1 not started" in format_status(s)
+    queued = [QueueJob("9", "PENDING", 0.0, 1, f"rule_train_run_wildcards_{run_id}")]
+    s = status(cfg, results, queued, workdir=tmp_path)
+    assert s["total"]["done"] == 4 and s["total"]["queued"] == 1
+    s = status(cfg, results, None, workdir=tmp_path)  # no squeue: the same
+    assert s["total"]["done"] == 4 and s["total"]["not_started"] == 1
+    lock = tmp_path / ".snakemake" / "locks" / "0.output.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    for queue in ([], None):
+        assert status(cfg, results, queue, workdir=tmp_path)["total"]["done"] == 5
 
 
 @pytest.mark.parametrize("edit", [{"training": {"max_epochs": 4}}])

@@ -3,7 +3,11 @@
 Read-only, from what the study leaves on disk and, where there is one, from ``squeue``:
 
 - done: the run has a record (``RUNS/<run_id>/metrics.json``) that the current config
-  does not retrain (hvdscale.study.changes);
+  does not retrain (hvdscale.study.changes). A record whose job Snakemake marked as
+  started and never saw end (``.snakemake/incomplete``), with no Snakemake holding the
+  working directory's lock (a head job that was lost), is not done: the next Snakemake
+  trains it again (--rerun-incomplete), so it counts as running while its job is in the
+  queue, else as not started;
 - running / queued: a SLURM job of this user whose comment names the run. The SLURM
   executor plugin (snakemake-executor-plugin-slurm 2.8) submits every job with
   ``--comment rule_<rule>_wildcards_<wildcards>``, so train_run's comment is
@@ -271,17 +275,19 @@ def run_states(
     now: float,
 ) -> list[RunState]:
     by_run = {j.run_id: j for j in queue or [] if j.run_id}
-    started = started_outputs(workdir) if queue is None else {}
-    locked = queue is None and snakemake_holds_lock(workdir)
+    started = started_outputs(workdir)
+    held = snakemake_holds_lock(workdir)
+    locked = queue is None and held
     out = []
     for run in runs:
         rid = run.run_id
         st = RunState(rid, run.partition, run.nodes, (run.nodes, run.workers), "not started")
         rdir = results / "runs" / rid
         marker = os.path.normpath(str(rdir / "metrics.json"))
+        record = (rdir / "metrics.json").exists()
         if rid in retrain.runs:
             pass  # trains again: not started
-        elif (rdir / "metrics.json").exists():
+        elif record and (held or marker not in started):
             st.state = "done"
             st.wall_s, st.end = wall_of(results, rid)
         elif rid in by_run:
@@ -293,6 +299,8 @@ def run_states(
         elif locked and marker in started:
             st.state = "running"
             st.elapsed_s = max(0.0, now - started[marker])
+        elif record:
+            pass  # its job never ended for Snakemake, none runs now: trains again
         elif (rdir / "failure.json").exists() or (
             results / "logs" / "train_run" / f"{rid}.log"
         ).exists():
