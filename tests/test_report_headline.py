@@ -586,3 +586,28 @@ def test_conclusion_without_runs_on_a_side_gives_the_reason():
     assert text.endswith(
         "(local, mpi, tuned): the selected candidate's re-runs are not complete yet."
     )
+
+
+def test_the_factors_table_numbers_its_notes_and_lists_them_below():
+    """A row's note (why it has no interval, ...) is a number in the table's last column
+    and its text below the table, once per distinct note: a long note in a narrow cell
+    made a row many lines tall."""
+    from reportlab.platypus import Paragraph, Table
+
+    from hvdscale.report.doc import Doc
+    from hvdscale.report.equal_accuracy import factors_part
+
+    why = "no interval: fewer than 3 repeats (this configuration 1, 1-worker baseline 1)"
+    rows = [
+        RF.headline_row(backend="gloo", note=why),
+        RF.headline_row(backend="mpi"),
+        RF.headline_row(backend="mpi", batch_per_worker=1000, note=why),
+    ]
+    d = Doc()
+    factors_part(d, pd.DataFrame(rows))
+    story = [g for f in d.story for g in getattr(f, "_content", [f])]  # KeepTogether's too
+    (table,) = [f for f in story if isinstance(f, Table)]
+    notes = [r[-1] for r in table._cellvalues[1:]]
+    assert notes == ["[1]", "", "[1]"]  # gloo b75, mpi b75, mpi b1000
+    texts = [f.text for f in story if isinstance(f, Paragraph)]
+    assert f"Notes: [1] {why}." in texts

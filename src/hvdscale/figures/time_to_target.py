@@ -153,10 +153,10 @@ def fig_tune_heatmap(runs, summary, epochs, cm, refs, headline=None):
             title = title.split(":")[0]
         _heat_panel(fig, ax, cell, title, metric)
     if len(parts) == 1:
-        layout(fig, 0)
+        layout(fig, 0, right=0.55)  # the colour bar's label right of its ticks
     else:
         fig.suptitle("best warm-up per cell")
-        layout(fig, 0, right=0.3, wspace=0.5)
+        layout(fig, 0, right=0.55, wspace=0.5)
     return fig
 
 

@@ -334,9 +334,16 @@ def factors_part(d, headline: pd.DataFrame | None) -> None:
         d.p("No configuration with more than one worker in the headline table.")
         return
     cells = [factor_cells(x) for x in rows.itertuples()]
-    cells = [c[:-1] + [d.cell(c[-1])] for c in cells]
-    widths = [20, 9, 13, 11, 10, 24, 24, 12, 10, 14, 15, 20]
-    d.table(FACTOR_NOTE, FACTOR_HEADER, cells, widths, align_right_from=2)
+    notes: dict[str, int] = {}  # a row's note -> its number (a long note in a cell: a tall row)
+    cells = [
+        c[:-1] + [f"[{notes.setdefault(c[-1], len(notes) + 1)}]" if c[-1] else ""] for c in cells
+    ]
+    widths = [30, 9, 13, 11, 10, 24, 24, 12, 10, 14, 15, 10]
+    caption = FACTOR_NOTE + (" Note [k]: the notes below the table." if notes else "")
+    d.table(caption, FACTOR_HEADER, cells, widths, align_right_from=2)
+    if notes:
+        listed = "; ".join(f"[{k}] {text}" for text, k in notes.items())
+        d.p(escape(f"Notes: {listed}."), "note")
     d.h2("Gradient noise scale and critical batch size")
     noise = [s for s in (noise_sentence(x) for x in rows.itertuples()) if s]
     if noise:
