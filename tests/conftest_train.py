@@ -397,3 +397,19 @@ def check_plausible(rec: dict, workers: int, epochs: int, decreasing: bool = Tru
         assert local > reduced > 0, noisy
     if rec["config"]["timeline_steps"] and workers > 1:  # the collective proven
         assert rec["label_proof"]["ok"] and rec["label_proof"]["collective"], rec["label_proof"]
+
+
+def python_without_horovod(folder: Path, train_python: Path | str = TRAIN_PY) -> Path:
+    """``folder/bin/python``: the train env's python, for which ``import horovod`` fails
+    (a shadow package on its PYTHONPATH raises ImportError), as in an env without it."""
+    shadow = folder / "shadow" / "horovod"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
+    python = folder / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        f"#!/bin/sh\nexport PYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f'exec {train_python} "$@"\n'
+    )
+    python.chmod(0o755)
+    return python

@@ -11,7 +11,9 @@ tests of one stream:
   (``slurm_support.slurm_cluster_two_nodes``, an instance of its own beside the
   one-node one), in one session for the same reason;
 - ``apart``: the other SLURM tests (on clusters of their own: ``slurm_support.own_cluster``)
-  and the tests marked ``stream("apart")``;
+  and the tests marked ``stream("apart")``: the GPU env's build and the long training
+  tests of test_train, test_train_target and test_workload, so that no stream waits for
+  the others at the end;
 - ``rest``: everything else.
 
 ``HVDSCALE_TEST_STREAM=<name>`` makes a session run only that stream's tests (the others

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from conftest_train import (
     PARTITIONS,
-    TRAIN_PY,
     base_config,
     cached_data,
     needs_train_env,
+    python_without_horovod,
     write_config,
 )
 from required_layers import require_layer
@@ -176,16 +176,7 @@ def test_a_healthy_partition_passes(tmp_path, small_data):
 
 @needs_train_env
 def test_a_train_env_without_horovod_fails_naming_the_check_and_the_fix(tmp_path, small_data):
-    shadow = tmp_path / "shadow" / "horovod"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'horovod'\")\n")
-    wrapper = tmp_path / "bin" / "python"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        f"#!/bin/sh\nexport PYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        f'exec {TRAIN_PY} "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = python_without_horovod(tmp_path)
     r, rec = preflight(tmp_path, config(), small_data, "--train-python", str(wrapper))
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     err = [line for line in r.stderr.splitlines() if line.startswith("ERROR: ")]

@@ -53,6 +53,9 @@ from hvdscale.trainer.metrics import EpochMetrics
 from hvdscale.trainer.model import check_parameter_count, parameter_count
 from hvdscale.trainer.worker import WorkerInfo
 
+# long training runs: in the stream "apart" of tests/run.sh, beside the rest
+pytestmark = pytest.mark.stream("apart")
+
 # --------------------------------------------------------------------------- unit
 
 

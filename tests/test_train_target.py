@@ -23,6 +23,9 @@ from conftest_train import (
     write_config,
 )
 
+# long training runs: in the stream "apart" of tests/run.sh, beside the rest
+pytestmark = pytest.mark.stream("apart")
+
 # --------------------------------------------------------------------------- unit
 
 

@@ -37,6 +37,9 @@ HVD = [sys.executable, "-m", "hvdscale.cli"]
 USER_MODULE = """
 from hvdscale.workload.arrays import ArrayWorkload
 
+# long training runs: in the stream "apart" of tests/run.sh, beside the rest
+pytestmark = pytest.mark.stream("apart")
+
 WORKLOAD = ArrayWorkload(
     "blobs", {path!r}, layers=[("dense", 8, "relu"), ("dense", 3, None)],
     sample_shape=(4,), n_classes=3,
