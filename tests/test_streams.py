@@ -16,6 +16,7 @@ MODULES = [
     "tests/test_streams.py",
     "tests/test_pipeline.py",
     "tests/test_gpu_env.py",
+    "tests/test_workload.py",
 ]
 
 
@@ -40,8 +41,9 @@ def test_every_test_runs_in_exactly_one_stream():
     # the two-node tests share their cluster; the Lmod user brings up a cluster of its own
     assert streams["two-node"] == {t for t in every if "test_slurm_multinode" in t}
     assert streams["cluster"] == {t for t in every if "test_pipeline.py::test_slurm" in t}
-    # marked stream("apart"): the GPU env's build, beside the rest
-    assert streams["apart"] == {t for t in every if "test_lmod_user" in t or "test_gpu_env" in t}
+    # marked stream("apart"): the GPU env's build and long training modules, beside the rest
+    apart = ("test_lmod_user", "test_gpu_env", "test_workload")
+    assert streams["apart"] == {t for t in every if any(m in t for m in apart)}
     assert streams["rest"] == {t for t in every if "test_streams" in t or "local_pipeline" in t}
 
 

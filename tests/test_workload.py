@@ -32,13 +32,12 @@ from hvdscale.workload.base import (
 )
 
 HVD = [sys.executable, "-m", "hvdscale.cli"]
+# long training runs: in the stream "apart" of tests/run.sh, beside the rest
+pytestmark = pytest.mark.stream("apart")
 
 # a user's workload: 3 classes of 4 features, a Dense net, outside the package
 USER_MODULE = """
 from hvdscale.workload.arrays import ArrayWorkload
-
-# long training runs: in the stream "apart" of tests/run.sh, beside the rest
-pytestmark = pytest.mark.stream("apart")
 
 WORKLOAD = ArrayWorkload(
     "blobs", {path!r}, layers=[("dense", 8, "relu"), ("dense", 3, None)],
