@@ -53,7 +53,7 @@ report:  ## rebuild the report from an archive: make report FROM=study.tar.gz [O
 compare:  ## compare two studies: make compare A=old.tar.gz B=results [OUT=comparison]
 	$(VENV)/bin/python -m hvdscale.cli compare $(A) $(B) --out $(or $(OUT),comparison)
 
-test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration, real-SLURM and two-node tests (three streams at once: tests/run.sh)
+test: setup lint  ## the full test suite (CI): lint, unit, Horovod, integration, real-SLURM and two-node tests (four streams at once: tests/run.sh)
 	PYTHON=$(VENV)/bin/python bash tests/run.sh tests
 
 test-quick:  ## fast tests for iteration (no slow, no SLURM)

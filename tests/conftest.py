@@ -23,12 +23,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Only the stream HVDSCALE_TEST_STREAM names, if set (tests/streams.py, tests/run.sh).
-    The ``multinode`` tests run last, together, in their order: they share one two-node
-    cluster (slurm_support.slurm_cluster_two_nodes, session-scoped), so the local cluster
-    changes mode once per session instead of once per module."""
+    """Only the stream HVDSCALE_TEST_STREAM names, if set (tests/streams.py, tests/run.sh)."""
     select_stream(config, items)
-    items.sort(key=lambda item: item.get_closest_marker("multinode") is not None)
 
 
 def make_data_config(**data) -> dict:

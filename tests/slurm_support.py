@@ -310,7 +310,6 @@ __all__ = [
     "TRAIN_PYTHON",
     "TWO_NODE_DIR",
     "TWO_NODE_SUBNET",
-    "two_node_network_owner",
     "bring_up",
     "cluster_dir",
     "cluster_env",
@@ -344,21 +343,6 @@ def _own_env(name: str, partition: str, node: str, port: int, directory: str) ->
         HVD_SLURM_NODE_NAME=node,
     )
     return env
-
-
-def two_node_network_owner() -> str | None:
-    """The directory of the cluster whose daemons live in the two-node network (the
-    namespace hvd-node1), None when no live process does."""
-    pids = subprocess.run(["ip", "netns", "pids", "hvd-node1"], capture_output=True, text=True)
-    for pid in pids.stdout.split():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for var in environ:
-            if var.startswith(b"HVD_SLURM_MARK="):
-                return var.split(b"=", 1)[1].decode()
-    return None
 
 
 def marked_processes(directory: str) -> list[int]:

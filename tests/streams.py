@@ -59,8 +59,9 @@ def select_stream(config: pytest.Config, items: list[pytest.Item]) -> None:
     want = wanted_stream()
     if want is None:
         return
-    keep = [item for item in items if stream_of(item) == want]
-    drop = [item for item in items if stream_of(item) != want]
+    keep, drop = [], []
+    for item in items:
+        (keep if stream_of(item) == want else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -53,9 +53,11 @@ def _missing() -> str | None:
     for cmd in ("mpicc", "mpirun", "cc", "c++", "cmake"):
         if shutil.which(cmd) is None:
             return f"{cmd} not on PATH (scripts/setup.sh --check-only names what provides it)"
+    if (KEEP_DIR / build_key() / "setup-output.txt").exists():
+        return None  # kept: nothing to install
     for where in ("/tmp", KEEP_DIR.parent if KEEP_DIR.parent.exists() else Path.home()):
         free = shutil.disk_usage(where).free / 1e9
-        if free < NEEDS_GB and not (KEEP_DIR / build_key() / "setup-output.txt").exists():
+        if free < NEEDS_GB:
             return f"{free:.0f} GB free under {where}, the GPU train env needs {NEEDS_GB} GB"
     return None
 
