@@ -77,14 +77,16 @@ dry-run:  ## plan the default config without running anything
 dry-run-thesis:  ## plan the reference study through the SLURM profile (works without SLURM)
 	$(SNAKEMAKE) -n --profile profiles/slurm --configfile config/thesis.yaml
 
-bench: bench-scaling bench-frameworks bench-train bench-data perf-docs  ## the kept benchmarks, alone on the machine -> benchmarks/results/*.csv -> docs/performance.md (bench-costmodel apart: root)
+bench:  ## the kept benchmarks, alone on the machine (waits for a 1-minute load below 0.25 per core first) -> benchmarks/results/*.csv -> docs/performance.md (bench-costmodel apart: root)
+	$(VENV)/bin/python benchmarks/_quiet.py
+	$(MAKE) --no-print-directory bench-scaling bench-frameworks bench-train bench-data perf-docs
 
 bench-scaling:  ## 1 vs 2 workers against the machine's ceiling, Keras model.fit and MWMS; the bare allreduce of the gradient (MPI, Gloo)
 	$(VENV)/bin/python benchmarks/bench_scaling.py
 	.venv-train/bin/python benchmarks/bench_allreduce_bare.py
 
-bench-frameworks:  ## Horovod-TF vs torch DDP over Gloo, 1 and 2 workers, batch 75 and 1000: epoch time, efficiency vs ceiling, time to target
-	$(VENV)/bin/python benchmarks/bench_frameworks.py
+bench-frameworks:  ## Horovod-TF vs torch DDP over Gloo, 1 and 2 workers, batch 75 and 1000: epoch time, efficiency vs ceiling, time to target (the off/fp32 setting; the other settings' rows are kept)
+	$(VENV)/bin/python benchmarks/bench_frameworks.py --add
 
 bench-train:  ## hvdscale's step vs Keras model.fit at its best settings, 1 rank; the instrumentation overhead
 	.venv-train/bin/python benchmarks/bench_train_overhead.py

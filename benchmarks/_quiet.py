@@ -21,6 +21,7 @@ FOREIGN_CPU_PER_CORE = 0.05
 LOAD_BEFORE_PER_CORE = 0.5
 MAX_LOAD_DEFAULT = MAX_LOAD_PER_CORE * CORES
 QUIET_TIMEOUT_DEFAULT = 600.0
+BUSY_WINDOW_S = 2.0  # how long the guard watches the machine's CPU before an arm
 ENV_MAX_LOAD = "HVDSCALE_BENCH_MAX_LOAD"
 ENV_TIMEOUT = "HVDSCALE_BENCH_QUIET_TIMEOUT"
 NO_FOREIGN = "no foreign_cpu recorded (measured before the quiet guard)"
@@ -73,49 +74,76 @@ def busiest(n: int = 3) -> str:
 
 
 class QuietGuard:
-    """Waits until the 1-minute load is below ``max_load`` (polling every ``poll_s``), at
-    most ``timeout_s``; then raises NotQuiet. The load source, sleep and clock can be
-    replaced (tests)."""
+    """Waits until the machine is quiet before an arm, at most ``timeout_s`` (then
+    NotQuiet). Quiet: the 1-minute load is below ``max_load``, or, where it is not, the
+    whole machine used at most ``max_busy`` cores over the last ``BUSY_WINDOW_S`` seconds
+    (``busy``): the load average still carries the benchmark's own previous arm for a
+    minute or two after it ended, and nothing else is running now. ``strict`` waits for
+    the load alone (``make bench``'s first look). ``busy_before`` is that reading (None
+    when the load was below the threshold). The sources, sleep and clock can be replaced
+    (tests)."""
 
     def __init__(self, max_load=None, timeout_s=None, poll_s=5.0, load=load_avg,
-                 sleep=time.sleep, clock=time.monotonic, culprits=busiest):  # fmt: skip
+                 sleep=time.sleep, clock=time.monotonic, culprits=busiest, busy=None,
+                 max_busy=None):  # fmt: skip
         self.max_load = _env_float(ENV_MAX_LOAD, MAX_LOAD_DEFAULT) if max_load is None else max_load
         self.timeout_s = timeout_s
         if timeout_s is None:
             self.timeout_s = _env_float(ENV_TIMEOUT, QUIET_TIMEOUT_DEFAULT)
         self.poll_s, self.load, self.sleep, self.clock = poll_s, load, sleep, clock
         self.culprits = culprits
+        self.busy = busy if busy is not None else busy_now
+        self.max_busy = FOREIGN_CPU_PER_CORE * CORES if max_busy is None else max_busy
+        self.busy_before: float | None = None
 
-    def wait(self, what: str = "the next arm") -> tuple[float, float]:
-        """(load, seconds waited) once the load is below the threshold; NotQuiet after
-        the timeout."""
+    def wait(self, what: str = "the next arm", strict: bool = False) -> tuple[float, float]:
+        """(load, seconds waited) once the machine is quiet; NotQuiet after the timeout."""
         t0 = self.clock()
-        load = self.load()
+        load, busy = self.load(), None
+        self.busy_before = None
         told = False
         while load >= self.max_load:
+            if not strict:
+                busy = self.busy()
+                if busy is not None and busy <= self.max_busy:
+                    self.busy_before = busy
+                    break
             waited = self.clock() - t0
             if waited >= self.timeout_s:
-                raise NotQuiet(self.message(load, waited, what))
+                raise NotQuiet(self.message(load, waited, what, busy))
             if not told:
-                print(f"quiet guard: load {load:.2f} >= {self.max_load:g} before {what}; "
-                      f"waiting (at most {self.timeout_s:g} s)",
+                print(f"quiet guard: load {load:.2f} >= {self.max_load:g}"
+                      + (f" and {busy:.2f} cores busy" if busy is not None else "")
+                      + f" before {what}; waiting (at most {self.timeout_s:g} s)",
                       file=sys.stderr, flush=True)  # fmt: skip
                 told = True
             self.sleep(min(self.poll_s, max(self.timeout_s - waited, 0.0)) or self.poll_s)
             load = self.load()
         return load, round(self.clock() - t0, 1)
 
-    def message(self, load: float, waited: float, what: str) -> str:
+    def message(self, load: float, waited: float, what: str, busy: float | None = None) -> str:
         top = self.culprits()
+        now = f" and the machine used {busy:.2f} cores (limit {self.max_busy:g})" if busy else ""
         return (
             f"machine not quiet: the 1-minute load average was {load:.2f} (threshold "
-            f"{self.max_load:g}) after waiting {waited:.0f} s before {what}. Likely cause: "
-            "something else is running on this machine (another benchmark, a test suite, a "
-            "build, another session's training)"
+            f"{self.max_load:g}){now} after waiting {waited:.0f} s before {what}. Likely "
+            "cause: something else is running on this machine (another benchmark, a test "
+            "suite, a build, another session's training)"
             + (f"; busiest now: {top}" if top else "")
             + ". Benchmarks run alone (benchmarks/README.md): stop the other work, or set "
             f"--max-load / {ENV_MAX_LOAD} and --quiet-timeout / {ENV_TIMEOUT}."
         )
+
+
+def busy_now(window_s: float = BUSY_WINDOW_S) -> float | None:
+    """Cores the whole machine used over the next ``window_s`` seconds (user+nice+system+
+    steal of /proc/stat; the caller sleeps meanwhile); None where it cannot be read."""
+    c0, t0 = cpu_seconds(), time.monotonic()
+    time.sleep(window_s)
+    c1, t1 = cpu_seconds(), time.monotonic()
+    if c0 is None or c1 is None or t1 <= t0:
+        return None
+    return round(max(c1[0] - c0[0], 0.0) / (t1 - t0), 3)
 
 
 def cpu_seconds() -> tuple[float, float] | None:
@@ -316,11 +344,15 @@ def _self_cpu() -> float:
 
 
 def validity(
-    foreign_cpu: float | None, cores: int | None = None, load_before: float | None = None
+    foreign_cpu: float | None,
+    cores: int | None = None,
+    load_before: float | None = None,
+    busy_before: float | None = None,
 ) -> tuple[bool, str]:
     """(valid, reason) of a measurement with this foreign CPU (in cores) on a machine of
-    ``cores`` cores (None: this one's) that started at ``load_before``: the limits are
-    per core."""
+    ``cores`` cores (None: this one's) that started at ``load_before``, or, where the guard
+    looked at the CPU because the load average was still high, with ``busy_before`` cores
+    busy: the limits are per core."""
     cores = cores or CORES
     if foreign_cpu is None:
         return False, "foreign CPU not measurable on this system"
@@ -329,6 +361,13 @@ def validity(
             f"foreign_cpu {foreign_cpu:.2f} > {FOREIGN_CPU_PER_CORE * cores:g} "
             f"({FOREIGN_CPU_PER_CORE:g} per core, {cores} cores): other processes ran"
         )
+    if busy_before is not None:
+        if busy_before > FOREIGN_CPU_PER_CORE * cores:
+            return False, (
+                f"busy before {busy_before:.2f} > {FOREIGN_CPU_PER_CORE * cores:g} "
+                f"({FOREIGN_CPU_PER_CORE:g} per core, {cores} cores): started on a busy machine"
+            )
+        return True, ""
     if load_before is not None and load_before > LOAD_BEFORE_PER_CORE * cores:
         return False, (
             f"load before {load_before:.2f} > {LOAD_BEFORE_PER_CORE * cores:g} "
@@ -362,12 +401,13 @@ def row_validity(row: dict) -> tuple[bool, str]:
     if fc is None:
         return False, f"foreign_cpu {raw!r} is not a number"
     before = _number((row.get("load_before") or "").strip())
-    ok, why = validity(fc, cores_of(row.get("machine", "")), before)
+    busy = _number((row.get("busy_before") or "").strip())
+    ok, why = validity(fc, cores_of(row.get("machine", "")), before, busy)
     if not ok:
         return ok, why
     reason = row.get("invalid_reason") or ""
     marked = str(row.get("valid", "true")).strip().lower() in ("false", "0", "no")
-    if marked and not re.search(r"foreign|load", reason):  # quiet rules: judged above
+    if marked and not re.search(r"foreign|load|busy", reason):  # quiet rules: judged above
         return False, reason or "marked invalid"
     return True, ""
 
@@ -381,3 +421,25 @@ def add_quiet_args(ap) -> None:
     ap.add_argument("--quiet-timeout", type=float, default=None,
                     help=f"give up waiting for a quiet machine after this many seconds (default "
                     f"{QUIET_TIMEOUT_DEFAULT:g}; env {ENV_TIMEOUT})")  # fmt: skip
+
+
+def main(argv=None) -> int:
+    """``python benchmarks/_quiet.py``: wait (strictly, by the 1-minute load) until the
+    machine is quiet; ``make bench`` runs it first. Exit 3 when it stays busy."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    add_quiet_args(ap)
+    a = ap.parse_args(argv)
+    guard = QuietGuard(a.max_load, a.quiet_timeout)
+    try:
+        load, waited = guard.wait("the benchmarks", strict=True)
+    except NotQuiet as exc:
+        print(f"make bench stopped: {exc}", file=sys.stderr, flush=True)
+        return 3
+    print(f"quiet: 1-minute load {load:.2f} < {guard.max_load:g} (waited {waited:g} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

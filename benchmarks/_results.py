@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LOAD_WARN = 1.0
 PROVENANCE = ["commit", "machine", "date", "load", "load_before", "load_after"]
-QUALITY = ["foreign_cpu", "irq_cpu", "valid", "invalid_reason", "quiet_wait_s"]
+QUALITY = ["busy_before", "foreign_cpu", "irq_cpu", "valid", "invalid_reason", "quiet_wait_s"]
 
 
 def warn_load(value: float, what: str) -> None:
@@ -81,12 +81,15 @@ class Measured:
         self.guard = guard
         self.meter = meter if meter is not None else CpuMeter(names=names)
         self.before = self.after = 0.0
+        self.busy_before: float | None = None  # the guard's CPU reading (high load only)
         self.waited = 0.0
         self.foreign: float | None = None
         self.irq: float | None = None
 
     def start(self) -> Measured:
-        self.before, self.waited = (self.guard or GUARD).wait(self.what)
+        guard = self.guard or GUARD
+        self.before, self.waited = guard.wait(self.what)
+        self.busy_before = guard.busy_before
         self.meter.start()
         return self
 
@@ -94,7 +97,7 @@ class Measured:
         self.foreign, self.irq = self.meter.stop()
         self.after = load_avg()
         warn_load(self.before, f"{self.what} ({self.before} -> {self.after})")
-        ok, why = validity(self.foreign, load_before=self.before)
+        ok, why = validity(self.foreign, load_before=self.before, busy_before=self.busy_before)
         if not ok:
             print(f"WARNING: {self.what}: row invalid: {why}", file=sys.stderr, flush=True)
 
@@ -106,11 +109,12 @@ class Measured:
         return False
 
     def fields(self) -> dict:
-        ok, why = validity(self.foreign, load_before=self.before)
+        ok, why = validity(self.foreign, load_before=self.before, busy_before=self.busy_before)
         return {
             "load": max(self.before, self.after),
             "load_before": self.before,
             "load_after": self.after,
+            "busy_before": self.busy_before,
             "foreign_cpu": self.foreign,
             "irq_cpu": self.irq,
             "valid": "true" if ok else "false",
@@ -140,6 +144,7 @@ def merge_fields(parts: list[dict]) -> dict:
         "load": max(p["load"] for p in parts),
         "load_before": parts[0]["load_before"],
         "load_after": parts[-1]["load_after"],
+        "busy_before": parts[0].get("busy_before"),
         "foreign_cpu": worst,
         "irq_cpu": max(irq) if irq else None,
         "valid": "true" if ok else "false",

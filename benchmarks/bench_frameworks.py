@@ -181,7 +181,8 @@ def measure(bench: Bench, arm: str, w: int, batch: int, rep: int, rows: list,
             r = bench.run(arm, w, batch, rep, setting)
         except Exception as exc:  # one failed run is reported, not fatal
             r = {"error": str(exc)[-1500:]}
-    row = {"setting": setting, **run_row(rep, batch, arm, w, r, m.fields(), time.time() - t0)}
+    wall = time.time() - t0 - m.waited  # the arm, not the guard's wait
+    row = {"setting": setting, **run_row(rep, batch, arm, w, r, m.fields(), wall)}
     rows.append(row)
     if "error" in r:
         print(f"  r{rep} b{batch:5d} {arm:12s} {setting} w{w}: FAILED\n    {r['error'][-1500:]}",

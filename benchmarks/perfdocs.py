@@ -260,11 +260,15 @@ def block_validity(res: Path) -> str:
         return f"({x * 2:g} on 2 cores, {x * 16:g} on 16)"
 
     out = [
-        f"The guard waits before each arm until the 1-minute load is below {m:g} per core "
-        f"{on(m)}. A row is valid when the CPU used outside its own processes while it ran "
-        f"(`foreign_cpu`) is at most {f:g} of a core per core of its machine {on(f)} and the "
-        f"1-minute load before it at most {lb:g} per core {on(lb)}; rows without "
-        f"`foreign_cpu` are invalid.\n",
+        f"`make bench` starts once the 1-minute load is below {m:g} per core {on(m)}. "
+        "Before each arm the guard waits until that load is below the same threshold or, "
+        "since the load average still carries the benchmark's own previous arm for a minute "
+        f"or two, until the whole machine used at most {f:g} of a core per core {on(f)} "
+        "over two seconds (`busy_before`). A row is valid when the CPU used outside its own "
+        f"processes while it ran (`foreign_cpu`) is at most {f:g} of a core per core of its "
+        "machine, and the machine before it was quiet: `busy_before` within that limit "
+        f"where the guard read it, otherwise the 1-minute load at most {lb:g} per core "
+        f"{on(lb)}; rows without `foreign_cpu` are invalid.\n",
         "| results | valid rows | invalid because |",
         "|---|---|---|",
     ]

@@ -45,6 +45,8 @@ def guard(load: float, t: FakeTime, **kw) -> _quiet.QuietGuard:
         sleep=t.sleep,
         clock=t.clock,
         culprits=lambda: "stress-ng (pid 4242, 1.00 core)",
+        busy=kw.get("busy", lambda: 1.5),  # cores the machine uses now
+        max_busy=0.1,
     )
 
 
@@ -73,6 +75,42 @@ def test_the_guard_proceeds_when_the_load_drops_while_it_waits():
     assert g.wait() == (0.3, 10.0)
 
 
+def test_a_high_load_on_an_idle_machine_is_the_last_arm_s_lag_not_foreign_work():
+    """The load average still carries the benchmark's own previous arm; the machine's CPU
+    now says nothing else runs: the arm proceeds at once and the reading is recorded."""
+    t = FakeTime()
+    g = guard(1.8, t, busy=lambda: 0.02)
+    assert g.wait() == (1.8, 0.0) and t.sleeps == [] and g.busy_before == 0.02
+    with pytest.raises(_quiet.NotQuiet, match="1.80"):  # make bench's first look: the load
+        g.wait("the benchmarks", strict=True)
+    assert g.busy_before is None
+
+
+def test_a_high_load_with_the_cpu_busy_waits_and_names_both():
+    t = FakeTime()
+    busy = iter([0.9, 0.8, 0.03])
+    g = guard(1.8, t, busy=lambda: next(busy))
+    assert g.wait() == (1.8, 10.0) and g.busy_before == 0.03
+    g = guard(1.8, t, busy=lambda: 0.9)
+    with pytest.raises(_quiet.NotQuiet) as exc:
+        g.wait("torch-ddp w2 b75")
+    assert "used 0.90 cores (limit 0.1)" in str(exc.value)
+
+
+def test_validity_judges_the_cpu_reading_where_the_guard_took_one(monkeypatch):
+    monkeypatch.setattr(_quiet, "CORES", 2)
+    assert _quiet.validity(0.01, load_before=1.7) == (
+        False,
+        "load before 1.70 > 1 (0.5 per core, 2 cores): started on a busy machine",
+    )
+    assert _quiet.validity(0.01, load_before=1.7, busy_before=0.04) == (True, "")
+    ok, why = _quiet.validity(0.01, load_before=0.2, busy_before=0.3)
+    assert not ok and why.startswith("busy before 0.30 > 0.1")
+    row = {"machine": "vm: AMD EPYC, 2 cores", "foreign_cpu": "0.01", "load_before": "1.7"}
+    assert not _quiet.row_validity(row)[0]
+    assert _quiet.row_validity({**row, "busy_before": "0.04"}) == (True, "")
+
+
 def test_threshold_and_timeout_from_the_environment(monkeypatch):
     monkeypatch.setenv(_quiet.ENV_MAX_LOAD, "0.8")
     monkeypatch.setenv(_quiet.ENV_TIMEOUT, "42")
@@ -90,7 +128,7 @@ def test_a_benchmark_stops_with_the_message_before_measuring(monkeypatch, capsys
 
     t = FakeTime()
     fake = guard(2.7, t)
-    for k in ("load", "sleep", "clock", "culprits"):
+    for k in ("load", "sleep", "clock", "culprits", "busy", "max_busy"):
         monkeypatch.setattr(_results.GUARD, k, getattr(fake, k))
 
     def no_run(*a, **k):
