@@ -1,8 +1,8 @@
 """Epoch time against batch size, compilation and precision on one GPU: the torch-ddp
 trainer with NCCL, for a machine with a CUDA GPU (docs/performance.md, "One GPU").
 
-Each (variant, batch size) is one ordinary training run of ``python -m
-hvdscale.trainer.torch_ddp`` (world size 1, nccl on ``cuda:0``) with its run id
+Each (variant, batch size) is one ordinary training run of ``python -m hvdscale.cli
+train`` (world size 1, nccl on ``cuda:0``) with its run id
 ``gpu_torch-ddp_nccl_n1_w1_b{B}_lrnone[_SETTING]_r0`` of a small config and its record;
 a row holds the median over the non-warm-up epochs of the headline ``wall_s`` and of the
 throughput, the mean GPU utilisation, the device, the compilation's ``warm_up_s`` and
@@ -56,7 +56,8 @@ VARIANTS = ["off/fp32", "off/tf32", "off/bf16", "default/fp32", "max/fp32", "max
 VARIANT_BATCHES = [75, 1000]
 WORK = ROOT / "benchmarks" / "out" / "gpu_batch_sweep"
 PARTITION = "gpu"
-#: what ``python -m hvdscale.trainer.torch_ddp`` imports (top level or while it runs)
+#: what ``python -m hvdscale.cli train`` imports for a torch-ddp run (top level or while
+#: it runs)
 TRAINER_MODULES = ["numpy", "torch", "h5py", "yaml", "jsonschema"]
 
 
@@ -231,9 +232,8 @@ def run_one(a, cfg_path: Path, data: Path, batch: int, variant: str) -> dict:
     """One training run (one rank on cuda:0); its record."""
     rid = run_id(batch, a.backend, variant)
     out = a.work / "runs" / variant_name(variant) / rid
-    argv = [sys.executable, "-m", "hvdscale.trainer.torch_ddp", "--config", cfg_path,
-            "--run-id", rid, "--data-dir", data, "--out-dir", out,
-            "--backend", a.backend]  # fmt: skip
+    argv = [sys.executable, "-m", "hvdscale.cli", "train", "--config", cfg_path,
+            "--run-id", rid, "--data-dir", data, "--out-dir", out]  # fmt: skip
     r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env(),
                        timeout=a.run_timeout)  # fmt: skip
     if r.returncode:

@@ -7,7 +7,9 @@ torch-ddp runs with torchrun, or one srun task per rank with torch's own rendezv
 from __future__ import annotations
 
 import ast
+import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -15,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from hvdscale.cli import main
 from hvdscale.config.load import ConfigError, validate_config
-from hvdscale.launch.launchspec import build_launch
+from hvdscale.launch.launchspec import TRAIN_PROGRAM, build_launch
 from hvdscale.matrix import backends
 from hvdscale.matrix.allreduce_sweeps import allreduce_jobs
 from hvdscale.matrix.runid import parse_run_id
@@ -232,7 +235,7 @@ def torch_job(workers=2, nodes=1, per_node=2) -> JobSpec:
     return JobSpec("local", "gloo", nodes, workers, per_node, framework="torch-ddp")
 
 
-PROG = ["/venv/bin/python", "-m", "hvdscale.trainer.torch_ddp", "--run-id", "x"]
+PROG = ["/venv/bin/python", *TRAIN_PROGRAM, "--run-id", "x"]
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "torchrun"])
@@ -240,7 +243,7 @@ def test_a_torch_run_starts_with_torchrun_on_one_machine(launcher):
     spec = build_launch(launcher=launcher, job=torch_job(), program_argv=PROG, training={})
     assert spec.argv == [
         "/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        "--nproc-per-node=2", "--max-restarts=0", "-m", "hvdscale.trainer.torch_ddp",
+        "--nproc-per-node=2", "--max-restarts=0", "-m", "hvdscale.cli", "train",
         "--run-id", "x",
     ]  # fmt: skip
     assert spec.launcher == "torchrun" and spec.controller == "gloo"
@@ -263,6 +266,30 @@ def test_a_torch_run_under_srun_is_one_task_per_rank_with_torch_rendezvous(monke
     assert spec.argv[-len(tail) :] == tail
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"]) == ("n1", str(20000 + 3456))
     assert spec.launcher == "srun" and not [k for k in spec.env if k.startswith("HOROVOD_")]
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun", "torchrun", "srun"])
+def test_the_ranks_of_every_framework_execute_hvdscale_train(tmp_path, capsys, launcher):
+    """What the ranks execute is one command for every framework (``hvdscale train`` reads
+    the framework from the run id): a framework adds no entry to the launcher."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(both(training={"gloo_yield_when_spinning": False})))
+    seen = set()
+    for run in run_table(both()):
+        if run.kind or run.workers != 2:
+            continue
+        out = tmp_path / run.run_id
+        argv = ["launch", "--config", str(config), "--run-id", run.run_id, "--data-dir", "d",
+                "--out-dir", str(out), "--launcher", launcher, "--hosts", "n1"]  # fmt: skip
+        assert main([*argv, "--dry-run"]) == 0
+        words = shlex.split(capsys.readouterr().out.splitlines()[0])
+        at = words.index("hvdscale.cli")
+        train = ["-m", "hvdscale.cli", "train", "--config", str(config.resolve())]
+        assert words[at - 1 : at + 4] == train
+        assert words[words.index("--run-id", at) + 1] == run.run_id
+        assert "hvdscale.trainer.torch_ddp" not in words
+        seen.add(run.framework)
+    assert seen == set(backends.FRAMEWORKS)
 
 
 def test_exec_gives_each_srun_task_its_torch_rank(tmp_path):

@@ -256,7 +256,7 @@ def tiny_run_setup(tmp_path_factory) -> tuple[Path, Path]:
 
 def torchrun_cmd(ranks: int, config: Path, run_id: str, data: Path, out: Path) -> list[str]:
     return [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks),
-            "-m", "hvdscale.trainer.torch_ddp", "--config", str(config), "--run-id", run_id,
+            "-m", "hvdscale.cli", "train", "--config", str(config), "--run-id", run_id,
             "--data-dir", str(data), "--out-dir", str(out)]  # fmt: skip
 
 

@@ -108,7 +108,7 @@ def test_the_torch_trainer_imports_neither_tensorflow_nor_horovod():
     """The train env has both installed: an import anywhere in the chain would load them."""
     code = (
         "import sys\n"
-        "import hvdscale.trainer.torch_ddp.framework, hvdscale.trainer.torch_ddp.__main__\n"
+        "import hvdscale.cli, hvdscale.trainer.rank, hvdscale.trainer.torch_ddp.framework\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', "
         "'keras'))\n"
         "assert not bad, bad\n"
@@ -133,7 +133,7 @@ def nccl_config(path: Path) -> Path:
 def test_an_nccl_run_on_a_cpu_build_of_a_gpu_partition_stops_with_the_clear_error(tmp_path):
     config = nccl_config(tmp_path / "config.json")
     out = tmp_path / "run"
-    cmd = [str(TRAIN_PY), "-m", "hvdscale.trainer.torch_ddp", "--config", str(config), "--run-id",
+    cmd = [str(TRAIN_PY), "-m", "hvdscale.cli", "train", "--config", str(config), "--run-id",
            NCCL_ID, "--data-dir", str(tmp_path / "no-data"), "--out-dir", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=train_env(), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -78,22 +78,25 @@ def test_a_failing_torch_run_reports_the_rank_s_own_status(tmp_path, setup):
     assert f"ERROR: {rid}: failed" in r.stderr
 
 
-def test_a_horovod_run_id_is_refused_by_the_torch_trainer(tmp_path, setup):
-    """The torch trainer trains torch-ddp runs only (a Horovod id would be mislabelled)."""
+def test_hvdscale_train_s_errors_for_a_torch_run_name_the_command(tmp_path, setup):
+    """The ranks of a torch-ddp run execute ``hvdscale train`` like Horovod's: a backend
+    the framework lacks (the run id names both) is refused before torch is imported, and a
+    torch rank's bad input ends it with exit status 2, its exit marker and one line."""
     config, data = setup
-    rid = "local_gloo_n1_w1_b8_lrnone_r0"
-    cmd = [
-        str(TRAIN_PY),
-        "-m",
-        "hvdscale.trainer.torch_ddp",
-        "--config",
-        str(config),
-        "--run-id",
-        rid,
-    ]
-    cmd += ["--data-dir", str(data), "--out-dir", str(tmp_path / "run")]
+    train = [str(TRAIN_PY), "-m", "hvdscale.cli", "train", "--config", str(config)]
+    out = tmp_path / "run"
+    rid = "local_torch-ddp_mpi_n1_w1_b8_lrnone_r0"
+    cmd = [*train, "--run-id", rid, "--data-dir", str(data), "--out-dir", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=sub_env())
-    assert r.returncode == 2 and "framework horovod-tf, not torch-ddp" in r.stderr, r.stderr
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"hvdscale train: error: run_id '{rid}': framework torch-ddp ")
+    assert "has no backend 'mpi'" in r.stderr and not out.exists()
+    rid = "local_torch-ddp_gloo_n1_w1_b8_lrnone_r0"
+    cmd = [*train, "--run-id", rid, "--data-dir", str(tmp_path / "nodata"), "--out-dir", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=sub_env())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("hvdscale train: error: "), r.stderr
+    assert (out / ".pids" / "rank-0.exit").read_text().strip() == "2"
 
 
 def test_a_killed_rank_ends_the_launch_with_its_signal_and_no_orphans(tmp_path, setup):

@@ -131,11 +131,11 @@ def run(args) -> int:
                   1-worker run starts no srun: its rank is this command's child in its own
                   job step (hvdscale.slurm.rendezvous.build_in_step; a launch note says so)
 
-    A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs
-    ``-m hvdscale.trainer.torch_ddp`` instead: ``PYTHON -m torch.distributed.run
-    --standalone --nproc-per-node=N`` (torchrun) under horovodrun/mpirun, one srun task per
-    rank under srun (slurm.rendezvous). torchrun exits 1 for any failing rank: the exit
-    status is the failing rank's own (its exit marker).
+    A torch-ddp run (run id {partition}_torch-ddp_{backend}_...) runs the same
+    ``-m hvdscale.cli train`` (which reads the framework from the run id), started by
+    ``PYTHON -m torch.distributed.run --standalone --nproc-per-node=N`` (torchrun) under
+    horovodrun/mpirun, one srun task per rank under srun (slurm.rendezvous). torchrun exits
+    1 for any failing rank: the exit status is the failing rank's own (its exit marker).
 
     The collective backend of the run (from its run_id) selects the Horovod environment:
     gloo -> HOROVOD_CPU_OPERATIONS=gloo with horovodrun's Gloo controller (Gloo needs
@@ -173,7 +173,7 @@ def run(args) -> int:
     python = args.train_python or default_train_python(cfg)
     job, ident = job_for(cfg, args.program, args.run_id, args.allreduce_id)
     if args.program == "train":
-        out_dir, failure_path, prog = train_program(args, python, ident, job.framework)
+        out_dir, failure_path, prog = train_program(args, python, ident)
     else:
         out_dir, failure_path, prog = allreduce_program(args, python, job)
     hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None

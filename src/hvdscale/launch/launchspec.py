@@ -24,11 +24,9 @@ from hvdscale.slurm.threads import threads_for_rank
 LAUNCHERS = ("horovodrun", "mpirun", "srun", "torchrun")
 #: the interpreter module torchrun is (`python -m torch.distributed.run` = `torchrun`)
 TORCHRUN_MODULE = "torch.distributed.run"
-#: what the ranks of a training run execute, per framework (after PYTHON)
-TRAIN_MODULES = {
-    backends.DEFAULT_FRAMEWORK: ("-m", "hvdscale.cli", "train"),
-    "torch-ddp": ("-m", "hvdscale.trainer.torch_ddp"),
-}
+#: what the ranks of a training run execute (after PYTHON), whatever the framework:
+#: ``hvdscale train`` reads the framework from the run id (trainer.rank.framework_for_run)
+TRAIN_PROGRAM = ("-m", "hvdscale.cli", "train")
 PROGRAMS = ("train", "measure-allreduce")
 # environment passed to every rank (besides HOROVOD_*)
 PASS_ENV = (
@@ -364,7 +362,9 @@ def _torch_launch(
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of a torch-ddp run: ``python -m torch.distributed.run --standalone`` (=
     torchrun) with the train env's interpreter on one machine, or one srun task per rank
-    (hvdscale.slurm.rendezvous.build_torch_srun). ``program_argv``: PYTHON -m MODULE ..."""
+    (hvdscale.slurm.rendezvous.build_torch_srun). ``program_argv``: PYTHON -m MODULE ...
+    (a training run: PYTHON TRAIN_PROGRAM ...), which torchrun starts as ``-m MODULE ...``
+    in each rank."""
     if launcher == "srun":
         argv, env, note = rendezvous.build_torch_srun(
             job=job, program_argv=program_argv, env=env, hosts=hosts, srun=srun

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hvdscale.errors import UserError
 from hvdscale.launch.launchspec import (
-    TRAIN_MODULES,
+    TRAIN_PROGRAM,
     LaunchSpec,
 )
 from hvdscale.matrix.runtable import find_run
@@ -236,13 +236,14 @@ def job_for(
     return JobSpec.for_allreduce_id(cfg, allreduce_id), allreduce_id
 
 
-def train_program(args, python: str, ident: str, framework: str) -> tuple[Path, Path, list[str]]:
-    """(run directory, failure.json, the ranks' command) of a training run."""
+def train_program(args, python: str, ident: str) -> tuple[Path, Path, list[str]]:
+    """(run directory, failure.json, the ranks' command) of a training run: the same
+    command for every framework (``hvdscale train`` reads the framework from the run id)."""
     if not args.data_dir or not args.out_dir:
         raise UserError("train needs --data-dir and --out-dir")
     out_dir = Path(args.out_dir)
     prog = [
-        *(python, *TRAIN_MODULES[framework]),
+        *(python, *TRAIN_PROGRAM),
         *("--config", str(Path(args.config).resolve())),
         *("--run-id", ident),
         *("--data-dir", str(Path(args.data_dir).resolve())),

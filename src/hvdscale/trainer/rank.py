@@ -389,7 +389,8 @@ def add_train_arguments(p):
     p.add_argument(
         "--no-horovod",
         action="store_true",
-        help="run as a single process without importing Horovod (debugging; workers must be 1)",
+        help="a Horovod-TF run as a single process without importing Horovod (debugging; "
+        "workers must be 1); torch-ddp runs never import Horovod",
     )
 
 
@@ -418,9 +419,14 @@ def run_train(args) -> int:
     is written); 4 stopped for the SLURM time limit (checkpoint written); 2 bad input
     (config, data, checkpoint), with a one-line message; 1 other errors.
 
-    Example (one rank, without a launcher):
-      hvdscale train --config results/config/runs/local_gloo_n1_w1_b75_lrnone_r0.json \\
+    Examples (one rank, without a launcher; two torch-ddp ranks, as hvdscale launch
+    starts them on one machine):
+      hvdscale train --config results/runs/local_gloo_n1_w1_b75_lrnone_r0/config.json \\
           --run-id local_gloo_n1_w1_b75_lrnone_r0 --data-dir results/data \\
           --out-dir results/runs/local_gloo_n1_w1_b75_lrnone_r0
+      torchrun --standalone --nproc-per-node 2 -m hvdscale.cli train \\
+          --config results/runs/local_torch-ddp_gloo_n1_w2_b75_lrnone_r0/config.json \\
+          --run-id local_torch-ddp_gloo_n1_w2_b75_lrnone_r0 --data-dir results/data \\
+          --out-dir results/runs/local_torch-ddp_gloo_n1_w2_b75_lrnone_r0
     """
     return run(args, framework_for_run(args.run_id))

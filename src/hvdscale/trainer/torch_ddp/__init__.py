@@ -3,9 +3,9 @@
 ``hvdscale.trainer.horovod_tf`` for the same run (same network, rows per rank, optimizer
 semantics, LR rules, seeds, loop, checkpoints and run record).
 
-``python -m hvdscale.trainer.torch_ddp`` (``__main__``, started by torchrun) or ``hvdscale
-train`` with a torch-ddp run id; framework (what ``trainer.rank.train_rank`` runs: the
-start of a rank, the label facts, the shutdown), dist (the process group and its
+``hvdscale train`` with a torch-ddp run id runs it (started by torchrun or srun, or
+directly as a one-rank job). Modules: framework (what ``trainer.rank.train_rank`` runs:
+the start of a rank, the label facts, the shutdown), dist (the process group and its
 book-keeping collectives), device (the rank's device), net (network, KerasAdam, LR), step
 (the DDP steps and evaluation). Train env only: the modules import torch at module level,
 except ``dist`` and ``device``.

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.distributed
 
-from hvdscale.errors import UserError
 from hvdscale.record.labelproof import prove
 from hvdscale.slurm.threads import threads_for_rank
 from hvdscale.trainer.placement import GpuDemand, bind_cpus
@@ -62,7 +61,6 @@ class TorchDDP:
         r = torch_rank_env()
         bound = bind_cpus(tcfg.get("cpu_binding", "auto"), r["local_rank"], r["local_size"])
         torch.set_num_threads(threads_for_rank(tcfg["threads_per_worker"], os.environ))
-        check_backend(run_, getattr(args, "backend", None))
         device = torch.device(
             choose_device(
                 run_.backend,
@@ -132,15 +130,6 @@ class TorchDDP:
 
 
 FRAMEWORK = TorchDDP()
-
-
-def check_backend(run_, backend: str | None) -> None:
-    """The run is of ``backend`` when one was given (``--backend``)."""
-    if backend is not None and run_.backend != backend:
-        raise UserError(
-            f"run {run_.run_id} is labelled backend {run_.backend!r} but this rank was "
-            f"started with --backend {backend}; torch-ddp runs with gloo (CPU) or nccl (GPU)"
-        )
 
 
 def nccl_version() -> str | None:
