@@ -101,7 +101,8 @@ HVD = (
 # `hvdscale launch` always runs in Snakemake's own env; the ranks it starts run in the
 # train env (venv, env-modules or the conda env of train_run/measure_allreduce)
 LAUNCH = f"{sys.executable} -m hvdscale.cli"
-TRAIN_MODULES = CFG["environment"]["modules"]
+# environment.modules: the Lmod/environment modules the train rules load (envmodules:)
+ENV_MODULES = CFG["environment"]["modules"]
 TRAIN_CONDA_ENV = CFG["environment"]["conda_env"]
 
 

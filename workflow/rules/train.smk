@@ -89,7 +89,7 @@ checkpoint preflight_partition:
     conda:
         f"../../{TRAIN_CONDA_ENV}"
     envmodules:
-        *TRAIN_MODULES,
+        *ENV_MODULES,
     threads: job_threads
     resources:
         **JOB_RESOURCES,
@@ -126,7 +126,7 @@ rule train_run:
     conda:
         f"../../{TRAIN_CONDA_ENV}"
     envmodules:
-        *TRAIN_MODULES,
+        *ENV_MODULES,
     threads: job_threads
     resources:
         # the run's JobSpec, mapped to sbatch flags by the SLURM plugin (profiles/slurm)
@@ -173,7 +173,7 @@ rule measure_allreduce:
     conda:
         f"../../{TRAIN_CONDA_ENV}"
     envmodules:
-        *TRAIN_MODULES,
+        *ENV_MODULES,
     threads: job_threads
     resources:
         **JOB_RESOURCES,
