@@ -96,7 +96,8 @@ class Measured:
     def stop(self) -> None:
         self.foreign, self.irq = self.meter.stop()
         self.after = load_avg()
-        warn_load(self.before, f"{self.what} ({self.before} -> {self.after})")
+        if self.busy_before is None:  # a CPU reading judged the machine, not the load
+            warn_load(self.before, f"{self.what} ({self.before} -> {self.after})")
         ok, why = validity(self.foreign, load_before=self.before, busy_before=self.busy_before)
         if not ok:
             print(f"WARNING: {self.what}: row invalid: {why}", file=sys.stderr, flush=True)

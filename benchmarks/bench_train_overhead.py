@@ -4,7 +4,7 @@ docs/performance.md ("hvdscale's step against Keras model.fit" and "Instrumentat
 overhead"). hvdscale variants: default (the config defaults), plain (no timed calls),
 inst (every ``--instrument-every``-th call timed; the overhead row pairs it with plain),
 host (batches from host arrays), spe1 (steps_per_execution 1) and, for information, xla
-(the forward and backward pass jit-compiled, which hvdscale does not do); Keras
+(``training.compile: default``: the forward and backward pass XLA-compiled); Keras
 candidates ``spe{1,64}jit{0,1}``. Writes benchmarks/results/bench_train_overhead.csv.
 
   .venv-train/bin/python benchmarks/bench_train_overhead.py [--samples 30000] [--repeats 7]
@@ -132,29 +132,6 @@ def overhead_row(res: dict, hvd_cfg: dict, args, fields: dict) -> dict:
     }
 
 
-def xla_program_class(tf, base):
-    """StepProgram whose forward and backward pass run in one XLA-compiled function
-    (``tf.function(jit_compile=True)``), everything else unchanged: what hvdscale would
-    gain from XLA (variant ``xla``; information for the owner of hvdscale.trainer.horovod_tf)."""
-
-    class XlaStep(base):
-        def _loss_and_grads(self, x, y):
-            if not hasattr(self, "_grad_fn"):
-                model, tvars = self.model, self.vars
-
-                @tf.function(jit_compile=True)
-                def grad_fn(x, y):
-                    with tf.GradientTape() as tape:
-                        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                    return loss, tape.gradient(loss, tvars)
-
-                self._grad_fn = grad_fn
-            loss, grads = self._grad_fn(x, y)
-            return loss, list(grads)
-
-    return XlaStep
-
-
 def run(args):
     from hvdscale.trainer.worker import WorkerInfo
 
@@ -165,7 +142,7 @@ def run(args):
 
     from hvdscale.config.load import validate_config
     from hvdscale.trainer.horovod_tf.model import build_model
-    from hvdscale.trainer.horovod_tf.step import StepProgram, build_step_program
+    from hvdscale.trainer.horovod_tf.step import build_step_program
     from hvdscale.trainer.loop import run_epoch_steps
     from hvdscale.trainer.placement import pin_device
 
@@ -186,7 +163,7 @@ def run(args):
         "default": base,
         "plain": {**base, "instrument_every": 0},
         "host": {**base, "in_device_memory": False},
-        "xla": base,  # information only: forward+backward jit-compiled (not in hvdscale)
+        "xla": base,  # training.compile default: forward+backward XLA-compiled
         "inst": {**base, "instrument_every": args.instrument_every},
         "spe1": {**base, "spe": 1},
     }
@@ -206,13 +183,12 @@ def run(args):
             model,
             opt,
             worker,
-            tcfg,
+            {**tcfg, "compile": "default"} if v == "xla" else tcfg,
             train=(x, y),
             test=(x_test, y_test),
             batch=B,
             device=device,
             in_device_memory=o["in_device_memory"],
-            program=xla_program_class(tf, StepProgram) if v == "xla" else StepProgram,
         )
         progs[v].warm_up(o["spe"])
     arms = {}

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest_train import needs_train_env
+from conftest_train import TRAIN_PY, needs_train_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -366,3 +366,24 @@ def test_instrumentation_overhead_row_is_paired_per_round():
     assert worse["valid"] == "false" and worse["foreign_cpu"] is None
     worse = bto.round_fields(f, [0.01, 0.4])
     assert worse["foreign_cpu"] == 0.4 and "0.40 > 0.1" in worse["invalid_reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@needs_train_env
+def test_train_overhead_runs_every_variant_end_to_end(tmp_path):
+    """bench_train_overhead.py, tiny: every hvdscale variant (xla: training.compile
+    default) and one Keras candidate train, and the CSV has their rows and the overhead
+    row. No figure is judged."""
+    out = tmp_path / "overhead.csv"
+    argv = [str(TRAIN_PY), str(ROOT / "benchmarks" / "bench_train_overhead.py")]
+    argv += ["--samples", "1500", "--repeats", "2", "--variants", "default,plain,inst,xla"]
+    argv += ["--keras", "spe64jit0", "--max-load", "1000", "--csv", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with open(out, newline="") as fh:
+        rows = {row["variant"]: row for row in csv.DictReader(fh)}
+    want = {"keras_spe64jit0", "default", "plain", "inst", "xla", "instrumentation_overhead"}
+    assert set(rows) == want, sorted(rows)
+    assert all(float(rows[v]["samples_per_s"]) > 0 for v in want - {"instrumentation_overhead"})
