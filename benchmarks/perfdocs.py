@@ -87,13 +87,21 @@ def step_ms(r: dict) -> str:
 
 def source(name: str, rows: list[dict]) -> str:
     before = [float(r["load_before"]) for r in rows if r.get("load_before")]
+    busy = [float(r["busy_before"]) for r in rows if r.get("busy_before")]
     dates = sorted({r["date"] for r in rows if r["date"]})
     span = f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else dates[0] if dates else "?"
     return (
         f"Source: `benchmarks/results/{name}.csv`; commit "
         f"{', '.join(sorted({r['commit'] for r in rows}))}; "
         f"{'; '.join(sorted({r['machine'] for r in rows}))}; {span}; 1-minute load before "
-        f"{f'{min(before):.2f}-{max(before):.2f}' if before else '?'}; valid rows "
+        f"{f'{min(before):.2f}-{max(before):.2f}' if before else '?'}"
+        + (
+            f" (where it was above the guard's threshold, {len(busy)} rows, the machine's CPU "
+            f"before them {min(busy):.2f}-{max(busy):.2f} cores)"
+            if busy
+            else ""
+        )
+        + "; valid rows "
         f"{sum(row_validity(r)[0] for r in rows)} of {len(rows)}.\n"
     )
 
@@ -102,7 +110,7 @@ def table(name: str, spec: str, keep=lambda r: True, **fns):
     """The block of one CSV: every row ``keep`` admits. ``spec``: the columns, separated by
     ";", each ``HEADER[=COLUMN][:DECIMALS][!]``: COLUMN (default HEADER) is a CSV column or
     a function of the row in ``fns``; "!" marks a figure, "invalid" on an invalid row.
-    Load before, foreign CPU and validity close every row."""
+    Load before, the guard's CPU reading, foreign CPU and validity close every row."""
     cols = []
     for item in map(str.strip, spec.split(";")):
         head, _, col = item.rstrip("!").partition("=")
@@ -111,6 +119,7 @@ def table(name: str, spec: str, keep=lambda r: True, **fns):
         fn = fns.get(col) or (lambda r, c=col, n=nd: cell(r.get(c, ""), n))
         cols.append((head.partition(":")[0], fn, item.endswith("!")))
     cols += [("load before", lambda r: cell(r.get("load_before", ""), 2), False),
+             ("CPU before", lambda r: cell(r.get("busy_before", ""), 2), False),
              ("foreign CPU", lambda r: cell(r.get("foreign_cpu", ""), 2), False)]  # fmt: skip
 
     def block(res: Path) -> str:

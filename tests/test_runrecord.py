@@ -233,6 +233,24 @@ def test_failure_json(tmp_path):
     )
 
 
+def test_dirty_ignores_the_named_paths_only(tmp_path):
+    """A benchmark's own CSVs do not make the tree dirty for the next benchmark; any other
+    tracked change does."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "results").mkdir()
+    for f in ("results/a.csv", "code.py"):
+        (tmp_path / f).write_text("1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    (tmp_path / "results" / "a.csv").write_text("2\n")
+    assert git_commit(tmp_path, ignore=("results",)) == head.strip()
+    assert git_commit(tmp_path) == head.strip() + "+dirty"
+    (tmp_path / "code.py").write_text("2\n")
+    assert git_commit(tmp_path, ignore=("results",)) == head.strip() + "+dirty"
+
+
 def test_environment_facts(tmp_path):
     commit = git_commit()
     # a run record names the commit, and "+dirty" when tracked files differ from it; in a

@@ -46,8 +46,9 @@ def find_project_root(
 PROJECT_ROOT = find_project_root()
 
 
-def git_commit(root: str | Path | None = None) -> str:
-    """HEAD commit of the project, '+dirty' if tracked files differ; 'unknown' without git."""
+def git_commit(root: str | Path | None = None, ignore: tuple[str, ...] = ()) -> str:
+    """HEAD commit of the project, '+dirty' if tracked files differ (except the paths in
+    ``ignore``: a benchmark's own results); 'unknown' without git."""
     if root is None:
         root = PROJECT_ROOT
     try:
@@ -60,7 +61,8 @@ def git_commit(root: str | Path | None = None) -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."]
+            + [f":(exclude){p}" for p in ignore],
             cwd=root,
             capture_output=True,
             text=True,
