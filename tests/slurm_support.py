@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from required_layers import require_layer
+from streams import again_after_lock_race
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = PROJECT_ROOT / "scripts" / "slurm-cluster.sh"
@@ -235,6 +236,13 @@ def cluster_diagnostics(env: dict[str, str], logs: list[Path] = ()) -> str:
 
 
 def run_plugin(
+    args: list[str], env: dict[str, str], timeout: float, logs: list[Path] = ()
+) -> subprocess.CompletedProcess:
+    """:func:`_run_plugin`, once more after a lost lock folder (streams.again_after_lock_race)."""
+    return again_after_lock_race(lambda: _run_plugin(args, env, timeout, logs))
+
+
+def _run_plugin(
     args: list[str], env: dict[str, str], timeout: float, logs: list[Path] = ()
 ) -> subprocess.CompletedProcess:
     """Run Snakemake (``args`` after ``python -m snakemake``) in the project root.

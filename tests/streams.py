@@ -23,6 +23,9 @@ are deselected); unset, a session runs them all, in one stream, as before.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+from collections.abc import Callable
 
 import pytest
 
@@ -65,3 +68,22 @@ def select_stream(config: pytest.Config, items: list[pytest.Item]) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+#: Snakemake's failure when the folder of its lock files vanished while it wrote them
+LOCK_RACE = re.compile(r"FileNotFoundError: .*\.snakemake/locks/\d+\.(input|output)\.lock")
+
+
+def again_after_lock_race(
+    run: Callable[[], subprocess.CompletedProcess],
+) -> subprocess.CompletedProcess:
+    """``run()`` (a Snakemake call in the checkout), once more when it failed only because
+    another stream's Snakemake, ending in the same working directory, removed
+    ``.snakemake/locks`` while this one wrote its lock file: Snakemake removes the whole
+    folder when it ends, and the streams run several Snakemakes in the checkout at once.
+    Such a call failed before it started any job."""
+    out = run()
+    if out.returncode != 0 and LOCK_RACE.search(f"{out.stdout or ''}{out.stderr or ''}"):
+        print("snakemake lost its lock folder to another stream's Snakemake; running it again")
+        out = run()
+    return out

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from required_layers import require_layer
 from slurm_support import horovod_skip_reason, slurm_cluster  # noqa: F401  (fixture used by name)
+from streams import again_after_lock_race
 
 from hvdscale.report import fmt
 
@@ -52,13 +53,15 @@ def write_config(tmp_path: Path, overrides: dict) -> Path:
 def snakemake(
     args: list[str], env: dict | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SNAKEMAKE, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
+    return again_after_lock_race(
+        lambda: subprocess.run(
+            [*SNAKEMAKE, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout,
+        )
     )
 
 

@@ -56,3 +56,33 @@ def test_an_unknown_stream_stops_the_session():
     assert r.returncode != 0
     want = "HVDSCALE_TEST_STREAM='fast': use one of cluster, two-node, apart, rest"
     assert want in r.stdout + r.stderr
+
+
+def test_a_snakemake_call_that_lost_its_lock_folder_runs_once_more():
+    """Only Snakemake's lost-lock-folder failure is run again, and only once."""
+    import subprocess
+
+    from streams import again_after_lock_race
+
+    lost = (
+        "FileNotFoundError: [Errno 2] No such file or directory: '/x/.snakemake/locks/0.input.lock'"
+    )
+    calls = []
+
+    def run(results):
+        def once():
+            calls.append(1)
+            return subprocess.CompletedProcess([], *results[len(calls) - 1])
+
+        return once
+
+    assert again_after_lock_race(run([(1, "", lost), (0, "done", "")])).returncode == 0
+    assert len(calls) == 2
+    calls.clear()
+    assert again_after_lock_race(run([(1, "", lost), (1, "", lost)])).returncode == 1
+    assert len(calls) == 2
+    calls.clear()
+    assert (
+        again_after_lock_race(run([(1, "", "MissingInputException"), (0, "", "")])).returncode == 1
+    )
+    assert len(calls) == 1
