@@ -350,9 +350,8 @@ def validity(
     busy_before: float | None = None,
 ) -> tuple[bool, str]:
     """(valid, reason) of a measurement with this foreign CPU (in cores) on a machine of
-    ``cores`` cores (None: this one's) that started at ``load_before``, or, where the guard
-    looked at the CPU because the load average was still high, with ``busy_before`` cores
-    busy: the limits are per core."""
+    ``cores`` cores (None: this one's) that started at ``load_before`` and, where the guard
+    read the CPU, with ``busy_before`` cores busy: the limits are per core; both apply."""
     cores = cores or CORES
     if foreign_cpu is None:
         return False, "foreign CPU not measurable on this system"
@@ -367,7 +366,6 @@ def validity(
                 f"busy before {busy_before:.2f} > {FOREIGN_CPU_PER_CORE * cores:g} "
                 f"({FOREIGN_CPU_PER_CORE:g} per core, {cores} cores): started on a busy machine"
             )
-        return True, ""
     if load_before is not None and load_before > LOAD_BEFORE_PER_CORE * cores:
         return False, (
             f"load before {load_before:.2f} > {LOAD_BEFORE_PER_CORE * cores:g} "

@@ -275,9 +275,9 @@ def block_validity(res: Path) -> str:
         f"or two, until the whole machine used at most {f:g} of a core per core {on(f)} "
         "over two seconds (`busy_before`). A row is valid when the CPU used outside its own "
         f"processes while it ran (`foreign_cpu`) is at most {f:g} of a core per core of its "
-        "machine, and the machine before it was quiet: `busy_before` within that limit "
-        f"where the guard read it, otherwise the 1-minute load at most {lb:g} per core "
-        f"{on(lb)}; rows without `foreign_cpu` are invalid.\n",
+        f"machine, the 1-minute load before it at most {lb:g} per core {on(lb)}, and "
+        "`busy_before` within the foreign-CPU limit where the guard read it; rows without "
+        "`foreign_cpu` are invalid.\n",
         "| results | valid rows | invalid because |",
         "|---|---|---|",
     ]

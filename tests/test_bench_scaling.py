@@ -97,18 +97,19 @@ def test_a_high_load_with_the_cpu_busy_waits_and_names_both():
     assert "used 0.90 cores (limit 0.1)" in str(exc.value)
 
 
-def test_validity_judges_the_cpu_reading_where_the_guard_took_one(monkeypatch):
+def test_validity_judges_the_load_and_the_cpu_reading_where_the_guard_took_one(monkeypatch):
     monkeypatch.setattr(_quiet, "CORES", 2)
     assert _quiet.validity(0.01, load_before=1.7) == (
         False,
         "load before 1.70 > 1 (0.5 per core, 2 cores): started on a busy machine",
     )
-    assert _quiet.validity(0.01, load_before=1.7, busy_before=0.04) == (True, "")
+    assert not _quiet.validity(0.01, load_before=1.7, busy_before=0.04)[0]  # load rules
+    assert _quiet.validity(0.01, load_before=0.7, busy_before=0.04) == (True, "")
     ok, why = _quiet.validity(0.01, load_before=0.2, busy_before=0.3)
     assert not ok and why.startswith("busy before 0.30 > 0.1")
     row = {"machine": "vm: AMD EPYC, 2 cores", "foreign_cpu": "0.01", "load_before": "1.7"}
     assert not _quiet.row_validity(row)[0]
-    assert _quiet.row_validity({**row, "busy_before": "0.04"}) == (True, "")
+    assert not _quiet.row_validity({**row, "busy_before": "0.04"})[0]
 
 
 def test_threshold_and_timeout_from_the_environment(monkeypatch):
