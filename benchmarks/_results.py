@@ -88,7 +88,8 @@ class Measured:
 
     def start(self) -> Measured:
         guard = self.guard or GUARD
-        self.before, self.waited = guard.wait(self.what)
+        # strict: the load itself must fall (the row's validity is judged by it)
+        self.before, self.waited = guard.wait(self.what, strict=True)
         self.busy_before = guard.busy_before
         self.meter.start()
         return self
