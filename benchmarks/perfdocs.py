@@ -270,11 +270,10 @@ def block_validity(res: Path) -> str:
 
     out = [
         f"`make bench` starts once the 1-minute load is below {m:g} per core {on(m)}. "
-        "Before each arm the guard waits until that load is below the same threshold or, "
-        "since the load average still carries the benchmark's own previous arm for a minute "
-        f"or two, until the whole machine used at most {f:g} of a core per core {on(f)} "
-        "over two seconds (`busy_before`). A row is valid when the CPU used outside its own "
-        f"processes while it ran (`foreign_cpu`) is at most {f:g} of a core per core of its "
+        "Before each arm the guard waits until that load is below the same threshold "
+        "again. A row is valid when the CPU used outside its own "
+        f"processes while it ran (`foreign_cpu`) is at most {f:g} of a core per core "
+        f"{on(f)} of its "
         f"machine, the 1-minute load before it at most {lb:g} per core {on(lb)}, and "
         "`busy_before` within the foreign-CPU limit where the guard read it; rows without "
         "`foreign_cpu` are invalid.\n",
